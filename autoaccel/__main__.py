@@ -1,0 +1,3 @@
+from autoaccel.cli import main
+
+main()

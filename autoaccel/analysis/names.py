@@ -1,0 +1,55 @@
+"""Resolve what a name in a script refers to, however it was imported."""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import QualifiedNameProvider
+from libcst import MetadataDependent
+
+# Public re-exports, so that `torch.utils.data.dataloader.DataLoader` and
+# `torch.utils.data.DataLoader` are one thing to the rules.
+_CANONICAL_PREFIXES = {
+    "torch.utils.data.dataloader.": "torch.utils.data.",
+    "torch.utils.data.distributed.": "torch.utils.data.",
+    "torch.utils.data.dataset.": "torch.utils.data.",
+    "torch.nn.modules.conv.": "torch.nn.",
+    "torch.nn.modules.loss.": "torch.nn.",
+    "torch.nn.modules.linear.": "torch.nn.",
+    "torch.nn.parallel.data_parallel.": "torch.nn.",
+    "torch.nn.parallel.DataParallel": "torch.nn.DataParallel",
+    "torch.nn.parallel.distributed.": "torch.nn.parallel.",
+    "torch.cuda.amp.": "torch.amp.",
+    "torch.optim.adam.": "torch.optim.",
+    "torch.optim.sgd.": "torch.optim.",
+}
+
+
+def canonical(name: str) -> str:
+    """Map a module-internal torch path onto its public spelling."""
+    for prefix, public in _CANONICAL_PREFIXES.items():
+        if name.startswith(prefix):
+            return public + name[len(prefix) :]
+    return name
+
+
+def qualified_names(visitor: MetadataDependent, node: cst.CSTNode) -> frozenset[str]:
+    """Every canonical qualified name `node` may refer to (empty when unknown)."""
+    found = visitor.get_metadata(QualifiedNameProvider, node, frozenset())
+    return frozenset(canonical(q.name) for q in found)
+
+
+def name_key(node: cst.BaseExpression) -> str | None:
+    """A stable key for a variable: `x`, or `self.x` for an attribute of `self`.
+
+    Rules and transforms track script objects (loaders, models, optimizers) by this
+    key so that top-level code, functions and class methods are treated alike.
+    """
+    if isinstance(node, cst.Name):
+        return node.value
+    if (
+        isinstance(node, cst.Attribute)
+        and isinstance(node.value, cst.Name)
+        and node.value.value == "self"
+    ):
+        return f"self.{node.attr.value}"
+    return None

@@ -1,0 +1,388 @@
+"""The script model: what a training script is made of, found once per file.
+
+Rules and convert transforms share it instead of each re-discovering which names
+are DataLoaders, models, optimizers, criteria and devices, and which loops train
+or evaluate. Objects are tracked by `name_key` (`loader`, `self.loader`), so
+top-level code, functions that receive them as arguments and classes are alike.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import Enum
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider
+
+from autoaccel.analysis.names import name_key, qualified_names
+
+DATALOADER = "torch.utils.data.DataLoader"
+_CONVOLUTIONS = frozenset(
+    f"torch.nn.{kind}{dims}d"
+    for kind in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose")
+    for dims in (1, 2, 3)
+) | frozenset(f"torch.nn.functional.conv{dims}d" for dims in (1, 2, 3))
+_MODEL_FACTORIES = ("torch.nn.", "torchvision.models.", "timm.create_model")
+
+
+class LoopRole(Enum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+@dataclass
+class StepLoop:
+    """A loop over batches: one iteration is one training or evaluation step."""
+
+    node: cst.For | cst.While
+    role: LoopRole
+    loader: str | None  # name_key of the DataLoader it reads, when known
+    batch_names: frozenset[str]  # names bound by the loop target
+
+
+@dataclass
+class KeywordDict:
+    """What a `**kwargs` dict passed to a call is known to hold."""
+
+    values: dict[str, list[cst.BaseExpression]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    opaque: bool = False  # built or changed in a way we cannot follow
+
+
+class Missing(Enum):
+    """A keyword argument that is certainly not passed."""
+
+    MISSING = "missing"
+
+
+class Unknown(Enum):
+    """A keyword argument that may be passed, with a value we cannot see."""
+
+    UNKNOWN = "unknown"
+
+
+KeywordValue = cst.BaseExpression | Missing | Unknown
+
+
+@dataclass
+class ScriptModel:
+    """Facts about one script, computed by `build_script_model`."""
+
+    loaders: dict[str, list[cst.Call]] = field(default_factory=dict)
+    loader_calls: list[cst.Call] = field(default_factory=list)
+    models: set[str] = field(default_factory=set)
+    optimizers: set[str] = field(default_factory=set)
+    criteria: set[str] = field(default_factory=set)
+    devices: set[str] = field(default_factory=set)
+    step_loops: dict[cst.CSTNode, StepLoop] = field(default_factory=dict)
+    epoch_loops: set[cst.CSTNode] = field(default_factory=set)  # loops around a training step loop
+    keyword_dicts: dict[str, KeywordDict] = field(default_factory=dict)
+    uses_cuda: bool = False
+    has_convolutions: bool = False
+
+    def keyword(self, call: cst.Call, name: str) -> KeywordValue:
+        """The value `call` passes for keyword `name`, following `**dict` arguments."""
+        found: KeywordValue = Missing.MISSING
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == name:
+                found = arg.value
+            elif arg.star == "**":
+                key = name_key(arg.value)
+                kwargs = self.keyword_dicts.get(key) if key else None
+                if kwargs is None or kwargs.opaque:
+                    return Unknown.UNKNOWN
+                values = kwargs.values.get(name)
+                if values:
+                    found = values[0] if len(values) == 1 else Unknown.UNKNOWN
+            elif arg.star == "*":
+                return Unknown.UNKNOWN
+        return found
+
+
+class _Collector(m.MatcherDecoratableVisitor):
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = ScriptModel()
+        self.aliases: list[tuple[str, str]] = []  # (target, source) of `a = b`
+        self.module_classes: set[str] = set()
+        self.loop_stack: list[cst.For | cst.While] = []
+        self.parameters: dict[str, list[str]] = {}  # function name -> parameter names
+        self.calls: list[tuple[str, cst.Call]] = []  # calls of functions defined here
+
+    # -- names bound by assignments ------------------------------------------------
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value)
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        key = name_key(target)
+        if key is None:
+            return
+        if isinstance(value, cst.Dict):
+            self._record_dict(key, value)
+        elif m.matches(value, m.Call(func=m.Name("dict"))):
+            self._record_dict_call(key, value)  # type: ignore[arg-type]
+        self._alias(key, value)
+        if not isinstance(value, cst.Call):
+            if m.matches(value, m.IfExp()) and _mentions_cuda_string(value):
+                self.model.devices.add(key)
+            return
+        names = qualified_names(self, _strip_device_moves(value).func)  # type: ignore[attr-defined]
+        if DATALOADER in names:
+            self.model.loaders.setdefault(key, []).append(value)
+        elif any(n.startswith("torch.optim.") and n.count(".") == 2 for n in names):
+            self.model.optimizers.add(key)
+        elif any(n.startswith("torch.nn.") and n.endswith("Loss") for n in names):
+            self.model.criteria.add(key)
+        elif "torch.device" in names:
+            self.model.devices.add(key)
+        elif any(n.startswith(_MODEL_FACTORIES) for n in names) or (
+            isinstance(_strip_device_moves(value).func, cst.Name)
+            and _strip_device_moves(value).func.value in self.module_classes  # type: ignore[union-attr]
+        ):
+            self.model.models.add(key)
+
+    def _record_dict(self, key: str, value: cst.Dict) -> None:
+        kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict())
+        for element in value.elements:
+            if isinstance(element, cst.DictElement) and isinstance(
+                element.key, cst.SimpleString
+            ):
+                kwargs.values[element.key.evaluated_value].append(element.value)  # type: ignore[index]
+            elif isinstance(element, cst.StarredDictElement):
+                self._merge_dict(kwargs, element.value)
+            else:
+                kwargs.opaque = True
+
+    def _record_dict_call(self, key: str, value: cst.Call) -> None:
+        kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict())
+        for arg in value.args:
+            if arg.keyword is not None:
+                kwargs.values[arg.keyword.value].append(arg.value)
+            else:
+                kwargs.opaque = True
+
+    def _merge_dict(self, kwargs: KeywordDict, source: cst.BaseExpression) -> None:
+        if isinstance(source, cst.Dict):
+            for element in source.elements:
+                if isinstance(element, cst.DictElement) and isinstance(
+                    element.key, cst.SimpleString
+                ):
+                    kwargs.values[element.key.evaluated_value].append(element.value)  # type: ignore[index]
+                else:
+                    kwargs.opaque = True
+            return
+        key = name_key(source)
+        other = self.model.keyword_dicts.get(key) if key else None
+        if other is None or other.opaque:
+            kwargs.opaque = True
+            return
+        for name, values in other.values.items():
+            kwargs.values[name].extend(values)
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        # `kwargs["num_workers"] = 4` as an assignment target
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        if not isinstance(parent, cst.AssignTarget):
+            return
+        key = name_key(node.value)
+        if key is None or key not in self.model.keyword_dicts:
+            return
+        kwargs = self.model.keyword_dicts[key]
+        index = node.slice[0].slice if len(node.slice) == 1 else None
+        assign = self.get_metadata(ParentNodeProvider, parent)
+        if (
+            isinstance(index, cst.Index)
+            and isinstance(index.value, cst.SimpleString)
+            and isinstance(assign, cst.Assign)
+        ):
+            kwargs.values[index.value.evaluated_value].append(assign.value)  # type: ignore[index]
+        else:
+            kwargs.opaque = True
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        names = qualified_names(self, func)  # type: ignore[attr-defined]
+        if DATALOADER in names:
+            self.model.loader_calls.append(node)
+        self._record_local_call(node)
+        if names & _CONVOLUTIONS:
+            self.model.has_convolutions = True
+        if any(n.startswith("torch.cuda.") for n in names):
+            self.model.uses_cuda = True
+        if not isinstance(func, cst.Attribute):
+            return
+        method = func.attr.value
+        if method == "cuda":
+            self.model.uses_cuda = True
+        elif method == "update":
+            key = name_key(func.value)
+            if key in self.model.keyword_dicts:
+                kwargs = self.model.keyword_dicts[key]  # type: ignore[index]
+                for arg in node.args:
+                    if arg.keyword is not None:
+                        kwargs.values[arg.keyword.value].append(arg.value)
+                    else:
+                        self._merge_dict(kwargs, arg.value)
+        elif method == "parameters":
+            if self._is_optimizer_argument(node):
+                key = name_key(func.value)
+                if key is not None:
+                    self.model.models.add(key)
+
+    def _is_optimizer_argument(self, node: cst.Call) -> bool:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while isinstance(parent, (cst.Arg, cst.Element, cst.List, cst.Tuple, cst.DictElement, cst.Dict)):
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+        if not isinstance(parent, cst.Call):
+            return False
+        names = qualified_names(self, parent.func)  # type: ignore[attr-defined]
+        return any(n.startswith("torch.optim.") for n in names)
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        value = node.evaluated_value
+        if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
+            self.model.uses_cuda = True
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        for base in node.bases:
+            if "torch.nn.Module" in qualified_names(self, base.value):  # type: ignore[attr-defined]
+                self.module_classes.add(node.name.value)
+
+    # -- loops ---------------------------------------------------------------------
+    def visit_For(self, node: cst.For) -> None:
+        self.loop_stack.append(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loop_stack.pop()
+        self._classify_loop(original_node, _loaded_object(original_node.iter))
+
+    def visit_While(self, node: cst.While) -> None:
+        self.loop_stack.append(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self.loop_stack.pop()
+        self._classify_loop(original_node, None)
+
+    def _classify_loop(self, node: cst.For | cst.While, source: str | None) -> None:
+        if node in self.model.epoch_loops:
+            return
+        trains = _calls_method(node.body, "backward")
+        if not trains and source is None:
+            return
+        if trains:
+            self.model.epoch_loops.update(self.loop_stack)
+        batch_names = (
+            frozenset(_bound_names(node.target)) if isinstance(node, cst.For) else frozenset()
+        )
+        self.model.step_loops[node] = StepLoop(
+            node=node,
+            role=LoopRole.TRAIN if trains else LoopRole.EVAL,
+            loader=source,
+            batch_names=batch_names,
+        )
+
+    # -- functions: arguments passed at call sites alias their parameters ----------
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        params = [p.name.value for p in node.params.params]
+        if params and params[0] == "self":
+            params = params[1:]
+        self.parameters[node.name.value] = params + [
+            p.name.value for p in node.params.kwonly_params
+        ]
+
+    def _record_local_call(self, node: cst.Call) -> None:
+        key = name_key(node.func)
+        if key is not None:
+            self.calls.append((key.removeprefix("self."), node))
+
+    def _alias_arguments(self) -> None:
+        for function, call in self.calls:
+            params = self.parameters.get(function)
+            if params is None:
+                continue
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            for param, arg in zip(params, positional):
+                self._alias(param, arg.value)
+            for arg in call.args:
+                if arg.keyword is not None:
+                    self._alias(arg.keyword.value, arg.value)
+
+    def _alias(self, target: str, value: cst.BaseExpression) -> None:
+        source = name_key(_strip_device_moves(value))
+        if source is not None and source != target:
+            self.aliases.append((target, source))
+
+    def finish(self) -> ScriptModel:
+        """Resolve aliases (`self.loader = loader`, arguments) and drop loops over non-loaders."""
+        self._alias_arguments()
+        changed = True
+        while changed:
+            changed = False
+            for target, source in self.aliases:
+                for group in (
+                    self.model.models,
+                    self.model.optimizers,
+                    self.model.criteria,
+                    self.model.devices,
+                ):
+                    if source in group and target not in group:
+                        group.add(target)
+                        changed = True
+                if source in self.model.loaders and target not in self.model.loaders:
+                    self.model.loaders[target] = self.model.loaders[source]
+                    changed = True
+        for loop in list(self.model.step_loops.values()):
+            if loop.role is LoopRole.EVAL and loop.loader not in self.model.loaders:
+                del self.model.step_loops[loop.node]
+        return self.model
+
+
+def _strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`Net().to(device)` / `Net().cuda()` -> `Net()`."""
+    while m.matches(
+        value, m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda")))
+    ):
+        value = value.func.value  # type: ignore[attr-defined]
+    return value
+
+
+def _mentions_cuda_string(node: cst.CSTNode) -> bool:
+    return bool(
+        m.findall(node, m.SimpleString(value=m.MatchIfTrue(lambda v: "cuda" in v)))
+    )
+
+
+def _loaded_object(iterable: cst.BaseExpression) -> str | None:
+    """The loader a `for` reads: `loader`, `enumerate(loader)`, `tqdm(loader, ...)`."""
+    while isinstance(iterable, cst.Call) and iterable.args:
+        iterable = iterable.args[0].value
+    return name_key(iterable)
+
+
+def _bound_names(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for element in target.elements for n in _bound_names(element.value)]
+    return []
+
+
+def _calls_method(node: cst.CSTNode, method: str) -> bool:
+    return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name(method)))))
+
+
+def build_script_model(wrapper: MetadataWrapper) -> ScriptModel:
+    """Analyse the module held by `wrapper` (metadata is resolved and cached there)."""
+    collector = _Collector()
+    wrapper.visit(collector)
+    return collector.finish()

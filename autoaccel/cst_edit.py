@@ -1,0 +1,142 @@
+"""Small, layout-preserving edits shared by rule fixes and convert transforms.
+
+Inserted code follows black's style; everything around it keeps its bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import libcst as cst
+
+
+def set_keyword(call: cst.Call, name: str, value: str | cst.BaseExpression) -> cst.Call:
+    """`call` with keyword `name` set to `value`: replaced in place when present,
+    appended otherwise, following the call's own layout (one argument per line or not,
+    trailing comma or not)."""
+    expression = cst.parse_expression(value) if isinstance(value, str) else value
+    args = list(call.args)
+    for index, arg in enumerate(args):
+        if arg.keyword is not None and arg.keyword.value == name:
+            args[index] = arg.with_changes(value=expression)
+            return call.with_changes(args=args)
+    new_arg = cst.Arg(
+        value=expression,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""),
+            whitespace_after=cst.SimpleWhitespace(""),
+        ),
+    )
+    if not args:
+        return call.with_changes(args=[new_arg])
+    last = args[-1]
+    if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+        # One argument per line: the new one gets a line of its own.
+        separator = cst.Comma(whitespace_after=call.whitespace_before_args)
+    else:
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    args[-1] = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
+    args.append(new_arg.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg))
+    return call.with_changes(args=args)
+
+
+def remove_keyword(call: cst.Call, name: str) -> cst.Call:
+    """`call` without keyword `name` (no-op when absent), keeping the call's layout."""
+    args = list(call.args)
+    index = next(
+        (i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == name),
+        None,
+    )
+    if index is None:
+        return call
+    removed = args.pop(index)
+    if index == len(args) and args:
+        args[-1] = args[-1].with_changes(
+            comma=removed.comma, whitespace_after_arg=removed.whitespace_after_arg
+        )
+    return call.with_changes(args=args)
+
+
+def keyword_value(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    """The expression passed as keyword `name`, if written in the call itself."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    return None
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """Source text of a node, as it would be printed inside a module."""
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def has_import(module: cst.Module, name: str) -> bool:
+    """Whether the module imports `name` at top level (`import os`, `import os.path`)."""
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Import) and any(
+                alias.asname is None and code_of(alias.name) in (name,) for alias in small.names
+            ):
+                return True
+    return False
+
+
+def add_imports(module: cst.Module, names: tuple[str, ...]) -> cst.Module:
+    """`module` with `import NAME` added for every name it does not import yet.
+
+    Standard-library modules go after the leading stdlib imports (isort's order),
+    others after the whole leading import block; a docstring stays first.
+    """
+    missing = [name for name in dict.fromkeys(names) if not has_import(module, name)]
+    if not missing:
+        return module
+    body = list(module.body)
+    start = 1 if body and _is_docstring(body[0]) else 0
+    end = start
+    while end < len(body) and _is_import(body[end]):
+        end += 1
+    for name in reversed(missing):
+        position = end
+        if name.split(".")[0] in sys.stdlib_module_names:
+            position = start
+            while position < end and _imports_stdlib(body[position]):
+                position += 1
+        statement = cst.parse_statement(f"import {name}\n")
+        following = body[position] if position < end else None
+        if following is not None and not _imports_stdlib(following) and not following.leading_lines:
+            # isort's blank line between the stdlib and third-party sections.
+            body[position] = following.with_changes(leading_lines=[cst.EmptyLine()])
+        elif following is not None:
+            statement = statement.with_changes(leading_lines=following.leading_lines)
+            body[position] = following.with_changes(leading_lines=[])
+        body.insert(position, statement)
+    return module.with_changes(body=body)
+
+
+def _is_import(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
+
+
+def _imports_stdlib(statement: cst.BaseStatement) -> bool:
+    small = statement.body[0]  # type: ignore[attr-defined]
+    if isinstance(small, cst.Import):
+        top = code_of(small.names[0].name).split(".")[0]
+    elif small.module is not None and not small.relative:
+        top = code_of(small.module).split(".")[0]
+    else:
+        return False
+    return top in sys.stdlib_module_names or top == "__future__"
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

@@ -1,0 +1,90 @@
+"""Lint one source text: parse once, analyse once, run every rule in one traversal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper
+
+from autoaccel.analysis.script_model import build_script_model
+from autoaccel.config import LintSettings
+from autoaccel.lint.noqa import is_suppressed, suppressions
+from autoaccel.lint.rule import Diagnostic, LintRule
+from autoaccel.rules import all_rules
+
+
+class SourceError(Exception):
+    """A file that cannot be parsed; `line`/`column` are 1-based."""
+
+    def __init__(self, message: str, line: int, column: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.column = column
+
+
+def parse(source: str) -> cst.Module:
+    """Parse `source`, turning LibCST's error into a located `SourceError`."""
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        message = error.message.strip().splitlines()[0] if error.message else "invalid syntax"
+        raise SourceError(
+            f"SyntaxError: {message}", error.raw_line, error.raw_column + 1
+        ) from None
+
+
+def might_use_torch(source: str) -> bool:
+    """Cheap prefilter: a file that never says `torch` has nothing for the rules."""
+    return "torch" in source
+
+
+@dataclass
+class Analysis:
+    """A parsed file with its metadata and the (unsuppressed) findings of the rules."""
+
+    module: cst.Module
+    wrapper: MetadataWrapper | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+def analyse(source: str, settings: LintSettings, path: str | None = None) -> Analysis:
+    """Run the enabled rules over `source`. Raises `SourceError` when it does not parse."""
+    rules = [rule for rule in all_rules() if settings.enabled(rule.code, path)]
+    if not might_use_torch(source):
+        return Analysis(module=cst.Module(body=[]), wrapper=None)
+    module = parse(source)
+    if not rules:
+        return Analysis(module=module, wrapper=None)
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    script = build_script_model(wrapper)
+    visitors: list[LintRule] = [rule(script) for rule in rules]
+    wrapper.visit_batched(visitors)
+    noqa = suppressions(source)
+    diagnostics = sorted(
+        (
+            diagnostic
+            for visitor in visitors
+            for diagnostic in visitor.diagnostics
+            if not is_suppressed(diagnostic.code, diagnostic.line, noqa)
+        ),
+        key=lambda d: (d.line, d.column, d.code),
+    )
+    return Analysis(module=module, wrapper=wrapper, diagnostics=_unique(diagnostics))
+
+
+def _unique(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """Drop repeats (a rule visiting the same node through two paths)."""
+    seen: set[Diagnostic] = set()
+    unique = []
+    for diagnostic in diagnostics:
+        if diagnostic not in seen:
+            seen.add(diagnostic)
+            unique.append(diagnostic)
+    return unique
+
+
+def lint_source(source: str, settings: LintSettings, path: str | None = None) -> list[Diagnostic]:
+    """The findings for `source`, sorted by position."""
+    return analyse(source, settings, path).diagnostics

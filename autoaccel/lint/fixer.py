@@ -1,0 +1,97 @@
+"""Apply rule fixes until the file is stable, then re-lint what remains."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.metadata import CodeRange, PositionProvider
+
+from autoaccel.config import LintSettings
+from autoaccel.cst_edit import add_imports
+from autoaccel.formatting import format_inserted_code
+from autoaccel.lint.engine import Analysis, SourceError, analyse
+from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Replacement
+
+MAX_ROUNDS = 10
+
+
+@dataclass
+class FixResult:
+    source: str
+    fixed: list[Diagnostic]
+    remaining: list[Diagnostic]
+
+
+def is_applicable(fix: Fix | None, settings: LintSettings) -> bool:
+    return fix is not None and (
+        fix.applicability is Applicability.SAFE or settings.unsafe_fixes
+    )
+
+
+def fix_source(source: str, settings: LintSettings, path: str | None = None) -> FixResult:
+    """Apply every applicable fix; overlapping fixes wait for the next round."""
+    fixed: list[Diagnostic] = []
+    analysis = analyse(source, settings, path)
+    for _ in range(MAX_ROUNDS):
+        chosen = _non_overlapping(analysis, settings)
+        if not chosen:
+            break
+        new_source = _apply(analysis.module, [d.fix for d in chosen])  # type: ignore[misc]
+        if new_source == source:
+            break
+        try:
+            next_analysis = analyse(new_source, settings, path)
+        except SourceError:
+            # A fix that breaks the syntax is a bug in the rule; keep the last good text.
+            break
+        fixed.extend(chosen)
+        source, analysis = new_source, next_analysis
+    return FixResult(source=source, fixed=fixed, remaining=analysis.diagnostics)
+
+
+def _non_overlapping(analysis: Analysis, settings: LintSettings) -> list[Diagnostic]:
+    if analysis.wrapper is None:
+        return []
+    positions = analysis.wrapper.resolve(PositionProvider)
+    taken: list[CodeRange] = []
+    chosen = []
+    for diagnostic in analysis.diagnostics:
+        if not is_applicable(diagnostic.fix, settings):
+            continue
+        ranges = [positions[node] for node in diagnostic.fix.edits]  # type: ignore[union-attr]
+        if any(_overlaps(r, t) for r in ranges for t in taken):
+            continue
+        taken.extend(ranges)
+        chosen.append(diagnostic)
+    return chosen
+
+
+def _overlaps(a: CodeRange, b: CodeRange) -> bool:
+    return (a.start.line, a.start.column) < (b.end.line, b.end.column) and (
+        b.start.line,
+        b.start.column,
+    ) < (a.end.line, a.end.column)
+
+
+class _ApplyEdits(cst.CSTTransformer):
+    def __init__(self, edits: dict[cst.CSTNode, Replacement]) -> None:
+        super().__init__()
+        self.edits = edits
+
+    def on_leave(
+        self, original_node: cst.CSTNode, updated_node: cst.CSTNode
+    ) -> cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel:
+        return self.edits.get(original_node, updated_node)
+
+
+def _apply(module: cst.Module, fixes: list[Fix]) -> str:
+    edits: dict[cst.CSTNode, Replacement] = {}
+    imports: list[str] = []
+    for fix in fixes:
+        edits.update(fix.edits)
+        imports.extend(fix.imports)
+    new_module = module.visit(_ApplyEdits(edits))
+    if imports:
+        new_module = add_imports(new_module, tuple(imports))
+    return format_inserted_code(module.code, new_module.code)

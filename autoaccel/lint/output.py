@@ -1,0 +1,179 @@
+"""Report formats: text (humans), json, github (workflow annotations), sarif (2.1.0)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+from autoaccel import __version__
+from autoaccel.lint.output_format import OutputFormat
+from autoaccel.lint.rule import Applicability, Diagnostic
+from autoaccel.lint.runner import FileResult
+
+DOCS_URL = "https://github.com/autoaccel/autoaccel/blob/main/rules/"
+
+
+def _fixable(diagnostic: Diagnostic, unsafe_fixes: bool) -> bool:
+    return diagnostic.fix_applicability is Applicability.SAFE or (
+        unsafe_fixes and diagnostic.fix_applicability is Applicability.UNSAFE
+    )
+
+
+def format_text(results: list[FileResult], unsafe_fixes: bool = False) -> str:
+    lines = []
+    for result in results:
+        for d in result.diagnostics:
+            marker = " [*]" if _fixable(d, unsafe_fixes) else ""
+            lines.append(f"{result.path}:{d.line}:{d.column}: {d.code}{marker} {d.message}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def summary_text(results: list[FileResult], unsafe_fixes: bool = False) -> str:
+    """Ruff-style closing lines (printed on stderr)."""
+    diagnostics = [d for r in results for d in r.diagnostics]
+    fixed = sum(r.fixed for r in results)
+    lines = []
+    if fixed:
+        lines.append(f"Fixed {fixed} error{'s' * (fixed != 1)}.")
+    if diagnostics:
+        count = len(diagnostics)
+        lines.append(f"Found {count} error{'s' * (count != 1)}.")
+        fixable = sum(_fixable(d, unsafe_fixes) for d in diagnostics)
+        hidden = sum(d.fix_applicability is Applicability.UNSAFE for d in diagnostics)
+        if fixable:
+            lines.append(f"[*] {fixable} fixable with the `--fix` option.")
+        if hidden and not unsafe_fixes:
+            lines.append(
+                f"{hidden} hidden fix{'es' * (hidden != 1)} can be enabled with the"
+                " `--unsafe-fixes` option."
+            )
+    elif not fixed and not any(r.error for r in results):
+        lines.append("All checks passed!")
+    return "\n".join(lines)
+
+
+def statistics_text(results: list[FileResult]) -> str:
+    counts = Counter((d.code, d.name) for r in results for d in r.diagnostics)
+    return "".join(
+        f"{count:>5}\t{code}\t{name}\n"
+        for (code, name), count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    )
+
+
+def format_json(results: list[FileResult], unsafe_fixes: bool = False) -> str:
+    records = [
+        {
+            "code": d.code,
+            "name": d.name,
+            "message": d.message,
+            "filename": result.path,
+            "location": {"row": d.line, "column": d.column},
+            "end_location": {"row": d.end_line, "column": d.end_column},
+            "fix": (
+                {"message": d.fix_title, "applicability": d.fix_applicability.value}
+                if d.fix_applicability is not None
+                else None
+            ),
+            "url": f"{DOCS_URL}{d.code}-{d.name}.md",
+        }
+        for result in results
+        for d in result.diagnostics
+    ]
+    return json.dumps(records, indent=2) + "\n"
+
+
+def _escape_github(value: str, property_value: bool = False) -> str:
+    value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if property_value:
+        value = value.replace(":", "%3A").replace(",", "%2C")
+    return value
+
+
+def format_github(results: list[FileResult], unsafe_fixes: bool = False) -> str:
+    lines = []
+    for result in results:
+        file = _escape_github(result.path, property_value=True)
+        for d in result.diagnostics:
+            lines.append(
+                f"::error title=autoaccel ({d.code}),file={file},line={d.line},"
+                f"col={d.column},endLine={d.end_line},endColumn={d.end_column}::"
+                f"{_escape_github(f'{d.code} {d.message}')}"
+            )
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def format_sarif(results: list[FileResult], unsafe_fixes: bool = False) -> str:
+    from autoaccel.docs import rule_doc, summary
+    from autoaccel.rules import all_rules
+
+    rules = all_rules()
+    index = {rule.code: position for position, rule in enumerate(rules)}
+    descriptors = []
+    for rule in rules:
+        doc = rule_doc(rule.code) or rule.message
+        descriptors.append(
+            {
+                "id": rule.code,
+                "name": rule.name,
+                "shortDescription": {"text": rule.message},
+                "fullDescription": {"text": summary(doc) or rule.message},
+                "help": {"text": doc, "markdown": doc},
+                "helpUri": f"{DOCS_URL}{rule.code}-{rule.name}.md",
+                "defaultConfiguration": {"level": "warning"},
+                "properties": {"fixable": rule.fix_title is not None},
+            }
+        )
+    sarif_results = [
+        {
+            "ruleId": d.code,
+            "ruleIndex": index[d.code],
+            "level": "warning",
+            "message": {"text": d.message},
+            "locations": [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {
+                            "uri": Path(result.path).as_posix(),
+                            "uriBaseId": "%SRCROOT%",
+                        },
+                        "region": {
+                            "startLine": d.line,
+                            "startColumn": d.column,
+                            "endLine": d.end_line,
+                            "endColumn": d.end_column,
+                        },
+                    }
+                }
+            ],
+        }
+        for result in results
+        for d in result.diagnostics
+    ]
+    document = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "autoaccel",
+                        "version": __version__,
+                        "informationUri": "https://github.com/autoaccel/autoaccel",
+                        "rules": descriptors,
+                    }
+                },
+                "results": sarif_results,
+            }
+        ],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+FORMATTERS: dict[OutputFormat, Callable[[list[FileResult], bool], str]] = {
+    OutputFormat.text: format_text,
+    OutputFormat.json: format_json,
+    OutputFormat.github: format_github,
+    OutputFormat.sarif: format_sarif,
+}

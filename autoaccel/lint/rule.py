@@ -1,0 +1,139 @@
+"""What a lint rule is: a small batchable visitor with a code, a message and fixes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping
+
+import libcst as cst
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
+
+from autoaccel.analysis.names import qualified_names
+
+if TYPE_CHECKING:
+    from autoaccel.analysis.script_model import ScriptModel
+
+Replacement = cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel
+
+
+class Applicability(Enum):
+    """Ruff's split: a safe fix keeps the script's meaning; an unsafe one may change
+    numerics, memory use or synchronisation, so it is applied only on request."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+
+
+@dataclass(frozen=True)
+class Fix:
+    """Node replacements (keyed by nodes of the linted tree) plus imports they need."""
+
+    title: str
+    edits: Mapping[cst.CSTNode, Replacement]
+    applicability: Applicability = Applicability.SAFE
+    imports: tuple[str, ...] = ()  # modules that must be imported (`import os`)
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding, located by 1-based line and column."""
+
+    code: str
+    name: str
+    message: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    fix_title: str | None = None
+    fix_applicability: Applicability | None = None
+    # The edits themselves: nodes of this process's tree, dropped before a result
+    # crosses to another process (see `without_edits`).
+    fix: Fix | None = field(default=None, compare=False, repr=False)
+
+    def without_edits(self) -> Diagnostic:
+        return replace(self, fix=None)
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A rule example that must be reported; `fixed` is the text after its fix."""
+
+    source: str
+    fixed: str | None = None
+
+
+class LintRule(cst.BatchableCSTVisitor):
+    """Base class of every rule.
+
+    A subclass sets `code`, `name` (kebab-case, names the bad pattern), `message`
+    and, when it can fix, `fix_title` and `applicability`; its `visit_*` methods
+    call `self.report(node, fix=...)`. `VALID`/`INVALID` hold extra examples that
+    the tests run (the main examples live in the rule's doc under `rules/`).
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    message: ClassVar[str]
+    fix_title: ClassVar[str | None] = None
+    applicability: ClassVar[Applicability] = Applicability.SAFE
+    VALID: ClassVar[list[str]] = []
+    INVALID: ClassVar[list[Invalid]] = []
+
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ParentNodeProvider)
+
+    def __init__(self, script: ScriptModel) -> None:
+        super().__init__()
+        self.script = script
+        self.diagnostics: list[Diagnostic] = []
+
+    # -- helpers shared by rules --------------------------------------------------
+    def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
+        return qualified_names(self, node)
+
+    def calls(self, node: cst.Call, *names: str) -> bool:
+        """Whether `node` calls one of the given fully qualified names."""
+        return not self.qualified_names(node.func).isdisjoint(names)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        while parent is not None:
+            yield parent
+            parent = self.get_metadata(ParentNodeProvider, parent, None)
+
+    def enclosing_step_loop(self, node: cst.CSTNode):  # -> StepLoop | None
+        """The innermost training/evaluation step loop around `node`, if any."""
+        for ancestor in self.ancestors(node):
+            if ancestor in self.script.step_loops:
+                return self.script.step_loops[ancestor]
+        return None
+
+    def report(
+        self,
+        node: cst.CSTNode,
+        message: str | None = None,
+        *,
+        edits: Mapping[cst.CSTNode, Replacement] | None = None,
+        imports: tuple[str, ...] = (),
+    ) -> None:
+        """Record a finding at `node`; `edits` make it fixable with `fix_title`."""
+        position = self.get_metadata(PositionProvider, node)
+        fix = None
+        if edits:
+            assert self.fix_title is not None, f"{self.code} has edits but no fix_title"
+            fix = Fix(self.fix_title, edits, self.applicability, imports)
+        self.diagnostics.append(
+            Diagnostic(
+                code=self.code,
+                name=self.name,
+                message=message or self.message,
+                line=position.start.line,
+                column=position.start.column + 1,
+                end_line=position.end.line,
+                end_column=position.end.column + 1,
+                fix_title=fix.title if fix else None,
+                fix_applicability=fix.applicability if fix else None,
+                fix=fix,
+            )
+        )
