@@ -4,6 +4,7 @@ start-up stays light (pre-commit runs `autoaccel lint` on every commit)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -96,6 +97,37 @@ def rules(code: Optional[str] = typer.Argument(None, help="A rule code, e.g. ACC
         typer.echo(f"error: unknown rule code {code!r} (see `autoaccel rules`)", err=True)
         raise typer.Exit(2)
     typer.echo(doc, nl=False)
+
+
+@app.command()
+def convert(
+    file: Path = typer.Argument(..., help="The training script to convert."),
+    to: str = typer.Option("single", "--to", help="single | dp | ddp"),
+    amp: str = typer.Option("bf16", "--amp", help="Mixed precision: bf16 | fp16 | off."),
+    compile_model: bool = typer.Option(False, "--compile", help="Compile the model (torch.compile)."),
+    channels_last: bool = typer.Option(False, "--channels-last", help="NHWC memory format."),
+    diff: bool = typer.Option(False, "--diff", help="Show the diff and a summary (the default)."),
+    write: bool = typer.Option(False, "--write", help="Rewrite the file in place."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when the script would change."),
+    report_format: str = typer.Option("text", "--format", help="text | markdown | json"),
+) -> None:
+    """Rewrite a single-GPU training script into a fast one (diff preview by default)."""
+    from autoaccel.convert.command import run_convert
+    from autoaccel.convert.log import ConvertOptions
+
+    _choice("--to", to, ("single", "dp", "ddp"))
+    _choice("--amp", amp, ("bf16", "fp16", "off"))
+    _choice("--format", report_format, ("text", "markdown", "json"))
+    if write and output is not None:
+        raise typer.BadParameter("use either --write or -o, not both")
+    options = ConvertOptions(target=to, amp=amp, compile=compile_model, channels_last=channels_last)  # type: ignore[arg-type]
+    raise typer.Exit(run_convert(file, options, write, output, check, report_format))
+
+
+def _choice(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}", param_hint=option)
 
 
 def main() -> None:

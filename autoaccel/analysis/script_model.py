@@ -132,13 +132,14 @@ class _Collector(m.MatcherDecoratableVisitor):
         elif m.matches(value, m.Call(func=m.Name("dict"))):
             self._record_dict_call(key, value)  # type: ignore[arg-type]
         self._alias(key, value)
-        if not isinstance(value, cst.Call):
-            if m.matches(value, m.IfExp()) and _mentions_cuda_string(value):
-                self.model.devices.add(key)
+        if m.matches(value, m.IfExp()) and _mentions_cuda_string(value):
+            self.model.devices.add(key)
+        call = _strip_device_moves(value)
+        if not isinstance(call, cst.Call):
             return
-        names = qualified_names(self, _strip_device_moves(value).func)  # type: ignore[attr-defined]
+        names = qualified_names(self, call.func)  # type: ignore[arg-type]
         if DATALOADER in names:
-            self.model.loaders.setdefault(key, []).append(value)
+            self.model.loaders.setdefault(key, []).append(call)
         elif any(n.startswith("torch.optim.") and n.count(".") == 2 for n in names):
             self.model.optimizers.add(key)
         elif any(n.startswith("torch.nn.") and n.endswith("Loss") for n in names):
@@ -146,8 +147,7 @@ class _Collector(m.MatcherDecoratableVisitor):
         elif "torch.device" in names:
             self.model.devices.add(key)
         elif any(n.startswith(_MODEL_FACTORIES) for n in names) or (
-            isinstance(_strip_device_moves(value).func, cst.Name)
-            and _strip_device_moves(value).func.value in self.module_classes  # type: ignore[union-attr]
+            isinstance(call.func, cst.Name) and call.func.value in self.module_classes
         ):
             self.model.models.add(key)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 from libcst.metadata import CodeRange, PositionProvider
 
 from autoaccel.config import LintSettings
 from autoaccel.cst_edit import add_imports
+from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
 from autoaccel.lint.engine import Analysis, SourceError, analyse
 from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Replacement
@@ -32,6 +33,7 @@ def is_applicable(fix: Fix | None, settings: LintSettings) -> bool:
 def fix_source(source: str, settings: LintSettings, path: str | None = None) -> FixResult:
     """Apply every applicable fix; overlapping fixes wait for the next round."""
     fixed: list[Diagnostic] = []
+    history: list[tuple[str, str]] = []  # texts of the rounds, to report original lines
     analysis = analyse(source, settings, path)
     for _ in range(MAX_ROUNDS):
         chosen = _non_overlapping(analysis, settings)
@@ -45,7 +47,8 @@ def fix_source(source: str, settings: LintSettings, path: str | None = None) -> 
         except SourceError:
             # A fix that breaks the syntax is a bug in the rule; keep the last good text.
             break
-        fixed.extend(chosen)
+        fixed.extend(replace(d, line=original_line(history, d.line)) for d in chosen)
+        history.append((source, new_source))
         source, analysis = new_source, next_analysis
     return FixResult(source=source, fixed=fixed, remaining=analysis.diagnostics)
 

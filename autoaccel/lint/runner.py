@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
+from autoaccel.diff import unified_diff
 from autoaccel.config import ConfigError, LintSettings, settings_for
 from autoaccel.fileio import read_source, write_atomic
 from autoaccel.lint.engine import SourceError, analyse
@@ -66,6 +66,11 @@ def lint_text(
     except SourceError as error:
         result.error = f"{error.line}:{error.column}: {error.message}"
         return result
+    except Exception as error:  # noqa: BLE001 - one file's crash must not stop the run
+        # A bug in a rule or the analysis: report it like Ruff does (exit 2) and go on
+        # with the other files instead of losing the whole (possibly parallel) run.
+        result.error = f"1:1: internal error: {type(error).__name__}: {error}"
+        return result
     result.diagnostics = outcome.remaining
     result.fixed = len(outcome.fixed)
     if outcome.source != text:
@@ -78,17 +83,6 @@ def lint_text(
 def _portable(result: FileResult) -> FileResult:
     result.diagnostics = [d.without_edits() for d in result.diagnostics]
     return result
-
-
-def unified_diff(before: str, after: str, path: str) -> str:
-    return "".join(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            fromfile=path,
-            tofile=path,
-        )
-    )
 
 
 def lint_file(path: Path, overrides: Overrides, mode: Mode) -> FileResult:

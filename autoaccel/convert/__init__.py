@@ -1,0 +1,1 @@
+"""`autoaccel convert`: rewrite a single-GPU training script into a fast one."""

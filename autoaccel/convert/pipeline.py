@@ -1,0 +1,115 @@
+"""Compose the transforms of a target and check the result before anyone writes it.
+
+Black's habit, adapted to a rewriter: the output must parse and `compile()`, and a
+second conversion of the output must change nothing (every step idempotent).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+
+import libcst as cst
+from libcst.codemod import Codemod
+
+from autoaccel.convert.log import ConversionLog, ConvertOptions
+from autoaccel.convert.transform import new_context
+from autoaccel.diff import original_line
+from autoaccel.formatting import format_inserted_code
+from autoaccel.lint.engine import parse
+
+
+class ConversionError(Exception):
+    """The conversion cannot be trusted; nothing may be written."""
+
+
+@dataclass
+class Conversion:
+    original: str
+    converted: str
+    log: ConversionLog = field(default_factory=ConversionLog)
+
+    @property
+    def changed(self) -> bool:
+        return self.converted != self.original
+
+
+def transforms_for(options: ConvertOptions) -> list[type[Codemod]]:
+    """The steps of a target, in order."""
+    from autoaccel.convert.transforms import rule_fixes
+    from autoaccel.convert.transforms.add_autocast import AddAutocast
+    from autoaccel.convert.transforms.compile_model import CompileModel
+    from autoaccel.convert.transforms.channels_last import ChannelsLast
+
+    steps: list[type[Codemod]] = [
+        rule_fixes.ModernizeLegacy,
+        rule_fixes.ReleaseStepGraphs,
+        rule_fixes.EnableCudnnBenchmark,
+        rule_fixes.TuneDataLoaders,
+        rule_fixes.NonBlockingCopies,
+        rule_fixes.CreateOnDevice,
+        AddAutocast,
+        CompileModel,
+        ChannelsLast,
+    ]
+    return steps
+
+
+def _run(source: str, options: ConvertOptions, log: ConversionLog) -> str:
+    tree = parse(source)
+    history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
+    for step in transforms_for(options):
+        before_count = len(log.changes) + len(log.skipped)
+        before = tree.code
+        tree = step(new_context(options, log)).transform_module(tree)
+        after = format_inserted_code(before, tree.code)
+        if after != tree.code:
+            tree = cst.parse_module(after)
+        _map_lines_to_original(log, before_count, history)
+        if after != before:
+            history.append((before, after))
+    return tree.code
+
+
+def _map_lines_to_original(
+    log: ConversionLog, start: int, history: list[tuple[str, str]]
+) -> None:
+    """Steps log lines of the text they received; report lines of the original."""
+    if not history:
+        return
+    entries = [*log.changes, *log.skipped]
+    for index in range(start, len(entries)):
+        entry = entries[index]
+        if entry.line is None:
+            continue
+        mapped = replace(entry, line=original_line(history, entry.line))
+        if index < len(log.changes):
+            log.changes[index] = mapped
+        else:
+            log.skipped[index - len(log.changes)] = mapped
+
+
+def convert_source(source: str, options: ConvertOptions, path: str = "<string>") -> Conversion:
+    """Convert `source`. Raises `SourceError` when it does not parse and
+    `ConversionError` when the result fails a safety check."""
+    log = ConversionLog()
+    converted = _run(source, options, log)
+    if converted == source:
+        return Conversion(source, converted, log)
+    try:
+        parse(converted)
+        compile(converted, path, "exec")
+    except (SyntaxError, Exception) as error:  # noqa: BLE001 - any failure blocks the write
+        raise ConversionError(f"internal error: the converted code does not compile: {error}") from error
+    again = _run(converted, options, ConversionLog())
+    if again != converted:
+        diff = "".join(
+            difflib.unified_diff(
+                converted.splitlines(True), again.splitlines(True), "first", "second"
+            )
+        )
+        raise ConversionError(
+            "internal error: converting the output again changes it (a step is not"
+            f" idempotent); nothing was written.\n{diff}"
+        )
+    return Conversion(source, converted, log)

@@ -1,0 +1,66 @@
+"""The conversion report: text for terminals, markdown for PR comments, json for tools."""
+
+from __future__ import annotations
+
+import json
+
+from autoaccel.convert.pipeline import Conversion
+from autoaccel.diff import colourize, unified_diff
+
+COLLAPSE_AFTER = 40  # diff lines; longer diffs fold into <details> in markdown
+
+
+def _change_lines(conversion: Conversion) -> list[str]:
+    return [f"line {c.line}: {c.code} {c.description}" for c in sorted(conversion.log.changes, key=lambda c: c.line)]
+
+
+def _skipped_lines(conversion: Conversion) -> list[str]:
+    return [
+        (f"line {s.line}: " if s.line else "") + f"{s.what} not applied: {s.reason}"
+        for s in conversion.log.skipped
+    ]
+
+
+def text_report(conversion: Conversion, path: str, colour: bool) -> str:
+    diff = unified_diff(conversion.original, conversion.converted, path)
+    parts = [colourize(diff) if colour else diff]
+    changes = _change_lines(conversion)
+    parts.append(
+        f"{path}: {len(changes)} change{'s' * (len(changes) != 1)}\n"
+        + "".join(f"  {line}\n" for line in changes)
+        if changes
+        else f"{path}: already fast, nothing to change\n"
+    )
+    skipped = _skipped_lines(conversion)
+    if skipped:
+        parts.append("Not changed:\n" + "".join(f"  {line}\n" for line in skipped))
+    return "".join(parts)
+
+
+def markdown_report(conversion: Conversion, path: str) -> str:
+    diff = unified_diff(conversion.original, conversion.converted, path)
+    lines = [f"### autoaccel convert: `{path}`", ""]
+    changes = _change_lines(conversion)
+    lines += [f"- {line}" for line in changes] or ["No changes: the script is already fast."]
+    skipped = _skipped_lines(conversion)
+    if skipped:
+        lines += ["", "**Not changed**", ""] + [f"- {line}" for line in skipped]
+    if diff:
+        block = ["```diff", diff.rstrip("\n"), "```"]
+        if diff.count("\n") > COLLAPSE_AFTER:
+            block = ["<details><summary>Diff</summary>", ""] + block + ["", "</details>"]
+        lines += [""] + block
+    return "\n".join(lines) + "\n"
+
+
+def json_report(conversion: Conversion, path: str) -> str:
+    return json.dumps(
+        {
+            "path": path,
+            "changed": conversion.changed,
+            "changes": [c.__dict__ for c in conversion.log.changes],
+            "skipped": [s.__dict__ for s in conversion.log.skipped],
+            "diff": unified_diff(conversion.original, conversion.converted, path),
+        },
+        indent=2,
+    ) + "\n"

@@ -1,0 +1,67 @@
+"""The base of every convert transform: a LibCST codemod that does one thing.
+
+Transforms read the options and write their changes through `context.scratch`,
+see the shared `ScriptModel` of the tree they receive as `self.script`, and must
+be idempotent: run on their own output they change nothing.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
+
+from autoaccel.analysis.names import qualified_names
+from autoaccel.analysis.script_model import ScriptModel, build_script_model
+from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
+
+OPTIONS_KEY = "autoaccel.options"
+LOG_KEY = "autoaccel.log"
+
+
+def new_context(options: ConvertOptions, log: ConversionLog) -> CodemodContext:
+    return CodemodContext(scratch={OPTIONS_KEY: options, LOG_KEY: log})
+
+
+class Transform(VisitorBasedCodemodCommand):
+    """One rewrite step. Subclasses set `DESCRIPTION` and `code` (the rule code the
+    change is reported under) and implement `leave_*` methods."""
+
+    code: str = ""
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ParentNodeProvider)
+
+    def __init__(self, context: CodemodContext) -> None:
+        super().__init__(context)
+        self.script: ScriptModel = ScriptModel()
+
+    @property
+    def options(self) -> ConvertOptions:
+        return self.context.scratch[OPTIONS_KEY]
+
+    @property
+    def log(self) -> ConversionLog:
+        return self.context.scratch[LOG_KEY]
+
+    def should_run(self) -> bool:
+        """Whether the options ask for this step (default: always)."""
+        return True
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        if not self.should_run():
+            return tree
+        assert self.context.wrapper is not None
+        self.script = build_script_model(self.context.wrapper)
+        return super().transform_module_impl(tree)
+
+    def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
+        return qualified_names(self, node)
+
+    def line_of(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    def changed(self, node: cst.CSTNode, description: str, code: str | None = None) -> None:
+        self.log.changes.append(Change(code or self.code, self.line_of(node), description))
+
+    def skipped(self, what: str, reason: str, node: cst.CSTNode | None = None) -> None:
+        line = self.line_of(node) if node is not None else None
+        self.log.skipped.append(Skipped(what, line, reason))

@@ -1,0 +1,1 @@
+"""Convert transforms, one rewrite each; `pipeline.py` composes them per target."""

@@ -1,0 +1,47 @@
+"""`--compile`: compile the trained model in place with `nn.Module.compile()`.
+
+In-place compilation keeps `model.state_dict()` keys free of the `_orig_mod.`
+prefix that `model = torch.compile(model)` would add, so checkpoints stay loadable.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.analysis.names import name_key
+from autoaccel.convert.transform import Transform
+
+
+class CompileModel(Transform):
+    DESCRIPTION = "Compile the trained model with torch.compile (in place)."
+    code = "compile"
+
+    def should_run(self) -> bool:
+        return self.options.compile
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        if not self.should_run():
+            return tree
+        self.compiled = {
+            name_key(call.func.value)  # type: ignore[attr-defined]
+            for call in m.findall(tree, m.Call(func=m.Attribute(attr=m.Name("compile"))))
+            if isinstance(call, cst.Call)
+        }
+        self.done: set[str] = set()
+        return super().transform_module_impl(tree)
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement]:
+        assign = updated_node.body[0] if len(updated_node.body) == 1 else None
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+            return updated_node
+        key = name_key(assign.targets[0].target)
+        if key is None or key not in self.script.models or key in self.compiled | self.done:
+            return updated_node
+        if not isinstance(assign.value, cst.Call):
+            return updated_node
+        self.done.add(key)
+        self.changed(original_node, f"compile `{key}` with `{key}.compile()`")
+        return cst.FlattenSentinel([updated_node, cst.parse_statement(f"{key}.compile()\n")])

@@ -1,0 +1,68 @@
+"""Unified diffs for humans: a 30-line change shows as 30 lines.
+
+`difflib.unified_diff` uses the "autojunk" heuristic, which on long files treats
+frequent lines (blank lines, closing brackets) as junk and inflates hunks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from typing import TextIO
+
+CONTEXT = 3
+
+
+def unified_diff(before: str, after: str, path: str) -> str:
+    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    out: list[str] = []
+    for group in matcher.get_grouped_opcodes(CONTEXT):
+        if not out:
+            out += [f"--- {path}\n", f"+++ {path}\n"]
+        first, last = group[0], group[-1]
+        old_start, old_len = first[1], last[2] - first[1]
+        new_start, new_len = first[3], last[4] - first[3]
+        out.append(
+            f"@@ -{old_start + (old_len > 0)},{old_len} +{new_start + (new_len > 0)},{new_len} @@\n"
+        )
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [" " + line for line in a[i1:i2]]
+                continue
+            out += ["-" + line for line in a[i1:i2]]
+            out += ["+" + line for line in b[j1:j2]]
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in out)
+
+
+def original_line(history: list[tuple[str, str]], line: int) -> int:
+    """Map a line of the last text in `history` (a chain of (before, after) texts)
+    back to the first; a line inside a rewritten block maps to the same relative
+    position in the old block."""
+    for before, after in reversed(history):
+        matcher = difflib.SequenceMatcher(
+            a=before.splitlines(), b=after.splitlines(), autojunk=False
+        )
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if j1 < line <= j2 or j1 == j2 == line - 1:
+                offset = line - j1 - 1
+                if tag != "equal":  # proportional position inside a rewritten block
+                    offset = min(max(i2 - i1 - 1, 0), offset * (i2 - i1) // max(j2 - j1, 1))
+                line = i1 + offset + 1
+                break
+    return line
+
+
+def use_colour(stream: TextIO = sys.stdout) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+def colourize(diff: str) -> str:
+    colours = {"+": "\033[32m", "-": "\033[31m", "@": "\033[36m"}
+    lines = []
+    for line in diff.splitlines(keepends=True):
+        colour = None if line.startswith(("+++", "---")) else colours.get(line[:1])
+        lines.append(f"{colour}{line.rstrip(chr(10))}\033[0m\n" if colour else line)
+    return "".join(lines)
