@@ -1,0 +1,99 @@
+"""Smoke tests for the training-script fixtures in fixtures/.
+
+Every fixture is run unmodified, on CPU, in a temporary working directory. All of them must
+train and exit 0, except legacy_pytorch03.py, which is written for PyTorch 0.3 and must crash
+on current PyTorch (``loss.data[0]`` on a 0-dim tensor) - converting it is what fixes it.
+"""
+import ast
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
+
+# name -> (extra argv, files the run must leave in its working directory)
+FIXTURES = {
+    "cnn_toplevel.py": ([], ["cnn_model.pth"]),
+    "mnist_main.py": (["--save-model"], ["mnist_cnn.pt"]),
+    "lstm_lm.py": ([], ["model.pt"]),
+    "legacy_pytorch03.py": ([], []),
+    "trainer_class.py": ([], ["checkpoints/last.pt", "checkpoints/best.pt"]),
+    "gan.py": ([], ["netG_epoch_1.pth", "netD_epoch_1.pth"]),
+    "transformer_accum.py": ([], ["transformer.pt"]),
+    "dataparallel_existing.py": ([], ["signal_best.pth"]),
+    "linear_exact.py": (["--save-params", "params.pt"], ["params.pt"]),
+}
+
+EXPECTED_FAILURES = {
+    "legacy_pytorch03.py": "IndexError: invalid index of a 0-dim tensor",
+}
+
+
+# The scripts are tiny; most of each run is interpreter + torch start-up, so run a few of them
+# side by side (one intra-op thread each) to keep this module well under 30 s.
+PARALLEL = max(1, min(4, os.cpu_count() or 1))
+
+
+def run_fixture(name, args, cwd):
+    return subprocess.run(
+        [sys.executable, str(FIXTURES_DIR / name), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"},
+    )
+
+
+@pytest.fixture(scope="module")
+def fixture_runs(request, tmp_path_factory):
+    """Start every selected fixture script at once; each test waits for its own result."""
+    selected = sorted({
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.originalname == "test_fixture_runs" and hasattr(item, "callspec")
+    })
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        runs = {}
+        for name in selected:
+            cwd = tmp_path_factory.mktemp(name.removesuffix(".py"))
+            args, _ = FIXTURES[name]
+            runs[name] = (cwd, pool.submit(run_fixture, name, args, cwd))
+        yield runs
+
+
+def test_fixture_list_is_complete():
+    on_disk = {p.name for p in FIXTURES_DIR.glob("*.py")}
+    assert on_disk == set(FIXTURES)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixture_docstring_and_size(name):
+    source = (FIXTURES_DIR / name).read_text()
+    doc = ast.get_docstring(ast.parse(source))
+    assert doc, f"{name} has no module docstring"
+    assert "Slow patterns on purpose:" in doc
+    assert 60 <= len(source.splitlines()) <= 200
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixture_runs(name, fixture_runs):
+    _, outputs = FIXTURES[name]
+    tmp_path, future = fixture_runs[name]
+    proc = future.result()
+    if name in EXPECTED_FAILURES:
+        assert proc.returncode != 0, f"{name} unexpectedly succeeded:\n{proc.stdout}"
+        assert EXPECTED_FAILURES[name] in proc.stderr, proc.stderr[-3000:]
+        return
+    assert proc.returncode == 0, (
+        f"{name} exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}"
+        f"\n--- stderr ---\n{proc.stderr[-3000:]}"
+    )
+    for rel in outputs:
+        assert (tmp_path / rel).is_file(), f"{name} did not write {rel}"
