@@ -1,0 +1,224 @@
+"""ACC103: a batch copied to the GPU inside the step loop without `non_blocking=True`."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.analysis.names import name_key
+from autoaccel.cst_edit import set_keyword
+from autoaccel.lint.rule import Applicability, Invalid, LintRule
+
+_LOOP = (
+    "import torch\n"
+    "device = torch.device('cuda')\n"
+    "for x, y in loader:\n"
+    "    {}\n"
+    "    loss = criterion(model(x), y)\n"
+    "    loss.backward()\n"
+)
+
+
+class BlockingDeviceCopy(LintRule):
+    code = "ACC103"
+    name = "blocking-device-copy"
+    message = "Batch is copied to the GPU synchronously (no `non_blocking=True`)"
+    fix_title = "Add `non_blocking=True`"
+    # An asynchronous copy returns before the data has arrived: a script that reads
+    # the source tensor's memory from the host meanwhile, or times the step, sees a
+    # different ordering; from pageable memory it gains nothing.
+    applicability = Applicability.UNSAFE
+
+    VALID = [
+        _LOOP.format("x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)"),
+        _LOOP.format("x = x.cuda(non_blocking=True)"),
+        # A user's explicit choice is kept.
+        _LOOP.format("x = x.to(device, non_blocking=False)"),
+        # Only a dtype: no copy between devices.
+        _LOOP.format("x = x.to(torch.float16)"),
+        _LOOP.format("x = x.to(dtype=torch.float16)"),
+        # Device to host.
+        _LOOP.format("x = x.to('cpu')"),
+        _LOOP.format("x = x.cpu()"),
+        # The model, not a batch.
+        _LOOP.format("model.to(device)"),
+        # A keyword we cannot see.
+        _LOOP.format("x = x.to(device, **options)"),
+        # Another tensor as the target: device and dtype are unknown.
+        _LOOP.format("x = x.to(y)"),
+        # Outside a step loop.
+        "import torch\ndevice = torch.device('cuda')\nx = x.to(device)\n",
+        # A CPU-only script.
+        "import torch\ndevice = torch.device('cpu')\n"
+        "for x, y in loader:\n    x = x.to(device)\n    loss = model(x)\n    loss.backward()\n",
+    ]
+    INVALID = [
+        Invalid(
+            _LOOP.format("x, y = x.to(device), y.to(device)"),
+            fixed=_LOOP.format(
+                "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)"
+            ),
+        ),
+        Invalid(
+            _LOOP.format("x = x.cuda()"),
+            fixed=_LOOP.format("x = x.cuda(non_blocking=True)"),
+        ),
+        Invalid(
+            _LOOP.format("x = x.to('cuda:0', torch.float16)"),
+            fixed=_LOOP.format("x = x.to('cuda:0', torch.float16, non_blocking=True)"),
+        ),
+        Invalid(
+            _LOOP.format("inputs = x.float()\n    inputs = inputs.to(device=device)"),
+            fixed=_LOOP.format(
+                "inputs = x.float()\n    inputs = inputs.to(device=device, non_blocking=True)"
+            ),
+        ),
+    ]
+
+    def __init__(self, script) -> None:
+        super().__init__(script)
+        self._batches: dict[cst.CSTNode, frozenset[str]] = {}
+        # Devices the script model misses: `self.device = device or torch.device(...)`.
+        self._devices: set[str] = set()
+        # Copies whose target is a name, decided once every assignment has been seen.
+        self._pending: list[tuple[cst.Call, str]] = []
+        self._cpu: set[str] = set()  # names only ever bound to the CPU device
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        kinds = {self._device_kind(leaf) for leaf in _leaves(node.value)}
+        for target in node.targets:
+            key = name_key(target.target)
+            if key is None:
+                continue
+            if "cuda" in kinds:
+                self._devices.add(key)
+            elif kinds == {"cpu"}:
+                self._cpu.add(key)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        # `tensor.to(...)` / `tensor.cuda(...)` with everything passed written out.
+        if not m.matches(node.func, m.Attribute(attr=m.Name("to") | m.Name("cuda"))):
+            return
+        if any(arg.star for arg in node.args) or _keyword(node, "non_blocking") is not None:
+            return
+        method = node.func.attr.value  # type: ignore[attr-defined]
+        positional = [arg for arg in node.args if arg.keyword is None]
+        target = None
+        if method == "cuda":
+            # `.cuda(device=None, non_blocking=False)`
+            if len(positional) > 1:
+                return
+        else:
+            target = positional[0].value if positional else _keyword(node, "device")
+            if len(positional) > 2 or target is None:
+                return
+        loop = self.enclosing_step_loop(node)
+        if loop is None:
+            return
+        if not _derives(node.func.value, self._batch_names(loop)):  # type: ignore[attr-defined]
+            return
+        kind = "cuda" if target is None else self._device_kind(target)
+        if kind == "cuda":
+            self._report(node)
+        elif kind is None and self.script.uses_cuda and name_key(target) is not None:
+            self._pending.append((node, name_key(target)))  # type: ignore[arg-type]
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for node, key in self._pending:
+            if key in self._devices or (key in self.script.devices and key not in self._cpu):
+                self._report(node)
+
+    def _report(self, node: cst.Call) -> None:
+        self.report(node, edits={node: set_keyword(node, "non_blocking", "True")})
+
+    def _device_kind(self, value: cst.BaseExpression) -> str | None:
+        """ "cuda" / "cpu" for a device written out (`"cuda:0"`, `torch.device("cpu")`)."""
+        if isinstance(value, cst.Call) and self.calls(value, "torch.device"):
+            if not value.args:
+                return None
+            if isinstance(value.args[0].value, cst.SimpleString):
+                return self._device_kind(value.args[0].value)
+            return "cuda" if self.script.uses_cuda else None
+        if isinstance(value, cst.SimpleString):
+            text = value.evaluated_value
+            if isinstance(text, str):
+                if text == "cuda" or text.startswith("cuda:"):
+                    return "cuda"
+                if text == "cpu":
+                    return "cpu"
+        return None
+
+    def _batch_names(self, loop) -> frozenset[str]:
+        """The loop target's names plus names assigned in the body from them."""
+        if loop.node not in self._batches:
+            names = set(loop.batch_names)
+            assignments = [
+                node
+                for node in m.findall(loop.node.body, m.Assign())
+                if isinstance(node, cst.Assign)
+            ]
+            changed = True
+            while changed:
+                changed = False
+                for assign in assignments:
+                    for target in assign.targets:
+                        for bound in _bound_from(target.target, assign.value, names):
+                            if bound not in names:
+                                names.add(bound)
+                                changed = True
+            self._batches[loop.node] = frozenset(names)
+        return self._batches[loop.node]
+
+
+def _leaves(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The values `a or b` / `a if c else b` may take."""
+    if isinstance(value, cst.BooleanOperation):
+        return [*_leaves(value.left), *_leaves(value.right)]
+    if isinstance(value, cst.IfExp):
+        return [*_leaves(value.body), *_leaves(value.orelse)]
+    return [value]
+
+
+def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    return None
+
+
+def _derives(value: cst.BaseExpression, names: frozenset[str] | set[str]) -> bool:
+    """`x`, `x[0]`, `x.attr`, `x.float()` for a batch name `x`."""
+    while True:
+        if isinstance(value, cst.Name):
+            return value.value in names
+        if isinstance(value, (cst.Subscript, cst.Attribute)):
+            value = value.value
+        elif isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+            value = value.func.value
+        else:
+            return False
+
+
+def _bound_from(
+    target: cst.BaseExpression, value: cst.BaseExpression, names: set[str]
+) -> list[str]:
+    """Names in `target` that `target = value` binds to (part of) a batch."""
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+        if len(target.elements) == len(value.elements):
+            return [
+                bound
+                for t, v in zip(target.elements, value.elements)
+                for bound in _bound_from(t.value, v.value, names)
+            ]
+        return []
+    if not _derives(value, names):
+        return []
+    return _names(target)
+
+
+def _names(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for element in target.elements for n in _names(element.value)]
+    return []
