@@ -42,12 +42,7 @@ def transforms_for(options: ConvertOptions) -> list[type[Codemod]]:
     from autoaccel.convert.transforms.channels_last import ChannelsLast
 
     steps: list[type[Codemod]] = [
-        rule_fixes.ModernizeLegacy,
-        rule_fixes.ReleaseStepGraphs,
-        rule_fixes.EnableCudnnBenchmark,
-        rule_fixes.TuneDataLoaders,
-        rule_fixes.NonBlockingCopies,
-        rule_fixes.CreateOnDevice,
+        rule_fixes.SingleProcessFixes,
         AddAutocast,
         CompileModel,
         ChannelsLast,
@@ -59,6 +54,8 @@ def _run(source: str, options: ConvertOptions, log: ConversionLog) -> str:
     tree = parse(source)
     history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
     for step in transforms_for(options):
+        if not getattr(step, "enabled", lambda _: True)(options):
+            continue
         before_count = len(log.changes) + len(log.skipped)
         before = tree.code
         tree = step(new_context(options, log)).transform_module(tree)

@@ -42,13 +42,12 @@ class Transform(VisitorBasedCodemodCommand):
     def log(self) -> ConversionLog:
         return self.context.scratch[LOG_KEY]
 
-    def should_run(self) -> bool:
+    @classmethod
+    def enabled(cls, options: ConvertOptions) -> bool:
         """Whether the options ask for this step (default: always)."""
         return True
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if not self.should_run():
-            return tree
         assert self.context.wrapper is not None
         self.script = build_script_model(self.context.wrapper)
         return super().transform_module_impl(tree)

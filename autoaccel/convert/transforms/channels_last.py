@@ -6,6 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
 from autoaccel.cst_edit import keyword_value, set_keyword
 
@@ -16,12 +17,11 @@ class ChannelsLast(Transform):
     DESCRIPTION = "Use torch.channels_last for the model and its image batches."
     code = "channels-last"
 
-    def should_run(self) -> bool:
-        return self.options.channels_last
+    @classmethod
+    def enabled(cls, options: ConvertOptions) -> bool:
+        return options.channels_last
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if not self.should_run():
-            return tree
         result = super().transform_module_impl(tree)
         if not self.script.has_convolutions:
             self.skipped("channels_last", "the script has no convolutions: nothing to gain")

@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
 
 
@@ -17,12 +18,11 @@ class CompileModel(Transform):
     DESCRIPTION = "Compile the trained model with torch.compile (in place)."
     code = "compile"
 
-    def should_run(self) -> bool:
-        return self.options.compile
+    @classmethod
+    def enabled(cls, options: ConvertOptions) -> bool:
+        return options.compile
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if not self.should_run():
-            return tree
         self.compiled = {
             name_key(call.func.value)  # type: ignore[attr-defined]
             for call in m.findall(tree, m.Call(func=m.Attribute(attr=m.Name("compile"))))

@@ -15,7 +15,7 @@ class RuleFixes(Codemod):
     """Apply the fixes of `codes` (unsafe ones included: the user asked for them)."""
 
     DESCRIPTION = "Apply lint-rule fixes."
-    codes: tuple[str, ...] = ()
+    codes: tuple[str, ...] = ()  # set by subclasses
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         settings = LintSettings(select=self.codes, unsafe_fixes=True)
@@ -30,31 +30,21 @@ class RuleFixes(Codemod):
         return tree if result.source == tree.code else cst.parse_module(result.source)
 
 
-class EnableCudnnBenchmark(RuleFixes):
-    DESCRIPTION = "Set torch.backends.cudnn.benchmark = True after the imports."
-    codes = ("ACC201",)
+class SingleProcessFixes(RuleFixes):
+    """The single-process speed-ups that lint rules already know how to fix, applied
+    together so the file is analysed once per round rather than once per rule."""
 
-
-class TuneDataLoaders(RuleFixes):
-    DESCRIPTION = "Worker processes, persistent workers and pinned memory for DataLoaders."
-    codes = ("ACC101", "ACC102", "ACC104")
-
-
-class NonBlockingCopies(RuleFixes):
-    DESCRIPTION = "non_blocking=True on batch copies inside the step loops."
-    codes = ("ACC103",)
-
-
-class CreateOnDevice(RuleFixes):
-    DESCRIPTION = "Create tensors on their device instead of moving them."
-    codes = ("ACC206",)
-
-
-class ReleaseStepGraphs(RuleFixes):
-    DESCRIPTION = "Accumulate losses without keeping every step's autograd graph."
-    codes = ("ACC203",)
-
-
-class ModernizeLegacy(RuleFixes):
-    DESCRIPTION = "Remove PyTorch 0.3 idioms that fail or do nothing on current torch."
-    codes = ("ACC501", "ACC502", "ACC503", "ACC504")
+    DESCRIPTION = "Apply the speed-up and modernisation fixes of the lint rules."
+    codes = (
+        "ACC501",  # Variable wrappers
+        "ACC502",  # volatile=True
+        "ACC503",  # loss.data[0]
+        "ACC504",  # evaluation without no_grad
+        "ACC203",  # losses accumulated with their graphs
+        "ACC201",  # cudnn.benchmark
+        "ACC101",  # DataLoader workers
+        "ACC102",  # pinned memory
+        "ACC104",  # shuffle with a sampler
+        "ACC103",  # non_blocking batch copies
+        "ACC206",  # tensors created on the CPU then moved
+    )

@@ -1,0 +1,124 @@
+"""`autoaccel convert` as a user runs it: preview, write, check, formats, safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader
+
+# keep this comment
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+loader = DataLoader(dataset, batch_size=32, shuffle=True)
+for x, y in loader:
+    x = x.to(device)
+    loss = model(x).sum()
+    loss.backward()
+"""
+
+
+def convert(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autoaccel", "convert", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_preview_prints_diff_and_summary_and_writes_nothing(script, tmp_path):
+    result = convert(str(script), "--amp", "off", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"--- {script}" in result.stdout
+    assert "+    num_workers=min(8, os.cpu_count() or 1)," in result.stdout
+    assert "line 6: ACC101" in result.stdout  # lines of the original file
+    assert "line 8: ACC103" in result.stdout
+    assert script.read_text() == SCRIPT
+
+
+def test_write_rewrites_in_place_and_keeps_everything_else(script, tmp_path):
+    result = convert(str(script), "--amp", "off", "--write", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    converted = script.read_text()
+    assert "non_blocking=True" in converted
+    assert "# keep this comment\n" in converted
+    assert converted.startswith("import os\n\nimport torch\n")
+
+
+def test_check_exits_1_when_the_script_would_change_and_0_after(script, tmp_path):
+    assert convert(str(script), "--check", "--amp", "off", cwd=tmp_path).returncode == 1
+    assert convert(str(script), "--write", "--amp", "off", cwd=tmp_path).returncode == 0
+    assert convert(str(script), "--check", "--amp", "off", cwd=tmp_path).returncode == 0
+
+
+def test_output_file_leaves_the_input_alone(script, tmp_path):
+    out = tmp_path / "fast.py"
+    assert convert(str(script), "-o", str(out), "--amp", "off", cwd=tmp_path).returncode == 0
+    assert script.read_text() == SCRIPT
+    assert "pin_memory=torch.cuda.is_available()" in out.read_text()
+
+
+def test_crlf_newlines_and_permissions_are_kept(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_bytes(SCRIPT.replace("\n", "\r\n").encode())
+    path.chmod(0o750)
+    assert convert(str(path), "--write", "--amp", "off", cwd=tmp_path).returncode == 0
+    data = path.read_bytes()
+    assert b"non_blocking=True" in data
+    assert data.count(b"\n") == data.count(b"\r\n")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o750
+
+
+def test_python2_file_is_an_error_with_location_and_stays_untouched(tmp_path):
+    path = tmp_path / "old.py"
+    source = "import torch\nx = torch.zeros(3)\ny = x.cuda(async=True)\n"
+    path.write_text(source)
+    result = convert(str(path), "--write", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"{path}:3:")
+    assert path.read_text() == source
+
+
+def test_markdown_is_a_pr_comment_body(script, tmp_path):
+    result = convert(str(script), "--format", "markdown", "--amp", "off", cwd=tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"### autoaccel convert: `{script}`")
+    assert "```diff\n" in result.stdout
+    assert "- line 6: ACC101" in result.stdout
+
+
+def test_json_lists_the_changes(script, tmp_path):
+    result = convert(str(script), "--format", "json", "--amp", "off", cwd=tmp_path)
+    report = json.loads(result.stdout)
+    assert report["changed"] is True
+    assert {change["code"] for change in report["changes"]} >= {"ACC101", "ACC102", "ACC103"}
+
+
+def test_already_fast_script_reports_nothing_to_change(tmp_path):
+    path = tmp_path / "plain.py"
+    path.write_text("import torch\nprint(torch.ones(2))\n")
+    result = convert(str(path), cwd=tmp_path)
+    assert result.returncode == 0
+    assert "nothing to change" in result.stdout
+
+
+def test_bad_option_value_is_a_usage_error(script, tmp_path):
+    result = convert(str(script), "--amp", "fp8", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--amp" in result.stderr
