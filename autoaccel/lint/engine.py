@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -29,10 +30,25 @@ def parse(source: str) -> cst.Module:
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as error:
+        located = _python_syntax_error(source)
+        if located is not None:
+            raise located from None
         message = error.message.strip().splitlines()[0] if error.message else "invalid syntax"
         raise SourceError(
             f"SyntaxError: {message}", error.raw_line, error.raw_column + 1
         ) from None
+
+
+def _python_syntax_error(source: str) -> SourceError | None:
+    """CPython's own message and position (LibCST's parser points past the error,
+    e.g. at the next line); None when CPython accepts what LibCST rejected."""
+    try:
+        compile(source, "<lint>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as error:
+        return SourceError(f"SyntaxError: {error.msg}", error.lineno or 1, error.offset or 1)
+    except (ValueError, MemoryError, RecursionError):
+        return None
+    return None
 
 
 def might_use_torch(source: str) -> bool:
@@ -67,11 +83,19 @@ def analyse(source: str, settings: LintSettings, path: str | None = None) -> Ana
             diagnostic
             for visitor in visitors
             for diagnostic in visitor.diagnostics
-            if not is_suppressed(diagnostic.code, diagnostic.line, noqa)
+            if not _suppressed(diagnostic, noqa)
         ),
         key=lambda d: (d.line, d.column, d.code),
     )
     return Analysis(module=module, wrapper=wrapper, diagnostics=_unique(diagnostics))
+
+
+def _suppressed(diagnostic: Diagnostic, noqa: dict[int, frozenset[str]]) -> bool:
+    """A `# noqa` on the first or the last line of the finding counts: black puts the
+    comment of a call it splits after the closing bracket, and a fix must not lose it."""
+    return is_suppressed(diagnostic.code, diagnostic.line, noqa) or is_suppressed(
+        diagnostic.code, diagnostic.end_line, noqa
+    )
 
 
 def _unique(diagnostics: list[Diagnostic]) -> list[Diagnostic]:

@@ -1,18 +1,532 @@
-"""Mixed precision: run the forward pass and loss under `torch.autocast`."""
+"""Mixed precision: run the forward pass and loss under `torch.autocast`.
+
+`--amp bf16` (default) wraps, in every training step loop, the statements from the
+first model call up to the last assignment of each tensor whose `.backward()` is
+called in `with torch.autocast(device_type=..., dtype=torch.bfloat16):`; evaluation
+loops get their model calls wrapped. `--amp fp16` also routes backward and
+`optimizer.step()` through one `torch.amp.GradScaler` (unscaling before gradient
+clipping). Backward, `step()` and `zero_grad()` stay outside the autocast block.
+
+`binary_cross_entropy` (`nn.BCELoss`) is rejected by CUDA autocast as "unsafe to
+autocast" (torch.amp docs, "CUDA Ops that can autocast to float32"), so such a loss
+is computed after the block, on a `.float()` input.
+"""
 
 from __future__ import annotations
 
-import libcst as cst
+from dataclasses import dataclass, field
 
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
+from autoaccel.cst_edit import add_imports, code_of
+
+_FALLBACK_DEVICE = '"cuda" if torch.cuda.is_available() else "cpu"'
+_BCE = frozenset(
+    {"torch.nn.BCELoss", "torch.nn.functional.binary_cross_entropy"}
+)
+_CLIP = frozenset(
+    {
+        "torch.nn.utils.clip_grad_norm_",
+        "torch.nn.utils.clip_grad_value_",
+        "torch.nn.utils.clip_grad_norm",
+        "torch.nn.utils.clip_grad.clip_grad_norm_",
+        "torch.nn.utils.clip_grad.clip_grad_value_",
+    }
+)
+Statements = list[cst.BaseStatement]
+
+
+@dataclass
+class _BlockPlan:
+    """What to do to the statements of one block (loop body, function body, module)."""
+
+    # (first, last) original indices of statements to put under one autocast block
+    wraps: list[tuple[int, int]] = field(default_factory=list)
+    device: str = _FALLBACK_DEVICE
+
+
+@dataclass
+class _Edits:
+    blocks: dict[cst.CSTNode, _BlockPlan] = field(default_factory=dict)  # keyed by body node
+    before: dict[cst.CSTNode, list[str]] = field(default_factory=dict)  # statement -> code
+    after: dict[cst.CSTNode, list[str]] = field(default_factory=dict)
+    replace: dict[cst.CSTNode, str] = field(default_factory=dict)  # small statement -> kind
+    float_input: set[cst.CSTNode] = field(default_factory=set)  # BCE calls: `.float()` input
+    scaler: dict[cst.CSTNode, str] = field(default_factory=dict)  # statement -> scaler name
+
+
+def _is_autocast_with(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.With) and any(
+        isinstance(item.item, cst.Call) and code_of(item.item.func).endswith("autocast")
+        for item in node.items
+    )
+
+
+def _backward_target(statement: cst.CSTNode) -> cst.BaseExpression | None:
+    """`X` of a statement `X.backward(...)`."""
+    if (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and m.matches(
+            statement.body[0],
+            m.Expr(value=m.Call(func=m.Attribute(attr=m.Name("backward")))),
+        )
+    ):
+        return statement.body[0].value.func.value  # type: ignore[attr-defined]
+    return None
+
+
+def _assigned_keys(statement: cst.CSTNode) -> set[str]:
+    keys: set[str] = set()
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return keys
+    for small in statement.body:
+        targets: list[cst.BaseExpression] = []
+        if isinstance(small, cst.Assign):
+            targets = [t.target for t in small.targets]
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+            targets = [small.target]
+        while targets:
+            target = targets.pop()
+            if isinstance(target, (cst.Tuple, cst.List)):
+                targets.extend(e.value for e in target.elements)
+            else:
+                key = name_key(target)
+                if key:
+                    keys.add(key)
+    return keys
 
 
 class AddAutocast(Transform):
     DESCRIPTION = "Run forward passes and losses under torch.autocast."
     code = "ACC301"
 
-    def should_run(self) -> bool:
-        return self.options.amp != "off"
+    @classmethod
+    def enabled(cls, options: ConvertOptions) -> bool:
+        return options.amp != "off"
 
+    # -- analysis ---------------------------------------------------------------------
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        return tree
+        if not self.enabled(self.options):
+            return tree  # also when called directly, outside the pipeline
+        return super().transform_module_impl(tree)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.dtype = "torch.float16" if self.options.amp == "fp16" else "torch.bfloat16"
+        self.label = self.options.amp
+        self.edits = _Edits()
+        self.touched = False
+        self._collect_names(node)
+        for loop in self.script.step_loops.values():
+            self._plan_loop(loop)
+
+    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def _ancestors(self, node: cst.CSTNode):
+        parent = self._parent(node)
+        while parent is not None:
+            yield parent
+            parent = self._parent(parent)
+
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        return next((a for a in self._ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+
+    def _class_of(self, function: cst.FunctionDef | None) -> cst.ClassDef | None:
+        if function is None:
+            return None
+        block = self._parent(function)
+        owner = self._parent(block) if block is not None else None
+        return owner if isinstance(owner, cst.ClassDef) else None
+
+    def _collect_names(self, module: cst.Module) -> None:
+        self.torch_devices: dict[str, set[cst.FunctionDef | None]] = {}
+        self.bce_criteria: set[str] = set()
+        self.bound: dict[cst.FunctionDef | None, set[str]] = {}
+        self.local_functions = {
+            f.name.value for f in m.findall(module, m.FunctionDef()) if isinstance(f, cst.FunctionDef)
+        }
+        for assign in m.findall(module, m.Assign() | m.AnnAssign()):
+            value = assign.value  # type: ignore[attr-defined]
+            if value is None:
+                continue
+            targets = (
+                [t.target for t in assign.targets]  # type: ignore[attr-defined]
+                if isinstance(assign, cst.Assign)
+                else [assign.target]  # type: ignore[attr-defined]
+            )
+            scope = self._function_of(assign)
+            calls = [c for c in m.findall(value, m.Call()) if isinstance(c, cst.Call)]
+            names = set().union(*(self.qualified_names(c.func) for c in calls)) if calls else set()
+            for target in targets:
+                key = name_key(target)
+                if key is None:
+                    continue
+                self.bound.setdefault(scope, set()).add(key)
+                if "torch.device" in names:
+                    self.torch_devices.setdefault(key, set()).add(scope)
+                if isinstance(value, cst.Call) and self.qualified_names(value.func) & _BCE:
+                    self.bce_criteria.add(key)
+
+    def _device_expression(self, loop: cst.CSTNode) -> str:
+        function = self._function_of(loop)
+        if self._class_of(function) is not None and "self.device" in self.torch_devices:
+            return "self.device.type"
+        params = (
+            {p.name.value for p in function.params.params + function.params.kwonly_params}
+            if function is not None
+            else set()
+        )
+        for key in sorted(self.torch_devices, key=lambda k: (k != "device", k)):
+            if key.startswith("self."):
+                continue
+            scopes = self.torch_devices[key]
+            if function is None:
+                visible = None in scopes
+            elif key in params:
+                visible = key in self.script.devices
+            else:
+                visible = function in scopes or (
+                    None in scopes and key not in self.bound.get(function, set())
+                )
+            if visible:
+                return f"{key}.type"
+        return _FALLBACK_DEVICE
+
+    def _calls_model(self, node: cst.CSTNode) -> bool:
+        return any(
+            name_key(call.func) in self.script.models  # type: ignore[attr-defined]
+            for call in m.findall(node, m.Call())
+        )
+
+    def _calls_local_function(self, node: cst.CSTNode) -> bool:
+        for call in m.findall(node, m.Call()):
+            key = name_key(call.func)  # type: ignore[attr-defined]
+            if key and key.removeprefix("self.") in self.local_functions:
+                return True
+        return False
+
+    def _is_bce(self, call: cst.Call) -> bool:
+        return name_key(call.func) in self.bce_criteria or bool(
+            self.qualified_names(call.func) & _BCE
+        )
+
+    def _bce_calls(self, node: cst.CSTNode) -> list[cst.Call]:
+        return [c for c in m.findall(node, m.Call()) if isinstance(c, cst.Call) and self._is_bce(c)]
+
+    def _plan_loop(self, loop: StepLoop) -> None:
+        node = loop.node
+        if any(_is_autocast_with(a) for a in self._ancestors(node)) or any(
+            _is_autocast_with(w) for w in m.findall(node, m.With())
+        ):
+            return  # already mixed precision: leave the loop as the user wrote it
+        body = node.body
+        if not isinstance(body, cst.IndentedBlock):
+            self.skipped("autocast", "the loop body is on the `for` line; wrap it by hand", node)
+            return
+        device = self._device_expression(node)
+        if loop.role is LoopRole.EVAL:
+            self._plan_eval(node, body, device)
+            return
+        statements = list(body.body)
+        backwards = [i for i, s in enumerate(statements) if _backward_target(s) is not None]
+        nested = [
+            c
+            for c in m.findall(body, m.Call(func=m.Attribute(attr=m.Name("backward"))))
+            if not any(
+                _backward_target(s) is not None and s.body[0].value is c  # type: ignore[attr-defined]
+                for s in statements
+            )
+        ]
+        if not backwards or nested:
+            self.skipped(
+                "autocast",
+                "`.backward()` is not a statement of the loop body itself (it is nested in"
+                " another block or expression); wrap the forward pass and loss in"
+                f" `with torch.autocast(device_type=..., dtype={self.dtype})` by hand",
+                node,
+            )
+            return
+        optimizers_stepped = [
+            c
+            for c in m.findall(body, m.Call(func=m.Attribute(attr=m.Name("step"))))
+            if name_key(c.func.value) in self.script.optimizers  # type: ignore[attr-defined]
+        ]
+        fp16 = self.options.amp == "fp16"
+        if fp16 and not optimizers_stepped:
+            self.skipped(
+                "autocast",
+                "fp16 needs torch.amp.GradScaler, which can only step a torch.optim optimizer;"
+                " this loop updates the parameters by hand (no `optimizer.step()`), so fp16"
+                " autocast was not applied. Use `--amp bf16` (no scaler needed) or switch"
+                " to a torch.optim optimizer",
+                node,
+            )
+            return
+        wraps: list[tuple[int, int]] = []
+        previous = -1
+        for index in backwards:
+            target = _backward_target(statements[index])
+            key = name_key(target) if target is not None else None
+            if key is None:
+                self.skipped("autocast", f"cannot follow the tensor `{code_of(target)}` whose backward is called; wrap its computation by hand", statements[index])
+                return
+            loss_at = next(
+                (j for j in range(index - 1, previous, -1) if key in _assigned_keys(statements[j])),
+                None,
+            )
+            if loss_at is None:
+                self.skipped(
+                    "autocast",
+                    f"`{key}` is not computed in the same block as `{key}.backward()` (model"
+                    " call and loss in different blocks); wrap the forward pass and loss in"
+                    " torch.autocast by hand",
+                    statements[index],
+                )
+                return
+            start = next(
+                (j for j in range(previous + 1, loss_at + 1) if self._calls_model(statements[j])),
+                None,
+            )
+            if start is None and self._calls_local_function(statements[loss_at]):
+                start = loss_at
+            if start is None:
+                self.skipped(
+                    "autocast",
+                    f"no model call found before `{key}` is computed; wrap the forward pass"
+                    " and loss in torch.autocast by hand",
+                    statements[loss_at],
+                )
+                return
+            end = loss_at
+            bce = next(
+                (j for j in range(start, loss_at + 1) if self._bce_calls(statements[j])), None
+            )
+            if bce is not None:
+                for j in range(bce, loss_at + 1):
+                    for call in self._bce_calls(statements[j]):
+                        self.edits.float_input.add(call)
+                end = bce - 1
+                self.changed(
+                    statements[bce],
+                    "binary_cross_entropy computed outside torch.autocast on a float32 input"
+                    " (CUDA autocast rejects it as unsafe)",
+                )
+            if end >= start:
+                wraps.append((start, end))
+                self.changed(
+                    statements[start], f"forward pass and loss under torch.autocast({self.label})"
+                )
+            previous = index
+        self.edits.blocks[body] = _BlockPlan(wraps=wraps, device=device)
+        if fp16:
+            self._plan_scaler(node, body, device, optimizers_stepped)
+
+    def _plan_eval(self, node: cst.CSTNode, body: cst.IndentedBlock, device: str) -> None:
+        wraps: list[tuple[int, int]] = []
+        for index, statement in enumerate(body.body):
+            if not isinstance(statement, cst.SimpleStatementLine) or not self._calls_model(statement):
+                continue
+            if self._bce_calls(statement):
+                continue  # the model call and a BCE loss share a line: leave it in float32
+            if wraps and wraps[-1][1] == index - 1:
+                wraps[-1] = (wraps[-1][0], index)
+            else:
+                wraps.append((index, index))
+            self.changed(statement, f"evaluation forward pass under torch.autocast({self.label})")
+        if wraps:
+            self.edits.blocks[body] = _BlockPlan(wraps=wraps, device=device)
+
+    # -- fp16: GradScaler -----------------------------------------------------------
+    def _plan_scaler(
+        self, node: cst.CSTNode, body: cst.IndentedBlock, device: str, steps: list[cst.CSTNode]
+    ) -> None:
+        function = self._function_of(node)
+        owner = self._class_of(function)
+        scaler = "scaler"
+        created = False
+        if owner is not None and all(
+            (name_key(c.func.value) or "").startswith("self.") for c in steps  # type: ignore[attr-defined]
+        ):
+            init = next(
+                (
+                    s
+                    for s in owner.body.body
+                    if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
+                ),
+                None,
+            )
+            keys = {name_key(c.func.value) for c in steps}  # type: ignore[attr-defined]
+            assigns = [
+                s
+                for s in (m.findall(init, m.SimpleStatementLine()) if init is not None else [])
+                if _assigned_keys(s) & keys
+            ]
+            if assigns:
+                scaler = "self.scaler"
+                if "self.scaler" not in self.bound.get(init, set()):
+                    self.edits.after.setdefault(assigns[-1], []).append(
+                        f"self.scaler = torch.amp.GradScaler({device})"
+                    )
+                    self.bound.setdefault(init, set()).add("self.scaler")
+                    self.changed(assigns[-1], "create torch.amp.GradScaler for fp16 training")
+                created = True
+        if not created:
+            epochs = [a for a in self._ancestors(node) if a in self.script.epoch_loops]
+            anchor = epochs[-1] if epochs else node
+            self.edits.before.setdefault(anchor, []).append(
+                f"scaler = torch.amp.GradScaler({device})"
+            )
+            self.changed(anchor, "create torch.amp.GradScaler for fp16 training")
+            if not epochs and function is not None:
+                self.skipped(
+                    "GradScaler",
+                    f"the scaler is created in `{function.name.value}()`, which holds only the"
+                    " step loop, so its loss scale restarts at every call; create it once"
+                    " outside and pass it in to keep the scale across epochs",
+                    node,
+                )
+        statements = [s for s in m.findall(body, m.SimpleStatementLine()) if isinstance(s, cst.SimpleStatementLine)]
+        last_step = None
+        for statement in statements:
+            small = statement.body[0] if len(statement.body) == 1 else None
+            if _backward_target(statement) is not None:
+                self.edits.replace[small] = f"backward:{scaler}"  # type: ignore[index]
+                self.edits.scaler[statement] = scaler
+            elif m.matches(small, m.Expr(value=m.Call(func=m.Attribute(attr=m.Name("step")), args=[]))) and name_key(small.value.func.value) in self.script.optimizers:  # type: ignore[union-attr]
+                self.edits.replace[small] = f"step:{scaler}"  # type: ignore[index]
+                last_step = statement
+            clips = [
+                c
+                for c in m.findall(statement, m.Call())
+                if self.qualified_names(c.func) & _CLIP  # type: ignore[attr-defined]
+            ]
+            if clips:
+                optimizer = self._optimizer_after(statement, statements, steps)
+                self.edits.before.setdefault(statement, []).append(
+                    f"{scaler}.unscale_({optimizer})"
+                )
+                self.changed(statement, "unscale gradients before clipping (fp16 GradScaler)")
+        if last_step is not None:
+            self.edits.after.setdefault(last_step, []).append(f"{scaler}.update()")
+        self.changed(node, "backward and optimizer step through torch.amp.GradScaler (fp16)")
+
+    def _optimizer_after(
+        self, clip: cst.CSTNode, statements: list[cst.SimpleStatementLine], steps: list[cst.CSTNode]
+    ) -> str:
+        seen = False
+        for statement in statements:
+            if statement is clip:
+                seen = True
+            elif seen:
+                for call in m.findall(statement, m.Call(func=m.Attribute(attr=m.Name("step")))):
+                    if call in steps:
+                        return code_of(call.func.value)  # type: ignore[attr-defined]
+        return code_of(steps[0].func.value)  # type: ignore[attr-defined]
+
+    # -- rewriting ------------------------------------------------------------------
+    def leave_Expr(self, original_node: cst.Expr, updated_node: cst.Expr) -> cst.Expr:
+        kind = self.edits.replace.get(original_node)
+        if kind is None:
+            return updated_node
+        what, scaler = kind.split(":")
+        call = updated_node.value
+        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+        self.touched = True
+        if what == "backward":
+            scaled = cst.parse_expression(f"{scaler}.scale(x)").with_changes(
+                args=[cst.Arg(call.func.value)]
+            )
+            return updated_node.with_changes(
+                value=call.with_changes(func=call.func.with_changes(value=scaled))
+            )
+        step = cst.parse_expression(f"{scaler}.step(x)").with_changes(
+            args=[cst.Arg(call.func.value)]
+        )
+        return updated_node.with_changes(value=step)
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if original_node not in self.edits.float_input or not updated_node.args:
+            return updated_node
+        first = updated_node.args[0]
+        value = first.value
+        if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("float")), args=[])):
+            return updated_node
+        self.touched = True
+        if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+            value = value.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
+            )
+        floated = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("float")))
+        return updated_node.with_changes(args=[first.with_changes(value=floated), *updated_node.args[1:]])
+
+    def _rebuild(
+        self, originals: Statements, updated: Statements, plan: _BlockPlan | None
+    ) -> Statements:
+        units: list[Statements] = []
+        for original, new in zip(originals, updated):
+            unit: Statements = []
+            for code in self.edits.before.get(original, []):
+                unit.append(cst.parse_statement(code + "\n"))
+            unit.append(new)
+            for code in self.edits.after.get(original, []):
+                unit.append(cst.parse_statement(code + "\n"))
+            if unit[0] is not new:
+                self.touched = True
+                # the first statement of the unit carries the blank lines and comments
+                unit[unit.index(new)] = new.with_changes(leading_lines=[])
+                unit[0] = unit[0].with_changes(leading_lines=new.leading_lines)
+            elif len(unit) > 1:
+                self.touched = True
+            units.append(unit)
+        if plan is None or not plan.wraps:
+            return [s for unit in units for s in unit]
+        result: Statements = []
+        index = 0
+        for start, end in plan.wraps:
+            while index < start:
+                result.extend(units[index])
+                index += 1
+            inner = [s for unit in units[start : end + 1] for s in unit]
+            leading = inner[0].leading_lines
+            inner[0] = inner[0].with_changes(leading_lines=[])
+            with_node = cst.parse_statement(
+                f"with torch.autocast(device_type={plan.device}, dtype={self.dtype}):\n    pass\n"
+            )
+            assert isinstance(with_node, cst.With)
+            result.append(
+                with_node.with_changes(
+                    body=cst.IndentedBlock(body=inner), leading_lines=leading
+                )
+            )
+            self.touched = True
+            index = end + 1
+        while index < len(units):
+            result.extend(units[index])
+            index += 1
+        return result
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        if len(original_node.body) != len(updated_node.body):
+            return updated_node  # another edit flattened statements here: indices unknown
+        body = self._rebuild(
+            list(original_node.body), list(updated_node.body), self.edits.blocks.get(original_node)
+        )
+        return updated_node.with_changes(body=body)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if len(original_node.body) == len(updated_node.body):
+            updated_node = updated_node.with_changes(
+                body=self._rebuild(list(original_node.body), list(updated_node.body), None)
+            )
+        if self.touched:
+            updated_node = add_imports(updated_node, ("torch",))
+        return updated_node

@@ -1,0 +1,387 @@
+"""ACC203: a loss tensor summed or collected across training steps with its graph."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from enum import Enum
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.lint.rule import Applicability, Invalid, LintRule
+
+# `torch.nn.functional` losses (every `*_loss` plus these).
+_FUNCTIONAL_LOSSES = frozenset(
+    {
+        "cross_entropy",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "kl_div",
+    }
+)
+NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad")
+# Methods and attributes that leave autograd: the result carries no graph.
+_DETACHING = frozenset({"item", "detach", "tolist", "numpy", "data"})
+# Functions that only make sense with a Python number (or accept one as well).
+_NUMBER_FUNCTIONS = frozenset(
+    f"builtins.{name}"
+    for name in (
+        "print",
+        "float",
+        "int",
+        "round",
+        "abs",
+        "sum",
+        "min",
+        "max",
+        "len",
+        "str",
+        "format",
+    )
+)
+_NUMBER_MODULES = ("math.", "numpy.", "statistics.")
+_LIST_METHODS = frozenset({"append", "extend", "clear"})
+
+
+def is_functional_loss(names: frozenset[str]) -> bool:
+    prefix = "torch.nn.functional."
+    return any(
+        n.startswith(prefix)
+        and (n.endswith("_loss") or n[len(prefix) :] in _FUNCTIONAL_LOSSES)
+        for n in names
+    )
+
+
+class _Use(Enum):
+    NUMBER = "number"  # printed, formatted, compared, in arithmetic, `float()`...
+    TENSOR = "tensor"  # a tensor method, a torch function, or something we cannot see
+
+
+class LossAccumulatedWithGraph(LintRule):
+    code = "ACC203"
+    name = "loss-accumulated-with-graph"
+    message = (
+        "Loss tensor accumulated across training steps keeps every step's autograd graph "
+        "alive; accumulate `loss.detach()` (or `loss.item()` for a Python number)"
+    )
+    fix_title = (
+        "Accumulate `loss.detach()`, or `loss.item()` where only a number is used"
+    )
+    # Per finding: `.detach()` is safe; `.item()` adds a host sync every step (unsafe).
+    applicability = Applicability.UNSAFE
+
+    VALID = [
+        # Already a number or detached.
+        "import torch\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n    total += loss.item()\n",
+        "import torch\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n    total += loss.detach()\n",
+        # The sum is what gets backpropagated: keeping the graph is the point.
+        "import torch\nfor x, y in loader:\n    total = 0\n    for head in heads:\n"
+        "        loss = criterion(head(x), y)\n        total = total + loss\n    total.backward()\n",
+        # Not a training step loop (nothing calls `.backward()`).
+        "import torch\nfor x, y in loader:\n    loss = criterion(model(x), y)\n    total += loss\n",
+        # Evaluation under `no_grad` builds no graph.
+        "import torch\nfor x, y in loader:\n    loss = criterion(model(x), y)\n    loss.backward()\n"
+        "    with torch.no_grad():\n        val = criterion(model(v), w)\n        total += val\n",
+        # A list made afresh every step does not outlive the step.
+        "import torch\nfor x, y in loader:\n    losses = []\n    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n    losses.append(loss)\n",
+        # `loss` is a number here.
+        "import torch\nfor x, y in loader:\n    out = model(x)\n    out.sum().backward()\n"
+        "    loss = out.mean().item()\n    total += loss\n",
+    ]
+    INVALID = [
+        Invalid(
+            "import torch\ntotal = 0.0\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n    total += loss\nprint(total / len(loader))\n",
+            fixed="import torch\ntotal = 0.0\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n    total += loss.item()\nprint(total / len(loader))\n",
+        ),
+        Invalid(
+            "import torch\nlosses = []\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n    losses.append(loss)\nprint(torch.stack(losses).mean())\n",
+            fixed="import torch\nlosses = []\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n    losses.append(loss.detach())\nprint(torch.stack(losses).mean())\n",
+        ),
+        Invalid(
+            "import torch.nn.functional as F\nfor x, y in loader:\n    loss = F.cross_entropy(model(x), y)\n"
+            "    (loss / 2).backward()\n    running = running + loss * x.size(0)\n",
+            fixed="import torch.nn.functional as F\nfor x, y in loader:\n    loss = F.cross_entropy(model(x), y)\n"
+            "    (loss / 2).backward()\n    running = running + loss.detach() * x.size(0)\n",
+        ),
+    ]
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.module = node
+        # Accumulators that are backpropagated keep their graph on purpose.
+        self.backpropagated = {
+            key
+            for call in m.findall(
+                node, m.Call(func=m.Attribute(attr=m.Name("backward")))
+            )
+            for key in _backward_keys(call)  # type: ignore[arg-type]
+        }
+
+    # -- the three accumulation shapes -------------------------------------------------
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.operator, cst.AddAssign):
+            self._check(node, name_key(node.target), node.value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        if len(node.targets) != 1 or not m.matches(
+            value, m.BinaryOperation(operator=m.Add())
+        ):
+            return
+        key = name_key(node.targets[0].target)
+        if key is not None and name_key(value.left) == key:  # type: ignore[attr-defined]
+            self._check(node, key, value.right)  # type: ignore[attr-defined]
+        elif key is not None and name_key(value.right) == key:  # type: ignore[attr-defined]
+            self._check(node, key, value.left)  # type: ignore[attr-defined]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if (
+            m.matches(node.func, m.Attribute(attr=m.Name("append")))
+            and len(node.args) == 1
+            and node.args[0].keyword is None
+            and not node.args[0].star
+        ):
+            self._check(node, name_key(node.func.value), node.args[0].value)  # type: ignore[attr-defined]
+
+    # -- analysis -------------------------------------------------------------------------
+    def _check(
+        self, node: cst.CSTNode, key: str | None, value: cst.BaseExpression
+    ) -> None:
+        if key is None or key in self.backpropagated:
+            return
+        loop = self.enclosing_step_loop(node)
+        if (
+            loop is None
+            or loop.role is not LoopRole.TRAIN
+            or self._under_no_grad(node, loop)
+        ):
+            return
+        loss = self._graph_loss(value, loop)
+        if loss is None or _reset_every_step(loop, key):
+            return
+        use = self._accumulator_use(node, key)
+        method = "item" if use is _Use.NUMBER else "detach"
+        replacement = cst.Call(func=cst.Attribute(value=loss, attr=cst.Name(method)))
+        self.report(node, edits={loss: replacement})
+        # Per-finding title and applicability: `.detach()` changes nothing but the
+        # graph; `.item()` turns the value into a Python float with a sync per step.
+        title = f"Accumulate `.{method}()` of the loss"
+        applicability = Applicability.UNSAFE if method == "item" else Applicability.SAFE
+        last = self.diagnostics[-1]
+        fix = replace(last.fix, title=title, applicability=applicability)  # type: ignore[arg-type]
+        self.diagnostics[-1] = replace(
+            last, fix=fix, fix_title=title, fix_applicability=applicability
+        )
+
+    def _graph_loss(
+        self, value: cst.BaseExpression, loop: StepLoop
+    ) -> cst.BaseExpression | None:
+        """The part of `value` that is a loss tensor with its graph: `loss`,
+        `criterion(out, y)`, or either of them scaled (`loss * x.size(0)`)."""
+        if isinstance(value, cst.BinaryOperation) and isinstance(
+            value.operator, (cst.Multiply, cst.Divide)
+        ):
+            return self._graph_loss(value.left, loop) or self._graph_loss(
+                value.right, loop
+            )
+        if isinstance(value, cst.Call):
+            return value if self._is_loss_call(value) else None
+        key = name_key(value)
+        if key is not None and self._is_loss_name(key, loop):
+            return value
+        return None
+
+    def _is_loss_call(self, call: cst.Call) -> bool:
+        key = name_key(call.func)
+        return (key is not None and key in self.script.criteria) or is_functional_loss(
+            self.qualified_names(call.func)
+        )
+
+    def _is_loss_name(self, key: str, loop: StepLoop) -> bool:
+        """`key` holds a loss with a graph in this step: it is backpropagated or comes
+        from a loss function, and no assignment in the step turns it into a number."""
+        body = loop.node.body
+        values = [
+            node.value  # type: ignore[attr-defined]
+            for node in m.findall(body, m.Assign() | m.AnnAssign())
+            if any(name_key(t) == key for t in _targets(node))  # type: ignore[arg-type]
+        ]
+        if any(is_detached(v) for v in values if v is not None):
+            return False
+        backpropagated = any(
+            key in _backward_keys(call)  # type: ignore[arg-type]
+            for call in m.findall(
+                body, m.Call(func=m.Attribute(attr=m.Name("backward")))
+            )
+        )
+        from_loss = any(
+            isinstance(v, cst.Call)
+            and self._is_loss_call(v)
+            or any(self._is_loss_call(c) for c in m.findall(v, m.Call()))  # type: ignore[arg-type]
+            for v in values
+            if v is not None
+        )
+        return backpropagated or from_loss
+
+    def _under_no_grad(self, node: cst.CSTNode, loop: StepLoop) -> bool:
+        for ancestor in self.ancestors(node):
+            if ancestor is loop.node:
+                return False
+            if isinstance(ancestor, cst.With) and any(
+                isinstance(item.item, cst.Call) and self.calls(item.item, *NO_GRAD)
+                for item in ancestor.items
+            ):
+                return True
+        return False
+
+    def _accumulator_use(self, statement: cst.CSTNode, key: str) -> _Use | None:
+        """How the accumulator is read elsewhere: NUMBER only when every read is
+        plainly numeric (printed, formatted, compared, in arithmetic, `float()`...)."""
+        scope: cst.CSTNode = self.module
+        if not key.startswith("self."):
+            scope = next(
+                (
+                    a
+                    for a in self.ancestors(statement)
+                    if isinstance(a, cst.FunctionDef)
+                ),
+                self.module,
+            )
+        if key.startswith("self."):
+            pattern = m.Attribute(
+                value=m.Name("self"), attr=m.Name(key.removeprefix("self."))
+            )
+        else:
+            pattern = m.Name(key)
+        uses = [
+            self._use(occurrence)
+            for occurrence in m.findall(scope, pattern)
+            if not self._is_write(occurrence, key)
+        ]
+        uses = [use for use in uses if use is not None]
+        return (
+            _Use.NUMBER if uses and all(u is _Use.NUMBER for u in uses) else _Use.TENSOR
+        )
+
+    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def _is_write(self, node: cst.CSTNode, key: str) -> bool:
+        parent = self._parent(node)
+        if isinstance(parent, cst.AssignTarget) or (
+            isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node
+        ):
+            return True
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            # `losses.append(...)`: the accumulation itself.
+            return parent.attr.value in _LIST_METHODS
+        # The `total` in `total = total + loss`.
+        grandparent = self._parent(parent) if parent is not None else None
+        return (
+            isinstance(parent, cst.BinaryOperation)
+            and isinstance(parent.operator, cst.Add)
+            and isinstance(grandparent, cst.Assign)
+            and any(name_key(t.target) == key for t in grandparent.targets)
+        )
+
+    def _use(self, node: cst.CSTNode) -> _Use | None:
+        parent = self._parent(node)
+        if isinstance(parent, cst.Subscript) and parent.value is node:
+            return self._use(parent)  # `losses[-1]` is used like the list's elements
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            return _Use.TENSOR  # `total.item()`, `total.backward()`, ...
+        if isinstance(parent, cst.Arg):
+            call = self._parent(parent)
+            if isinstance(call, cst.Call):
+                names = self.qualified_names(call.func)
+                if any(n.startswith("torch.") for n in names):
+                    return _Use.TENSOR
+                if names & _NUMBER_FUNCTIONS or any(
+                    n.startswith(_NUMBER_MODULES) for n in names
+                ):
+                    return _Use.NUMBER
+                if m.matches(
+                    call.func,
+                    m.Attribute(value=m.SimpleString(), attr=m.Name("format")),
+                ):
+                    return _Use.NUMBER
+            return _Use.TENSOR
+        if isinstance(
+            parent,
+            (cst.FormattedStringExpression, cst.Comparison, cst.ComparisonTarget),
+        ):
+            return _Use.NUMBER
+        if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
+            return _Use.NUMBER  # `total / len(loader)`, `"%.3f" % total`
+        if isinstance(parent, cst.Element):
+            # `"%.3f %.3f" % (a, total)`
+            container = self._parent(parent)
+            outer = self._parent(container) if container is not None else None
+            if m.matches(outer, m.BinaryOperation(operator=m.Modulo())):
+                return _Use.NUMBER
+        return _Use.TENSOR
+
+
+def _targets(node: cst.Assign | cst.AnnAssign) -> list[cst.BaseExpression]:
+    if isinstance(node, cst.AnnAssign):
+        return [node.target]
+    found: list[cst.BaseExpression] = []
+    for target in node.targets:
+        value = target.target
+        if isinstance(value, (cst.Tuple, cst.List)):
+            found.extend(element.value for element in value.elements)
+        else:
+            found.append(value)
+    return found
+
+
+def is_detached(value: cst.BaseExpression) -> bool:
+    """`x.item()`, `x.detach()`, `x.data`, `float(x)`: no graph in the result."""
+    if m.matches(value, m.Call(func=m.Attribute(attr=m.Name()))):
+        return value.func.attr.value in _DETACHING  # type: ignore[attr-defined]
+    if m.matches(value, m.Attribute(attr=m.Name("data"))):
+        return True
+    return m.matches(value, m.Call(func=m.Name("float") | m.Name("int")))
+
+
+def _backward_keys(call: cst.Call) -> list[str]:
+    """What a `.backward()` call backpropagates: `loss.backward()`,
+    `scaler.scale(loss).backward()`."""
+    receiver = call.func.value  # type: ignore[attr-defined]
+    if (
+        m.matches(receiver, m.Call(func=m.Attribute(attr=m.Name("scale"))))
+        and receiver.args
+    ):
+        receiver = receiver.args[0].value
+    key = name_key(receiver)
+    return [key] if key is not None else []
+
+
+def _reset_every_step(loop: StepLoop, key: str) -> bool:
+    """`losses = []` / `total = 0` as a statement of the step itself."""
+    body = loop.node.body
+    if not isinstance(body, cst.IndentedBlock):
+        return False
+    for statement in body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if (
+                isinstance(small, cst.Assign)
+                and any(name_key(t.target) == key for t in small.targets)
+                and not any(
+                    name_key(n) == key  # type: ignore[arg-type]
+                    for n in m.findall(small.value, m.Name() | m.Attribute())
+                )
+            ):
+                return True
+    return False

@@ -1,0 +1,329 @@
+"""ACC204: a device-to-host copy (and so a full GPU sync) on every training step."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.lint.rule import Invalid, LintRule
+from autoaccel.rules.acc203_loss_accumulated_with_graph import (
+    is_detached,
+    is_functional_loss,
+)
+
+SYNC_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
+# Tensor methods whose result is not a tensor on the device.
+_NOT_DEVICE_TENSOR = SYNC_METHODS | frozenset(
+    {
+        "size",
+        "dim",
+        "numel",
+        "nelement",
+        "element_size",
+        "stride",
+        "data_ptr",
+        "get_device",
+        "is_contiguous",
+        "type",
+        "storage",
+        "untyped_storage",
+        "backward",
+        "register_hook",
+    }
+)
+# Attributes of a device tensor that are device tensors too.
+_TENSOR_ATTRIBUTES = frozenset({"data", "grad", "T", "mT", "H", "real", "imag"})
+# Names that count steps, for `if step % 100 == 0:` / `if batch_idx > 0:` gates.
+_COUNTER_NAME = re.compile(r"^(?:i|j|n|t|it)$|step|iter|idx|batch|count", re.I)
+_CONVERSIONS = ("builtins.float", "builtins.int", "builtins.bool")
+_CUDA_SCRIPT = (
+    "import torch\nfrom torch import nn\n"
+    "model = nn.Linear(4, 2).cuda()\ncriterion = nn.CrossEntropyLoss()\n"
+)
+
+
+class HostSyncEveryStep(LintRule):
+    code = "ACC204"
+    name = "host-sync-every-step"
+    message = (
+        "Device-to-host copy on every training step waits for the GPU to finish; accumulate "
+        "on the device with `.detach()` and sync every N steps"
+    )
+
+    VALID = [
+        # Only every 100 steps.
+        _CUDA_SCRIPT + "for step, (x, y) in enumerate(loader):\n"
+        "    loss = criterion(model(x), y)\n    loss.backward()\n"
+        "    if step % 100 == 0:\n        print(loss.item())\n",
+        _CUDA_SCRIPT + "for x, y in loader:\n"
+        "    loss = criterion(model(x), y)\n    loss.backward()\n    global_step += 1\n"
+        "    if global_step == 10:\n        print(loss)\n",
+        # A CPU-only script has no device to wait for.
+        "import torch\nfrom torch import nn\nmodel = nn.Linear(4, 2)\ncriterion = nn.CrossEntropyLoss()\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n    total += loss.item()\n",
+        # Already a Python number, or a CPU batch straight from the loader.
+        _CUDA_SCRIPT
+        + "for x, y in loader:\n    loss = criterion(model(x.cuda()), y.cuda())\n"
+        "    loss.backward()\n    value = 2.0\n    print(value)\n    labels = y.numpy()\n",
+        # After the training loop.
+        _CUDA_SCRIPT + "for x, y in loader:\n    loss = criterion(model(x), y)\n"
+        "    loss.backward()\nprint(loss.item())\n",
+        # An evaluation loop (no `.backward()`).
+        _CUDA_SCRIPT + "from torch.utils.data import DataLoader\n"
+        "loader = DataLoader(ds)\nfor x, y in loader:\n    correct += (model(x).argmax(1) == y).sum().item()\n",
+    ]
+    INVALID = [
+        Invalid(
+            _CUDA_SCRIPT + "for x, y in loader:\n    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n    running_loss += loss.item()\n"
+        ),
+        Invalid(
+            _CUDA_SCRIPT + "for x, y in loader:\n    out = model(x)\n"
+            "    loss = criterion(out, y)\n    loss.backward()\n    preds.append(out.argmax(1).cpu())\n"
+        ),
+        Invalid(
+            _CUDA_SCRIPT + "for x, y in loader:\n    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n    print(f'loss {loss:.3f}')\n"
+        ),
+        # The `else` branch of a logging gate runs on most steps.
+        Invalid(
+            _CUDA_SCRIPT + "for i, (x, y) in enumerate(loader):\n"
+            "    loss = criterion(model(x), y)\n    loss.backward()\n"
+            "    if i % 10 == 0:\n        pass\n    else:\n        history.append(float(loss))\n"
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self.script.uses_cuda:
+            return
+        loop = self.enclosing_step_loop(node)
+        if loop is None or loop.role is not LoopRole.TRAIN:
+            return
+        what = self._sync(node, loop)
+        if what is None or self._gated(node, loop):
+            return
+        self.report(
+            node,
+            f"{what} on every training step waits for the GPU to finish; accumulate on "
+            "the device with `.detach()` and sync every N steps",
+        )
+
+    def _sync(self, call: cst.Call, loop: StepLoop) -> str | None:
+        """What in `call` copies a device tensor to the host, described for the message."""
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS:
+            if not call.args and self._on_device(func.value, loop):
+                return f"`.{func.attr.value}()` of a CUDA tensor"
+            return None
+        names = self.qualified_names(func)
+        conversion = next((n for n in _CONVERSIONS if n in names), None)
+        if conversion is not None:
+            if len(call.args) == 1 and self._on_device(call.args[0].value, loop):
+                return f"`{conversion.removeprefix('builtins.')}()` of a CUDA tensor"
+            return None
+        if "builtins.print" in names and any(
+            self._formats_device_tensor(arg.value, loop) for arg in call.args
+        ):
+            return "`print()` of a CUDA tensor"
+        return None
+
+    def _formats_device_tensor(self, value: cst.BaseExpression, loop: StepLoop) -> bool:
+        if self._on_device(value, loop):
+            return True
+        if isinstance(value, cst.FormattedString):
+            return any(
+                isinstance(part, cst.FormattedStringExpression)
+                and self._on_device(part.expression, loop)
+                for part in value.parts
+            )
+        if m.matches(value, m.BinaryOperation(operator=m.Modulo())):
+            right = value.right  # type: ignore[attr-defined]
+            items = (
+                [e.value for e in right.elements]
+                if isinstance(right, cst.Tuple)
+                else [right]
+            )
+            return any(self._on_device(item, loop) for item in items)
+        if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("format")))):
+            return any(self._on_device(arg.value, loop) for arg in value.args)  # type: ignore[attr-defined]
+        return False
+
+    def _gated(self, node: cst.CSTNode, loop: StepLoop) -> bool:
+        """Inside `if step % N == 0:` (or another test on a step counter)."""
+        counters = self._counters(loop)
+        child = node
+        for ancestor in self.ancestors(node):
+            if ancestor is loop.node:
+                return False
+            if (
+                isinstance(ancestor, cst.If)
+                and child is ancestor.body
+                and _is_interval(ancestor.test, counters)
+            ):
+                return True
+            child = ancestor
+        return False
+
+    def _counters(self, loop: StepLoop) -> set[str]:
+        """Names that count steps: `enumerate`'s index and names incremented in the step."""
+        found: set[str] = set()
+        node = loop.node
+        if (
+            isinstance(node, cst.For)
+            and isinstance(node.iter, cst.Call)
+            and self.calls(node.iter, "builtins.enumerate")
+            and isinstance(node.target, cst.Tuple)
+        ):
+            key = name_key(node.target.elements[0].value)
+            if key is not None:
+                found.add(key)
+        for aug in m.findall(node.body, m.AugAssign(operator=m.AddAssign())):
+            key = name_key(aug.target)  # type: ignore[attr-defined]
+            if key is not None:
+                found.add(key)
+        return found
+
+    # -- which expressions are tensors on the device ------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self.device_names: dict[cst.CSTNode, frozenset[str]] = {}
+
+    def _on_device(self, value: cst.BaseExpression, loop: StepLoop) -> bool:
+        if loop.node not in self.device_names:
+            self.device_names[loop.node] = self._device_names(loop)
+        return self._holds(value, self.device_names[loop.node])
+
+    def _device_names(self, loop: StepLoop) -> frozenset[str]:
+        """Names that every assignment in the step binds to a device tensor (a fixed
+        point, so that `out = model(x)` and then `pred = out.argmax(1)` both count)."""
+        bindings: dict[str, list[cst.BaseExpression]] = {}
+        for assign in m.findall(loop.node.body, m.Assign() | m.AnnAssign()):
+            for target, value in _pairs(assign):  # type: ignore[arg-type]
+                key = name_key(target)
+                if key is not None:
+                    bindings.setdefault(key, []).append(value)
+        # A backpropagated name is a tensor with a graph: on the device in a CUDA script.
+        backpropagated = {
+            key
+            for call in m.findall(
+                loop.node.body, m.Call(func=m.Attribute(attr=m.Name("backward")))
+            )
+            if (key := name_key(call.func.value)) is not None  # type: ignore[attr-defined]
+        }
+        # `loss = self.compute(batch)` counts; `loss = 0.0` or `loss.item()` does not.
+        names = frozenset(
+            key
+            for key in backpropagated
+            if all(
+                isinstance(v, cst.Call) and not is_detached(v)
+                for v in bindings.get(key, [])
+            )
+        )
+        changed = True
+        while changed:
+            changed = False
+            for key, values in bindings.items():
+                if key not in names and all(self._holds(v, names) for v in values):
+                    names = names | {key}
+                    changed = True
+        return names
+
+    def _holds(self, value: cst.BaseExpression, names: frozenset[str]) -> bool:
+        """Whether `value` is a tensor on the device, given the names known to hold one."""
+        key = name_key(value)
+        if key is not None:
+            return key in names
+        if isinstance(value, cst.Call):
+            return self._call_holds(value, names)
+        if isinstance(value, cst.Attribute):
+            return value.attr.value in _TENSOR_ATTRIBUTES and self._holds(
+                value.value, names
+            )
+        if isinstance(value, cst.Subscript):
+            return self._holds(value.value, names)
+        if isinstance(value, cst.BinaryOperation):
+            return self._holds(value.left, names) or self._holds(value.right, names)
+        if isinstance(value, cst.UnaryOperation):
+            return self._holds(value.expression, names)
+        if isinstance(value, cst.Comparison):
+            return self._holds(value.left, names) or any(
+                self._holds(c.comparator, names) for c in value.comparisons
+            )
+        return False
+
+    def _call_holds(self, call: cst.Call, names: frozenset[str]) -> bool:
+        func = call.func
+        func_key = name_key(func)
+        if func_key is not None and (
+            func_key in self.script.models or func_key in self.script.criteria
+        ):
+            return True  # `model(x)`, `criterion(out, y)`
+        qualified = self.qualified_names(func)
+        if is_functional_loss(qualified):
+            return True
+        if any(n.startswith("torch.") for n in qualified):
+            # `torch.cat([...])` of device tensors, or a factory given `device=`.
+            return any(
+                self._holds(arg.value, names)
+                or (arg.keyword is not None and arg.keyword.value == "device")
+                for arg in call.args
+            )
+        if not isinstance(func, cst.Attribute):
+            return False
+        method = func.attr.value
+        if method == "cuda":
+            return True
+        if method == "to":
+            return self._holds(func.value, names) or any(
+                self._is_device(arg.value) for arg in call.args
+            )
+        return method not in _NOT_DEVICE_TENSOR and self._holds(func.value, names)
+
+    def _is_device(self, value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.SimpleString):
+            text = value.evaluated_value
+            return isinstance(text, str) and text.startswith("cuda")
+        key = name_key(value)
+        return key is not None and key in self.script.devices
+
+
+def _pairs(
+    assign: cst.Assign | cst.AnnAssign,
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """(target, value) pairs, element-wise for `x, y = x.cuda(), y.cuda()`."""
+    if isinstance(assign, cst.AnnAssign):
+        return [(assign.target, assign.value)] if assign.value is not None else []
+    pairs = []
+    for target in assign.targets:
+        node = target.target
+        if isinstance(node, (cst.Tuple, cst.List)):
+            value = assign.value
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(
+                node.elements
+            ):
+                pairs.extend(
+                    (t.value, v.value) for t, v in zip(node.elements, value.elements)
+                )
+            else:  # `out, hidden = model(x, hidden)`
+                pairs.extend((t.value, value) for t in node.elements)
+        else:
+            pairs.append((node, assign.value))
+    return pairs
+
+
+def _is_interval(test: cst.BaseExpression, counters: set[str]) -> bool:
+    """`step % 100 == 0`, `i == len(loader) - 1`, `batch_idx > 0 and ...`."""
+    if m.findall(test, m.BinaryOperation(operator=m.Modulo())):
+        return True
+    for comparison in m.findall(test, m.Comparison()):
+        operands = [comparison.left] + [c.comparator for c in comparison.comparisons]  # type: ignore[attr-defined]
+        for operand in operands:
+            key = name_key(operand)
+            if key is not None and (
+                key in counters or _COUNTER_NAME.search(key.split(".")[-1])
+            ):
+                return True
+    return False

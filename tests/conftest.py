@@ -1,0 +1,52 @@
+"""Shared helpers for the CLI tests: a script with known findings and a runner."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+from typer.testing import CliRunner
+
+from autoaccel.cli import app
+
+# ACC101 (unsafe fix) and ACC102 (safe fix) both fire on line 4, column 10.
+SCRIPT = textwrap.dedent(
+    """\
+    import torch
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(dataset, batch_size=32)
+    model.cuda()
+    """
+)
+CLEAN = textwrap.dedent(
+    """\
+    import torch
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(dataset, num_workers=4, pin_memory=True)
+    model.cuda()
+    """
+)
+# The two rules every CLI test selects, so that rules added later do not change them.
+SELECT = ["--select", "ACC101,ACC102"]
+
+
+@dataclass
+class Run:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    """`cli("lint", "a.py")` runs the command in `tmp_path` and returns a `Run`."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str, input: str | None = None) -> Run:
+        result = CliRunner().invoke(app, list(args), input=input, catch_exceptions=False)
+        return Run(result.exit_code, result.stdout, result.stderr)
+
+    return run

@@ -1,0 +1,141 @@
+"""Rule selection: `--select/--ignore/--extend-select` and `[tool.autoaccel]`."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPT
+
+from autoaccel.config import ConfigError, LintSettings, settings_for
+
+
+def codes(stdout: str) -> list[str]:
+    return [line.split(": ")[1].split()[0] for line in stdout.splitlines()]
+
+
+def write_config(folder: Path, body: str) -> None:
+    (folder / "pyproject.toml").write_text("[project]\nname = 'x'\n\n" + textwrap.dedent(body))
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--select", "ACC101"], ["ACC101"]),
+        (["--select", "ACC102,ACC101"], ["ACC101", "ACC102"]),
+        (["--select", "ACC101", "--select", "ACC102"], ["ACC101", "ACC102"]),
+        (["--select", "acc10"], ["ACC101", "ACC102"]),  # a prefix, any case
+        (["--select", "ACC10", "--ignore", "ACC102"], ["ACC101"]),
+        (["--select", "ACC101,ACC102", "--ignore", "ACC1"], []),
+        (["--select", "ACC101", "--extend-select", "ACC102"], ["ACC101", "ACC102"]),
+        (["--select", "ACC2"], []),
+    ],
+)
+def test_select_ignore_extend_select(cli, tmp_path, options, expected):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    run = cli("lint", *options, "train.py")
+    assert codes(run.stdout) == expected
+    assert run.exit_code == (1 if expected else 0)
+
+
+def test_pyproject_select_and_ignore(cli, tmp_path):
+    write_config(tmp_path, '[tool.autoaccel]\nselect = ["ACC10"]\nignore = ["ACC101"]\n')
+    (tmp_path / "train.py").write_text(SCRIPT)
+    assert codes(cli("lint", "train.py").stdout) == ["ACC102"]
+
+
+def test_pyproject_extend_select(cli, tmp_path):
+    write_config(tmp_path, '[tool.autoaccel]\nselect = ["ACC101"]\nextend-select = ["ACC102"]\n')
+    (tmp_path / "train.py").write_text(SCRIPT)
+    assert codes(cli("lint", "train.py").stdout) == ["ACC101", "ACC102"]
+
+
+def test_command_line_select_replaces_config_select(cli, tmp_path):
+    write_config(tmp_path, '[tool.autoaccel]\nselect = ["ACC101"]\n')
+    (tmp_path / "train.py").write_text(SCRIPT)
+    assert codes(cli("lint", "--select", "ACC102", "train.py").stdout) == ["ACC102"]
+
+
+def test_command_line_ignore_adds_to_config_ignore(cli, tmp_path):
+    write_config(tmp_path, '[tool.autoaccel]\nselect = ["ACC10"]\nignore = ["ACC101"]\n')
+    (tmp_path / "train.py").write_text(SCRIPT)
+    assert codes(cli("lint", "train.py").stdout) == ["ACC102"]
+    assert codes(cli("lint", "--ignore", "ACC102", "train.py").stdout) == []
+
+
+def test_per_file_ignores_with_globs(cli, tmp_path):
+    write_config(
+        tmp_path,
+        """\
+        [tool.autoaccel]
+        select = ["ACC101", "ACC102"]
+
+        [tool.autoaccel.per-file-ignores]
+        "experiments/*.py" = ["ACC101"]
+        "legacy_*.py" = ["ACC1"]
+        "tests/**" = ["ACC102"]
+        """,
+    )
+    for name in ("train.py", "experiments/run.py", "legacy_old.py", "lib/legacy_x.py",
+                 "tests/deep/t.py"):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(SCRIPT)
+    run = cli("lint", ".")
+    found = {}
+    for line in run.stdout.splitlines():
+        path, _, _, rest = line.split(":", 3)
+        found.setdefault(Path(path).as_posix(), []).append(rest.split()[0])
+    assert found == {
+        "train.py": ["ACC101", "ACC102"],
+        "experiments/run.py": ["ACC102"],
+        "tests/deep/t.py": ["ACC101"],
+    }
+
+
+def test_nearest_pyproject_wins(cli, tmp_path):
+    write_config(tmp_path, '[tool.autoaccel]\nselect = ["ACC101"]\n')
+    (tmp_path / "pkg").mkdir()
+    write_config(tmp_path / "pkg", '[tool.autoaccel]\nselect = ["ACC102"]\n')
+    (tmp_path / "top.py").write_text(SCRIPT)
+    (tmp_path / "pkg" / "inner.py").write_text(SCRIPT)
+    run = cli("lint", "top.py", "pkg/inner.py")
+    assert run.stdout.splitlines()[0].startswith("pkg/inner.py:4:10: ACC102")
+    assert codes(run.stdout) == ["ACC102", "ACC101"]
+
+
+def test_pyproject_without_our_table_is_passed_over(tmp_path):
+    write_config(tmp_path, '[tool.autoaccel]\nignore = ["ACC102"]\n')
+    (tmp_path / "pkg").mkdir()
+    write_config(tmp_path / "pkg", "[tool.black]\nline-length = 100\n")
+    settings = settings_for(tmp_path / "pkg" / "train.py")
+    assert settings.ignore == ("ACC102",)
+    assert settings.root == tmp_path.resolve()
+
+
+def test_no_config_gives_defaults(tmp_path):
+    assert settings_for(tmp_path / "train.py") == LintSettings()
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['[tool.autoaccel]\nselect = "ACC101"\n', "[tool.autoaccel\n",
+     '[tool.autoaccel]\nper-file-ignores = ["x"]\n'],
+)
+def test_bad_config_is_an_error_naming_the_file(cli, tmp_path, body):
+    write_config(tmp_path, body)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    run = cli("lint", "train.py")
+    assert run.exit_code == 2
+    assert "pyproject.toml" in run.stderr
+    with pytest.raises(ConfigError):
+        settings_for(tmp_path / "train.py")
+
+
+def test_enabled_matches_prefixes():
+    settings = LintSettings(select=("ACC1", "ACC301"), ignore=("ACC10",))
+    assert not settings.enabled("ACC101")
+    assert settings.enabled("ACC110")
+    assert settings.enabled("ACC301")
+    assert not settings.enabled("ACC302")

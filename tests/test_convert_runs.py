@@ -1,0 +1,148 @@
+"""Proof by running: every fixture trains the same after `autoaccel convert`.
+
+Each fixture is converted (`--amp off` and `--amp bf16`), then the original and both
+conversions run on CPU under `autoaccel.harness`, which records the loss of every backward
+call. `--amp off` must give the original's loss curve; `--amp bf16` must end near it.
+
+Why only the first epoch is compared step by step for some fixtures: the conversion adds
+`persistent_workers=True` to the DataLoaders. A DataLoader draws one seed from the global
+torch RNG each time an iterator is created (`_BaseDataLoaderIter._base_seed`); with
+persistent workers the iterator is created once and reused, so from the second epoch on the
+converted script draws one number fewer per loader per epoch. The global RNG therefore runs
+out of step from epoch 2: a shuffled loader (`RandomSampler` seeds itself from the global RNG)
+yields other batches, and dropout draws other masks. Epoch 1 is untouched, so it must match
+to float rounding; after that only the end of training is compared, with a tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from running import FIXTURES_DIR, convert, run_with_losses
+
+pytest.importorskip("torch")
+
+# Step-by-step agreement with `--amp off`: the converter must not change the maths
+# (cudnn.benchmark, loader workers, pin_memory and non_blocking are all no-ops for the values).
+EXACT_REL = 1e-5
+
+
+@dataclass(frozen=True)
+class Case:
+    args: tuple[str, ...]
+    steps_per_epoch: int  # backward calls per epoch (the GAN makes 3 per batch)
+    rng_shifts: bool  # shuffled loader or dropout fed by a DataLoader loop: see module docstring
+    off_tol: float  # relative tolerance on the final loss with --amp off (rng_shifts only)
+    bf16_tol: float  # relative tolerance on the final loss with --amp bf16
+
+
+# "Final loss" below is the mean loss of the last epoch's steps: a single step's loss swings
+# by 10-30 % from batch to batch on these tiny data sets, the epoch mean is what training
+# actually changes. Tolerances: measured gap (2 epochs, 2-core CPU, torch 2.13) x ~2-3 margin;
+# the measured numbers are the comment on each line (off gap / bf16 gap of the last-epoch mean).
+# bf16 on CPU: torch.autocast("cpu", bfloat16) runs matmul/conv/linear/LSTM in bf16 (8-bit
+# mantissa, ~0.4 % per op), losses in float32; over 2 epochs that stays within ~1 %.
+CASES = {
+    "cnn_toplevel.py": Case((), 8, True, 0.05, 0.05),  # 1.59 % / 1.61 %
+    "dataparallel_existing.py": Case((), 16, True, 0.03, 0.03),  # 0.92 % / 0.92 %
+    "gan.py": Case((), 48, True, 0.002, 0.002),  # 0.003 % / 0.010 %
+    # No shuffle, no dropout: must match on every step.
+    "linear_exact.py": Case(("--save-params", "params.pt"), 16, False, 0.0, 0.01),  # exact / 0.28 %
+    # Dropout, but manual batching without a DataLoader: nothing touches the RNG, every step matches.
+    "lstm_lm.py": Case((), 24, False, 0.0, 0.001),  # exact / 0.003 %
+    # Dropout; its loaders are built from **kwargs dicts (unshuffled on CPU).
+    "mnist_main.py": Case(("--save-model",), 12, True, 0.05, 0.05),  # 0 % (no workers yet) / 1.04 %
+    "trainer_class.py": Case((), 16, True, 0.03, 0.03),  # 0.70 % / 0.63 %
+    "transformer_accum.py": Case((), 24, True, 0.02, 0.02),  # 0.26 % / 0.13 %
+}
+LEGACY = "legacy_pytorch03.py"
+PARALLEL = max(1, min(2, os.cpu_count() or 1))
+
+
+def _job(name: str, case: Case, tmp):
+    runs = {}
+    scripts = {
+        "orig": FIXTURES_DIR / name,
+        "off": convert(name, tmp, "--amp", "off"),
+        "bf16": convert(name, tmp, "--amp", "bf16"),
+    }
+    for variant, script in scripts.items():
+        cwd = tmp / variant  # each run writes its checkpoints in its own directory
+        cwd.mkdir()
+        runs[variant] = run_with_losses(script, case.args, cwd)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def loss_runs(request, tmp_path_factory):
+    """Start every selected fixture's runs at once; each test waits for its own."""
+    selected = sorted({
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec") and "name" in item.callspec.params
+    })
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        yield {
+            name: pool.submit(_job, name, CASES[name], tmp_path_factory.mktemp(name.removesuffix(".py")))
+            for name in selected
+        }
+
+
+def final_loss(losses: list[float], case: Case) -> float:
+    last = losses[-case.steps_per_epoch:]
+    return sum(last) / len(last)
+
+
+def rel_gap(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(a), 1e-12)
+
+
+def test_cases_cover_every_fixture():
+    assert {p.name for p in FIXTURES_DIR.glob("*.py")} == set(CASES) | {LEGACY}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_amp_off_matches_original(name, loss_runs):
+    case = CASES[name]
+    runs = loss_runs[name].result()
+    orig, off = runs["orig"], runs["off"]
+    assert len(off) == len(orig) == 2 * case.steps_per_epoch
+    exact = case.steps_per_epoch if case.rng_shifts else len(orig)
+    for step, (a, b) in enumerate(zip(orig[:exact], off[:exact])):
+        assert b == pytest.approx(a, rel=EXACT_REL), f"step {step}: original {a}, converted {b}"
+    if case.rng_shifts:
+        gap = rel_gap(final_loss(orig, case), final_loss(off, case))
+        assert gap <= case.off_tol, f"final loss differs by {gap:.2%} (tolerance {case.off_tol:.0%})"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_amp_bf16_trains_close_to_original(name, loss_runs):
+    case = CASES[name]
+    runs = loss_runs[name].result()
+    orig, bf16 = runs["orig"], runs["bf16"]
+    assert len(bf16) == len(orig)
+    assert all(math.isfinite(v) for v in bf16)
+    gap = rel_gap(final_loss(orig, case), final_loss(bf16, case))
+    assert gap <= case.bf16_tol, f"final loss differs by {gap:.2%} (tolerance {case.bf16_tol:.0%})"
+
+
+def test_legacy_script_runs_after_conversion(tmp_path):
+    original = subprocess.run(
+        [sys.executable, str(FIXTURES_DIR / LEGACY)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert original.returncode != 0
+    assert "IndexError: invalid index of a 0-dim tensor" in original.stderr, original.stderr[-3000:]
+
+    converted = convert(LEGACY, tmp_path)
+    losses = run_with_losses(converted, [], tmp_path)
+    assert len(losses) == 16  # 2 epochs x 8 batches
+    assert all(math.isfinite(v) for v in losses)

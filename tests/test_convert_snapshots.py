@@ -1,0 +1,69 @@
+"""Snapshot tests: `autoaccel convert` output for every fixture, and its idempotence.
+
+The expected outputs live in tests/snapshots/<fixture>.<variant>.py. After an intended change
+to the converter, regenerate them and review the diff:
+
+    AUTOACCEL_UPDATE_SNAPSHOTS=1 pytest tests/test_convert_snapshots.py
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from running import FIXTURES_DIR, convert
+
+SNAPSHOTS_DIR = Path(__file__).resolve().parent / "snapshots"
+UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
+FIXTURES = sorted(p.name for p in FIXTURES_DIR.glob("*.py"))
+VARIANTS = {"default": (), "amp-off": ("--amp", "off")}
+
+
+@pytest.fixture(scope="module")
+def converted(request, tmp_path_factory):
+    """(fixture, variant) -> future of the converted file; the selected tests' conversions all
+    start up front, two at a time."""
+    tmp = tmp_path_factory.mktemp("snapshots")
+    selected = set()
+    for item in request.session.items:
+        params = getattr(item, "callspec", None) and item.callspec.params
+        if item.module is request.module and params and "name" in params:
+            selected.add((params["name"], params.get("variant", "default")))
+
+    def job(name, variant):
+        out_dir = tmp / variant
+        out_dir.mkdir(exist_ok=True)
+        return convert(name, out_dir, *VARIANTS[variant])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {(n, v): pool.submit(job, n, v) for n, v in sorted(selected)}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("name", FIXTURES)
+def test_convert_matches_snapshot(name, variant, converted):
+    actual = converted[name, variant].result().read_text(encoding="utf-8")
+    snapshot = SNAPSHOTS_DIR / f"{name.removesuffix('.py')}.{variant}.py"
+    if UPDATE:
+        snapshot.parent.mkdir(exist_ok=True)
+        snapshot.write_text(actual, encoding="utf-8", newline="")
+        print(f"wrote snapshot {snapshot}")
+        return
+    assert snapshot.is_file(), (
+        f"no snapshot {snapshot.name}; create it with AUTOACCEL_UPDATE_SNAPSHOTS=1"
+    )
+    expected = snapshot.read_text(encoding="utf-8")
+    assert actual == expected, (
+        f"{name} ({variant}) differs from {snapshot.name}; if the change is intended, "
+        "regenerate with AUTOACCEL_UPDATE_SNAPSHOTS=1 and review the diff"
+    )
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_convert_is_idempotent(name, converted, tmp_path):
+    first = converted[name, "default"].result()
+    second = convert(first, tmp_path)
+    assert second.read_text(encoding="utf-8") == first.read_text(encoding="utf-8")

@@ -1,0 +1,63 @@
+"""Names are resolved by LibCST's QualifiedNameProvider: `DataLoader` is found however
+it is imported, and a user's own `DataLoader` (or another library's) is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoaccel.config import LintSettings
+from autoaccel.lint.engine import lint_source
+
+ACC101 = LintSettings(select=("ACC101",))
+
+
+def codes(source: str) -> list[str]:
+    return [d.code for d in lint_source(source, ACC101)]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param("from torch.utils.data import DataLoader\nDataLoader(ds)\n", id="from-import"),
+        pytest.param("from torch.utils.data import DataLoader as DL\nDL(ds)\n", id="from-import-as"),
+        pytest.param("import torch\ntorch.utils.data.DataLoader(ds)\n", id="import-torch"),
+        pytest.param("import torch.utils.data\ntorch.utils.data.DataLoader(ds)\n", id="import-dotted"),
+        pytest.param("import torch.utils.data as tud\ntud.DataLoader(ds)\n", id="import-as"),
+        pytest.param("from torch.utils import data\ndata.DataLoader(ds)\n", id="from-package"),
+        pytest.param(
+            "from torch.utils.data.dataloader import DataLoader\nDataLoader(ds)\n",
+            id="defining-module",
+        ),
+        pytest.param("import torch as th\nth.utils.data.DataLoader(ds)\n", id="torch-as"),
+        pytest.param(
+            "def main():\n    from torch.utils.data import DataLoader\n    return DataLoader(ds)\n",
+            id="local-import",
+        ),
+        pytest.param(
+            "from torch.utils.data import DataLoader\n\n\nclass Trainer:\n"
+            "    def __init__(self, ds):\n        self.loader = DataLoader(ds)\n",
+            id="in-a-method",
+        ),
+    ],
+)
+def test_dataloader_is_found_however_imported(source):
+    assert codes(source) == ["ACC101"]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(
+            "import torch\n\n\nclass DataLoader:\n    pass\n\n\nDataLoader(ds)\n", id="own-class"
+        ),
+        pytest.param("import torch\nfrom mylib import DataLoader\nDataLoader(ds)\n", id="other-library"),
+        pytest.param(
+            "import torch\nfrom mylib.torch.utils.data import DataLoader\nDataLoader(ds)\n",
+            id="other-library-torch-in-path",
+        ),
+        pytest.param("import torch\nDataLoader(ds)\n", id="never-imported"),
+        pytest.param("import torch\nloader = 'DataLoader(ds)'\n", id="in-a-string"),
+    ],
+)
+def test_other_dataloaders_are_not_reported(source):
+    assert codes(source) == []

@@ -1,0 +1,92 @@
+"""The hooks in .pre-commit-hooks.yaml, run the way pre-commit runs them: the entry
+with the staged Python files appended, from the root of the repository."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml  # a dependency of libcst, so always installed with autoaccel
+from conftest import CLEAN, SCRIPT
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOKS = {hook["id"]: hook for hook in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+def test_hook_definitions():
+    assert set(HOOKS) == {"autoaccel", "autoaccel-fix"}
+    assert HOOKS["autoaccel"]["entry"] == "autoaccel lint"
+    assert HOOKS["autoaccel-fix"]["entry"] == "autoaccel lint --fix"
+    for hook in HOOKS.values():
+        assert hook["language"] == "python"
+        assert hook["types"] == ["python"]
+        assert hook["require_serial"] is False
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=repo, check=True, capture_output=True, text=True,
+    ).stdout
+
+
+def staged_python_files(repo: Path) -> list[str]:
+    """What pre-commit passes for `types: [python]`: staged files that are Python."""
+    names = git(repo, "diff", "--cached", "--name-only", "--diff-filter=ACMR").split()
+    return [name for name in names if name.endswith(".py")]
+
+
+def run_hook(hook_id: str, repo: Path) -> subprocess.CompletedProcess[str]:
+    argv = shlex.split(HOOKS[hook_id]["entry"])
+    # pre-commit runs the console script installed into the hook's environment.
+    executable = Path(sys.executable).parent / argv[0]
+    command = [str(executable)] if executable.exists() else [sys.executable, "-m", "autoaccel"]
+    return subprocess.run(
+        [*command, *argv[1:], *staged_python_files(repo)],
+        cwd=repo, capture_output=True, text=True, env={**os.environ, "CI": "true"},
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def repo(tmp_path):
+    git(tmp_path, "init", "-q")
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.autoaccel]\nselect = ["ACC101", "ACC102"]\n'
+    )
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "clean.py").write_text(CLEAN)
+    (tmp_path / "unstaged.py").write_text(SCRIPT)
+    (tmp_path / "notes.md").write_text("DataLoader(ds)\n")
+    git(tmp_path, "add", "pyproject.toml", "train.py", "clean.py", "notes.md")
+    return tmp_path
+
+
+def test_lint_hook_fails_on_findings_in_staged_files(repo):
+    run = run_hook("autoaccel", repo)
+    assert run.returncode == 1
+    assert "train.py:4:10: ACC101" in run.stdout
+    assert "unstaged.py" not in run.stdout
+    assert (repo / "train.py").read_text() == SCRIPT
+
+
+def test_lint_hook_passes_on_clean_files(repo):
+    git(repo, "rm", "-q", "--cached", "train.py")
+    run = run_hook("autoaccel", repo)
+    assert (run.returncode, run.stdout) == (0, ""), run.stderr
+
+
+def test_fix_hook_rewrites_staged_files(repo):
+    run = run_hook("autoaccel-fix", repo)
+    # The safe fix is applied; the unsafe ACC101 stays and fails the commit.
+    assert run.returncode == 1
+    assert "pin_memory=torch.cuda.is_available()" in (repo / "train.py").read_text()
+    assert (repo / "unstaged.py").read_text() == SCRIPT
+    assert "Fixed 1 error." in run.stderr

@@ -1,0 +1,80 @@
+"""README.md stays true: its rule table lists every rule, its test command is the one
+`.ci/run` runs. Regenerate the table with `.venv/bin/python tests/test_readme.py`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+START, END = "<!-- rules-table-start -->", "<!-- rules-table-end -->"
+sys.path.insert(0, str(ROOT))
+
+from autoaccel.lint.rule import Applicability  # noqa: E402
+from autoaccel.rules import all_rules  # noqa: E402
+
+
+def rules_table() -> str:
+    rows = ["| Code | Name | What it finds | Fix |", "| --- | --- | --- | --- |"]
+    for rule in all_rules():
+        if rule.fix_title is None:
+            fix = "—"
+        else:
+            fix = "safe" if rule.applicability is Applicability.SAFE else "unsafe"
+        message = rule.message.replace("|", "\\|")
+        rows.append(
+            f"| [{rule.code}](rules/{rule.code}-{rule.name}.md) | `{rule.name}` | {message} | {fix} |"
+        )
+    return "\n".join(rows)
+
+
+def current_table(text: str) -> str:
+    start, end = text.index(START) + len(START), text.index(END)
+    return text[start:end].strip()
+
+
+def test_rule_table_lists_every_rule():
+    table = current_table(README.read_text(encoding="utf-8"))
+    codes = re.findall(r"^\| \[(ACC\d+)\]", table, flags=re.M)
+    assert codes == [rule.code for rule in all_rules()], (
+        "README's rule table is stale: run `.venv/bin/python tests/test_readme.py`"
+    )
+    assert table == rules_table(), "run `.venv/bin/python tests/test_readme.py`"
+
+
+def test_rule_table_links_exist():
+    table = current_table(README.read_text(encoding="utf-8"))
+    for link in re.findall(r"\]\((rules/[^)]+)\)", table):
+        assert (ROOT / link).is_file(), f"README links to missing {link}"
+
+
+def test_ci_runs_the_readme_test_command():
+    text = README.read_text(encoding="utf-8")
+    extracted = subprocess.run(
+        ["awk", "/<!-- test-command -->/ { marked = 1; next }"
+         " marked && /^```/ { if (inside) exit; inside = 1; next }"
+         " marked && inside && NF { print; exit }", str(README)],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert extracted == ".venv/bin/python -m pytest -q"
+    assert extracted in text
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "<!-- test-command -->" in ci and "set -euo pipefail" in ci
+
+
+def test_readme_shows_the_set_up_commands():
+    text = README.read_text(encoding="utf-8")
+    assert (
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
+        ".venv/bin/autoaccel lint fixtures/" in text
+    )
+
+
+if __name__ == "__main__":
+    text = README.read_text(encoding="utf-8")
+    start, end = text.index(START) + len(START), text.index(END)
+    README.write_text(text[:start] + "\n" + rules_table() + "\n" + text[end:], encoding="utf-8")
+    print(f"updated the rule table in {README}")
