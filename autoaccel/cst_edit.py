@@ -94,10 +94,7 @@ def add_imports(module: cst.Module, names: tuple[str, ...]) -> cst.Module:
     if not missing:
         return module
     body = list(module.body)
-    start = 1 if body and _is_docstring(body[0]) else 0
-    end = start
-    while end < len(body) and _is_import(body[end]):
-        end += 1
+    start, end = leading_import_block(module)
     for name in reversed(missing):
         position = end
         if name.split(".")[0] in sys.stdlib_module_names:
@@ -114,6 +111,17 @@ def add_imports(module: cst.Module, names: tuple[str, ...]) -> cst.Module:
             body[position] = following.with_changes(leading_lines=[])
         body.insert(position, statement)
     return module.with_changes(body=body)
+
+
+def leading_import_block(module: cst.Module) -> tuple[int, int]:
+    """`(start, end)` indices in `module.body` of the imports at the top (after a
+    docstring); `start == end` when there are none."""
+    body = module.body
+    start = 1 if body and _is_docstring(body[0]) else 0
+    end = start
+    while end < len(body) and _is_import(body[end]):
+        end += 1
+    return start, end
 
 
 def _is_import(statement: cst.BaseStatement) -> bool:

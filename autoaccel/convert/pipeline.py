@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.codemod import Codemod
 
 from autoaccel.convert.log import ConversionLog, ConvertOptions
-from autoaccel.convert.transform import new_context
+from autoaccel.convert.transform import Transform, new_context
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
 from autoaccel.lint.engine import parse
+
+if TYPE_CHECKING:
+    from autoaccel.convert.transforms.rule_fixes import RuleFixes
 
 
 class ConversionError(Exception):
@@ -34,14 +37,14 @@ class Conversion:
         return self.converted != self.original
 
 
-def transforms_for(options: ConvertOptions) -> list[type[Codemod]]:
+def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleFixes]]:
     """The steps of a target, in order."""
     from autoaccel.convert.transforms import rule_fixes
     from autoaccel.convert.transforms.add_autocast import AddAutocast
     from autoaccel.convert.transforms.compile_model import CompileModel
     from autoaccel.convert.transforms.channels_last import ChannelsLast
 
-    steps: list[type[Codemod]] = [
+    steps: list[type[Transform] | type[RuleFixes]] = [
         rule_fixes.SingleProcessFixes,
         AddAutocast,
         CompileModel,
@@ -54,7 +57,7 @@ def _run(source: str, options: ConvertOptions, log: ConversionLog) -> str:
     tree = parse(source)
     history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
     for step in transforms_for(options):
-        if not getattr(step, "enabled", lambda _: True)(options):
+        if not step.enabled(options):
             continue
         before_count = len(log.changes) + len(log.skipped)
         before = tree.code

@@ -6,6 +6,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from autoaccel.analysis.script_model import LoopRole
+from autoaccel.cst_edit import leading_import_block
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
 BENCHMARK = "torch.backends.cudnn.benchmark"
@@ -142,24 +143,5 @@ def _assigned_false(rule: LintRule, node: cst.Attribute) -> bool:
 
 def _last_leading_import(module: cst.Module) -> cst.SimpleStatementLine | None:
     """The last statement of the import block at the top (after a docstring)."""
-    body = list(module.body)
-    if body and _is_docstring(body[0]):
-        body = body[1:]
-    last = None
-    for statement in body:
-        if not (
-            isinstance(statement, cst.SimpleStatementLine)
-            and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
-        ):
-            break
-        last = statement
-    return last
-
-
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
+    start, end = leading_import_block(module)
+    return module.body[end - 1] if end > start else None  # type: ignore[return-value]

@@ -6,7 +6,7 @@ import libcst as cst
 from libcst.codemod import Codemod
 
 from autoaccel.config import LintSettings
-from autoaccel.convert.log import Change, Skipped
+from autoaccel.convert.log import Change, ConvertOptions, Skipped
 from autoaccel.convert.transform import LOG_KEY
 from autoaccel.lint.fixer import fix_source
 
@@ -16,6 +16,10 @@ class RuleFixes(Codemod):
 
     DESCRIPTION = "Apply lint-rule fixes."
     codes: tuple[str, ...] = ()  # set by subclasses
+
+    @classmethod
+    def enabled(cls, options: ConvertOptions) -> bool:
+        return True
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         settings = LintSettings(select=self.codes, unsafe_fixes=True)
