@@ -106,6 +106,11 @@ def convert(
     amp: str = typer.Option("bf16", "--amp", help="Mixed precision: bf16 | fp16 | off."),
     compile_model: bool = typer.Option(False, "--compile", help="Compile the model (torch.compile)."),
     channels_last: bool = typer.Option(False, "--channels-last", help="NHWC memory format."),
+    sync_bn: bool = typer.Option(False, "--sync-bn", help="ddp: BatchNorm becomes SyncBatchNorm."),
+    per_process_batch: bool = typer.Option(
+        False, "--per-process-batch", help="ddp: keep the batch size per process (default: global)."
+    ),
+    launcher: str = typer.Option("torchrun", "--launcher", help="ddp: torchrun | slurm | spawn"),
     diff: bool = typer.Option(False, "--diff", help="Show the diff and a summary (the default)."),
     write: bool = typer.Option(False, "--write", help="Rewrite the file in place."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here."),
@@ -119,9 +124,18 @@ def convert(
     _choice("--to", to, ("single", "dp", "ddp"))
     _choice("--amp", amp, ("bf16", "fp16", "off"))
     _choice("--format", report_format, ("text", "markdown", "json"))
+    _choice("--launcher", launcher, ("torchrun", "slurm", "spawn"))
     if write and output is not None:
         raise typer.BadParameter("use either --write or -o, not both")
-    options = ConvertOptions(target=to, amp=amp, compile=compile_model, channels_last=channels_last)  # type: ignore[arg-type]
+    options = ConvertOptions(
+        target=to,  # type: ignore[arg-type]
+        amp=amp,  # type: ignore[arg-type]
+        compile=compile_model,
+        channels_last=channels_last,
+        sync_bn=sync_bn,
+        per_process_batch=per_process_batch,
+        launcher=launcher,  # type: ignore[arg-type]
+    )
     raise typer.Exit(run_convert(file, options, write, output, check, report_format))
 
 

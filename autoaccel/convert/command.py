@@ -49,6 +49,10 @@ def run_convert(
         write_atomic(output, conversion.converted, source.encoding)
     elif write and conversion.changed:
         write_atomic(path, conversion.converted, source.encoding)
+    if output is not None or write:
+        folder = (output or path).parent
+        for name, text in conversion.log.extra_files.items():
+            write_atomic(folder / name, text, "utf-8")
     if check and conversion.changed:
         return EXIT_CHANGED
     return EXIT_OK

@@ -7,6 +7,7 @@ from typing import Literal
 
 Target = Literal["single", "dp", "ddp"]
 Amp = Literal["bf16", "fp16", "off"]
+Launcher = Literal["torchrun", "slurm", "spawn"]
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,9 @@ class ConvertOptions:
     amp: Amp = "bf16"
     compile: bool = False
     channels_last: bool = False
+    sync_bn: bool = False  # ddp: BatchNorm -> SyncBatchNorm
+    per_process_batch: bool = False  # ddp: keep the batch size per process, not global
+    launcher: Launcher = "torchrun"  # ddp: how the converted script is started
 
 
 @dataclass(frozen=True)
@@ -39,3 +43,7 @@ class Skipped:
 class ConversionLog:
     changes: list[Change] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    # How to run the result (e.g. torchrun commands), printed at the end of the report.
+    launch: list[str] = field(default_factory=list)
+    # Companion files (e.g. an sbatch script): name relative to the output's folder -> text.
+    extra_files: dict[str, str] = field(default_factory=dict)

@@ -38,7 +38,8 @@ class Conversion:
 
 
 def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleFixes]]:
-    """The steps of a target, in order."""
+    """The steps of a target, in order: the single-process speed-ups first, then
+    the multi-GPU scaffolding of `--to dp` / `--to ddp`."""
     from autoaccel.convert.transforms import rule_fixes
     from autoaccel.convert.transforms.add_autocast import AddAutocast
     from autoaccel.convert.transforms.compile_model import CompileModel
@@ -50,6 +51,14 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
         CompileModel,
         ChannelsLast,
     ]
+    if options.target == "dp":
+        from autoaccel.convert.transforms.data_parallel import DP_STEPS
+
+        steps += DP_STEPS
+    elif options.target == "ddp":
+        from autoaccel.convert.transforms.distributed import DDP_STEPS
+
+        steps += DDP_STEPS
     return steps
 
 

@@ -21,6 +21,11 @@ def _skipped_lines(conversion: Conversion) -> list[str]:
     ]
 
 
+def _launch_lines(conversion: Conversion) -> list[str]:
+    extra = [f"# --write / -o also writes {name} beside the script" for name in sorted(conversion.log.extra_files)]
+    return [*conversion.log.launch, *extra]
+
+
 def text_report(conversion: Conversion, path: str, colour: bool) -> str:
     diff = unified_diff(conversion.original, conversion.converted, path)
     parts = [colourize(diff) if colour else diff]
@@ -34,6 +39,9 @@ def text_report(conversion: Conversion, path: str, colour: bool) -> str:
     skipped = _skipped_lines(conversion)
     if skipped:
         parts.append("Not changed:\n" + "".join(f"  {line}\n" for line in skipped))
+    launch = _launch_lines(conversion)
+    if launch:
+        parts.append("Run it:\n" + "".join(f"  {line}\n" for line in launch))
     return "".join(parts)
 
 
@@ -45,6 +53,9 @@ def markdown_report(conversion: Conversion, path: str) -> str:
     skipped = _skipped_lines(conversion)
     if skipped:
         lines += ["", "**Not changed**", ""] + [f"- {line}" for line in skipped]
+    launch = _launch_lines(conversion)
+    if launch:
+        lines += ["", "**Run it**", "", "```sh", *launch, "```"]
     if diff:
         block = ["```diff", diff.rstrip("\n"), "```"]
         if diff.count("\n") > COLLAPSE_AFTER:
@@ -60,6 +71,8 @@ def json_report(conversion: Conversion, path: str) -> str:
             "changed": conversion.changed,
             "changes": [c.__dict__ for c in conversion.log.changes],
             "skipped": [s.__dict__ for s in conversion.log.skipped],
+            "launch": conversion.log.launch,
+            "extra_files": conversion.log.extra_files,
             "diff": unified_diff(conversion.original, conversion.converted, path),
         },
         indent=2,
