@@ -1,5 +1,5 @@
-"""Black's style for inserted code only: a changed statement that grew past the line
-length is re-formatted with black; every other byte of the file stays as it was."""
+"""Black's style for inserted code only: a changed statement (or `with` header) that
+grew past the line length is re-formatted with black; every other byte stays as it was."""
 
 from __future__ import annotations
 
@@ -30,27 +30,55 @@ class _FormatStatements(cst.CSTTransformer):
         super().__init__()
         self.lines = lines
 
+    def _black(self, node: cst.CSTNode, code: str) -> str | None:
+        """`code` (the statement `node` stands for) formatted at `node`'s indentation."""
+        import black
+
+        column = self.get_metadata(PositionProvider, node).start.column
+        mode = black.Mode(line_length=LINE_LENGTH - column, string_normalization=False)
+        try:
+            return black.format_str(code, mode=mode)
+        except black.InvalidInput:
+            return None
+
+    def _touched(self, node: cst.CSTNode, last_line: int | None = None) -> bool:
+        position = self.get_metadata(PositionProvider, node)
+        end = position.end.line if last_line is None else last_line
+        return any(line in self.lines for line in range(position.start.line, end + 1))
+
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.SimpleStatementLine:
-        position = self.get_metadata(PositionProvider, original_node)
-        span = range(position.start.line, position.end.line + 1)
-        if not any(line in self.lines for line in span):
+        if not self._touched(original_node):
             return updated_node
-        import black
-
-        mode = black.Mode(
-            line_length=LINE_LENGTH - position.start.column, string_normalization=False
-        )
         code = cst.Module(body=[updated_node.with_changes(leading_lines=[])]).code
-        try:
-            formatted = black.format_str(code, mode=mode)
-        except black.InvalidInput:
-            return updated_node
-        statement = cst.parse_statement(formatted)
+        formatted = self._black(original_node, code)
+        statement = cst.parse_statement(formatted) if formatted else None
         if not isinstance(statement, cst.SimpleStatementLine):
             return updated_node
         return statement.with_changes(leading_lines=updated_node.leading_lines)
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
+        """A long `with` header (e.g. an inserted autocast): only the header is
+        re-formatted; the body keeps its bytes."""
+        header_line = self.get_metadata(PositionProvider, original_node.body).start.line
+        if not self._touched(original_node, last_line=header_line):
+            return updated_node
+        header = updated_node.with_changes(
+            body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]),
+            leading_lines=[],
+        )
+        formatted = self._black(original_node, cst.Module(body=[header]).code)
+        statement = cst.parse_statement(formatted) if formatted else None
+        if not isinstance(statement, cst.With):
+            return updated_node
+        return updated_node.with_changes(
+            items=statement.items,
+            lpar=statement.lpar,
+            rpar=statement.rpar,
+            whitespace_after_with=statement.whitespace_after_with,
+            whitespace_before_colon=statement.whitespace_before_colon,
+        )
 
 
 def format_inserted_code(before: str, after: str) -> str:

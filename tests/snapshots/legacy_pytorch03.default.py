@@ -101,7 +101,10 @@ def train(epoch):
         if args.cuda:
             data, target = data.cuda(non_blocking=True), target.cuda(non_blocking=True)
         optimizer.zero_grad()
-        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type="cuda" if torch.cuda.is_available() else "cpu",
+            dtype=torch.bfloat16,
+        ):
             output = model(data)
             loss = F.nll_loss(output, target)
         loss.backward()
@@ -124,7 +127,10 @@ def test():
                 data, target = data.cuda(non_blocking=True), target.cuda(
                     non_blocking=True
                 )
-            with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16):
+            with torch.autocast(
+                device_type="cuda" if torch.cuda.is_available() else "cpu",
+                dtype=torch.bfloat16,
+            ):
                 output = model(data)
             test_loss += F.nll_loss(
                 output, target, size_average=False
