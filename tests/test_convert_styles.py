@@ -1,0 +1,57 @@
+"""`convert` on scripts written in other styles: each converts, the result runs on a CPU-only
+machine, and with `--amp off` it trains exactly like the original.
+
+None of these scripts shuffles or uses dropout, so the one RNG draw per epoch that
+`persistent_workers=True` saves cannot change their losses: every step must match.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from running import convert, run_with_losses
+
+STYLES_DIR = Path(__file__).resolve().parent / "styles"
+SCRIPTS = sorted(p.name for p in STYLES_DIR.glob("*.py"))
+# Changes each script must get, as (rule code, text that must appear in the result).
+EXPECTED = {
+    "accel_top.py": [("ACC101", "persistent_workers=True"), ("ACC301", "device_type=device.type")],
+    "cuda_calls_class.py": [
+        ("ACC101", "num_workers=min(8, os.cpu_count() or 1)"),
+        ("ACC103", "x.cuda(non_blocking=True)"),
+        ("ACC201", "torch.backends.cudnn.benchmark = True"),
+    ],
+    # `device` is a string here: autocast must not call `device.type` on it.
+    "string_device_fn.py": [
+        ("ACC103", "inputs.to(device, non_blocking=True)"),
+        ("ACC504", "with torch.no_grad():"),
+        ("ACC301", 'device_type="cuda" if torch.cuda.is_available() else "cpu"'),
+    ],
+}
+
+
+def test_every_style_script_has_expectations():
+    assert set(SCRIPTS) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_style_converts_and_trains_like_the_original(name, tmp_path):
+    original = STYLES_DIR / name
+    off = convert(original, tmp_path, "--amp", "off")
+    bf16 = convert(original, tmp_path, "--amp", "bf16")
+    converted = bf16.read_text(encoding="utf-8")
+    for code, text in EXPECTED[name]:
+        assert text in converted, f"{code}: expected {text!r} in the converted {name}"
+
+    runs = {}
+    for label, script in {"orig": original, "off": off, "bf16": bf16}.items():
+        (tmp_path / label).mkdir()
+        runs[label] = run_with_losses(script, [], tmp_path / label)
+    assert runs["off"] == pytest.approx(runs["orig"], rel=1e-6)
+    assert len(runs["bf16"]) == len(runs["orig"])
+    assert all(math.isfinite(v) for v in runs["bf16"])
+    final_orig, final_bf16 = runs["orig"][-1], runs["bf16"][-1]
+    assert abs(final_bf16 - final_orig) <= 0.05 * abs(final_orig)
