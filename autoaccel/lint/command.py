@@ -52,7 +52,11 @@ def run_lint(
         report.write(statistics_text(results))
     else:
         report.write(FORMATTERS[output_format](results, unsafe_fixes))
-    if output_format is OutputFormat.text and not quiet and mode is not Mode.DIFF:
+    if quiet:
+        pass
+    elif mode is Mode.DIFF:
+        print(_would_fix_text(results), file=sys.stderr)
+    elif output_format is OutputFormat.text:
         closing = summary_text(results, unsafe_fixes)
         if closing:
             print(closing, file=sys.stderr)
@@ -64,6 +68,14 @@ def run_lint(
     if mode is Mode.DIFF:
         return EXIT_FINDINGS if any(r.diff for r in results) else EXIT_CLEAN
     return EXIT_FINDINGS if any(r.diagnostics for r in results) else EXIT_CLEAN
+
+
+def _would_fix_text(results: list[FileResult]) -> str:
+    """Ruff's closing line for `--diff`."""
+    fixable = sum(r.fixed for r in results)
+    if not fixable:
+        return "No errors would be fixed."
+    return f"Would fix {fixable} error{'s' * (fixable != 1)}."
 
 
 def _lint_stdin(overrides: Overrides, mode: Mode) -> list[FileResult]:
