@@ -99,44 +99,153 @@ def rules(code: Optional[str] = typer.Argument(None, help="A rule code, e.g. ACC
     typer.echo(doc, nl=False)
 
 
+# Convert options shared by the commands that convert (`convert`, `config`, `bench`):
+# left at None, a value comes from [tool.autoaccel.convert] or the default.
+TO_OPTION = typer.Option(None, "--to", help="single | dp | ddp [default: single]")
+AMP_OPTION = typer.Option(None, "--amp", help="bf16 | fp16 | off [default: bf16]")
+COMPILE_OPTION = typer.Option(
+    None, "--compile/--no-compile", help="Compile the model (torch.compile)."
+)
+CHANNELS_LAST_OPTION = typer.Option(
+    None, "--channels-last/--no-channels-last", help="NHWC memory format."
+)
+
+
 @app.command()
 def convert(
-    file: Path = typer.Argument(..., help="The training script to convert."),
-    to: str = typer.Option("single", "--to", help="single | dp | ddp"),
-    amp: str = typer.Option("bf16", "--amp", help="Mixed precision: bf16 | fp16 | off."),
-    compile_model: bool = typer.Option(False, "--compile", help="Compile the model (torch.compile)."),
-    channels_last: bool = typer.Option(False, "--channels-last", help="NHWC memory format."),
-    sync_bn: bool = typer.Option(False, "--sync-bn", help="ddp: BatchNorm becomes SyncBatchNorm."),
-    per_process_batch: bool = typer.Option(
-        False, "--per-process-batch", help="ddp: keep the batch size per process (default: global)."
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., help="The training script or notebook to convert."),
+    to: Optional[str] = TO_OPTION,
+    amp: Optional[str] = AMP_OPTION,
+    compile_model: Optional[bool] = COMPILE_OPTION,
+    channels_last: Optional[bool] = CHANNELS_LAST_OPTION,
+    sync_bn: Optional[bool] = typer.Option(
+        None, "--sync-bn/--no-sync-bn", help="ddp: BatchNorm becomes SyncBatchNorm."
     ),
-    launcher: str = typer.Option("torchrun", "--launcher", help="ddp: torchrun | slurm | spawn"),
+    per_process_batch: Optional[bool] = typer.Option(
+        None,
+        "--per-process-batch/--global-batch",
+        help="ddp: keep the batch size per process (default: global).",
+    ),
+    launcher: Optional[str] = typer.Option(
+        None, "--launcher", help="ddp: torchrun | slurm | spawn [default: torchrun]"
+    ),
+    workers: Optional[str] = typer.Option(
+        None, "--workers", help="DataLoader workers: auto (from the CPU count) | keep [default: auto]"
+    ),
     diff: bool = typer.Option(False, "--diff", help="Show the diff and a summary (the default)."),
     write: bool = typer.Option(False, "--write", help="Rewrite the file in place."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the script would change."),
     report_format: str = typer.Option("text", "--format", help="text | markdown | json"),
 ) -> None:
-    """Rewrite a single-GPU training script into a fast one (diff preview by default)."""
+    """Rewrite a single-GPU training script into a fast one (diff preview by default).
+    Option defaults come from [tool.autoaccel.convert] in pyproject.toml."""
+    from autoaccel.config import ConfigError, convert_options
     from autoaccel.convert.command import run_convert
-    from autoaccel.convert.log import ConvertOptions
 
-    _choice("--to", to, ("single", "dp", "ddp"))
-    _choice("--amp", amp, ("bf16", "fp16", "off"))
     _choice("--format", report_format, ("text", "markdown", "json"))
-    _choice("--launcher", launcher, ("torchrun", "slurm", "spawn"))
     if write and output is not None:
         raise typer.BadParameter("use either --write or -o, not both")
-    options = ConvertOptions(
-        target=to,  # type: ignore[arg-type]
-        amp=amp,  # type: ignore[arg-type]
-        compile=compile_model,
-        channels_last=channels_last,
-        sync_bn=sync_bn,
-        per_process_batch=per_process_batch,
-        launcher=launcher,  # type: ignore[arg-type]
-    )
+    try:
+        options = convert_options(file, _convert_command_line(ctx.params))
+    except ConfigError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
     raise typer.Exit(run_convert(file, options, write, output, check, report_format))
+
+
+def _convert_command_line(params: dict[str, object]) -> dict[str, object]:
+    """The `ConvertOptions` fields given on a `convert` command line."""
+    from dataclasses import fields
+
+    from autoaccel.convert.log import ConvertOptions
+
+    names = {f.name for f in fields(ConvertOptions)}
+    renamed = {"to": "target", "compile_model": "compile"}
+    given = {renamed.get(param, param): value for param, value in params.items()}
+    return {name: value for name, value in given.items() if name in names and value is not None}
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def config(
+    ctx: typer.Context,
+    path: Path = typer.Argument(Path("."), help="A file or folder [default: .]."),
+) -> None:
+    """Print the settings in effect for PATH and where each comes from. Convert options
+    after PATH (`autoaccel config train.py --to ddp`) count as given on the command line."""
+    from autoaccel.config import ConfigError
+    from autoaccel.config_report import effective_config
+
+    command = typer.main.get_command(app).commands["convert"]  # type: ignore[attr-defined]
+    try:
+        parsed = command.make_context("convert", [str(path), *ctx.args], parent=ctx)
+        typer.echo(effective_config(path, _convert_command_line(parsed.params)), nl=False)
+    except ConfigError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def tune(
+    script: Path = typer.Argument(..., help="The training script."),
+    script_args: Optional[List[str]] = typer.Argument(None, help="Its arguments, after `--`."),
+    batches: int = typer.Option(50, "--batches", min=1, help="Batches timed per pass."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed passes per setting (median)."),
+    max_workers: Optional[int] = typer.Option(
+        None, "--max-workers", min=0, help="Largest num_workers tried [default: CPU count]."
+    ),
+    write: bool = typer.Option(False, "--write", help="Write the best settings into the script."),
+    as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON."),
+) -> None:
+    """Time the script's DataLoaders under a sweep of settings and show the fastest."""
+    from autoaccel.tune.command import run_tune
+
+    raise typer.Exit(
+        run_tune(script, script_args or [], batches, repeats, max_workers, write, as_json)
+    )
+
+
+@app.command()
+def bench(
+    ctx: typer.Context,
+    script: Path = typer.Argument(..., help="The training script."),
+    script_args: Optional[List[str]] = typer.Argument(None, help="Its arguments, after `--`."),
+    to: Optional[str] = typer.Option(None, "--to", help="single | dp | ddp [default: single]"),
+    amp: Optional[str] = typer.Option(None, "--amp", help="bf16 | fp16 | off [default: bf16]"),
+    compile_model: Optional[bool] = typer.Option(
+        None, "--compile/--no-compile", help="Compile the model (torch.compile)."
+    ),
+    channels_last: Optional[bool] = typer.Option(
+        None, "--channels-last/--no-channels-last", help="NHWC memory format."
+    ),
+    steps: int = typer.Option(50, "--steps", min=2, help="Training steps per run."),
+    warmup: int = typer.Option(5, "--warmup", min=1, help="Steps left out of the timing."),
+    tolerance: Optional[float] = typer.Option(
+        None, "--tolerance", min=0, help="Largest relative loss difference [default: by options]."
+    ),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="ddp: processes [default: 2]."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write bench.json, .png, .html here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Run the script and its conversion for N steps each; compare speed, memory and
+    loss curves (exit 1 when they diverge)."""
+    from autoaccel.bench.command import run_bench
+    from autoaccel.config import ConfigError, convert_options
+
+    if warmup >= steps:
+        raise typer.BadParameter("must be smaller than --steps", param_hint="--warmup")
+    try:
+        options = convert_options(script, _convert_command_line(ctx.params))
+    except ConfigError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    processes = (nproc or 2) if options.target == "ddp" else None
+    raise typer.Exit(
+        run_bench(
+            script, script_args or [], options, steps, warmup, tolerance, report, as_json, processes
+        )
+    )
 
 
 def _choice(option: str, value: str, allowed: tuple[str, ...]) -> None:

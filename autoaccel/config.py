@@ -1,13 +1,19 @@
-"""Settings from `[tool.autoaccel]` in the nearest pyproject.toml, and the CLI."""
+"""Settings from `[tool.autoaccel]` in the nearest pyproject.toml, and the CLI.
+
+Lint settings sit in the table itself (Ruff's keys); `[tool.autoaccel.convert]` holds
+defaults for `autoaccel convert`, one key per `ConvertOptions` field, kebab-case.
+"""
 
 from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
+
+from autoaccel.convert.log import ConvertOptions
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -106,8 +112,92 @@ def settings_from_table(table: dict[str, Any], source: Path) -> LintSettings:
 
 def settings_for(path: Path) -> LintSettings:
     """Settings from the pyproject.toml nearest to `path` (defaults when none)."""
-    start = path.resolve()
-    found = find_config(start if start.is_dir() else start.parent)
+    found = config_for(path)
     if found is None:
         return LintSettings()
     return settings_from_table(found[1], found[0])
+
+
+# -- where each value comes from (`autoaccel config`, `autoaccel convert`) ------------------
+DEFAULT, COMMAND_LINE = "default", "command line"
+_FLAGS = {"target": "--to"}  # command-line spellings that differ from `--field-name`
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """A setting's value and where it came from: `default`, a pyproject.toml path,
+    or `command line`."""
+
+    value: Any
+    source: str
+
+
+def config_for(path: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The pyproject.toml that applies to `path` (a file or a folder) and its table."""
+    start = path.resolve()
+    return find_config(start if start.is_dir() else start.parent)
+
+
+def lint_settings_with_sources(path: Path) -> dict[str, Sourced]:
+    """The lint keys in effect for `path` (validated), each with its source."""
+    found = config_for(path)
+    table, source = (found[1], found[0]) if found else ({}, None)
+    if source is not None:
+        settings_from_table(table, source)  # raises ConfigError naming the file
+    defaults = {
+        "select": list(LintSettings().select),
+        "extend-select": [],
+        "ignore": [],
+        "per-file-ignores": {},
+    }
+    return {
+        key: Sourced(table[key], str(source)) if key in table else Sourced(default, DEFAULT)
+        for key, default in defaults.items()
+    }
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a `ConvertOptions` field."""
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def convert_settings(
+    path: Path, command_line: Mapping[str, Any] | None = None
+) -> dict[str, Sourced]:
+    """Every `ConvertOptions` field for converting `path`: defaults, overridden by
+    `[tool.autoaccel.convert]` of the nearest pyproject.toml, overridden by `command_line`
+    (field name -> value). Raises `ConfigError` for unknown keys and invalid values."""
+    hints = get_type_hints(ConvertOptions)
+    settings = {f.name: Sourced(f.default, DEFAULT) for f in fields(ConvertOptions)}
+    found = config_for(path)
+    if found is not None:
+        source, table = found
+        convert_table = table.get("convert", {})
+        if not isinstance(convert_table, dict):
+            raise ConfigError(f"{source}: tool.autoaccel.convert must be a table")
+        for key, value in convert_table.items():
+            name = key.replace("-", "_")
+            where = f"{source}: tool.autoaccel.convert.{key}"
+            if name not in settings:
+                known = ", ".join(n.replace("_", "-") for n in settings)
+                raise ConfigError(f"{where} is not a convert setting (known: {known})")
+            settings[name] = Sourced(_checked(value, hints[name], where), str(source))
+    for name, value in (command_line or {}).items():
+        settings[name] = Sourced(_checked(value, hints[name], _flag(name)), COMMAND_LINE)
+    return settings
+
+
+def convert_options(path: Path, command_line: Mapping[str, Any] | None = None) -> ConvertOptions:
+    """The options `autoaccel convert` uses for `path` (see `convert_settings`)."""
+    settings = convert_settings(path, command_line)
+    return ConvertOptions(**{name: setting.value for name, setting in settings.items()})
+
+
+def _checked(value: Any, hint: Any, where: str) -> Any:
+    if get_origin(hint) is Literal:
+        allowed = get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
+    elif hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}: {value!r} is not true or false")
+    return value

@@ -54,9 +54,10 @@ def original_line(history: list[tuple[str, str]], line: int) -> int:
     return line
 
 
-def use_colour(stream: TextIO = sys.stdout) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set."""
-    return stream.isatty() and not os.environ.get("NO_COLOR")
+def use_colour(stream: TextIO | None = None) -> bool:
+    """Colour only on a terminal (`stream`, default: the current stdout), and never
+    when NO_COLOR is set."""
+    return (stream or sys.stdout).isatty() and not os.environ.get("NO_COLOR")
 
 
 def colourize(diff: str) -> str:

@@ -10,9 +10,9 @@ from typing import Iterable
 SKIPPED_DIRECTORIES = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".eggs",
      ".mypy_cache", ".pytest_cache", ".ruff_cache", "node_modules", "site-packages",
-     "build", "dist"}
+     "build", "dist", ".ipynb_checkpoints"}
 )
-SOURCE_SUFFIXES = (".py",)
+SOURCE_SUFFIXES = (".py", ".ipynb")
 
 
 def discover(paths: Iterable[str]) -> list[Path]:

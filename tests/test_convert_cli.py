@@ -122,3 +122,29 @@ def test_bad_option_value_is_a_usage_error(script, tmp_path):
     result = convert(str(script), "--amp", "fp8", cwd=tmp_path)
     assert result.returncode == 2
     assert "--amp" in result.stderr
+
+
+def test_workers_keep_leaves_num_workers_alone(script, tmp_path):
+    run = convert("train.py", "--workers", "keep", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "num_workers" not in run.stdout
+    assert "pin_memory=torch.cuda.is_available()" in run.stdout
+
+
+def test_workers_policy_comes_from_pyproject(script, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.autoaccel.convert]\nworkers = "keep"\n')
+    assert "num_workers" not in convert("train.py", cwd=tmp_path).stdout
+    assert "num_workers" in convert("train.py", "--workers", "auto", cwd=tmp_path).stdout
+
+
+def test_skipped_steps_are_reported_when_writing_with_no_change(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import torch\n"
+        "for x in loader:\n"
+        "    for p in model.parameters(): p.data -= p.grad\n"
+        "    loss = model(x).sum(); loss.backward()\n"
+    )
+    run = convert("train.py", "--write", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "not applied" in run.stdout

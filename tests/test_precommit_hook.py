@@ -3,6 +3,7 @@ with the staged Python files appended, from the root of the repository."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -26,7 +27,7 @@ def test_hook_definitions():
     assert HOOKS["autoaccel-fix"]["entry"] == "autoaccel lint --fix"
     for hook in HOOKS.values():
         assert hook["language"] == "python"
-        assert hook["types"] == ["python"]
+        assert hook["types_or"] == ["python", "jupyter"]
         assert hook["require_serial"] is False
 
 
@@ -38,9 +39,9 @@ def git(repo: Path, *args: str) -> str:
 
 
 def staged_python_files(repo: Path) -> list[str]:
-    """What pre-commit passes for `types: [python]`: staged files that are Python."""
+    """What pre-commit passes for `types_or: [python, jupyter]`: staged scripts and notebooks."""
     names = git(repo, "diff", "--cached", "--name-only", "--diff-filter=ACMR").split()
-    return [name for name in names if name.endswith(".py")]
+    return [name for name in names if name.endswith((".py", ".ipynb"))]
 
 
 def run_hook(hook_id: str, repo: Path) -> subprocess.CompletedProcess[str]:
@@ -65,7 +66,13 @@ def repo(tmp_path):
     (tmp_path / "clean.py").write_text(CLEAN)
     (tmp_path / "unstaged.py").write_text(SCRIPT)
     (tmp_path / "notes.md").write_text("DataLoader(ds)\n")
-    git(tmp_path, "add", "pyproject.toml", "train.py", "clean.py", "notes.md")
+    notebook = {
+        "cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                   "source": SCRIPT.splitlines(keepends=True)}],
+        "metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5,
+    }
+    (tmp_path / "explore.ipynb").write_text(json.dumps(notebook))
+    git(tmp_path, "add", "pyproject.toml", "train.py", "clean.py", "notes.md", "explore.ipynb")
     return tmp_path
 
 
@@ -73,12 +80,13 @@ def test_lint_hook_fails_on_findings_in_staged_files(repo):
     run = run_hook("autoaccel", repo)
     assert run.returncode == 1
     assert "train.py:4:10: ACC101" in run.stdout
+    assert "explore.ipynb:cell 1, line 4, col 10: ACC101" in run.stdout
     assert "unstaged.py" not in run.stdout
     assert (repo / "train.py").read_text() == SCRIPT
 
 
 def test_lint_hook_passes_on_clean_files(repo):
-    git(repo, "rm", "-q", "--cached", "train.py")
+    git(repo, "rm", "-q", "--cached", "train.py", "explore.ipynb")
     run = run_hook("autoaccel", repo)
     assert (run.returncode, run.stdout) == (0, ""), run.stderr
 
@@ -88,5 +96,7 @@ def test_fix_hook_rewrites_staged_files(repo):
     # The safe fix is applied; the unsafe ACC101 stays and fails the commit.
     assert run.returncode == 1
     assert "pin_memory=torch.cuda.is_available()" in (repo / "train.py").read_text()
+    cell = json.loads((repo / "explore.ipynb").read_text())["cells"][0]
+    assert "pin_memory=torch.cuda.is_available()" in "".join(cell["source"])
     assert (repo / "unstaged.py").read_text() == SCRIPT
-    assert "Fixed 1 error." in run.stderr
+    assert "Fixed 2 errors." in run.stderr  # one in the script, one in the notebook

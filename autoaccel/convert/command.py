@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 
 from autoaccel.convert.log import ConvertOptions
-from autoaccel.convert.pipeline import ConversionError, convert_source
+from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.report import json_report, markdown_report, text_report
 from autoaccel.diff import use_colour
 from autoaccel.fileio import read_source, write_atomic
 from autoaccel.lint.engine import SourceError
+from autoaccel.notebook import Notebook, NotebookError, is_notebook, read_notebook
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2
 
@@ -23,32 +24,39 @@ def run_convert(
     check: bool = False,
     report_format: str = "text",
 ) -> int:
-    """Convert one file; nothing is written unless every safety check passed."""
+    """Convert one file (a script, or a notebook's code cells); nothing is written
+    unless every safety check passed."""
+    notebook: Notebook | None = None
     try:
-        source = read_source(path)
-    except (OSError, UnicodeDecodeError, SyntaxError) as error:
+        if is_notebook(path):
+            if options.target != "single":
+                raise NotebookError("notebooks convert with `--to single` only")
+            notebook = read_notebook(path)
+            text, encoding = notebook.python, "utf-8"
+        else:
+            source = read_source(path)
+            text, encoding = source.text, source.encoding
+    except (OSError, UnicodeDecodeError, SyntaxError, NotebookError) as error:
         print(f"{path}:1:1: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     try:
-        conversion = convert_source(source.text, options, str(path))
+        conversion = convert_source(text, options, str(path))
+        converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
     except SourceError as error:
-        print(f"{path}:{error.line}:{error.column}: {error.message}", file=sys.stderr)
+        where = f"{error.line}:{error.column}"
+        if notebook is not None:
+            where = str(notebook.cell_range(error.line, error.column, error.line, error.column))
+        print(f"{path}:{where}: {error.message}", file=sys.stderr)
         return EXIT_ERROR
-    except ConversionError as error:
+    except (ConversionError, NotebookError) as error:
         print(f"{path}: {error}", file=sys.stderr)
         return EXIT_ERROR
 
-    if report_format == "markdown":
-        sys.stdout.write(markdown_report(conversion, str(path)))
-    elif report_format == "json":
-        sys.stdout.write(json_report(conversion, str(path)))
-    elif not (write or output) or conversion.log.changes:
-        sys.stdout.write(text_report(conversion, str(path), use_colour()))
-
+    _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
     if output is not None:
-        write_atomic(output, conversion.converted, source.encoding)
+        write_atomic(output, converted, encoding)
     elif write and conversion.changed:
-        write_atomic(path, conversion.converted, source.encoding)
+        write_atomic(path, converted, encoding)
     if output is not None or write:
         folder = (output or path).parent
         for name, text in conversion.log.extra_files.items():
@@ -56,3 +64,22 @@ def run_convert(
     if check and conversion.changed:
         return EXIT_CHANGED
     return EXIT_OK
+
+
+def _readable(conversion: Conversion, notebook: Notebook | None) -> Conversion:
+    """For a notebook, the conversion of its cells shown as a percent script
+    (`# %% [cell N]` headers, magics as written) so that the diff reads like the notebook."""
+    if notebook is None:
+        return conversion
+    return Conversion(
+        notebook.render(conversion.original), notebook.render(conversion.converted), conversion.log
+    )
+
+
+def _print_report(conversion: Conversion, path: str, report_format: str, writing: bool) -> None:
+    if report_format == "markdown":
+        sys.stdout.write(markdown_report(conversion, path))
+    elif report_format == "json":
+        sys.stdout.write(json_report(conversion, path))
+    elif not writing or conversion.log.changes or conversion.log.skipped:
+        sys.stdout.write(text_report(conversion, path, use_colour()))

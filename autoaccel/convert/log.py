@@ -8,6 +8,7 @@ from typing import Literal
 Target = Literal["single", "dp", "ddp"]
 Amp = Literal["bf16", "fp16", "off"]
 Launcher = Literal["torchrun", "slurm", "spawn"]
+Workers = Literal["auto", "keep"]
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,9 @@ class ConvertOptions:
     amp: Amp = "bf16"
     compile: bool = False
     channels_last: bool = False
+    # DataLoader workers: "auto" sets them from the CPU count where the script loads in
+    # the main process (ACC101); "keep" leaves `num_workers` as the script has it.
+    workers: Workers = "auto"
     sync_bn: bool = False  # ddp: BatchNorm -> SyncBatchNorm
     per_process_batch: bool = False  # ddp: keep the batch size per process, not global
     launcher: Launcher = "torchrun"  # ddp: how the converted script is started

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+from urllib.parse import quote
 
 from autoaccel import __version__
 from autoaccel.lint.output_format import OutputFormat
-from autoaccel.lint.rule import Applicability, Diagnostic
+from autoaccel.lint.rule import Applicability, Diagnostic, LintRule
 from autoaccel.lint.runner import FileResult
+from autoaccel.notebook import CellRange
 
 DOCS_URL = "https://github.com/autoaccel/autoaccel/blob/main/rules/"
 
@@ -21,12 +23,24 @@ def _fixable(diagnostic: Diagnostic, unsafe_fixes: bool) -> bool:
     )
 
 
+def _cell(result: FileResult, diagnostic: Diagnostic) -> CellRange | None:
+    """Where a notebook finding is in cell terms (None for a Python file)."""
+    return result.cells.get(diagnostic) if result.cells else None
+
+
+def _message(result: FileResult, diagnostic: Diagnostic) -> str:
+    """The message, with the cell named for notebook findings located in the raw `.ipynb`."""
+    cell = _cell(result, diagnostic)
+    return f"{diagnostic.message} ({cell})" if cell else diagnostic.message
+
+
 def format_text(results: list[FileResult], unsafe_fixes: bool = False) -> str:
     lines = []
     for result in results:
         for d in result.diagnostics:
             marker = " [*]" if _fixable(d, unsafe_fixes) else ""
-            lines.append(f"{result.path}:{d.line}:{d.column}: {d.code}{marker} {d.message}")
+            where = _cell(result, d) or f"{d.line}:{d.column}"
+            lines.append(f"{result.path}:{where}: {d.code}{marker} {d.message}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -63,24 +77,28 @@ def statistics_text(results: list[FileResult]) -> str:
 
 
 def format_json(results: list[FileResult], unsafe_fixes: bool = False) -> str:
-    records = [
-        {
-            "code": d.code,
-            "name": d.name,
-            "message": d.message,
-            "filename": result.path,
-            "location": {"row": d.line, "column": d.column},
-            "end_location": {"row": d.end_line, "column": d.end_column},
-            "fix": (
-                {"message": d.fix_title, "applicability": d.fix_applicability.value}
-                if d.fix_applicability is not None
-                else None
-            ),
-            "url": f"{DOCS_URL}{d.code}-{d.name}.md",
-        }
-        for result in results
-        for d in result.diagnostics
-    ]
+    """Ruff's fields; for a notebook, rows and columns are inside cell `cell`."""
+    records = []
+    for result in results:
+        for d in result.diagnostics:
+            where = _cell(result, d) or d
+            records.append(
+                {
+                    "code": d.code,
+                    "name": d.name,
+                    "message": d.message,
+                    "filename": result.path,
+                    "cell": where.cell if isinstance(where, CellRange) else None,
+                    "location": {"row": where.line, "column": where.column},
+                    "end_location": {"row": where.end_line, "column": where.end_column},
+                    "fix": (
+                        {"message": d.fix_title, "applicability": d.fix_applicability.value}
+                        if d.fix_applicability is not None
+                        else None
+                    ),
+                    "url": f"{DOCS_URL}{d.code}-{d.name}.md",
+                }
+            )
     return json.dumps(records, indent=2) + "\n"
 
 
@@ -99,58 +117,18 @@ def format_github(results: list[FileResult], unsafe_fixes: bool = False) -> str:
             lines.append(
                 f"::error title=autoaccel ({d.code}),file={file},line={d.line},"
                 f"col={d.column},endLine={d.end_line},endColumn={d.end_column}::"
-                f"{_escape_github(f'{d.code} {d.message}')}"
+                f"{_escape_github(f'{d.code} {_message(result, d)}')}"
             )
     return "\n".join(lines) + ("\n" if lines else "")
 
 
 def format_sarif(results: list[FileResult], unsafe_fixes: bool = False) -> str:
-    from autoaccel.docs import rule_doc, summary
+    """SARIF 2.1.0 as GitHub code scanning reads it: rules with their docs as help,
+    one result per finding, located by repository-relative URIs."""
     from autoaccel.rules import all_rules
 
     rules = all_rules()
     index = {rule.code: position for position, rule in enumerate(rules)}
-    descriptors = []
-    for rule in rules:
-        doc = rule_doc(rule.code) or rule.message
-        descriptors.append(
-            {
-                "id": rule.code,
-                "name": rule.name,
-                "shortDescription": {"text": rule.message},
-                "fullDescription": {"text": summary(doc) or rule.message},
-                "help": {"text": doc, "markdown": doc},
-                "helpUri": f"{DOCS_URL}{rule.code}-{rule.name}.md",
-                "defaultConfiguration": {"level": "warning"},
-                "properties": {"fixable": rule.fix_title is not None},
-            }
-        )
-    sarif_results = [
-        {
-            "ruleId": d.code,
-            "ruleIndex": index[d.code],
-            "level": "warning",
-            "message": {"text": d.message},
-            "locations": [
-                {
-                    "physicalLocation": {
-                        "artifactLocation": {
-                            "uri": Path(result.path).as_posix(),
-                            "uriBaseId": "%SRCROOT%",
-                        },
-                        "region": {
-                            "startLine": d.line,
-                            "startColumn": d.column,
-                            "endLine": d.end_line,
-                            "endColumn": d.end_column,
-                        },
-                    }
-                }
-            ],
-        }
-        for result in results
-        for d in result.diagnostics
-    ]
     document = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
@@ -161,14 +139,69 @@ def format_sarif(results: list[FileResult], unsafe_fixes: bool = False) -> str:
                         "name": "autoaccel",
                         "version": __version__,
                         "informationUri": "https://github.com/autoaccel/autoaccel",
-                        "rules": descriptors,
+                        "rules": [_sarif_rule(rule) for rule in rules],
                     }
                 },
-                "results": sarif_results,
+                "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().as_uri() + "/"}},
+                # Columns count characters, as Python strings do (SARIF's default is UTF-16).
+                "columnKind": "unicodeCodePoints",
+                "results": [
+                    _sarif_result(result, d, index[d.code])
+                    for result in results
+                    for d in result.diagnostics
+                ],
             }
         ],
     }
     return json.dumps(document, indent=2) + "\n"
+
+
+def _sarif_rule(rule: type[LintRule]) -> dict[str, Any]:
+    from autoaccel.docs import rule_doc, summary
+
+    doc = rule_doc(rule.code) or rule.message
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": rule.message},
+        "fullDescription": {"text": summary(doc) or rule.message},
+        "help": {"text": doc, "markdown": doc},
+        "helpUri": f"{DOCS_URL}{rule.code}-{rule.name}.md",
+        "defaultConfiguration": {"level": "warning"},
+        "properties": {"fixable": rule.fix_title is not None},
+    }
+
+
+def _sarif_result(result: FileResult, d: Diagnostic, rule_index: int) -> dict[str, Any]:
+    return {
+        "ruleId": d.code,
+        "ruleIndex": rule_index,
+        "level": "warning",
+        "message": {"text": _message(result, d)},
+        "locations": [
+            {
+                "physicalLocation": {
+                    "artifactLocation": _artifact_location(result.path),
+                    "region": {
+                        "startLine": d.line,
+                        "startColumn": d.column,
+                        "endLine": d.end_line,
+                        "endColumn": d.end_column,
+                    },
+                }
+            }
+        ],
+    }
+
+
+def _artifact_location(path: str) -> dict[str, str]:
+    """A URI relative to the project root (the working directory) where the file is
+    inside it, which is what code scanning matches to the repository; else `file://`."""
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(Path.cwd().resolve()):
+        relative = resolved.relative_to(Path.cwd().resolve()).as_posix()
+        return {"uri": quote(relative), "uriBaseId": "%SRCROOT%"}
+    return {"uri": resolved.as_uri()}
 
 
 FORMATTERS: dict[OutputFormat, Callable[[list[FileResult], bool], str]] = {

@@ -1,4 +1,7 @@
-"""Lint many files, in parallel over all cores when there are enough of them."""
+"""Lint many files, in parallel over all cores when there are enough of them.
+
+Notebooks are linted as the script of their code cells (`autoaccel.notebook`); the
+engine never sees a notebook, and positions are mapped back around it."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import Callable
 
 from autoaccel.diff import unified_diff
 from autoaccel.config import ConfigError, LintSettings, settings_for
@@ -14,6 +18,7 @@ from autoaccel.fileio import read_source, write_atomic
 from autoaccel.lint.engine import SourceError, analyse
 from autoaccel.lint.fixer import fix_source
 from autoaccel.lint.rule import Diagnostic
+from autoaccel.notebook import CellRange, Notebook, NotebookError, is_notebook, read_notebook
 
 PARALLEL_THRESHOLD = 4  # below this many files a process pool costs more than it saves
 
@@ -51,12 +56,24 @@ class FileResult:
     fixed: int = 0
     diff: str = ""
     fixed_source: str | None = None  # set for stdin in FIX mode
+    # Notebooks: each finding's place in cell terms; its own line/column are then
+    # positions in the `.ipynb` text (where GitHub and editors put them).
+    cells: dict[Diagnostic, CellRange] | None = None
+
+
+def _line_and_column(line: int, column: int) -> str:
+    return f"{line}:{column}"
 
 
 def lint_text(
-    text: str, display_path: str, settings: LintSettings, mode: Mode
+    text: str,
+    display_path: str,
+    settings: LintSettings,
+    mode: Mode,
+    describe: Callable[[int, int], str] = _line_and_column,
 ) -> FileResult:
-    """Lint (and in FIX/DIFF mode, fix) one text; nothing is written here."""
+    """Lint (and in FIX/DIFF mode, fix) one text; nothing is written here.
+    `describe` names the place of a syntax error."""
     result = FileResult(path=display_path)
     try:
         if mode is Mode.CHECK:
@@ -64,7 +81,7 @@ def lint_text(
             return _portable(result)
         outcome = fix_source(text, settings, display_path)
     except SourceError as error:
-        result.error = f"{error.line}:{error.column}: {error.message}"
+        result.error = f"{describe(error.line, error.column)}: {error.message}"
         return result
     except Exception as error:  # noqa: BLE001 - one file's crash must not stop the run
         # A bug in a rule or the analysis: report it like Ruff does (exit 2) and go on
@@ -90,13 +107,41 @@ def lint_file(path: Path, overrides: Overrides, mode: Mode) -> FileResult:
     display = str(path)
     try:
         settings = overrides.apply(settings_for(path))
+        if is_notebook(path):
+            return _lint_notebook(path, settings, mode)
         source = read_source(path)
-    except (OSError, UnicodeDecodeError, SyntaxError, ConfigError) as error:
+    except (OSError, UnicodeDecodeError, SyntaxError, ConfigError, NotebookError) as error:
         return FileResult(path=display, error=f"1:1: {error}")
     result = lint_text(source.text, display, settings, mode)
     if mode is Mode.FIX and result.fixed_source is not None:
         write_atomic(path, result.fixed_source, source.encoding)
     result.fixed_source = None
+    return result
+
+
+def _lint_notebook(path: Path, settings: LintSettings, mode: Mode) -> FileResult:
+    """Lint a notebook's code cells; fixes rewrite only the cells they change."""
+    notebook = read_notebook(path)
+
+    def describe(line: int, column: int) -> str:
+        return str(notebook.cell_range(line, column, line, column))
+
+    result = lint_text(notebook.python, str(path), settings, mode, describe)
+    if result.fixed_source is not None:
+        fixed = Notebook(notebook.with_python(result.fixed_source))
+        if mode is Mode.DIFF:
+            before, after = notebook.render(notebook.python), fixed.render(fixed.python)
+            result.diff = unified_diff(before, after, str(path))
+        elif mode is Mode.FIX:
+            write_atomic(path, fixed.text, "utf-8")
+        notebook, result.fixed_source = fixed, None  # what remains is found in the fixed text
+    result.cells = {}
+    for index, d in enumerate(result.diagnostics):
+        line, column = notebook.file_position(d.line, d.column)
+        end_line, end_column = notebook.file_position(d.end_line, d.end_column)
+        located = replace(d, line=line, column=column, end_line=end_line, end_column=end_column)
+        result.cells[located] = notebook.cell_range(d.line, d.column, d.end_line, d.end_column)
+        result.diagnostics[index] = located
     return result
 
 

@@ -7,7 +7,7 @@ from libcst.codemod import Codemod
 
 from autoaccel.config import LintSettings
 from autoaccel.convert.log import Change, ConvertOptions, Skipped
-from autoaccel.convert.transform import LOG_KEY
+from autoaccel.convert.transform import LOG_KEY, OPTIONS_KEY
 from autoaccel.lint.fixer import fix_source
 
 
@@ -21,8 +21,13 @@ class RuleFixes(Codemod):
     def enabled(cls, options: ConvertOptions) -> bool:
         return True
 
+    def selected_codes(self, options: ConvertOptions) -> tuple[str, ...]:
+        """The codes whose fixes these options ask for."""
+        return self.codes
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        settings = LintSettings(select=self.codes, unsafe_fixes=True)
+        codes = self.selected_codes(self.context.scratch[OPTIONS_KEY])
+        settings = LintSettings(select=codes, unsafe_fixes=True)
         result = fix_source(tree.code, settings)
         log = self.context.scratch[LOG_KEY]
         for diagnostic in result.fixed:
@@ -52,3 +57,8 @@ class SingleProcessFixes(RuleFixes):
         "ACC103",  # non_blocking batch copies
         "ACC206",  # tensors created on the CPU then moved
     )
+
+    def selected_codes(self, options: ConvertOptions) -> tuple[str, ...]:
+        if options.workers == "keep":
+            return tuple(code for code in self.codes if code != "ACC101")
+        return self.codes
