@@ -20,7 +20,10 @@ _CANONICAL_PREFIXES = {
     "torch.nn.parallel.distributed.": "torch.nn.parallel.",
     "torch.cuda.amp.": "torch.amp.",
     "torch.optim.adam.": "torch.optim.",
+    "torch.optim.adamw.": "torch.optim.",
     "torch.optim.sgd.": "torch.optim.",
+    "torch.autograd.variable.": "torch.autograd.",
+    "torch.distributed.distributed_c10d.": "torch.distributed.",
 }
 
 

@@ -13,18 +13,21 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper
 
-from autoaccel.analysis.names import name_key, qualified_names
+from autoaccel.analysis.index import ModuleIndex, descendants, run_visitors
+from autoaccel.analysis.names import name_key
 
 DATALOADER = "torch.utils.data.DataLoader"
-_CONVOLUTIONS = frozenset(
+# `torch.nn.parallel.DataParallel` and its module-internal path canonicalise to this.
+DATA_PARALLEL = "torch.nn.DataParallel"
+CONVOLUTIONS = frozenset(
     f"torch.nn.{kind}{dims}d"
     for kind in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose")
     for dims in (1, 2, 3)
 ) | frozenset(f"torch.nn.functional.conv{dims}d" for dims in (1, 2, 3))
 _MODEL_FACTORIES = ("torch.nn.", "torchvision.models.", "timm.create_model")
+_DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
 
 
 class LoopRole(Enum):
@@ -82,6 +85,13 @@ class ScriptModel:
     keyword_dicts: dict[str, KeywordDict] = field(default_factory=dict)
     uses_cuda: bool = False
     has_convolutions: bool = False
+    # `nn.DataParallel` models, aliases included (`self.model = model`).
+    data_parallel: set[str] = field(default_factory=set)
+    # (target, source) of `a = b` (device moves stripped) and of arguments
+    # passed to parameters of functions defined in the script.
+    aliases: list[tuple[str, str]] = field(default_factory=list)
+    # Parents, scopes and qualified names of the module (None for an empty model).
+    index: ModuleIndex | None = field(default=None, repr=False, compare=False)
 
     def keyword(self, call: cst.Call, name: str) -> KeywordValue:
         """The value `call` passes for keyword `name`, following `**dict` arguments."""
@@ -102,15 +112,17 @@ class ScriptModel:
         return found
 
 
-class _Collector(m.MatcherDecoratableVisitor):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider)
+class _Collector(cst.CSTVisitor):
+    """Gathers the facts in one walk (see `run_visitors`); `finish` closes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: ModuleIndex) -> None:
         super().__init__()
-        self.model = ScriptModel()
-        self.aliases: list[tuple[str, str]] = []  # (target, source) of `a = b`
+        self.index = index
+        self.model = ScriptModel(index=index)
+        self.aliases = self.model.aliases
         self.module_classes: set[str] = set()
         self.loop_stack: list[cst.For | cst.While] = []
+        self.training_loops: set[cst.CSTNode] = set()  # bodies call `.backward()`
         self.parameters: dict[str, list[str]] = {}  # function name -> parameter names
         self.calls: list[tuple[str, cst.Call]] = []  # calls of functions defined here
 
@@ -129,15 +141,20 @@ class _Collector(m.MatcherDecoratableVisitor):
             return
         if isinstance(value, cst.Dict):
             self._record_dict(key, value)
-        elif m.matches(value, m.Call(func=m.Name("dict"))):
-            self._record_dict_call(key, value)  # type: ignore[arg-type]
+        elif isinstance(value, cst.Call) and _is_name(value.func, "dict"):
+            self._record_dict_call(key, value)
         self._alias(key, value)
-        if m.matches(value, m.IfExp()) and _mentions_cuda_string(value):
+        if self._is_device_value(value):
             self.model.devices.add(key)
+        if any(
+            DATA_PARALLEL in self.index.qualified_names(call.func)
+            for call in _possible_calls(value)
+        ):
+            self.model.data_parallel.add(key)
         call = _strip_device_moves(value)
         if not isinstance(call, cst.Call):
             return
-        names = qualified_names(self, call.func)  # type: ignore[arg-type]
+        names = self.index.qualified_names(call.func)
         if DATALOADER in names:
             self.model.loaders.setdefault(key, []).append(call)
         elif any(n.startswith("torch.optim.") and n.count(".") == 2 for n in names):
@@ -150,6 +167,13 @@ class _Collector(m.MatcherDecoratableVisitor):
             isinstance(call.func, cst.Name) and call.func.value in self.module_classes
         ):
             self.model.models.add(key)
+
+    def _is_device_value(self, value: cst.BaseExpression) -> bool:
+        """`"cuda"`, `"cuda" if c else "cpu"`, `args.device or "cuda:0"`: a device
+        written as a string (plain, or as one of the values the expression may take)."""
+        if isinstance(value, cst.IfExp) and _mentions_cuda_string(value):
+            return True
+        return any(_is_device_string(leaf) for leaf in device_leaves(value))
 
     def _record_dict(self, key: str, value: cst.Dict) -> None:
         kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict())
@@ -191,7 +215,7 @@ class _Collector(m.MatcherDecoratableVisitor):
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         # `kwargs["num_workers"] = 4` as an assignment target
-        parent = self.get_metadata(ParentNodeProvider, node, None)
+        parent = self.index.parent(node)
         if not isinstance(parent, cst.AssignTarget):
             return
         key = name_key(node.value)
@@ -199,7 +223,7 @@ class _Collector(m.MatcherDecoratableVisitor):
             return
         kwargs = self.model.keyword_dicts[key]
         index = node.slice[0].slice if len(node.slice) == 1 else None
-        assign = self.get_metadata(ParentNodeProvider, parent)
+        assign = self.index.parent(parent)
         if (
             isinstance(index, cst.Index)
             and isinstance(index.value, cst.SimpleString)
@@ -211,18 +235,20 @@ class _Collector(m.MatcherDecoratableVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        names = qualified_names(self, func)  # type: ignore[attr-defined]
+        names = self.index.qualified_names(func)
         if DATALOADER in names:
             self.model.loader_calls.append(node)
         self._record_local_call(node)
-        if names & _CONVOLUTIONS:
+        if names & CONVOLUTIONS:
             self.model.has_convolutions = True
         if any(n.startswith("torch.cuda.") for n in names):
             self.model.uses_cuda = True
         if not isinstance(func, cst.Attribute):
             return
         method = func.attr.value
-        if method == "cuda":
+        if method == "backward":
+            self._mark_training_loops(node)
+        elif method == "cuda":
             self.model.uses_cuda = True
         elif method == "update":
             key = name_key(func.value)
@@ -239,13 +265,21 @@ class _Collector(m.MatcherDecoratableVisitor):
                 if key is not None:
                     self.model.models.add(key)
 
+    def _mark_training_loops(self, backward: cst.Call) -> None:
+        """Every loop whose body holds this `.backward()` call trains."""
+        child: cst.CSTNode = backward
+        for ancestor in self.index.ancestors(backward):
+            if isinstance(ancestor, (cst.For, cst.While)) and child is ancestor.body:
+                self.training_loops.add(ancestor)
+            child = ancestor
+
     def _is_optimizer_argument(self, node: cst.Call) -> bool:
-        parent = self.get_metadata(ParentNodeProvider, node, None)
+        parent = self.index.parent(node)
         while isinstance(parent, (cst.Arg, cst.Element, cst.List, cst.Tuple, cst.DictElement, cst.Dict)):
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
+            parent = self.index.parent(parent)
         if not isinstance(parent, cst.Call):
             return False
-        names = qualified_names(self, parent.func)  # type: ignore[attr-defined]
+        names = self.index.qualified_names(parent.func)
         return any(n.startswith("torch.optim.") for n in names)
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
@@ -255,7 +289,7 @@ class _Collector(m.MatcherDecoratableVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         for base in node.bases:
-            if "torch.nn.Module" in qualified_names(self, base.value):  # type: ignore[attr-defined]
+            if "torch.nn.Module" in self.index.qualified_names(base.value):
                 self.module_classes.add(node.name.value)
 
     # -- loops ---------------------------------------------------------------------
@@ -276,7 +310,7 @@ class _Collector(m.MatcherDecoratableVisitor):
     def _classify_loop(self, node: cst.For | cst.While, source: str | None) -> None:
         if node in self.model.epoch_loops:
             return
-        trains = _calls_method(node.body, "backward")
+        trains = node in self.training_loops
         if not trains and source is None:
             return
         if trains:
@@ -338,6 +372,9 @@ class _Collector(m.MatcherDecoratableVisitor):
                     if source in group and target not in group:
                         group.add(target)
                         changed = True
+                if source in self.model.data_parallel and target not in self.model.data_parallel:
+                    self.model.data_parallel.add(target)
+                    changed = True
                 if source in self.model.loaders and target not in self.model.loaders:
                     self.model.loaders[target] = self.model.loaders[source]
                     changed = True
@@ -349,16 +386,47 @@ class _Collector(m.MatcherDecoratableVisitor):
 
 def _strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     """`Net().to(device)` / `Net().cuda()` -> `Net()`."""
-    while m.matches(
-        value, m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda")))
+    while (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in ("to", "cuda")
     ):
-        value = value.func.value  # type: ignore[attr-defined]
+        value = value.func.value
     return value
 
 
+def _possible_calls(value: cst.BaseExpression) -> list[cst.Call]:
+    """The calls an assigned value may be: both branches of `a if c else b`."""
+    if isinstance(value, cst.IfExp):
+        return _possible_calls(value.body) + _possible_calls(value.orelse)
+    value = _strip_device_moves(value)
+    return [value] if isinstance(value, cst.Call) else []
+
+
+def device_leaves(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The values `a or b` / `a if c else b` may take."""
+    if isinstance(value, cst.BooleanOperation):
+        return [*device_leaves(value.left), *device_leaves(value.right)]
+    if isinstance(value, cst.IfExp):
+        return [*device_leaves(value.body), *device_leaves(value.orelse)]
+    return [value]
+
+
+def _is_device_string(value: cst.BaseExpression) -> bool:
+    """`"cuda"`, `"cuda:0"`, `"cpu"`, `"mps"`."""
+    if not isinstance(value, cst.SimpleString):
+        return False
+    text = value.evaluated_value
+    return isinstance(text, str) and text.split(":")[0] in _DEVICE_STRINGS
+
+
+def _is_name(node: cst.BaseExpression, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
+
+
 def _mentions_cuda_string(node: cst.CSTNode) -> bool:
-    return bool(
-        m.findall(node, m.SimpleString(value=m.MatchIfTrue(lambda v: "cuda" in v)))
+    return any(
+        isinstance(n, cst.SimpleString) and "cuda" in n.value for n in descendants(node)
     )
 
 
@@ -377,12 +445,9 @@ def _bound_names(target: cst.BaseExpression) -> list[str]:
     return []
 
 
-def _calls_method(node: cst.CSTNode, method: str) -> bool:
-    return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.Name(method)))))
-
-
-def build_script_model(wrapper: MetadataWrapper) -> ScriptModel:
-    """Analyse the module held by `wrapper` (metadata is resolved and cached there)."""
-    collector = _Collector()
-    wrapper.visit(collector)
+def build_script_model(wrapper: MetadataWrapper, index: ModuleIndex | None = None) -> ScriptModel:
+    """Analyse the module held by `wrapper` (pass the module's `index` when built already)."""
+    module = wrapper.module
+    collector = _Collector(index or ModuleIndex(module))
+    run_visitors(module, [collector])
     return collector.finish()

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper
+from libcst.metadata import (
+    MetadataWrapper,
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
+)
 
+from autoaccel.analysis.index import ModuleIndex, run_visitors
 from autoaccel.analysis.script_model import build_script_model
 from autoaccel.config import LintSettings
 from autoaccel.lint.noqa import is_suppressed, suppressions
@@ -74,9 +82,19 @@ def analyse(source: str, settings: LintSettings, path: str | None = None) -> Ana
     if not rules:
         return Analysis(module=module, wrapper=None)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    script = build_script_model(wrapper)
+    index = ModuleIndex(module)
+    script = build_script_model(wrapper, index)
+    metadata = {
+        ParentNodeProvider: index.parents,
+        # Resolved by LibCST only when a rule first asks (positions: on a finding).
+        PositionProvider: _Lazy(wrapper, PositionProvider),
+        ScopeProvider: _Lazy(wrapper, ScopeProvider),
+        QualifiedNameProvider: _Lazy(wrapper, QualifiedNameProvider),
+    }
     visitors: list[LintRule] = [rule(script) for rule in rules]
-    wrapper.visit_batched(visitors)
+    for visitor in visitors:
+        visitor.metadata = metadata  # type: ignore[assignment]
+    run_visitors(module, visitors)
     noqa = suppressions(source)
     diagnostics = sorted(
         (
@@ -88,6 +106,26 @@ def analyse(source: str, settings: LintSettings, path: str | None = None) -> Ana
         key=lambda d: (d.line, d.column, d.code),
     )
     return Analysis(module=module, wrapper=wrapper, diagnostics=_unique(diagnostics))
+
+
+class _Lazy(Mapping):
+    """A LibCST provider's results, computed on first use."""
+
+    def __init__(self, wrapper: MetadataWrapper, provider: type) -> None:
+        self._wrapper = wrapper
+        self._provider = provider
+
+    def _resolved(self) -> Mapping:
+        return self._wrapper.resolve(self._provider)
+
+    def __getitem__(self, node: cst.CSTNode) -> object:
+        return self._resolved()[node]
+
+    def __iter__(self):
+        return iter(self._resolved())
+
+    def __len__(self) -> int:
+        return len(self._resolved())
 
 
 def _suppressed(diagnostic: Diagnostic, noqa: dict[int, frozenset[str]]) -> bool:

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
-from autoaccel.analysis.names import qualified_names
-
 if TYPE_CHECKING:
-    from autoaccel.analysis.script_model import ScriptModel
+    from autoaccel.analysis.index import ModuleIndex
+    from autoaccel.analysis.script_model import ScriptModel, StepLoop
 
 Replacement = cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel
 
@@ -69,8 +68,12 @@ class LintRule(cst.BatchableCSTVisitor):
 
     A subclass sets `code`, `name` (kebab-case, names the bad pattern), `message`
     and, when it can fix, `fix_title` and `applicability`; its `visit_*` methods
-    call `self.report(node, fix=...)`. `VALID`/`INVALID` hold extra examples that
+    call `self.report(node, edits=...)`. `VALID`/`INVALID` hold extra examples that
     the tests run (the main examples live in the rule's doc under `rules/`).
+
+    The engine walks the tree once for all rules and hands each the script model and
+    the module index (parents, scopes, qualified names); `get_metadata` still serves
+    the declared providers, positions and scopes computed only when first asked for.
     """
 
     code: ClassVar[str]
@@ -86,23 +89,25 @@ class LintRule(cst.BatchableCSTVisitor):
     def __init__(self, script: ScriptModel) -> None:
         super().__init__()
         self.script = script
+        self.index: ModuleIndex = script.index  # type: ignore[assignment]
         self.diagnostics: list[Diagnostic] = []
 
     # -- helpers shared by rules --------------------------------------------------
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
-        return qualified_names(self, node)
+        """Canonical names `node` refers to through an import, or as a builtin."""
+        return self.index.qualified_names(node)
 
     def calls(self, node: cst.Call, *names: str) -> bool:
         """Whether `node` calls one of the given fully qualified names."""
         return not self.qualified_names(node.func).isdisjoint(names)
 
-    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        while parent is not None:
-            yield parent
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.index.parent(node)
 
-    def enclosing_step_loop(self, node: cst.CSTNode):  # -> StepLoop | None
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        return self.index.ancestors(node)
+
+    def enclosing_step_loop(self, node: cst.CSTNode) -> StepLoop | None:
         """The innermost training/evaluation step loop around `node`, if any."""
         for ancestor in self.ancestors(node):
             if ancestor in self.script.step_loops:
@@ -116,13 +121,17 @@ class LintRule(cst.BatchableCSTVisitor):
         *,
         edits: Mapping[cst.CSTNode, Replacement] | None = None,
         imports: tuple[str, ...] = (),
+        fix_title: str | None = None,
+        applicability: Applicability | None = None,
     ) -> None:
-        """Record a finding at `node`; `edits` make it fixable with `fix_title`."""
+        """Record a finding at `node`; `edits` make it fixable, titled `fix_title`
+        with `applicability` (the rule's own when not given)."""
         position = self.get_metadata(PositionProvider, node)
         fix = None
         if edits:
-            assert self.fix_title is not None, f"{self.code} has edits but no fix_title"
-            fix = Fix(self.fix_title, edits, self.applicability, imports)
+            title = fix_title or self.fix_title
+            assert title is not None, f"{self.code} has edits but no fix_title"
+            fix = Fix(title, edits, applicability or self.applicability, imports)
         self.diagnostics.append(
             Diagnostic(
                 code=self.code,

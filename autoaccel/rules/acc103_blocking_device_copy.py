@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import device_leaves
+from autoaccel.analysis.shapes import find, is_attribute
 from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
@@ -85,7 +86,7 @@ class BlockingDeviceCopy(LintRule):
         self._cpu: set[str] = set()  # names only ever bound to the CPU device
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        kinds = {self._device_kind(leaf) for leaf in _leaves(node.value)}
+        kinds = {self._device_kind(leaf) for leaf in device_leaves(node.value)}
         for target in node.targets:
             key = name_key(target.target)
             if key is None:
@@ -97,7 +98,7 @@ class BlockingDeviceCopy(LintRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         # `tensor.to(...)` / `tensor.cuda(...)` with everything passed written out.
-        if not m.matches(node.func, m.Attribute(attr=m.Name("to") | m.Name("cuda"))):
+        if not is_attribute(node.func, "to", "cuda"):
             return
         if any(arg.star for arg in node.args) or _keyword(node, "non_blocking") is not None:
             return
@@ -152,11 +153,7 @@ class BlockingDeviceCopy(LintRule):
         """The loop target's names plus names assigned in the body from them."""
         if loop.node not in self._batches:
             names = set(loop.batch_names)
-            assignments = [
-                node
-                for node in m.findall(loop.node.body, m.Assign())
-                if isinstance(node, cst.Assign)
-            ]
+            assignments = find(loop.node.body, cst.Assign)
             changed = True
             while changed:
                 changed = False
@@ -168,15 +165,6 @@ class BlockingDeviceCopy(LintRule):
                                 changed = True
             self._batches[loop.node] = frozenset(names)
         return self._batches[loop.node]
-
-
-def _leaves(value: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The values `a or b` / `a if c else b` may take."""
-    if isinstance(value, cst.BooleanOperation):
-        return [*_leaves(value.left), *_leaves(value.right)]
-    if isinstance(value, cst.IfExp):
-        return [*_leaves(value.body), *_leaves(value.orelse)]
-    return [value]
 
 
 def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:

@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from enum import Enum
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.losses import is_detached, is_functional_loss
+from autoaccel.analysis.shapes import find, is_attribute, is_binary, is_method_call, is_name, method_calls
 from autoaccel.analysis.script_model import LoopRole, StepLoop
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
-# `torch.nn.functional` losses (every `*_loss` plus these).
-_FUNCTIONAL_LOSSES = frozenset(
-    {
-        "cross_entropy",
-        "binary_cross_entropy",
-        "binary_cross_entropy_with_logits",
-        "kl_div",
-    }
-)
 NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad")
-# Methods and attributes that leave autograd: the result carries no graph.
-_DETACHING = frozenset({"item", "detach", "tolist", "numpy", "data"})
 # Functions that only make sense with a Python number (or accept one as well).
 _NUMBER_FUNCTIONS = frozenset(
     f"builtins.{name}"
@@ -44,15 +32,6 @@ _NUMBER_FUNCTIONS = frozenset(
 )
 _NUMBER_MODULES = ("math.", "numpy.", "statistics.")
 _LIST_METHODS = frozenset({"append", "extend", "clear"})
-
-
-def is_functional_loss(names: frozenset[str]) -> bool:
-    prefix = "torch.nn.functional."
-    return any(
-        n.startswith(prefix)
-        and (n.endswith("_loss") or n[len(prefix) :] in _FUNCTIONAL_LOSSES)
-        for n in names
-    )
 
 
 class _Use(Enum):
@@ -120,10 +99,8 @@ class LossAccumulatedWithGraph(LintRule):
         # Accumulators that are backpropagated keep their graph on purpose.
         self.backpropagated = {
             key
-            for call in m.findall(
-                node, m.Call(func=m.Attribute(attr=m.Name("backward")))
-            )
-            for key in _backward_keys(call)  # type: ignore[arg-type]
+            for call in method_calls(node, "backward")
+            for key in _backward_keys(call)
         }
 
     # -- the three accumulation shapes -------------------------------------------------
@@ -133,9 +110,7 @@ class LossAccumulatedWithGraph(LintRule):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
-        if len(node.targets) != 1 or not m.matches(
-            value, m.BinaryOperation(operator=m.Add())
-        ):
+        if len(node.targets) != 1 or not is_binary(value, cst.Add):
             return
         key = name_key(node.targets[0].target)
         if key is not None and name_key(value.left) == key:  # type: ignore[attr-defined]
@@ -145,7 +120,7 @@ class LossAccumulatedWithGraph(LintRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         if (
-            m.matches(node.func, m.Attribute(attr=m.Name("append")))
+            is_attribute(node.func, "append")
             and len(node.args) == 1
             and node.args[0].keyword is None
             and not node.args[0].star
@@ -171,15 +146,13 @@ class LossAccumulatedWithGraph(LintRule):
         use = self._accumulator_use(node, key)
         method = "item" if use is _Use.NUMBER else "detach"
         replacement = cst.Call(func=cst.Attribute(value=loss, attr=cst.Name(method)))
-        self.report(node, edits={loss: replacement})
-        # Per-finding title and applicability: `.detach()` changes nothing but the
-        # graph; `.item()` turns the value into a Python float with a sync per step.
-        title = f"Accumulate `.{method}()` of the loss"
-        applicability = Applicability.UNSAFE if method == "item" else Applicability.SAFE
-        last = self.diagnostics[-1]
-        fix = replace(last.fix, title=title, applicability=applicability)  # type: ignore[arg-type]
-        self.diagnostics[-1] = replace(
-            last, fix=fix, fix_title=title, fix_applicability=applicability
+        # `.detach()` changes nothing but the graph; `.item()` turns the value into
+        # a Python float with a sync per step.
+        self.report(
+            node,
+            edits={loss: replacement},
+            fix_title=f"Accumulate `.{method}()` of the loss",
+            applicability=Applicability.UNSAFE if method == "item" else Applicability.SAFE,
         )
 
     def _graph_loss(
@@ -212,21 +185,18 @@ class LossAccumulatedWithGraph(LintRule):
         body = loop.node.body
         values = [
             node.value  # type: ignore[attr-defined]
-            for node in m.findall(body, m.Assign() | m.AnnAssign())
+            for node in find(body, (cst.Assign, cst.AnnAssign))
             if any(name_key(t) == key for t in _targets(node))  # type: ignore[arg-type]
         ]
         if any(is_detached(v) for v in values if v is not None):
             return False
         backpropagated = any(
-            key in _backward_keys(call)  # type: ignore[arg-type]
-            for call in m.findall(
-                body, m.Call(func=m.Attribute(attr=m.Name("backward")))
-            )
+            key in _backward_keys(call) for call in method_calls(body, "backward")
         )
         from_loss = any(
             isinstance(v, cst.Call)
             and self._is_loss_call(v)
-            or any(self._is_loss_call(c) for c in m.findall(v, m.Call()))  # type: ignore[arg-type]
+            or any(self._is_loss_call(c) for c in find(v, cst.Call))
             for v in values
             if v is not None
         )
@@ -256,27 +226,18 @@ class LossAccumulatedWithGraph(LintRule):
                 ),
                 self.module,
             )
-        if key.startswith("self."):
-            pattern = m.Attribute(
-                value=m.Name("self"), attr=m.Name(key.removeprefix("self."))
-            )
-        else:
-            pattern = m.Name(key)
         uses = [
             self._use(occurrence)
-            for occurrence in m.findall(scope, pattern)
-            if not self._is_write(occurrence, key)
+            for occurrence in find(scope, (cst.Name, cst.Attribute))
+            if _spells(occurrence, key) and not self._is_write(occurrence, key)
         ]
         uses = [use for use in uses if use is not None]
         return (
             _Use.NUMBER if uses and all(u is _Use.NUMBER for u in uses) else _Use.TENSOR
         )
 
-    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return self.get_metadata(ParentNodeProvider, node, None)
-
     def _is_write(self, node: cst.CSTNode, key: str) -> bool:
-        parent = self._parent(node)
+        parent = self.parent(node)
         if isinstance(parent, cst.AssignTarget) or (
             isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node
         ):
@@ -285,7 +246,7 @@ class LossAccumulatedWithGraph(LintRule):
             # `losses.append(...)`: the accumulation itself.
             return parent.attr.value in _LIST_METHODS
         # The `total` in `total = total + loss`.
-        grandparent = self._parent(parent) if parent is not None else None
+        grandparent = self.parent(parent) if parent is not None else None
         return (
             isinstance(parent, cst.BinaryOperation)
             and isinstance(parent.operator, cst.Add)
@@ -294,13 +255,13 @@ class LossAccumulatedWithGraph(LintRule):
         )
 
     def _use(self, node: cst.CSTNode) -> _Use | None:
-        parent = self._parent(node)
+        parent = self.parent(node)
         if isinstance(parent, cst.Subscript) and parent.value is node:
             return self._use(parent)  # `losses[-1]` is used like the list's elements
         if isinstance(parent, cst.Attribute) and parent.value is node:
             return _Use.TENSOR  # `total.item()`, `total.backward()`, ...
         if isinstance(parent, cst.Arg):
-            call = self._parent(parent)
+            call = self.parent(parent)
             if isinstance(call, cst.Call):
                 names = self.qualified_names(call.func)
                 if any(n.startswith("torch.") for n in names):
@@ -309,9 +270,8 @@ class LossAccumulatedWithGraph(LintRule):
                     n.startswith(_NUMBER_MODULES) for n in names
                 ):
                     return _Use.NUMBER
-                if m.matches(
-                    call.func,
-                    m.Attribute(value=m.SimpleString(), attr=m.Name("format")),
+                if is_attribute(call.func, "format") and isinstance(
+                    call.func.value, cst.SimpleString  # type: ignore[attr-defined]
                 ):
                     return _Use.NUMBER
             return _Use.TENSOR
@@ -324,9 +284,9 @@ class LossAccumulatedWithGraph(LintRule):
             return _Use.NUMBER  # `total / len(loader)`, `"%.3f" % total`
         if isinstance(parent, cst.Element):
             # `"%.3f %.3f" % (a, total)`
-            container = self._parent(parent)
-            outer = self._parent(container) if container is not None else None
-            if m.matches(outer, m.BinaryOperation(operator=m.Modulo())):
+            container = self.parent(parent)
+            outer = self.parent(container) if container is not None else None
+            if is_binary(outer, cst.Modulo):
                 return _Use.NUMBER
         return _Use.TENSOR
 
@@ -344,13 +304,15 @@ def _targets(node: cst.Assign | cst.AnnAssign) -> list[cst.BaseExpression]:
     return found
 
 
-def is_detached(value: cst.BaseExpression) -> bool:
-    """`x.item()`, `x.detach()`, `x.data`, `float(x)`: no graph in the result."""
-    if m.matches(value, m.Call(func=m.Attribute(attr=m.Name()))):
-        return value.func.attr.value in _DETACHING  # type: ignore[attr-defined]
-    if m.matches(value, m.Attribute(attr=m.Name("data"))):
-        return True
-    return m.matches(value, m.Call(func=m.Name("float") | m.Name("int")))
+def _spells(node: cst.CSTNode, key: str) -> bool:
+    """`node` is written as `key`: the name `total`, or `self.total`."""
+    if key.startswith("self."):
+        return (
+            isinstance(node, cst.Attribute)
+            and is_name(node.value, "self")
+            and node.attr.value == key.removeprefix("self.")
+        )
+    return is_name(node, key)
 
 
 def _backward_keys(call: cst.Call) -> list[str]:
@@ -358,7 +320,7 @@ def _backward_keys(call: cst.Call) -> list[str]:
     `scaler.scale(loss).backward()`."""
     receiver = call.func.value  # type: ignore[attr-defined]
     if (
-        m.matches(receiver, m.Call(func=m.Attribute(attr=m.Name("scale"))))
+        is_method_call(receiver, "scale")
         and receiver.args
     ):
         receiver = receiver.args[0].value
@@ -379,8 +341,8 @@ def _reset_every_step(loop: StepLoop, key: str) -> bool:
                 isinstance(small, cst.Assign)
                 and any(name_key(t.target) == key for t in small.targets)
                 and not any(
-                    name_key(n) == key  # type: ignore[arg-type]
-                    for n in m.findall(small.value, m.Name() | m.Attribute())
+                    name_key(n) == key
+                    for n in find(small.value, (cst.Name, cst.Attribute))
                 )
             ):
                 return True

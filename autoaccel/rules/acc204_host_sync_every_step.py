@@ -5,15 +5,12 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 
+from autoaccel.analysis.losses import is_detached, is_functional_loss
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.analysis.shapes import find, is_binary, is_method_call, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
-from autoaccel.rules.acc203_loss_accumulated_with_graph import (
-    is_detached,
-    is_functional_loss,
-)
 
 SYNC_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
 # Tensor methods whose result is not a tensor on the device.
@@ -140,7 +137,7 @@ class HostSyncEveryStep(LintRule):
                 and self._on_device(part.expression, loop)
                 for part in value.parts
             )
-        if m.matches(value, m.BinaryOperation(operator=m.Modulo())):
+        if is_binary(value, cst.Modulo):
             right = value.right  # type: ignore[attr-defined]
             items = (
                 [e.value for e in right.elements]
@@ -148,7 +145,7 @@ class HostSyncEveryStep(LintRule):
                 else [right]
             )
             return any(self._on_device(item, loop) for item in items)
-        if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("format")))):
+        if is_method_call(value, "format"):
             return any(self._on_device(arg.value, loop) for arg in value.args)  # type: ignore[attr-defined]
         return False
 
@@ -181,8 +178,8 @@ class HostSyncEveryStep(LintRule):
             key = name_key(node.target.elements[0].value)
             if key is not None:
                 found.add(key)
-        for aug in m.findall(node.body, m.AugAssign(operator=m.AddAssign())):
-            key = name_key(aug.target)  # type: ignore[attr-defined]
+        for aug in find(node.body, cst.AugAssign):
+            key = name_key(aug.target) if isinstance(aug.operator, cst.AddAssign) else None
             if key is not None:
                 found.add(key)
         return found
@@ -200,17 +197,15 @@ class HostSyncEveryStep(LintRule):
         """Names that every assignment in the step binds to a device tensor (a fixed
         point, so that `out = model(x)` and then `pred = out.argmax(1)` both count)."""
         bindings: dict[str, list[cst.BaseExpression]] = {}
-        for assign in m.findall(loop.node.body, m.Assign() | m.AnnAssign()):
-            for target, value in _pairs(assign):  # type: ignore[arg-type]
+        for assign in find(loop.node.body, (cst.Assign, cst.AnnAssign)):
+            for target, value in _pairs(assign):
                 key = name_key(target)
                 if key is not None:
                     bindings.setdefault(key, []).append(value)
         # A backpropagated name is a tensor with a graph: on the device in a CUDA script.
         backpropagated = {
             key
-            for call in m.findall(
-                loop.node.body, m.Call(func=m.Attribute(attr=m.Name("backward")))
-            )
+            for call in method_calls(loop.node.body, "backward")
             if (key := name_key(call.func.value)) is not None  # type: ignore[attr-defined]
         }
         # `loss = self.compute(batch)` counts; `loss = 0.0` or `loss.item()` does not.
@@ -316,10 +311,10 @@ def _pairs(
 
 def _is_interval(test: cst.BaseExpression, counters: set[str]) -> bool:
     """`step % 100 == 0`, `i == len(loader) - 1`, `batch_idx > 0 and ...`."""
-    if m.findall(test, m.BinaryOperation(operator=m.Modulo())):
+    if any(is_binary(node, cst.Modulo) for node in find(test, cst.BinaryOperation)):
         return True
-    for comparison in m.findall(test, m.Comparison()):
-        operands = [comparison.left] + [c.comparator for c in comparison.comparisons]  # type: ignore[attr-defined]
+    for comparison in find(test, cst.Comparison):
+        operands = [comparison.left] + [c.comparator for c in comparison.comparisons]
         for operand in operands:
             key = name_key(operand)
             if key is not None and (

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import is_attribute
 from autoaccel.analysis.script_model import Missing
 from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
@@ -82,8 +80,8 @@ class CpuTensorMovedToDevice(LintRule):
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not m.matches(
-            node.func, m.Attribute(value=m.Call(), attr=m.Name("cuda") | m.Name("to"))
+        if not is_attribute(node.func, "cuda", "to") or not isinstance(
+            node.func.value, cst.Call  # type: ignore[attr-defined]
         ):
             return
         factory: cst.Call = node.func.value  # type: ignore[attr-defined]
@@ -107,14 +105,9 @@ class CpuTensorMovedToDevice(LintRule):
             node,
             f"`torch.{names[0]}(...)` builds the tensor on the CPU and then copies it to the device",
             edits=edits,
-        )
-        if edits and names[0] in RANDOM:
             # The CUDA generator draws other numbers than the CPU one: see the doc.
-            last = self.diagnostics[-1]
-            fix = replace(last.fix, applicability=Applicability.UNSAFE)  # type: ignore[arg-type]
-            self.diagnostics[-1] = replace(
-                last, fix=fix, fix_applicability=Applicability.UNSAFE
-            )
+            applicability=Applicability.UNSAFE if names[0] in RANDOM else None,
+        )
 
     def _target(self, move: cst.Call) -> cst.BaseExpression | bool | None:
         """The device `move` copies to: an expression when the move is plain (fixable),
@@ -143,7 +136,7 @@ class CpuTensorMovedToDevice(LintRule):
                 "mps",
                 "xpu",
             )
-        if m.matches(value, m.Attribute(attr=m.Name("device"))):
+        if is_attribute(value, "device"):
             return True  # `other.device`
         if isinstance(value, cst.Call):
             first = value.args[0].value if value.args else None

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import find
 from autoaccel.lint.rule import Invalid, LintRule
 
 # Words that show the script already chooses its precision: autocast in any spelling
@@ -91,8 +91,8 @@ class MissingAutocast(LintRule):
         return (position.line, position.column)
 
     def _first_model_call(self, loop: cst.CSTNode) -> cst.Call | None:
-        for call in m.findall(loop, m.Call()):
-            key = name_key(call.func)  # type: ignore[attr-defined]
+        for call in find(loop, cst.Call):
+            key = name_key(call.func)
             if key is not None and key in self.script.models:
-                return call  # type: ignore[return-value]
+                return call
         return None

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.script_model import DATA_PARALLEL
 from autoaccel.lint.rule import Invalid, LintRule
 
-# `torch.nn.parallel.DataParallel` and `torch.nn.parallel.data_parallel.DataParallel`
-# are canonicalised onto this spelling by `analysis.names`.
-DATA_PARALLEL = "torch.nn.DataParallel"
 DISTRIBUTED_DATA_PARALLEL = "torch.nn.parallel.DistributedDataParallel"
 
 

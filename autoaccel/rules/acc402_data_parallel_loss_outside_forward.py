@@ -5,38 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 
+from autoaccel.analysis.losses import is_functional_loss, is_loss_module
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
-from autoaccel.rules.acc401_data_parallel import DATA_PARALLEL
 
-FUNCTIONAL_LOSSES = frozenset(
-    f"torch.nn.functional.{name}"
-    for name in (
-        "binary_cross_entropy",
-        "binary_cross_entropy_with_logits",
-        "cosine_embedding_loss",
-        "cross_entropy",
-        "ctc_loss",
-        "gaussian_nll_loss",
-        "hinge_embedding_loss",
-        "huber_loss",
-        "kl_div",
-        "l1_loss",
-        "margin_ranking_loss",
-        "mse_loss",
-        "multi_margin_loss",
-        "multilabel_margin_loss",
-        "multilabel_soft_margin_loss",
-        "nll_loss",
-        "poisson_nll_loss",
-        "smooth_l1_loss",
-        "soft_margin_loss",
-        "triplet_margin_loss",
-    )
-)
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 
 _HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
@@ -112,8 +87,6 @@ class DataParallelLossOutsideForward(LintRule):
 
     def __init__(self, script) -> None:
         super().__init__(script)
-        self.wrapped: set[str] = set()
-        self.aliases: list[tuple[str, str]] = []  # (target, source) of `a = b`
         self.outputs: list[_Output] = []
         self.losses: list[_Loss] = []
 
@@ -127,15 +100,7 @@ class DataParallelLossOutsideForward(LintRule):
             self._bind(node.target, node.value)
 
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
-        key = name_key(target)
-        if key is not None and any(
-            self.calls(call, DATA_PARALLEL) for call in _possible_values(value)
-        ):
-            self.wrapped.add(key)
-            return
-        source = name_key(_strip_device_moves(value))
-        if key is not None and source is not None:
-            self.aliases.append((key, source))
+        """Record the names bound to the output of a model call (`out = model(x)`)."""
         model_call = _producing_call(value)
         if model_call is not None:
             model = name_key(model_call.func)
@@ -149,22 +114,15 @@ class DataParallelLossOutsideForward(LintRule):
         names: set[str] = set()
         models: set[str] = set()
         for arg in node.args:
-            names.update(n.value for n in m.findall(arg.value, m.Name()))  # type: ignore[union-attr]
-            for call in m.findall(arg.value, m.Call()):
-                key = name_key(call.func)  # type: ignore[union-attr]
+            names.update(n.value for n in find(arg.value, cst.Name))
+            for call in find(arg.value, cst.Call):
+                key = name_key(call.func)
                 if key is not None:
                     models.add(key)
         self.losses.append(_Loss(node, self._scope(node), frozenset(names), frozenset(models)))
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        wrapped = set(self.wrapped)
-        changed = True
-        while changed:  # `self.model = model` after `model = nn.DataParallel(model)`
-            changed = False
-            for target, source in self.aliases:
-                if source in wrapped and target not in wrapped:
-                    wrapped.add(target)
-                    changed = True
+        wrapped = self.script.data_parallel  # aliases included
         for loss in self.losses:
             gathered = loss.called_models & wrapped or any(
                 output.scope is loss.scope and output.model in wrapped and output.names & loss.names
@@ -178,12 +136,11 @@ class DataParallelLossOutsideForward(LintRule):
         key = name_key(node.func)
         if key is not None and key in self.script.criteria:
             return True
-        if self.calls(node, *FUNCTIONAL_LOSSES):
+        if is_functional_loss(self.qualified_names(node.func)):
             return True
         # `nn.CrossEntropyLoss()(out, y)`
-        return isinstance(node.func, cst.Call) and any(
-            n.startswith("torch.nn.") and n.endswith("Loss")
-            for n in self.qualified_names(node.func.func)
+        return isinstance(node.func, cst.Call) and is_loss_module(
+            self.qualified_names(node.func.func)
         )
 
     def _trains_here(self, node: cst.CSTNode) -> bool:
@@ -199,30 +156,13 @@ class DataParallelLossOutsideForward(LintRule):
         if loop is not None:
             return loop.role is LoopRole.TRAIN
         scope = self._scope(node)
-        return scope is not None and bool(
-            m.findall(scope, m.Call(func=m.Attribute(attr=m.Name("backward"))))
-        )
+        return scope is not None and bool(method_calls(scope, "backward"))
 
     def _scope(self, node: cst.CSTNode) -> cst.CSTNode | None:
         for ancestor in self.ancestors(node):
             if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
                 return ancestor
         return None
-
-
-def _strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`DataParallel(net).cuda()` / `.to(device)` -> `DataParallel(net)`."""
-    while m.matches(value, m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda")))):
-        value = value.func.value  # type: ignore[attr-defined]
-    return value
-
-
-def _possible_values(value: cst.BaseExpression) -> list[cst.Call]:
-    """The calls an assigned value may be: both branches of `a if c else b`."""
-    if isinstance(value, cst.IfExp):
-        return _possible_values(value.body) + _possible_values(value.orelse)
-    value = _strip_device_moves(value)
-    return [value] if isinstance(value, cst.Call) else []
 
 
 def _producing_call(value: cst.BaseExpression) -> cst.Call | None:

@@ -5,17 +5,12 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 
+from autoaccel.analysis.shapes import find, is_attribute, is_name
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 from autoaccel.rules.acc401_data_parallel import DISTRIBUTED_DATA_PARALLEL
 
-INIT_PROCESS_GROUP = frozenset(
-    {
-        "torch.distributed.init_process_group",
-        "torch.distributed.distributed_c10d.init_process_group",
-    }
-)
+INIT_PROCESS_GROUP = frozenset({"torch.distributed.init_process_group"})
 # Identifiers that say "which process am I": `rank`, `args.local_rank`,
 # `dist.get_rank()`, `is_main_process()`, `accelerator.is_main_process`, `is_master`.
 _RANK_WORD = re.compile(r"rank|(^|_)(main|master|primary|chief)(_|$)", re.I)
@@ -213,7 +208,7 @@ class UnguardedRankSave(LintRule):
 
 
 def _names(node: cst.CSTNode) -> set[str]:
-    return {name.value for name in m.findall(node, m.Name())}  # type: ignore[union-attr]
+    return {name.value for name in find(node, cst.Name)}
 
 
 def _mentions_rank(node: cst.CSTNode) -> bool:
@@ -233,5 +228,5 @@ def _is_early_exit(statement: cst.CSTNode) -> bool:
     if isinstance(last, cst.SimpleStatementLine):
         last = last.body[-1]
     if isinstance(last, cst.Expr) and isinstance(last.value, cst.Call):
-        return m.matches(last.value.func, m.Name("exit") | m.Attribute(attr=m.Name("exit")))
+        return is_name(last.value.func, "exit") or is_attribute(last.value.func, "exit")
     return isinstance(last, (cst.Return, cst.Continue, cst.Raise))

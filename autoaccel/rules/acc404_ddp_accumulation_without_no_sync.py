@@ -5,17 +5,16 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import find, is_attribute, is_binary, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
 from autoaccel.rules.acc401_data_parallel import DISTRIBUTED_DATA_PARALLEL
 
 # Ways to skip DDP's gradient all-reduce: the context manager, or the flag it sets.
 _SYNC_CONTROLS = frozenset({"no_sync", "require_backward_grad_sync"})
 _ACCUMULATION_WORD = re.compile(r"accum|update_freq|grad_steps|micro", re.I)
-_STEP = m.Call(func=m.Attribute(attr=m.Name("step")))
 _LOOPS = (cst.For, cst.While)
 
 _DDP = (
@@ -97,7 +96,7 @@ class DdpAccumulationWithoutNoSync(LintRule):
     def visit_Call(self, node: cst.Call) -> None:
         if self.calls(node, DISTRIBUTED_DATA_PARALLEL):
             self.ddp = True
-        elif m.matches(node.func, m.Attribute(attr=m.Name("backward"))):
+        elif is_attribute(node.func, "backward"):
             self.backwards.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:
@@ -143,7 +142,7 @@ class DdpAccumulationWithoutNoSync(LintRule):
         """`optimizer.step()` / `scaler.step(optimizer)` calls in `loop`."""
         return [
             call
-            for call in m.findall(loop, _STEP)
+            for call in method_calls(loop, "step")
             if self._is_optimizer(call.func.value)  # type: ignore[union-attr]
             or (call.args and self._is_optimizer(call.args[0].value))  # type: ignore[union-attr]
         ]
@@ -157,9 +156,6 @@ class DdpAccumulationWithoutNoSync(LintRule):
 
 
 def _counts_steps(test: cst.BaseExpression) -> bool:
-    if m.findall(test, m.BinaryOperation(operator=m.Modulo())):
+    if any(is_binary(node, cst.Modulo) for node in find(test, cst.BinaryOperation)):
         return True
-    return any(
-        _ACCUMULATION_WORD.search(name.value)  # type: ignore[union-attr]
-        for name in m.findall(test, m.Name())
-    )
+    return any(_ACCUMULATION_WORD.search(name.value) for name in find(test, cst.Name))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.metadata import ParentNodeProvider, ScopeProvider
+from libcst.metadata import ParentNodeProvider
 
 from autoaccel.lint.rule import Invalid, LintRule
 
-VARIABLE = ("torch.autograd.Variable", "torch.autograd.variable.Variable")
+VARIABLE = ("torch.autograd.Variable",)
 _VARIABLE_MODULES = ("torch.autograd", "torch.autograd.variable")
 _PARAMETERS = ("data", "requires_grad", "volatile")  # 0.3's signature, in order
 
@@ -186,8 +186,6 @@ class VariableWrapper(LintRule):
     message = "`Variable` has been a no-op wrapper since PyTorch 0.4"
     fix_title = "Remove `Variable`"
 
-    METADATA_DEPENDENCIES = LintRule.METADATA_DEPENDENCIES + (ScopeProvider,)
-
     VALID = [
         "import torch\nx = torch.randn(3)\n",
         # A user's own `Variable`.
@@ -257,13 +255,10 @@ class VariableWrapper(LintRule):
             return
         if isinstance(node.names, cst.ImportStar):
             return
-        scope = self.get_metadata(ScopeProvider, node, None)
-        if scope is None:
-            return
         unused = [
             alias
             for alias in node.names
-            if _code(alias.name) == "Variable" and not _is_used(scope, _bound_name(alias), node)
+            if _code(alias.name) == "Variable" and not self.index.is_read(node, _bound_name(alias))
         ]
         if not unused:
             return
@@ -319,9 +314,3 @@ def _bound_name(alias: cst.ImportAlias) -> str:
     if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
         return alias.asname.name.value
     return _code(alias.name)
-
-
-def _is_used(scope, name: str, statement: cst.ImportFrom) -> bool:
-    """Whether the name the import binds is read anywhere (True when unsure)."""
-    assignments = [a for a in scope.assignments[name] if getattr(a, "node", None) is statement]
-    return not assignments or any(assignment.references for assignment in assignments)

@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider, ScopeProvider
 
+from autoaccel.analysis.losses import is_functional_loss, is_loss_module
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import Missing, Unknown
+from autoaccel.analysis.shapes import is_attribute, is_method_call
 from autoaccel.lint.rule import Invalid, LintRule
 from autoaccel.rules.acc501_variable_wrapper import as_receiver
 
-# `torch.nn.functional` losses whose names do not end in `_loss`.
-_FUNCTIONAL_LOSSES = frozenset(
-    f"torch.nn.functional.{name}"
-    for name in (
-        "cross_entropy",
-        "binary_cross_entropy",
-        "binary_cross_entropy_with_logits",
-        "kl_div",
-    )
-)
 _SCALAR_REDUCTIONS = ("mean", "sum", "batchmean")
 # `x.mean()` / `x.sum()` without arguments reduce to a 0-dim tensor.
 _FULL_REDUCTIONS = ("mean", "sum")
-
-_DATA_ZERO = m.Subscript(
-    value=m.Attribute(attr=m.Name("data")),
-    slice=[m.SubscriptElement(slice=m.Index(value=m.Integer("0")))],
-)
 
 Key = tuple[object, str]  # (defining scope, name) or ("self", attribute)
 
@@ -41,8 +26,6 @@ class ZeroDimIndex(LintRule):
         "since PyTorch 0.4"
     )
     fix_title = "Replace `.data[0]` with `.item()`"
-
-    METADATA_DEPENDENCIES = LintRule.METADATA_DEPENDENCIES + (ScopeProvider,)
 
     VALID = [
         # Not known to be a 0-dim tensor.
@@ -97,9 +80,9 @@ class ZeroDimIndex(LintRule):
 
     # -- facts ---------------------------------------------------------------------
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        if not m.matches(node, _DATA_ZERO):
+        if not _is_data_zero(node):
             return
-        parent = self.get_metadata(ParentNodeProvider, node, None)
+        parent = self.parent(node)
         if isinstance(parent, (cst.AssignTarget, cst.AugAssign)) and parent.target is node:
             return  # `x.data[0] = ...` writes into a tensor
         self.candidates.append(node)
@@ -120,7 +103,7 @@ class ZeroDimIndex(LintRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         # `loss.backward()` without a gradient argument needs a 0-dim tensor.
-        if m.matches(node, m.Call(func=m.Attribute(attr=m.Name("backward")), args=[])):
+        if is_method_call(node, "backward") and not node.args:
             key = self._key(node.func.value)  # type: ignore[attr-defined]
             if key is not None:
                 self.backward.add(key)
@@ -145,9 +128,9 @@ class ZeroDimIndex(LintRule):
     # -- what is a 0-dim loss --------------------------------------------------------
     def _key(self, node: cst.BaseExpression) -> Key | None:
         if isinstance(node, cst.Name):
-            scope = self.get_metadata(ScopeProvider, node, None)
-            while scope is not None and node.value not in scope.assignments:
-                if scope.parent is scope:
+            scope = self.index.scopes.get(node)
+            while scope is not None and node.value not in scope.bindings:
+                if scope.parent is None:
                     break
                 scope = scope.parent
             return (scope, node.value) if scope is not None else None
@@ -175,11 +158,7 @@ class ZeroDimIndex(LintRule):
         ):
             return True
         names = self.qualified_names(func)
-        if any(
-            n in _FUNCTIONAL_LOSSES
-            or (n.startswith("torch.nn.functional.") and n.endswith("_loss"))
-            for n in names
-        ):
+        if is_functional_loss(names):
             return self._reduces(node)
         if isinstance(func, cst.Call):  # `nn.MSELoss()(out, y)`
             return self._loss_module_reduces(func) is True
@@ -194,8 +173,7 @@ class ZeroDimIndex(LintRule):
 
     def _loss_module_reduces(self, call: cst.Call) -> bool | None:
         """For `nn.XLoss(...)`: whether its output is 0-dim; None for other calls."""
-        names = self.qualified_names(call.func)
-        if not any(n.startswith("torch.nn.") and n.endswith("Loss") for n in names):
+        if not is_loss_module(self.qualified_names(call.func)):
             return None
         return self._reduces(call)
 
@@ -221,3 +199,15 @@ class ZeroDimIndex(LintRule):
                 continue
             item = cst.Call(func=cst.Attribute(value=as_receiver(tensor), attr=cst.Name("item")))
             self.report(node, edits={node: item.with_changes(lpar=node.lpar, rpar=node.rpar)})
+
+
+def _is_data_zero(node: cst.Subscript) -> bool:
+    """`x.data[0]`."""
+    if not is_attribute(node.value, "data") or len(node.slice) != 1:
+        return False
+    index = node.slice[0].slice
+    return (
+        isinstance(index, cst.Index)
+        and isinstance(index.value, cst.Integer)
+        and index.value.value == "0"
+    )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
 
 _NO_GRAD = frozenset(
@@ -161,8 +161,8 @@ class EvalWithoutNoGrad(LintRule):
 
     def _needs_grad(self, node: cst.CSTNode, seen: frozenset[str] = frozenset()) -> bool:
         """Whether `node` (or a function of this file it calls) needs gradients."""
-        for call in m.findall(node, m.Call()):
-            func = call.func  # type: ignore[attr-defined]
+        for call in find(node, cst.Call):
+            func = call.func
             if isinstance(func, cst.Attribute) and func.attr.value in _NEEDS_GRAD_METHODS:
                 return True
             if self.qualified_names(func) & _NEEDS_GRAD_FUNCTIONS:
@@ -186,12 +186,7 @@ class EvalWithoutNoGrad(LintRule):
         if function is not None and _EVAL_NAME.search(function.name.value):
             return True
         scope = function if function is not None else loop.node
-        return bool(
-            m.findall(
-                scope,
-                m.Call(func=m.Attribute(attr=m.Name("eval")), args=[]),
-            )
-        )
+        return any(not call.args for call in method_calls(scope, "eval"))
 
     # -- report ----------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import ScopeProvider
 
 from autoaccel.analysis.script_model import Missing, Unknown
+from autoaccel.analysis.shapes import is_method_call
 from autoaccel.lint.rule import Applicability, Invalid, LintRule, Replacement
 
 ADAM = "torch.optim.Adam"
@@ -85,7 +85,7 @@ class AdamWeightDecay(LintRule):
         self.adam_calls: list[cst.Call] = []
 
     def visit_Call(self, node: cst.Call) -> None:
-        if m.matches(node, m.Call(func=m.Attribute(attr=m.Name("add_argument")))):
+        if is_method_call(node, "add_argument"):
             self._record_argument(node)
         elif self.calls(node, ADAM):
             self.adam_calls.append(node)
