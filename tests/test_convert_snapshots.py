@@ -19,7 +19,11 @@ from running import FIXTURES_DIR, convert
 SNAPSHOTS_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
 FIXTURES = sorted(p.name for p in FIXTURES_DIR.glob("*.py"))
-VARIANTS = {"default": (), "amp-off": ("--amp", "off")}
+VARIANTS = {
+    "default": (),
+    "amp-off": ("--amp", "off"),
+    "dp": ("--to", "dp", "--amp", "off"),
+}
 
 
 @pytest.fixture(scope="module")

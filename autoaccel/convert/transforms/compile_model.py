@@ -28,8 +28,31 @@ class CompileModel(Transform):
             for call in m.findall(tree, m.Call(func=m.Attribute(attr=m.Name("compile"))))
             if isinstance(call, cst.Call)
         }
+        self.trained = self._trained_models(tree)
         self.done: set[str] = set()
+        if not self.trained:
+            self.skipped(
+                "torch.compile",
+                "no optimizer is given a model's `.parameters()`, so the trained model is"
+                " not known; call `model.compile()` on it by hand",
+            )
         return super().transform_module_impl(tree)
+
+    def _trained_models(self, tree: cst.Module) -> set[str]:
+        """Names whose `.parameters()` an optimizer receives: the models that train
+        (not their layers, not a wrapper such as `--to dp`'s model-with-loss)."""
+        trained = set()
+        parameters = m.Call(func=m.Attribute(attr=m.Name("parameters")))
+        for call in m.findall(tree, m.Call(args=[m.Arg(value=parameters), m.ZeroOrMore()])):
+            assert isinstance(call, cst.Call)
+            if any(
+                n.startswith("torch.optim.") and n.count(".") == 2
+                for n in self.qualified_names(call.func)
+            ):
+                owner = name_key(call.args[0].value.func.value)  # type: ignore[attr-defined]
+                if owner is not None:
+                    trained.add(owner)
+        return trained
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -38,7 +61,7 @@ class CompileModel(Transform):
         if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
             return updated_node
         key = name_key(assign.targets[0].target)
-        if key is None or key not in self.script.models or key in self.compiled | self.done:
+        if key is None or key not in self.trained or key in self.compiled | self.done:
             return updated_node
         if not isinstance(assign.value, cst.Call):
             return updated_node

@@ -1,0 +1,421 @@
+"""Each GPU computes its own loss inside `forward` (the seeds' balanced DataParallel).
+
+    outputs = model(inputs)
+    loss = criterion(outputs, targets)      ->    loss = model_with_loss(inputs, targets).mean()
+
+`model_with_loss` is a generated `ModelWithLoss(model, criterion)` module, wrapped in
+`nn.DataParallel` when the model lives on a GPU and created just before the training loop,
+so DataParallel gathers one loss per GPU instead of every output on GPU 0. `model` still
+names the bare model: `model.state_dict()`, `model.eval()` and the user's own methods work
+without `.module`. On the CPU and on one GPU the converted step computes what it did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
+
+from autoaccel.analysis.losses import is_functional_loss
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.convert.transform import Transform
+from autoaccel.convert.transforms.data_parallel.wraps import (
+    WRAPPER_CLASS,
+    aliases,
+    data_parallel_wraps,
+    single_assign,
+    single_positional,
+    wrapper_instances,
+)
+from autoaccel.cst_edit import add_imports, code_of, keyword_value, leading_import_block
+
+_BY_HAND = (
+    "; by hand: compute the loss in the `forward` of an `nn.Module` (the model itself, or a"
+    " wrapper holding the model and its loss function), wrap that module in `nn.DataParallel`"
+    " and call `.mean()` on its result before `backward()`"
+)
+
+
+@dataclass(frozen=True)
+class _Site:
+    """One training step's forward pass and loss, to be computed by `ModelWithLoss`."""
+
+    forward: cst.SimpleStatementLine | None  # `outputs = model(inputs)`; None: inside the loss
+    loss: cst.SimpleStatementLine  # `loss = criterion(outputs, targets)`
+    anchor: cst.CSTNode  # the outermost loop around the step: the wrapper is created before it
+    model: str
+    loss_fn: str
+    inputs: cst.BaseExpression
+    targets: cst.BaseExpression
+    loss_name: str
+    outputs: str | None  # the outputs' name when later code reads them
+    reduce: str  # how the per-GPU losses combine: "mean" or "sum"
+
+    @property
+    def wrapper_name(self) -> str:
+        return f"{self.model.removeprefix('self.')}_with_loss"
+
+
+class ComputeLossInForward(Transform):
+    DESCRIPTION = "Compute each training step's loss inside forward on every GPU (nn.DataParallel)."
+    code = "ACC402"
+
+    # -- analysis -------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self.tree = node
+        self.nn = _torch_nn_alias(node)
+        self.converted = wrapper_instances(node)
+        self.configured_wraps = {
+            key
+            for wrap in data_parallel_wraps(self, node)
+            if not wrap.only_wraps
+            for key in aliases({wrap.key}, node)
+        }
+        self.names_in_use = {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+        self.sites: dict[cst.CSTNode, _Site] = {}  # keyed by the loss statement
+        self.removed: set[cst.CSTNode] = set()
+        self.created: dict[cst.CSTNode, _Site] = {}  # anchor -> the site whose wrapper is built there
+        for loop in self.script.step_loops.values():
+            if loop.role is LoopRole.TRAIN:
+                self._plan(loop)
+
+    def _plan(self, loop: StepLoop) -> None:
+        site = self._find_site(loop)
+        if not isinstance(site, _Site):
+            if site is not None:
+                self.skipped("loss inside forward (--to dp)", site + _BY_HAND, loop.node)
+            return
+        built = self.created.get(site.anchor)
+        if built is not None and (built.model, built.loss_fn) != (site.model, site.loss_fn):
+            self.skipped(
+                "loss inside forward (--to dp)",
+                f"another step before this loop already builds `{built.wrapper_name}` from"
+                f" `{built.model}` and `{built.loss_fn}`" + _BY_HAND,
+                loop.node,
+            )
+            return
+        if built is None and site.wrapper_name in self.names_in_use:
+            self.skipped(
+                "loss inside forward (--to dp)",
+                f"the name `{site.wrapper_name}` is already used in this script" + _BY_HAND,
+                loop.node,
+            )
+            return
+        self.created.setdefault(site.anchor, site)
+        self.sites[site.loss] = site
+        if site.forward is not None:
+            self.removed.add(site.forward)
+        self.changed(
+            site.forward or site.loss,
+            f"`{site.loss_name}` is computed inside `forward` on every GPU by"
+            f" `{site.wrapper_name}` (`nn.DataParallel` of `{WRAPPER_CLASS}({site.model},"
+            f" {site.loss_fn})`); `{site.model}` stays the bare model",
+        )
+
+    def _find_site(self, loop: StepLoop) -> _Site | str | None:
+        """The step's site, a reason why it cannot be rewritten, or None when already done."""
+        calls = [c for c in m.findall(loop.node.body, m.Call()) if isinstance(c, cst.Call)]
+        called = [c for c in calls if name_key(c.func) in self.script.models | self.converted]
+        models = sorted({name_key(c.func) for c in called})  # type: ignore[type-var]
+        if set(models) & self.converted:
+            return None
+        if not models:
+            return "no model is called in this training step (the forward pass and the loss are computed elsewhere, e.g. in a helper)"
+        if len(models) > 1:
+            return f"several models are called in this training step ({', '.join(f'`{k}`' for k in models)}); each needs its own loss-computing wrapper"
+        model = models[0]
+        if model in self.configured_wraps:
+            return f"`{model}` is wrapped in `nn.DataParallel` with its own settings (device_ids, dim, ...)"
+        if len(called) > 1:
+            return f"`{model}` is called {len(called)} times in this training step"
+        call = called[0]
+        assign = single_assign(self._parent(self._parent(call)))  # type: ignore[arg-type]
+        if assign is not None and assign[1] is call and _backpropagates(loop.node, code_of(assign[0])):
+            return f"`{model}(...)` returns the loss itself, which needs no wrapper"
+        if not single_positional(call):
+            return f"`{model}(...)` takes more than one input; `nn.DataParallel` splits every argument along dimension 0 (a recurrent state too)"
+        return self._site_from_call(loop, model, call)
+
+    def _site_from_call(self, loop: StepLoop, model: str, call: cst.Call) -> _Site | str:
+        parent = self._parent(call)
+        forward = None
+        if isinstance(parent, cst.Assign):
+            forward = self._parent(parent)
+            target = single_assign(forward) if forward is not None else None
+            if target is None or not isinstance(target[0], cst.Name):
+                return f"the output of `{model}(...)` is not bound to one name (the model returns several values)"
+            outputs = target[0].value
+            loss = self._loss_statement_after(forward, outputs)  # type: ignore[arg-type]
+            if isinstance(loss, str):
+                return loss
+        elif isinstance(parent, cst.Arg) and self._is_loss_call(loss_call := self._parent(parent)):
+            if parent is not loss_call.args[0]:  # type: ignore[union-attr]
+                return f"the output of `{model}(...)` is not the loss function's first argument"
+            outputs = None
+            loss = self._parent(self._parent(self._parent(parent)))  # Call -> Assign -> line
+            if single_assign(loss) is None:
+                return "the loss is not assigned to a name"
+        else:
+            return f"the output of `{model}(...)` does not go straight into a loss function"
+        loss_name, loss_call = single_assign(loss)  # type: ignore[misc]
+        if not isinstance(loss_name, cst.Name) or not self._is_loss_call(loss_call):
+            return "the loss is not assigned to one name"
+        reason = self._loss_call_problem(loss_call, outputs)  # type: ignore[arg-type]
+        if reason:
+            return reason
+        reduce = self._reduction(loss_call)  # type: ignore[arg-type]
+        if reduce is None:
+            return f"`{code_of(loss_call.func)}` does not average or sum its loss (reduction)"  # type: ignore[attr-defined]
+        if not _backpropagates(loop.node, loss_name.value):
+            return f"`{loss_name.value}.backward()` is not called in this training step"
+        kept = outputs if outputs is not None and _reads(loop.node, outputs, (forward, loss)) else None
+        return _Site(
+            forward=forward,  # type: ignore[arg-type]
+            loss=loss,  # type: ignore[arg-type]
+            anchor=self._outermost_loop(loop.node),
+            model=code_of(call.func),
+            loss_fn=code_of(loss_call.func),  # type: ignore[attr-defined]
+            inputs=call.args[0].value,
+            targets=loss_call.args[1].value,  # type: ignore[attr-defined]
+            loss_name=loss_name.value,
+            outputs=kept,
+            reduce=reduce,
+        )
+
+    def _loss_statement_after(self, forward: cst.SimpleStatementLine, outputs: str) -> cst.CSTNode | str:
+        """The line `loss = loss_fn(outputs, ...)` later in the forward pass's block."""
+        block = self._parent(forward)
+        statements = list(block.body)  # type: ignore[union-attr]
+        start = statements.index(forward)
+        inputs_read = {n.value for n in m.findall(forward, m.Name())}  # type: ignore[attr-defined]
+        for statement in statements[start + 1 :]:
+            assign = single_assign(statement)
+            if assign is not None and self._is_loss_call(assign[1]) and m.matches(
+                assign[1].args[0].value, m.Name(outputs)  # type: ignore[attr-defined]
+            ):
+                return statement
+            if _reads(statement, outputs) or _assigned_names(statement) & inputs_read:
+                break
+        return f"the loss is not computed from `{outputs}` in the lines right after the forward pass"
+
+    def _is_loss_call(self, node: cst.CSTNode | None) -> bool:
+        if not isinstance(node, cst.Call):
+            return False
+        return name_key(node.func) in self.script.criteria or is_functional_loss(
+            self.qualified_names(node.func)
+        )
+
+    def _loss_call_problem(self, call: cst.Call, outputs: str | None) -> str | None:
+        if len(call.args) != 2 or any(a.keyword is not None or a.star for a in call.args):
+            return f"`{code_of(call.func)}(...)` takes other arguments than the outputs and the targets"
+        return None
+
+    def _reduction(self, call: cst.Call) -> str | None:
+        """"mean" or "sum": how the loss reduces its batch, read from the criterion's construction."""
+        key = name_key(call.func)
+        if key not in self.script.criteria:
+            return "mean"  # a functional loss called without keywords
+        reductions = set()
+        for statement in m.findall(self.tree, m.SimpleStatementLine()):
+            assign = single_assign(statement)
+            if assign is None or name_key(assign[0]) != key or not isinstance(assign[1], cst.Call):
+                continue
+            if any(keyword_value(assign[1], legacy) for legacy in ("size_average", "reduce")):
+                return None
+            value = keyword_value(assign[1], "reduction")
+            reductions.add(value.evaluated_value if isinstance(value, cst.SimpleString) else value)
+        if reductions <= {None, "mean"}:
+            return "mean"
+        return "sum" if reductions == {"sum"} else None
+
+    def _parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
+        return None if node is None else self.get_metadata(ParentNodeProvider, node, None)
+
+    def _outermost_loop(self, loop: cst.CSTNode) -> cst.CSTNode:
+        outermost = loop
+        parent = self._parent(loop)
+        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if isinstance(parent, (cst.For, cst.While)):
+                outermost = parent
+            parent = self._parent(parent)
+        return outermost
+
+    # -- rewriting ------------------------------------------------------------------
+    def _rebuild(self, originals: list[cst.CSTNode], updated: list[cst.CSTNode]) -> list[cst.CSTNode]:
+        result: list[cst.CSTNode] = []
+        carried: list[cst.EmptyLine] = []  # comments and blank lines of a removed forward line
+        for original, new in zip(originals, updated):
+            if original in self.removed:
+                carried += [*new.leading_lines, *_trailing_comment(new)]  # type: ignore[attr-defined]
+                continue
+            leading = [*carried, *new.leading_lines]  # type: ignore[attr-defined]
+            carried = []
+            statements = [new.with_changes(leading_lines=[])]
+            if original in self.created:
+                statements = [*self._creation(self.created[original]), *statements]
+            if original in self.sites:
+                statements[-1:] = self._combined_call(self.sites[original], statements[-1])  # type: ignore[arg-type]
+            statements[0] = statements[0].with_changes(leading_lines=leading)
+            result += statements
+        return result
+
+    def _creation(self, site: _Site) -> list[cst.BaseStatement]:
+        name = site.wrapper_name
+        return [
+            cst.parse_statement(f"{name} = {WRAPPER_CLASS}({site.model}, {site.loss_fn})\n"),
+            cst.parse_statement(
+                f"if next({site.model}.parameters()).is_cuda:  # one replica per visible GPU\n"
+                f"    {name} = {self.nn}.DataParallel({name})\n"
+            ),
+        ]
+
+    def _combined_call(self, site: _Site, line: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
+        call = cst.Call(
+            func=cst.Name(site.wrapper_name),
+            args=[
+                cst.Arg(site.inputs, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(site.targets),
+            ],
+        )
+        comment = cst.TrailingWhitespace(
+            whitespace=cst.SimpleWhitespace("  "),
+            comment=cst.Comment(f"# {site.reduce} of the per-GPU losses"),
+        )
+        loss = cst.Name(site.loss_name)
+        reduced = cst.Call(func=cst.Attribute(value=loss, attr=cst.Name(site.reduce)))
+        if site.outputs is None:
+            combined = cst.Call(func=cst.Attribute(value=call, attr=cst.Name(site.reduce)))
+            if line.trailing_whitespace.comment is not None:
+                comment = line.trailing_whitespace  # the user's own comment wins
+            return [line.with_changes(body=[cst.Assign([cst.AssignTarget(loss)], combined)], trailing_whitespace=comment)]
+        both = cst.Tuple([cst.Element(loss), cst.Element(cst.Name(site.outputs))], lpar=[], rpar=[])
+        return [
+            line.with_changes(body=[cst.Assign([cst.AssignTarget(both)], call)]),
+            cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(loss)], reduced)], trailing_whitespace=comment),
+        ]
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        return updated_node.with_changes(
+            body=self._rebuild(list(original_node.body), list(updated_node.body))
+        )
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        body = self._rebuild(list(original_node.body), list(updated_node.body))
+        updated_node = updated_node.with_changes(body=body)
+        if not self.sites or _defines_class(updated_node, WRAPPER_CLASS):
+            return updated_node
+        keeps_outputs = any(site.outputs for site in self.sites.values())
+        updated_node = _insert_class(updated_node, self._wrapper_class(keeps_outputs))
+        return add_imports(updated_node, ("torch",)) if self.nn == "torch.nn" else updated_node
+
+    def _wrapper_class(self, keeps_outputs: bool) -> cst.BaseStatement:
+        returned = "loss.unsqueeze(0), outputs" if keeps_outputs else "loss.unsqueeze(0)"
+        return cst.parse_statement(
+            f"class {WRAPPER_CLASS}({self.nn}.Module):\n"
+            '    """A model and its loss in one `forward`: under `nn.DataParallel` each GPU\n'
+            "    computes the loss of its part of the batch and only the losses (one per GPU)\n"
+            '    are gathered, instead of every output on GPU 0."""\n'
+            "\n"
+            "    def __init__(self, model, loss_fn):\n"
+            "        super().__init__()\n"
+            "        self.model = model\n"
+            "        self.loss_fn = loss_fn\n"
+            "\n"
+            "    def forward(self, inputs, targets):\n"
+            "        outputs = self.model(inputs)\n"
+            "        loss = self.loss_fn(outputs, targets)\n"
+            f"        return {returned}\n"
+        )
+
+
+def _reads(node: cst.CSTNode, name: str, skip: tuple[cst.CSTNode | None, ...] = ()) -> bool:
+    """Whether `node` reads the variable `name` outside the statements in `skip`."""
+    found = {id(n) for n in m.findall(node, m.Name(name))}
+    not_variables = m.Attribute(attr=m.Name(name)) | m.Arg(keyword=m.Name(name))
+    for other in m.findall(node, not_variables):
+        found.discard(id(other.attr if isinstance(other, cst.Attribute) else other.keyword))  # type: ignore[attr-defined]
+    for statement in skip:
+        if statement is not None:
+            found -= {id(n) for n in m.findall(statement, m.Name(name))}
+    return bool(found)
+
+
+def _assigned_names(statement: cst.CSTNode) -> set[str]:
+    targets = m.findall(statement, m.AssignTarget() | m.AugAssign() | m.AnnAssign())
+    return {
+        n.value
+        for target in targets
+        for n in m.findall(target.target, m.Name())  # type: ignore[attr-defined]
+        if isinstance(n, cst.Name)
+    }
+
+
+def _backpropagates(loop: cst.CSTNode, loss: str) -> bool:
+    """Some `X.backward()` in `loop` where X mentions `loss` (also `scaler.scale(loss)`)."""
+    return any(
+        _reads(call.func.value, loss)  # type: ignore[attr-defined]
+        for call in m.findall(loop, m.Call(func=m.Attribute(attr=m.Name("backward"))))
+    )
+
+
+def _trailing_comment(line: cst.CSTNode) -> list[cst.EmptyLine]:
+    trailing = getattr(line, "trailing_whitespace", None)
+    if trailing is None or trailing.comment is None:
+        return []
+    return [cst.EmptyLine(comment=trailing.comment)]
+
+
+def _torch_nn_alias(module: cst.Module) -> str:
+    """How the script spells `torch.nn`: `nn` after `import torch.nn as nn` or
+    `from torch import nn`, else `torch.nn`."""
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    if code_of(alias.name) == "torch.nn" and alias.asname is not None:
+                        return code_of(alias.asname.name)
+            elif (
+                isinstance(small, cst.ImportFrom)
+                and small.module is not None
+                and code_of(small.module) == "torch"
+                and not isinstance(small.names, cst.ImportStar)
+            ):
+                for alias in small.names:
+                    if code_of(alias.name) == "nn":
+                        return code_of(alias.asname.name) if alias.asname else "nn"
+    return "torch.nn"
+
+
+def _defines_class(module: cst.Module, name: str) -> bool:
+    return any(isinstance(s, cst.ClassDef) and s.name.value == name for s in module.body)
+
+
+def _insert_class(module: cst.Module, statement: cst.BaseStatement) -> cst.Module:
+    """`statement` before the first top-level `class` / `def` when that comes before the
+    wrapper's first use, else after the leading imports; two blank lines around it (black)."""
+    body = list(module.body)
+    _, index = leading_import_block(module)
+    first_use = next(
+        i for i, s in enumerate(body) if m.findall(s, m.Call(func=m.Name(WRAPPER_CLASS)))
+    )
+    first_definition = next(
+        (i for i, s in enumerate(body) if isinstance(s, (cst.ClassDef, cst.FunctionDef))), None
+    )
+    if first_definition is not None and first_definition <= first_use:
+        index = max(index, first_definition)
+    two_blank = [cst.EmptyLine(), cst.EmptyLine()]
+    if index < len(body):
+        following = body[index]
+        leading = list(following.leading_lines)
+        blank = next((i for i, line in enumerate(leading) if line.comment is not None), len(leading))
+        if blank < 2:
+            body[index] = following.with_changes(leading_lines=[*two_blank[blank:], *leading])
+    body.insert(index, statement.with_changes(leading_lines=two_blank if index else []))
+    return module.with_changes(body=body)

@@ -1,0 +1,163 @@
+"""Small convnet classifier written for PyTorch 0.3 (Variable era); crashes on current PyTorch.
+
+Slow patterns on purpose: torch.autograd.Variable wrapping, Variable(..., volatile=True)
+instead of torch.no_grad() in evaluation (volatile is a no-op today, so eval builds graphs),
+loss.data[0] (IndexError on 0-dim tensors since 0.4), size_average=False instead of
+reduction='sum', F.log_softmax without dim, model.cuda() / data.cuda() under if args.cuda
+(blocking copies), DataLoader without num_workers and with pin_memory only under args.cuda,
+no torch.backends.cudnn.benchmark in a conv script, loss.data[0] accumulated every step.
+"""
+from __future__ import print_function
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.utils.data import Dataset, DataLoader
+
+torch.backends.cudnn.benchmark = True
+
+# Training settings
+parser = argparse.ArgumentParser(description='PyTorch 0.3 style classifier')
+parser.add_argument('--batch-size', type=int, default=32, metavar='N',
+                    help='input batch size for training (default: 32)')
+parser.add_argument('--test-batch-size', type=int, default=64, metavar='N',
+                    help='input batch size for testing (default: 64)')
+parser.add_argument('--epochs', type=int, default=2, metavar='N',
+                    help='number of epochs to train (default: 2)')
+parser.add_argument('--lr', type=float, default=0.05, metavar='LR',
+                    help='learning rate (default: 0.05)')
+parser.add_argument('--momentum', type=float, default=0.5, metavar='M',
+                    help='SGD momentum (default: 0.5)')
+parser.add_argument('--no-cuda', action='store_true', default=False,
+                    help='disables CUDA training')
+parser.add_argument('--seed', type=int, default=1, metavar='S',
+                    help='random seed (default: 1)')
+parser.add_argument('--log-interval', type=int, default=2, metavar='N',
+                    help='how many batches to wait before logging training status')
+args = parser.parse_args()
+args.cuda = not args.no_cuda and torch.cuda.is_available()
+
+torch.manual_seed(args.seed)
+if args.cuda:
+    torch.cuda.manual_seed(args.seed)
+
+
+class ModelWithLoss(nn.Module):
+    """A model and its loss in one `forward`: under `nn.DataParallel` each GPU
+    computes the loss of its part of the batch and only the losses (one per GPU)
+    are gathered, instead of every output on GPU 0."""
+
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs, targets):
+        outputs = self.model(inputs)
+        loss = self.loss_fn(outputs, targets)
+        return loss.unsqueeze(0)
+
+
+class RandomDigits(Dataset):
+    """Deterministic fake 1x20x20 digit images, 10 classes."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator()
+        g.manual_seed(seed)
+        centers = torch.randn(10, 1, 20, 20, generator=torch.Generator().manual_seed(0))
+        self.labels = torch.randint(0, 10, (n,), generator=g)
+        self.images = centers[self.labels] + 0.7 * torch.randn(n, 1, 20, 20, generator=g)
+
+    def __getitem__(self, idx):
+        return self.images[idx], self.labels[idx]
+
+    def __len__(self):
+        return self.labels.size(0)
+
+
+kwargs = {'num_workers': 1, 'pin_memory': True} if args.cuda else {}
+train_loader = DataLoader(RandomDigits(256, seed=args.seed),
+                          batch_size=args.batch_size, shuffle=True, **kwargs)
+test_loader = DataLoader(RandomDigits(128, seed=args.seed + 1),
+                         batch_size=args.test_batch_size, shuffle=True, **kwargs)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super(Net, self).__init__()
+        self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+        self.conv2_drop = nn.Dropout2d()
+        self.fc1 = nn.Linear(80, 50)
+        self.fc2 = nn.Linear(50, 10)
+
+    def forward(self, x):
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+        x = x.view(-1, 80)
+        x = F.relu(self.fc1(x))
+        x = F.dropout(x, training=self.training)
+        x = self.fc2(x)
+        return F.log_softmax(x)
+
+
+model = Net()
+if args.cuda:
+    model.cuda()
+
+optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+
+
+def train(epoch):
+    model.train()
+    epoch_loss = 0
+    model_with_loss = ModelWithLoss(model, F.nll_loss)
+    if next(model.parameters()).is_cuda:  # one replica per visible GPU
+        model_with_loss = nn.DataParallel(model_with_loss)
+    for batch_idx, (data, target) in enumerate(train_loader):
+        if args.cuda:
+            data, target = data.cuda(non_blocking=True), target.cuda(non_blocking=True)
+        optimizer.zero_grad()
+        loss = model_with_loss(data, target).mean()  # mean of the per-GPU losses
+        loss.backward()
+        optimizer.step()
+        epoch_loss += loss.item()
+        if batch_idx % args.log_interval == 0:
+            print('Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}'.format(
+                epoch, batch_idx * len(data), len(train_loader.dataset),
+                100. * batch_idx / len(train_loader), loss.item()))
+    print('Epoch {} average loss: {:.4f}'.format(epoch, epoch_loss / len(train_loader)))
+
+
+def test():
+    model.eval()
+    test_loss = 0
+    correct = 0
+    with torch.no_grad():
+        for data, target in test_loader:
+            if args.cuda:
+                data, target = data.cuda(non_blocking=True), target.cuda(
+                    non_blocking=True
+                )
+            output = model(data)
+            test_loss += F.nll_loss(
+                output, target, size_average=False
+            ).item()  # sum up batch loss
+            pred = output.data.max(1, keepdim=True)[
+                1
+            ]  # get the index of the max log-probability
+            correct += pred.eq(target.data.view_as(pred)).long().cpu().sum()
+
+    test_loss /= len(test_loader.dataset)
+    print('\nTest set: Average loss: {:.4f}, Accuracy: {}/{} ({:.0f}%)\n'.format(
+        test_loss, correct, len(test_loader.dataset),
+        100. * correct / len(test_loader.dataset)))
+
+
+for epoch in range(1, args.epochs + 1):
+    train(epoch)
+    test()
+
+torch.save(model.state_dict(), 'legacy_model.pth')

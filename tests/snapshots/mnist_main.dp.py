@@ -1,0 +1,183 @@
+"""MNIST-style convnet in the pytorch/examples style (argparse, train/test/main functions).
+
+Slow patterns on purpose: DataLoader without num_workers on the CPU path and only
+num_workers=1 on the CUDA path, pin_memory only via the cuda_kwargs dict,
+blocking .to(device) copies, no torch.backends.cudnn.benchmark in a conv script,
+.item() every eval step (test_loss += ...item()), .item() in the logging branch.
+"""
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.optim.lr_scheduler import StepLR
+from torch.utils.data import Dataset
+
+torch.backends.cudnn.benchmark = True
+
+
+class ModelWithLoss(nn.Module):
+    """A model and its loss in one `forward`: under `nn.DataParallel` each GPU
+    computes the loss of its part of the batch and only the losses (one per GPU)
+    are gathered, instead of every output on GPU 0."""
+
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs, targets):
+        outputs = self.model(inputs)
+        loss = self.loss_fn(outputs, targets)
+        return loss.unsqueeze(0)
+
+
+class FakeMNIST(Dataset):
+    """Deterministic stand-in for torchvision.datasets.MNIST (1x28x28, 10 classes)."""
+
+    def __init__(self, train=True, size=384, seed=1):
+        g = torch.Generator().manual_seed(seed if train else seed + 1000)
+        # one blurry "digit" prototype per class, shared by train and test
+        proto_gen = torch.Generator().manual_seed(seed)
+        protos = torch.rand(10, 1, 28, 28, generator=proto_gen)
+        self.targets = torch.randint(0, 10, (size,), generator=g)
+        noise = 0.5 * torch.rand(size, 1, 28, 28, generator=g)
+        data = (protos[self.targets] + noise).clamp(0, 1)
+        # same normalization as transforms.Normalize((0.1307,), (0.3081,))
+        self.data = (data - 0.1307) / 0.3081
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        return self.data[index], int(self.targets[index])
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super(Net, self).__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, 1)
+        self.conv2 = nn.Conv2d(8, 16, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(2304, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        x = F.relu(x)
+        x = self.conv2(x)
+        x = F.relu(x)
+        x = F.max_pool2d(x, 2)
+        x = self.dropout1(x)
+        x = torch.flatten(x, 1)
+        x = self.fc1(x)
+        x = F.relu(x)
+        x = self.dropout2(x)
+        x = self.fc2(x)
+        output = F.log_softmax(x, dim=1)
+        return output
+
+
+def train(args, model, device, train_loader, optimizer, epoch):
+    model.train()
+    model_with_loss = ModelWithLoss(model, F.nll_loss)
+    if next(model.parameters()).is_cuda:  # one replica per visible GPU
+        model_with_loss = nn.DataParallel(model_with_loss)
+    for batch_idx, (data, target) in enumerate(train_loader):
+        data, target = data.to(device, non_blocking=True), target.to(
+            device, non_blocking=True
+        )
+        optimizer.zero_grad()
+        loss = model_with_loss(data, target).mean()  # mean of the per-GPU losses
+        loss.backward()
+        optimizer.step()
+        if batch_idx % args.log_interval == 0:
+            print('Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}'.format(
+                epoch, batch_idx * len(data), len(train_loader.dataset),
+                100. * batch_idx / len(train_loader), loss.item()))
+            if args.dry_run:
+                break
+
+
+def test(model, device, test_loader):
+    model.eval()
+    test_loss = 0
+    correct = 0
+    with torch.no_grad():
+        for data, target in test_loader:
+            data, target = data.to(device, non_blocking=True), target.to(
+                device, non_blocking=True
+            )
+            output = model(data)
+            test_loss += F.nll_loss(output, target, reduction='sum').item()  # sum up batch loss
+            pred = output.argmax(dim=1, keepdim=True)  # get the index of the max log-probability
+            correct += pred.eq(target.view_as(pred)).sum().item()
+
+    test_loss /= len(test_loader.dataset)
+
+    print('\nTest set: Average loss: {:.4f}, Accuracy: {}/{} ({:.0f}%)\n'.format(
+        test_loss, correct, len(test_loader.dataset),
+        100. * correct / len(test_loader.dataset)))
+
+
+def main():
+    # Training settings
+    parser = argparse.ArgumentParser(description='PyTorch MNIST Example')
+    parser.add_argument('--batch-size', type=int, default=32, metavar='N',
+                        help='input batch size for training (default: 32)')
+    parser.add_argument('--test-batch-size', type=int, default=128, metavar='N',
+                        help='input batch size for testing (default: 128)')
+    parser.add_argument('--epochs', type=int, default=2, metavar='N',
+                        help='number of epochs to train (default: 2)')
+    parser.add_argument('--lr', type=float, default=1.0, metavar='LR',
+                        help='learning rate (default: 1.0)')
+    parser.add_argument('--gamma', type=float, default=0.7, metavar='M',
+                        help='Learning rate step gamma (default: 0.7)')
+    parser.add_argument('--no-cuda', action='store_true', default=False,
+                        help='disables CUDA training')
+    parser.add_argument('--dry-run', action='store_true', default=False,
+                        help='quickly check a single pass')
+    parser.add_argument('--seed', type=int, default=1, metavar='S',
+                        help='random seed (default: 1)')
+    parser.add_argument('--log-interval', type=int, default=4, metavar='N',
+                        help='how many batches to wait before logging training status')
+    parser.add_argument('--save-model', action='store_true', default=False,
+                        help='For Saving the current Model')
+    args = parser.parse_args()
+    use_cuda = not args.no_cuda and torch.cuda.is_available()
+
+    torch.manual_seed(args.seed)
+
+    device = torch.device("cuda" if use_cuda else "cpu")
+
+    train_kwargs = {'batch_size': args.batch_size}
+    test_kwargs = {'batch_size': args.test_batch_size}
+    if use_cuda:
+        cuda_kwargs = {'num_workers': 1,
+                       'pin_memory': True,
+                       'shuffle': True}
+        train_kwargs.update(cuda_kwargs)
+        test_kwargs.update(cuda_kwargs)
+
+    dataset1 = FakeMNIST(train=True, size=384, seed=args.seed)
+    dataset2 = FakeMNIST(train=False, size=128, seed=args.seed)
+    train_loader = torch.utils.data.DataLoader(dataset1, **train_kwargs)
+    test_loader = torch.utils.data.DataLoader(dataset2, **test_kwargs)
+
+    model = Net().to(device)
+    optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
+
+    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
+    for epoch in range(1, args.epochs + 1):
+        train(args, model, device, train_loader, optimizer, epoch)
+        test(model, device, test_loader)
+        scheduler.step()
+
+    if args.save_model:
+        torch.save(model.state_dict(), "mnist_cnn.pt")
+
+
+if __name__ == '__main__':
+    main()
