@@ -148,3 +148,25 @@ def test_skipped_steps_are_reported_when_writing_with_no_change(tmp_path):
     run = convert("train.py", "--write", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "not applied" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "determinism",
+    ["torch.backends.cudnn.deterministic = True", "torch.use_deterministic_algorithms(True)"],
+)
+def test_cudnn_benchmark_is_skipped_with_a_note_when_determinism_is_asked_for(determinism):
+    from autoaccel.convert.log import ConvertOptions
+    from autoaccel.convert.pipeline import convert_source
+
+    source = (
+        "import torch\nimport torch.nn as nn\n\n"
+        f"{determinism}\n"
+        "model = nn.Conv2d(3, 8, 3).cuda()\n"
+        "for x in loader:\n"
+        "    model(x.cuda()).sum().backward()\n"
+    )
+    result = convert_source(source, ConvertOptions(amp="off"))
+    assert "cudnn.benchmark" not in result.converted
+    (note,) = [s for s in result.log.skipped if s.what.startswith("ACC201")]
+    assert note.line == 4
+    assert "deterministic" in note.reason

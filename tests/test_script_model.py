@@ -198,3 +198,34 @@ def test_a_users_own_dataloader_is_not_a_loader():
     module = cst.parse_module("from mylib import DataLoader\nloader = DataLoader(ds)\n")
     script = build_script_model(MetadataWrapper(module, unsafe_skip_copy=True))
     assert script.loaders == {} and script.loader_calls == []
+
+
+def test_functional_results_are_not_models():
+    script = model_of(
+        """
+        import torch.nn.functional as F
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+            def forward(self, x):
+                x = F.relu(x)
+                return self.fc(x)
+        """
+    )
+    assert "x" not in script.models
+    assert "self.fc" in script.models
+
+
+@pytest.mark.parametrize(
+    "assignment",
+    [
+        "device = torch.accelerator.current_accelerator()",
+        "device = torch.accelerator.current_accelerator() if torch.accelerator.is_available()"
+        ' else torch.device("cpu")',
+    ],
+)
+def test_accelerator_api_devices(assignment):
+    script = model_of(assignment + "\n")
+    assert "device" in script.devices
+    assert script.uses_cuda

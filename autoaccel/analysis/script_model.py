@@ -27,6 +27,10 @@ CONVOLUTIONS = frozenset(
     for dims in (1, 2, 3)
 ) | frozenset(f"torch.nn.functional.conv{dims}d" for dims in (1, 2, 3))
 _MODEL_FACTORIES = ("torch.nn.", "torchvision.models.", "timm.create_model")
+# Statements whose body may not run.
+_BRANCHES = (cst.If, cst.For, cst.While, cst.Try, cst.Match)
+# Calls that return a device object (`torch.accelerator` is the device-generic API).
+_DEVICE_CALLS = frozenset({"torch.device", "torch.accelerator.current_accelerator"})
 _DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
 
 
@@ -53,6 +57,10 @@ class KeywordDict:
         default_factory=lambda: defaultdict(list)
     )
     opaque: bool = False  # built or changed in a way we cannot follow
+    display: cst.Dict | None = None  # the `{...}` the name was first bound to
+    # Keys only some paths set: added by an `.update()` or `d[k] = v` under a condition
+    # (e.g. `if use_cuda:`) that does not also hold the display.
+    sometimes: set[str] = field(default_factory=set)
 
 
 class Missing(Enum):
@@ -111,6 +119,16 @@ class ScriptModel:
                 return Unknown.UNKNOWN
         return found
 
+    def sometimes_missing(self, call: cst.Call, name: str) -> cst.Dict | None:
+        """The `{...}` display of a `**dict` argument of `call` that holds keyword
+        `name` only on some paths (so `call` may run without it), if there is one."""
+        for arg in call.args:
+            key = name_key(arg.value) if arg.star == "**" else None
+            kwargs = self.keyword_dicts.get(key) if key else None
+            if kwargs is not None and not kwargs.opaque and name in kwargs.sometimes:
+                return kwargs.display
+        return None
+
 
 class _Collector(cst.CSTVisitor):
     """Gathers the facts in one walk (see `run_visitors`); `finish` closes them."""
@@ -161,9 +179,9 @@ class _Collector(cst.CSTVisitor):
             self.model.optimizers.add(key)
         elif any(n.startswith("torch.nn.") and n.endswith("Loss") for n in names):
             self.model.criteria.add(key)
-        elif "torch.device" in names:
+        elif names & _DEVICE_CALLS:
             self.model.devices.add(key)
-        elif any(n.startswith(_MODEL_FACTORIES) for n in names) or (
+        elif _is_model_factory(names) or (
             isinstance(call.func, cst.Name) and call.func.value in self.module_classes
         ):
             self.model.models.add(key)
@@ -173,10 +191,14 @@ class _Collector(cst.CSTVisitor):
         written as a string (plain, or as one of the values the expression may take)."""
         if isinstance(value, cst.IfExp) and _mentions_cuda_string(value):
             return True
-        return any(_is_device_string(leaf) for leaf in device_leaves(value))
+        return any(
+            _is_device_string(leaf)
+            or (isinstance(leaf, cst.Call) and self.index.qualified_names(leaf.func) & _DEVICE_CALLS)
+            for leaf in device_leaves(value)
+        )
 
     def _record_dict(self, key: str, value: cst.Dict) -> None:
-        kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict())
+        kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict(display=value))
         for element in value.elements:
             if isinstance(element, cst.DictElement) and isinstance(
                 element.key, cst.SimpleString
@@ -229,9 +251,23 @@ class _Collector(cst.CSTVisitor):
             and isinstance(index.value, cst.SimpleString)
             and isinstance(assign, cst.Assign)
         ):
+            known = {name for name, values in kwargs.values.items() if values}
             kwargs.values[index.value.evaluated_value].append(assign.value)  # type: ignore[index]
+            self._note_conditional_keys(kwargs, known, node)
         else:
             kwargs.opaque = True
+
+    def _note_conditional_keys(self, kwargs: KeywordDict, known: set[str], change: cst.CSTNode) -> None:
+        """Keys that `change` added to `kwargs` under a condition the display is not under."""
+        if kwargs.display is None:
+            return
+        around_display = set(self.index.ancestors(kwargs.display))
+        if any(
+            isinstance(ancestor, _BRANCHES) and ancestor not in around_display
+            for ancestor in self.index.ancestors(change)
+        ):
+            added = {name for name, values in kwargs.values.items() if values} - known
+            kwargs.sometimes |= added
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -241,7 +277,7 @@ class _Collector(cst.CSTVisitor):
         self._record_local_call(node)
         if names & CONVOLUTIONS:
             self.model.has_convolutions = True
-        if any(n.startswith("torch.cuda.") for n in names):
+        if any(n.startswith(("torch.cuda.", "torch.accelerator.")) for n in names):
             self.model.uses_cuda = True
         if not isinstance(func, cst.Attribute):
             return
@@ -254,11 +290,13 @@ class _Collector(cst.CSTVisitor):
             key = name_key(func.value)
             if key in self.model.keyword_dicts:
                 kwargs = self.model.keyword_dicts[key]  # type: ignore[index]
+                known = {name for name, values in kwargs.values.items() if values}
                 for arg in node.args:
                     if arg.keyword is not None:
                         kwargs.values[arg.keyword.value].append(arg.value)
                     else:
                         self._merge_dict(kwargs, arg.value)
+                self._note_conditional_keys(kwargs, known, node)
         elif method == "parameters":
             if self._is_optimizer_argument(node):
                 key = name_key(func.value)
@@ -401,6 +439,13 @@ def _possible_calls(value: cst.BaseExpression) -> list[cst.Call]:
         return _possible_calls(value.body) + _possible_calls(value.orelse)
     value = _strip_device_moves(value)
     return [value] if isinstance(value, cst.Call) else []
+
+
+def _is_model_factory(names: frozenset[str]) -> bool:
+    """`nn.Linear(...)`, `torchvision.models.resnet50()`: not `torch.nn.functional.relu`."""
+    return any(
+        n.startswith(_MODEL_FACTORIES) and not n.startswith("torch.nn.functional.") for n in names
+    )
 
 
 def device_leaves(value: cst.BaseExpression) -> list[cst.BaseExpression]:

@@ -19,7 +19,7 @@ from autoaccel.analysis.index import ModuleIndex, run_visitors
 from autoaccel.analysis.script_model import build_script_model
 from autoaccel.config import LintSettings
 from autoaccel.lint.noqa import is_suppressed, suppressions
-from autoaccel.lint.rule import Diagnostic, LintRule
+from autoaccel.lint.rule import Diagnostic, LintRule, Note
 from autoaccel.rules import all_rules
 
 
@@ -71,6 +71,7 @@ class Analysis:
     module: cst.Module
     wrapper: MetadataWrapper | None
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
 
 
 def analyse(source: str, settings: LintSettings, path: str | None = None) -> Analysis:
@@ -105,7 +106,10 @@ def analyse(source: str, settings: LintSettings, path: str | None = None) -> Ana
         ),
         key=lambda d: (d.line, d.column, d.code),
     )
-    return Analysis(module=module, wrapper=wrapper, diagnostics=_unique(diagnostics))
+    notes = [note for visitor in visitors for note in visitor.notes]
+    return Analysis(
+        module=module, wrapper=wrapper, diagnostics=_unique(diagnostics), notes=notes
+    )
 
 
 class _Lazy(Mapping):

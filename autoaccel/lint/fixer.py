@@ -12,7 +12,7 @@ from autoaccel.cst_edit import add_imports
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
 from autoaccel.lint.engine import Analysis, SourceError, analyse
-from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Replacement
+from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Note, Replacement
 
 MAX_ROUNDS = 10
 
@@ -22,6 +22,7 @@ class FixResult:
     source: str
     fixed: list[Diagnostic]
     remaining: list[Diagnostic]
+    notes: list[Note]  # lines of the original source
 
 
 def is_applicable(fix: Fix | None, settings: LintSettings) -> bool:
@@ -50,7 +51,8 @@ def fix_source(source: str, settings: LintSettings, path: str | None = None) -> 
         fixed.extend(replace(d, line=original_line(history, d.line)) for d in chosen)
         history.append((source, new_source))
         source, analysis = new_source, next_analysis
-    return FixResult(source=source, fixed=fixed, remaining=analysis.diagnostics)
+    notes = [replace(n, line=original_line(history, n.line)) for n in analysis.notes]
+    return FixResult(source=source, fixed=fixed, remaining=analysis.diagnostics, notes=notes)
 
 
 def _non_overlapping(analysis: Analysis, settings: LintSettings) -> list[Diagnostic]:

@@ -56,6 +56,17 @@ class Diagnostic:
 
 
 @dataclass(frozen=True)
+class Note:
+    """A fix a rule chose not to make, and why: not a finding (lint prints nothing),
+    but `convert` tells the user what it left alone."""
+
+    code: str
+    name: str
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Invalid:
     """A rule example that must be reported; `fixed` is the text after its fix."""
 
@@ -91,6 +102,7 @@ class LintRule(cst.BatchableCSTVisitor):
         self.script = script
         self.index: ModuleIndex = script.index  # type: ignore[assignment]
         self.diagnostics: list[Diagnostic] = []
+        self.notes: list[Note] = []
 
     # -- helpers shared by rules --------------------------------------------------
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
@@ -113,6 +125,11 @@ class LintRule(cst.BatchableCSTVisitor):
             if ancestor in self.script.step_loops:
                 return self.script.step_loops[ancestor]
         return None
+
+    def note(self, node: cst.CSTNode, reason: str) -> None:
+        """Say why this rule leaves `node`'s pattern alone (shown by `convert`)."""
+        line = self.get_metadata(PositionProvider, node).start.line
+        self.notes.append(Note(self.code, self.name, line, reason))
 
     def report(
         self,

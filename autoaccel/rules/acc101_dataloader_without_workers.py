@@ -28,6 +28,14 @@ class DataLoaderWithoutWorkers(LintRule):
         "from mylib import DataLoader\nDataLoader(ds)\n",
     ]
     INVALID = [
+        # Workers only on the CUDA path: the CPU path gets a default the update overrides.
+        Invalid(
+            "from torch.utils.data import DataLoader\nkw = {'batch_size': 8}\n"
+            "if cuda:\n    kw.update({'num_workers': 1})\nDataLoader(ds, **kw)\n",
+            fixed="import os\n\nfrom torch.utils.data import DataLoader\nkw = {\n"
+            f"    'batch_size': 8,\n    'num_workers': {WORKERS},\n    'persistent_workers': True,\n}}\n"
+            "if cuda:\n    kw.update({'num_workers': 1})\nDataLoader(ds, **kw)\n",
+        ),
         Invalid(
             "from torch.utils.data import DataLoader\nDataLoader(ds, num_workers=0)\n",
             fixed="import os\n\nfrom torch.utils.data import DataLoader\n"
@@ -37,6 +45,10 @@ class DataLoaderWithoutWorkers(LintRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self.calls(node, DATALOADER):
+            return
+        display = self.script.sometimes_missing(node, "num_workers")
+        if display is not None and not _has_key(display, "num_workers"):
+            self._report_default_in_dict(node, display)
             return
         workers = self.script.keyword(node, "num_workers")
         if isinstance(workers, Unknown) or not (
@@ -54,6 +66,43 @@ class DataLoaderWithoutWorkers(LintRule):
         if call is not node:
             edits[node] = call
         self.report(node, edits=edits, imports=("os",))
+
+
+    def _report_default_in_dict(self, node: cst.Call, display: cst.Dict) -> None:
+        """`num_workers` reaches `node` only on some paths (`kwargs.update(cuda_kwargs)`
+        under `if use_cuda:`): give the dict a default that those updates still override."""
+        entries = {"num_workers": WORKERS}
+        if isinstance(self.script.keyword(node, "persistent_workers"), Missing):
+            entries["persistent_workers"] = "True"
+        self.report(node, edits={display: _with_entries(display, entries)}, imports=("os",))
+
+
+def _has_key(display: cst.Dict, key: str) -> bool:
+    return any(
+        isinstance(e, cst.DictElement)
+        and isinstance(e.key, cst.SimpleString)
+        and e.key.evaluated_value == key
+        for e in display.elements
+    )
+
+
+def _with_entries(display: cst.Dict, entries: dict[str, str]) -> cst.Dict:
+    """`display` with `"key": value` entries appended, quoted like its other keys."""
+    keys = [
+        e.key for e in display.elements
+        if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+    ]
+    quote = keys[0].quote if keys else '"'
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    elements = list(display.elements)
+    if elements and isinstance(elements[-1].comma, cst.MaybeSentinel):
+        elements[-1] = elements[-1].with_changes(comma=comma)
+    new = [
+        cst.DictElement(cst.SimpleString(f"{quote}{key}{quote}"), cst.parse_expression(value), comma=comma)
+        for key, value in entries.items()
+    ]
+    new[-1] = new[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return display.with_changes(elements=[*elements, *new])
 
 
 def _is_zero(value: cst.BaseExpression) -> bool:

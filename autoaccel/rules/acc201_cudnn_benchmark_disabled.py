@@ -15,7 +15,8 @@ STATEMENT = "torch.backends.cudnn.benchmark = True\n"
 _CHOSEN = frozenset(
     {BENCHMARK, "torch.backends.cudnn.deterministic", "torch.backends.cudnn.enabled"}
 )
-_CHOOSING_CALLS = ("torch.use_deterministic_algorithms", "torch.backends.cudnn.flags")
+_DETERMINISTIC_CALL = "torch.use_deterministic_algorithms"
+_CHOOSING_CALLS = (_DETERMINISTIC_CALL, "torch.backends.cudnn.flags")
 CONVOLUTIONS = frozenset(
     f"torch.nn.{kind}{dims}d"
     for kind in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose")
@@ -89,6 +90,7 @@ class CudnnBenchmarkDisabled(LintRule):
         self._first_convolution: cst.Call | None = None
         self._backward = False
         self._chosen = False
+        self._deterministic: cst.CSTNode | None = None  # where determinism is asked for
 
     def visit_Call(self, node: cst.Call) -> None:
         if self._first_convolution is None and not self.qualified_names(node.func).isdisjoint(
@@ -97,6 +99,8 @@ class CudnnBenchmarkDisabled(LintRule):
             self._first_convolution = node
         elif self.calls(node, *_CHOOSING_CALLS):
             self._chosen = True
+            if self.calls(node, _DETERMINISTIC_CALL):
+                self._deterministic = node
         elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
             self._backward = True
 
@@ -104,19 +108,27 @@ class CudnnBenchmarkDisabled(LintRule):
         names = self.qualified_names(node)
         if names.isdisjoint(_CHOSEN):
             return
-        if "torch.backends.cudnn.deterministic" in names and _assigned_false(self, node):
-            return  # `deterministic = False` leaves the choice open
+        if "torch.backends.cudnn.deterministic" in names:
+            if _assigned_false(self, node):
+                return  # `deterministic = False` leaves the choice open
+            self._deterministic = node
         self._chosen = True
 
     def leave_Module(self, original_node: cst.Module) -> None:
         trains = self._backward or any(
             loop.role is LoopRole.TRAIN for loop in self.script.step_loops.values()
         )
-        if (
-            self._chosen
-            or self._first_convolution is None
-            or not (trains and self.script.uses_cuda and self.script.has_convolutions)
+        if self._first_convolution is None or not (
+            trains and self.script.uses_cuda and self.script.has_convolutions
         ):
+            return
+        if self._deterministic is not None:
+            self.note(
+                self._deterministic,
+                "the script asks for deterministic cuDNN here; the autotuner picks"
+                " algorithms by timing them, which would defeat that",
+            )
+        if self._chosen:
             return
         last_import = _last_leading_import(original_node)
         if last_import is None:

@@ -36,6 +36,8 @@ class RuleFixes(Codemod):
             log.skipped.append(
                 Skipped(f"{diagnostic.code} ({diagnostic.name})", diagnostic.line, diagnostic.message)
             )
+        for note in result.notes:
+            log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
         return tree if result.source == tree.code else cst.parse_module(result.source)
 
 
