@@ -16,6 +16,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from autoaccel.analysis.index import ModuleIndex, descendants, run_visitors
+from autoaccel.analysis.shapes import BindingVisitor
 from autoaccel.analysis.names import name_key
 
 DATALOADER = "torch.utils.data.DataLoader"
@@ -130,7 +131,7 @@ class ScriptModel:
         return None
 
 
-class _Collector(cst.CSTVisitor):
+class _Collector(BindingVisitor, cst.CSTVisitor):
     """Gathers the facts in one walk (see `run_visitors`); `finish` closes them."""
 
     def __init__(self, index: ModuleIndex) -> None:
@@ -145,15 +146,7 @@ class _Collector(cst.CSTVisitor):
         self.calls: list[tuple[str, cst.Call]] = []  # calls of functions defined here
 
     # -- names bound by assignments ------------------------------------------------
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._bind(target.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._bind(node.target, node.value)
-
-    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+    def bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         key = name_key(target)
         if key is None:
             return

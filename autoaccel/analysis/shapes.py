@@ -44,3 +44,18 @@ def find(node: cst.CSTNode, kind: type[NodeT] | tuple[type[NodeT], ...]) -> list
 def method_calls(node: cst.CSTNode, *methods: str) -> list[cst.Call]:
     """Every `x.method(...)` call in `node`, in source order."""
     return [found for found in descendants(node) if is_method_call(found, *methods)]  # type: ignore[misc]
+
+
+class BindingVisitor:
+    """Mixin for visitors: `bind(target, value)` for every `a = b` and `a: T = b`."""
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self.bind(target.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self.bind(node.target, node.value)
+
+    def bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        raise NotImplementedError

@@ -9,7 +9,7 @@ import libcst as cst
 from autoaccel.analysis.losses import is_functional_loss, is_loss_module
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
-from autoaccel.analysis.shapes import find, method_calls
+from autoaccel.analysis.shapes import BindingVisitor, find, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
 
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
@@ -32,7 +32,7 @@ class _Loss:
     called_models: frozenset[str]  # models called inside its arguments
 
 
-class DataParallelLossOutsideForward(LintRule):
+class DataParallelLossOutsideForward(BindingVisitor, LintRule):
     code = "ACC402"
     name = "data-parallel-loss-outside-forward"
     message = (
@@ -91,15 +91,7 @@ class DataParallelLossOutsideForward(LintRule):
         self.losses: list[_Loss] = []
 
     # -- facts ---------------------------------------------------------------------
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._bind(target.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._bind(node.target, node.value)
-
-    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+    def bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         """Record the names bound to the output of a model call (`out = model(x)`)."""
         model_call = _producing_call(value)
         if model_call is not None:

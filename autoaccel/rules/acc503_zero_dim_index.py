@@ -7,7 +7,7 @@ import libcst as cst
 from autoaccel.analysis.losses import is_functional_loss, is_loss_module
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import Missing, Unknown
-from autoaccel.analysis.shapes import is_attribute, is_method_call
+from autoaccel.analysis.shapes import BindingVisitor, is_attribute, is_method_call
 from autoaccel.lint.rule import Invalid, LintRule
 from autoaccel.rules.acc501_variable_wrapper import as_receiver
 
@@ -18,7 +18,7 @@ _FULL_REDUCTIONS = ("mean", "sum")
 Key = tuple[object, str]  # (defining scope, name) or ("self", attribute)
 
 
-class ZeroDimIndex(LintRule):
+class ZeroDimIndex(BindingVisitor, LintRule):
     code = "ACC503"
     name = "zero-dim-index"
     message = (
@@ -87,14 +87,6 @@ class ZeroDimIndex(LintRule):
             return  # `x.data[0] = ...` writes into a tensor
         self.candidates.append(node)
 
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._bind(target.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._bind(node.target, node.value)
-
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         # `total_loss += criterion(out, y)`: a number plus a 0-dim tensor is 0-dim.
         key = self._key(node.target)
@@ -108,7 +100,7 @@ class ZeroDimIndex(LintRule):
             if key is not None:
                 self.backward.add(key)
 
-    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+    def bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         key = self._key(target)
         if key is None:
             return
