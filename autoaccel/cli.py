@@ -224,7 +224,9 @@ def bench(
     tolerance: Optional[float] = typer.Option(
         None, "--tolerance", min=0, help="Largest relative loss difference [default: by options]."
     ),
-    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="ddp: processes [default: 2]."),
+    nproc: Optional[int] = typer.Option(
+        None, "--nproc", min=1, help="ddp: processes [default: one per GPU, 2 without]."
+    ),
     report: Optional[Path] = typer.Option(None, "--report", help="Write bench.json, .png, .html here."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -240,11 +242,8 @@ def bench(
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    processes = (nproc or 2) if options.target == "ddp" else None
     raise typer.Exit(
-        run_bench(
-            script, script_args or [], options, steps, warmup, tolerance, report, as_json, processes
-        )
+        run_bench(script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc)
     )
 
 

@@ -1,13 +1,24 @@
-"""Run a training script unchanged and record the loss of every backward call.
+"""Run a training script unchanged and record every training step.
 
-    python -m autoaccel.harness --losses-out PATH [--max-steps N] SCRIPT [script args...]
+    python -m autoaccel.harness --losses-out PATH [--max-steps N] [--seed S]
+                                [--align-loader-rng] SCRIPT [script args...]
 
-The script runs as ``__main__`` in this process (``runpy``), with ``torch.Tensor.backward``
-patched to record each scalar loss and a timestamp. Under ``torch.amp.GradScaler`` the
-recorded value is the *unscaled* loss: ``GradScaler.scale`` marks the tensor it returns
-with the scale it applied, and the backward record divides it back out. ``--max-steps N``
-stops the script after N recorded backward calls. The record is written as JSON on every
-exit path; ``{rank}`` in PATH is replaced by ``$RANK`` (for torchrun).
+The script runs as ``__main__`` in this process (``runpy``). A training step is one
+``Tensor.backward()`` on a scalar: the harness records its loss, the time it was called and
+how many samples the DataLoaders had handed out by then. Under ``torch.amp.GradScaler`` the
+recorded loss is the *unscaled* one: ``GradScaler.scale`` marks the tensor it returns with
+its scale, and the record divides it back out. Losses stay on the device until the run ends,
+so recording adds no host sync to a step. ``--max-steps N`` stops the script after N steps.
+
+``--align-loader-rng`` keeps the global random stream of a script whose DataLoaders use
+``persistent_workers=True`` in step with the same script without them: a DataLoader draws one
+seed from the global RNG for every new iterator, and a persistent one creates its iterator
+only once, so from the second epoch on the two would shuffle and drop out differently.
+
+The record (JSON, written on every exit path; ``{rank}`` in PATH becomes ``$RANK``):
+``losses``, ``times`` (``perf_counter`` at each step), ``samples`` (cumulative samples at each
+step), ``end_time``, ``peak_rss_bytes``, ``peak_cuda_bytes``, ``device``, ``device_name``,
+``torch_version``, ``rank``, ``world_size`` and ``exit`` (``"ok"``, ``"max-steps"`` or ``"error: ..."``).
 
 torch is imported only inside functions, so importing this module stays cheap.
 """
@@ -17,96 +28,246 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import random
 import runpy
 import sys
 import time
-from contextlib import contextmanager
+import traceback
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
-# Attribute set on tensors returned by GradScaler.scale: the scale factor they carry.
+# Attribute set on tensors returned by GradScaler.scale: the scale tensor they carry.
 _SCALE_ATTR = "_autoaccel_loss_scale"
 
 
-class _MaxStepsReached(Exception):
-    """Raised from inside backward() once --max-steps losses have been recorded."""
+class StopScript(BaseException):
+    """Raised inside the script to end it early; a BaseException so that the script's own
+    `except Exception:` blocks do not swallow it."""
+
+
+@dataclass
+class StepRecord:
+    losses: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)
+    end_time: float | None = None
+    peak_rss_bytes: int | None = None
+    peak_cuda_bytes: int | None = None
+    device: str = "cpu"
+    device_name: str = ""
+    torch_version: str = ""
+    rank: int = 0
+    world_size: int = 1
+    exit: str = "ok"
 
 
 @contextmanager
-def _patched_torch(record: dict, max_steps: int | None):
-    import torch
-
-    original_backward = torch.Tensor.backward
-    original_scale = torch.amp.GradScaler.scale
-
-    def backward(self, *args, **kwargs):
-        if self.dim() == 0 or self.numel() == 1:
-            value = float(self.detach().float())
-            scale = getattr(self, _SCALE_ATTR, None)
-            if scale is not None:
-                value /= scale
-            record["losses"].append(value)
-            record["times"].append(time.perf_counter())
-        result = original_backward(self, *args, **kwargs)
-        if max_steps is not None and len(record["losses"]) >= max_steps:
-            raise _MaxStepsReached
-        return result
-
-    def scale(self, outputs):
-        scaled = original_scale(self, outputs)
-        if isinstance(scaled, torch.Tensor) and self.is_enabled():
-            setattr(scaled, _SCALE_ATTR, float(self.get_scale()))
-        return scaled
-
-    torch.Tensor.backward = backward
-    torch.amp.GradScaler.scale = scale
+def patched(owner: Any, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
+    """Replace `owner.name` by `make(original)` for the duration of the block."""
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
     try:
         yield
     finally:
-        torch.Tensor.backward = original_backward
-        torch.amp.GradScaler.scale = original_scale
+        setattr(owner, name, original)
 
 
-def record_losses(script: str, args: list[str], max_steps: int | None = None) -> dict:
-    """Run `script` as `__main__` with `args` and return the recorded losses.
-
-    Returns ``{"losses", "times", "rank", "exit"}``; ``exit`` is ``"ok"``, ``"max-steps"``
-    or ``"error: <exception>"`` (a script that calls ``sys.exit(0)`` counts as ``"ok"``).
-    """
-    record = {"losses": [], "times": [], "rank": int(os.environ.get("RANK", 0)), "exit": "ok"}
-    script_dir = str(Path(script).resolve().parent)
+def run_as_main(script: str, args: list[str], patches: ExitStack) -> str:
+    """Run `script` as `__main__` with `args` inside `patches`; return how it ended:
+    ``"ok"``, ``"max-steps"`` (a `StopScript`) or ``"error: ..."`` (``sys.exit(0)`` is ok)."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *args]
-    sys.path.insert(0, script_dir)
+    sys.path.insert(0, str(Path(script).resolve().parent))
     try:
-        with _patched_torch(record, max_steps):
+        with patches:
             runpy.run_path(script, run_name="__main__")
-    except _MaxStepsReached:
-        record["exit"] = "max-steps"
+    except StopScript:
+        return "max-steps"
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            record["exit"] = f"error: SystemExit({exc.code!r})"
+            return f"error: SystemExit({exc.code!r})"
     except BaseException as exc:  # noqa: BLE001 - every failure is reported in the record
-        record["exit"] = f"error: {type(exc).__name__}: {exc}"
-        import traceback
-
         traceback.print_exc()
+        return f"error: {type(exc).__name__}: {exc}"
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    return record
+    return "ok"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, torch's and (when installed) NumPy's global generators."""
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed)
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in a batch: the first dimension of the first tensor found in it."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = batch_size(item)
+            if size:
+                return size
+    return 0
+
+
+class _StepRecorder:
+    """The patches that record steps; `finish()` turns what they kept into a `StepRecord`."""
+
+    def __init__(self, max_steps: int | None) -> None:
+        self.max_steps = max_steps
+        self.record = StepRecord(
+            rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1))
+        )
+        self.loss_tensors: list[tuple[Any, Any]] = []  # (loss, scale or None), on the device
+        self.samples_seen = 0
+        self.last_batch = 0  # samples of the latest batch not yet counted by a step
+
+    def patches(self, align_loader_rng: bool) -> ExitStack:
+        import torch
+        from torch.utils.data import DataLoader, dataloader
+
+        stack = ExitStack()
+        stack.enter_context(patched(torch.Tensor, "backward", self._backward))
+        stack.enter_context(patched(torch.amp.GradScaler, "scale", _marking_scale))
+        stack.enter_context(patched(dataloader._BaseDataLoaderIter, "__next__", self._next))
+        if align_loader_rng:
+            stack.enter_context(patched(DataLoader, "__iter__", _aligned_iter))
+        return stack
+
+    def _backward(self, original: Callable) -> Callable:
+        def backward(loss, *args, **kwargs):
+            if loss.numel() == 1:
+                self._record_step(loss)
+            result = original(loss, *args, **kwargs)
+            if self.max_steps is not None and len(self.record.times) >= self.max_steps:
+                raise StopScript
+            return result
+
+        return backward
+
+    def _record_step(self, loss: Any) -> None:
+        # Only the latest batch counts, once, at the first backward after it was fetched:
+        # a GAN's three backward calls share one batch, and the evaluation batches fetched
+        # between two training steps are superseded by the next training batch.
+        self.samples_seen += self.last_batch
+        self.last_batch = 0
+        self.loss_tensors.append((loss.detach().float().clone(), getattr(loss, _SCALE_ATTR, None)))
+        self.record.times.append(time.perf_counter())
+        self.record.samples.append(self.samples_seen)
+
+    def _next(self, original: Callable) -> Callable:
+        def next_batch(iterator):
+            batch = original(iterator)
+            self.last_batch = batch_size(batch)
+            return batch
+
+        return next_batch
+
+    def finish(self, exit_status: str) -> StepRecord:
+        import torch
+
+        record = self.record
+        record.torch_version = torch.__version__
+        record.device_name = platform.processor() or platform.machine()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            record.device = "cuda"
+            record.device_name = torch.cuda.get_device_name()
+            record.peak_cuda_bytes = int(torch.cuda.max_memory_allocated())
+        record.end_time = time.perf_counter()
+        record.losses = [
+            float(loss) / (float(scale) if scale is not None else 1.0)
+            for loss, scale in self.loss_tensors
+        ]
+        record.peak_rss_bytes = _peak_rss_bytes()
+        record.exit = exit_status
+        return record
+
+
+def _marking_scale(original: Callable) -> Callable:
+    def scale(scaler, outputs):
+        import torch
+
+        scaled = original(scaler, outputs)
+        if isinstance(scaled, torch.Tensor) and scaler.is_enabled():
+            scale_tensor = getattr(scaler, "_scale", None)  # a tensor: reading it needs no sync
+            value = scale_tensor.detach().clone() if scale_tensor is not None else scaler.get_scale()
+            setattr(scaled, _SCALE_ATTR, value)
+        return scaled
+
+    return scale
+
+
+def _aligned_iter(original: Callable) -> Callable:
+    def iterate(loader):
+        import torch
+
+        if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
+            # The seed a fresh iterator would have drawn (`_BaseDataLoaderIter.__init__`).
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        return original(loader)
+
+    return iterate
+
+
+def _peak_rss_bytes() -> int | None:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+def record_steps(
+    script: str,
+    args: list[str],
+    max_steps: int | None = None,
+    seed: int | None = None,
+    align_loader_rng: bool = False,
+) -> StepRecord:
+    """Run `script` as `__main__` with `args` and record its training steps."""
+    if seed is not None:
+        seed_everything(seed)
+    recorder = _StepRecorder(max_steps)
+    exit_status = run_as_main(script, args, recorder.patches(align_loader_rng))
+    return recorder.finish(exit_status)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autoaccel.harness", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m autoaccel.harness", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--losses-out", required=True, help="JSON output path; {rank} is replaced")
-    parser.add_argument("--max-steps", type=int, default=None, help="stop after N backward calls")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after N training steps")
+    parser.add_argument("--seed", type=int, default=None, help="seed random, torch and numpy first")
+    parser.add_argument(
+        "--align-loader-rng", action="store_true", help="keep persistent loaders' RNG draws in step"
+    )
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
-    record = record_losses(ns.script, ns.args, ns.max_steps)
-    out = Path(ns.losses_out.replace("{rank}", str(record["rank"])))
+    record = record_steps(ns.script, ns.args, ns.max_steps, ns.seed, ns.align_loader_rng)
+    out = Path(ns.losses_out.replace("{rank}", str(record.rank)))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record))
-    return 1 if record["exit"].startswith("error") else 0
+    out.write_text(json.dumps(asdict(record)))
+    return 1 if record.exit.startswith("error") else 0
 
 
 if __name__ == "__main__":

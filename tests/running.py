@@ -16,6 +16,11 @@ FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 TIMEOUT_S = 120
 
 
+def fixture_names() -> list[str]:
+    """The fixture scripts, sorted (hidden files, e.g. an editor's, are not fixtures)."""
+    return sorted(p.name for p in FIXTURES_DIR.glob("*.py") if not p.name.startswith("."))
+
+
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # One intra-op thread: the scripts are tiny, and several run side by side on 2 cores.
     return {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", **(extra or {})}

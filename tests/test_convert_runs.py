@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from running import FIXTURES_DIR, convert, run_with_losses
+from running import FIXTURES_DIR, convert, fixture_names, run_with_losses
 
 pytest.importorskip("torch")
 
@@ -63,6 +63,8 @@ CASES = {
     "mnist_main.py": Case(("--save-model",), 12, True, 0.12, 0.12),  # 8.2 % / 9.1 %
     "trainer_class.py": Case((), 16, True, 0.03, 0.03),  # 0.70 % / 0.63 %
     "transformer_accum.py": Case((), 24, True, 0.02, 0.02),  # 0.26 % / 0.13 %
+    "resnet_cifar.py": Case((), 8, True, 0.05, 0.12),  # 2.01 % / 4.82 %
+    "transformer_lm.py": Case((), 8, True, 0.002, 0.002),  # 0.002 % / 0.002 %
 }
 LEGACY = "legacy_pytorch03.py"
 PARALLEL = max(1, min(2, os.cpu_count() or 1))
@@ -107,7 +109,7 @@ def rel_gap(a: float, b: float) -> float:
 
 
 def test_cases_cover_every_fixture():
-    assert {p.name for p in FIXTURES_DIR.glob("*.py")} == set(CASES) | {LEGACY}
+    assert set(fixture_names()) == set(CASES) | {LEGACY}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

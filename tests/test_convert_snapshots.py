@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from running import FIXTURES_DIR, convert
+from running import convert, fixture_names
 
 SNAPSHOTS_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
-FIXTURES = sorted(p.name for p in FIXTURES_DIR.glob("*.py"))
+FIXTURES = fixture_names()
 VARIANTS = {
     "default": (),
     "amp-off": ("--amp", "off"),

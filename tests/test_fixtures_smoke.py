@@ -9,13 +9,12 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
+from running import FIXTURES_DIR, fixture_names
 
 # name -> (extra argv, files the run must leave in its working directory)
 FIXTURES = {
@@ -28,6 +27,8 @@ FIXTURES = {
     "transformer_accum.py": ([], ["transformer.pt"]),
     "dataparallel_existing.py": ([], ["signal_best.pth"]),
     "linear_exact.py": (["--save-params", "params.pt"], ["params.pt"]),
+    "resnet_cifar.py": ([], ["resnet_cifar.pt"]),
+    "transformer_lm.py": ([], ["transformer_lm.pt"]),
 }
 
 EXPECTED_FAILURES = {
@@ -69,7 +70,7 @@ def fixture_runs(request, tmp_path_factory):
 
 
 def test_fixture_list_is_complete():
-    on_disk = {p.name for p in FIXTURES_DIR.glob("*.py")}
+    on_disk = set(fixture_names())
     assert on_disk == set(FIXTURES)
 
 

@@ -1,0 +1,198 @@
+"""`autoaccel tune`: run the measuring process, show its progress, then the table, the
+JSON or the rewrite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from autoaccel.tune.sweep import LoaderSetting
+
+EXIT_OK, EXIT_ERROR = 0, 2
+_DEFAULTS = LoaderSetting()
+
+
+def run_tune(
+    script: Path,
+    script_args: list[str],
+    batches: int = 50,
+    repeats: int = 3,
+    max_workers: int | None = None,
+    write: bool = False,
+    as_json: bool = False,
+) -> int:
+    """Tune the DataLoaders of `script`; print a table (or JSON) and maybe rewrite it."""
+    err = Console(stderr=True)
+    if not script.is_file():
+        err.print(f"error: {script}: no such file")
+        return EXIT_ERROR
+    with tempfile.TemporaryDirectory(prefix="autoaccel-tune-") as folder:
+        events, log = Path(folder) / "events.jsonl", Path(folder) / "script.log"
+        command = [sys.executable, "-m", "autoaccel.tune.measure", "--events", str(events)]
+        command += ["--batches", str(batches), "--repeats", str(repeats)]
+        if max_workers is not None:
+            command += ["--max-workers", str(max_workers)]
+        with log.open("wb") as output:
+            process = subprocess.Popen(
+                [*command, str(script), *script_args], stdout=output, stderr=subprocess.STDOUT
+            )
+            result = _follow(process, events, err)
+        if result is None:
+            tail = log.read_text(errors="replace")[-3000:]
+            err.print(f"error: {script} stopped before its DataLoaders could be tuned", markup=False)
+            err.print(tail, markup=False, highlight=False)
+            return EXIT_ERROR
+    if as_json:
+        sys.stdout.write(json.dumps({"script": str(script), **result}, indent=2) + "\n")
+    else:
+        _print_tables(script, result)
+    if write:
+        return _write(script, result["loaders"], err)
+    return EXIT_OK
+
+
+def _follow(process: subprocess.Popen, events: Path, err: Console) -> dict[str, Any] | None:
+    """Show the measuring process's progress; return its result event (None if it failed)."""
+    result = None
+    offset = 0
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("starting the script", total=None)
+        while True:
+            finished = process.poll() is not None
+            if events.exists():
+                with events.open(encoding="utf-8") as stream:
+                    stream.seek(offset)
+                    lines = stream.readlines()
+                    offset = stream.tell()
+                for event in map(json.loads, lines):
+                    if event["type"] == "plan":
+                        total = sum(loader["planned"] for loader in event["loaders"])
+                        progress.update(task, total=total, description="timing DataLoaders")
+                    elif event["type"] == "measured":
+                        progress.update(task, advance=1, description=_label(event["measurement"]))
+                    elif event["type"] == "result":
+                        result = event
+            if finished:
+                break
+            time.sleep(0.1)
+    return result
+
+
+def _label(measurement: dict[str, Any]) -> str:
+    setting = measurement["setting"]
+    return f"num_workers={setting['num_workers']}"
+
+
+def _print_tables(script: Path, result: dict[str, Any]) -> None:
+    console = Console()
+    if not result["loaders"]:
+        console.print(f"{script}: no DataLoader was created before training started", markup=False)
+        return
+    for loader in result["loaders"]:
+        console.print(_table(script, loader))
+        console.print(_summary(loader), markup=False, highlight=False)
+
+
+def _table(script: Path, loader: dict[str, Any]) -> Table:
+    title = (
+        f"{script}:{loader['line']}  {loader['dataset']}, batch {loader['batch_size']}, "
+        f"{loader['batches_per_epoch']} batches/epoch"
+    )
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("workers", "pin", "persist", "prefetch", "batch/s", "1st batch", "speed-up", ""):
+        table.add_column(header, justify="right" if header else "left", no_wrap=True)
+    current = loader["results"][0]
+    for row in sorted(loader["results"], key=lambda r: -(r["batches_per_s"] or 0)):
+        setting = row["setting"]
+        marks = [m for m, hit in (("best", row == loader["best"]), ("current", row is current)) if hit]
+        table.add_row(
+            str(setting["num_workers"]),
+            "yes" if setting["pin_memory"] else "no",
+            "yes" if setting["persistent_workers"] else "no",
+            str(setting["prefetch_factor"] or "default"),
+            f"{row['batches_per_s']:.1f}" if row["batches_per_s"] else row["error"] or "-",
+            f"{row['first_batch_s'] * 1000:.0f} ms" if row["first_batch_s"] else "-",
+            _ratio(row, current),
+            ", ".join(marks),
+            style="bold green" if row == loader["best"] else None,
+        )
+    return table
+
+
+def _ratio(row: dict[str, Any], current: dict[str, Any]) -> str:
+    if not row["batches_per_s"] or not current["batches_per_s"]:
+        return "-"
+    return f"{row['batches_per_s'] / current['batches_per_s']:.2f}x"
+
+
+def _summary(loader: dict[str, Any]) -> str:
+    lines = []
+    if loader["unpicklable"]:
+        lines.append(
+            f"The dataset cannot be pickled ({loader['unpicklable']}): worker processes need a "
+            "picklable dataset (always on macOS and Windows, which spawn them), so only "
+            "num_workers=0 was measured."
+        )
+    if loader["same_site"] > 1:
+        lines.append(f"This call built {loader['same_site']} loaders; the first one was tuned.")
+    best, current = loader["best"], loader["results"][0]
+    if best == current:
+        lines.append("The current setting is the fastest measured; nothing to change.")
+    else:
+        changes = ", ".join(f"{k}={v}" for k, v in _keywords(loader).items() if v is not None)
+        lines.append(f"Best: {changes or 'the defaults'} ({_ratio(best, current)} the current setting).")
+    return "\n".join(lines) + "\n"
+
+
+def _keywords(loader: dict[str, Any]) -> dict[str, str | None]:
+    """The keywords that turn the current setting into the best one (None: remove it)."""
+    best = LoaderSetting(**loader["best"]["setting"])
+    current = LoaderSetting(**loader["current"])
+    changes: dict[str, str | None] = {}
+    for name, value in best.as_dict().items():
+        if value == getattr(current, name):
+            continue
+        default = getattr(_DEFAULTS, name)
+        removable = name in ("persistent_workers", "prefetch_factor") and value == default
+        changes[name] = None if removable else repr(value)
+    return changes
+
+
+def _write(script: Path, loaders: list[dict[str, Any]], err: Console) -> int:
+    from autoaccel.convert.pipeline import ConversionError
+    from autoaccel.fileio import read_source, write_atomic
+    from autoaccel.lint.engine import SourceError
+    from autoaccel.tune.set_loader_arguments import set_loader_arguments
+
+    wanted = {
+        (loader["line"], loader["column"]): _keywords(loader)
+        for loader in loaders
+        if loader["line"] is not None and loader["best"] != loader["results"][0]
+    }
+    if not wanted:
+        err.print(f"{script}: nothing to write", markup=False)
+        return EXIT_OK
+    source = read_source(script)
+    try:
+        rewrite = set_loader_arguments(source.text, wanted, str(script))
+    except (SourceError, ConversionError) as error:
+        err.print(f"{script}: {error}", markup=False)
+        return EXIT_ERROR
+    for change in rewrite.log.changes:
+        err.print(f"{script}:{change.line}: {change.description}", markup=False)
+    for skipped in rewrite.log.skipped:
+        where = f"{script}:{skipped.line}" if skipped.line else str(script)
+        err.print(f"{where}: not written: {skipped.what}: {skipped.reason}", markup=False)
+    if rewrite.changed:
+        write_atomic(script, rewrite.converted, source.encoding)
+    return EXIT_OK

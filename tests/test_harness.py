@@ -1,0 +1,167 @@
+"""The harness records what a training script does, without changing the script.
+
+The scripts run in this process (`runpy`), so these tests pay for `import torch` once.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from autoaccel import harness  # noqa: E402
+from autoaccel.tune.capture import capture_loaders  # noqa: E402
+
+TRAIN = textwrap.dedent(
+    """\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(24, 3), torch.randn(24, 1))
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in DataLoader(data, batch_size=4):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    """
+)
+
+
+def write(tmp_path, source: str, name: str = "train.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+def test_records_losses_times_and_samples(tmp_path):
+    record = harness.record_steps(write(tmp_path, TRAIN), [])
+    assert record.exit == "ok"
+    assert len(record.losses) == len(record.times) == 12
+    assert record.samples == [4 * (i + 1) for i in range(12)]
+    assert record.times == sorted(record.times)
+    assert record.end_time >= record.times[-1]
+    assert record.peak_rss_bytes > 10 * 2**20
+    assert record.device == "cpu" and record.torch_version == torch.__version__
+
+
+def test_max_steps_stops_the_script(tmp_path):
+    script = TRAIN + "raise SystemExit('the script ran to its end')\n"
+    record = harness.record_steps(write(tmp_path, script), [], max_steps=5)
+    assert record.exit == "max-steps"
+    assert len(record.losses) == 5
+
+
+def test_the_script_cannot_swallow_the_stop(tmp_path):
+    script = "try:\n" + textwrap.indent(TRAIN, "    ") + "except Exception:\n    raise SystemExit(1)\n"
+    record = harness.record_steps(write(tmp_path, script), [], max_steps=3)
+    assert record.exit == "max-steps"
+
+
+def test_a_batch_counts_once_and_evaluation_batches_not_at_all(tmp_path):
+    script = TRAIN.replace(
+        "        loss.backward()\n",
+        "        loss.backward(retain_graph=True)\n        (2 * loss).backward()\n",
+    ) + textwrap.dedent(
+        """\
+        with torch.no_grad():
+            for x, y in DataLoader(data, batch_size=6):
+                model(x)
+        loss = model(x).sum()
+        loss.backward()
+        """
+    )
+    record = harness.record_steps(write(tmp_path, script), [])
+    assert len(record.losses) == 25
+    assert record.losses[1] == pytest.approx(2 * record.losses[0])
+    assert record.samples[:4] == [4, 4, 8, 8]
+    # The last backward follows six evaluation batches and one last batch of 6: counted once.
+    assert record.samples[-1] == 48 + 6
+
+
+def test_losses_under_grad_scaler_are_unscaled(tmp_path):
+    script = TRAIN.replace(
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "scaler = torch.amp.GradScaler('cpu', init_scale=1024.0)\n",
+    ).replace("loss.backward()", "scaler.scale(loss).backward()")
+    plain = harness.record_steps(write(tmp_path, TRAIN), [], max_steps=1)
+    scaled = harness.record_steps(write(tmp_path, script, "scaled.py"), [], max_steps=1)
+    assert scaled.losses == pytest.approx(plain.losses)
+
+
+def test_seed_makes_unseeded_scripts_repeatable(tmp_path):
+    script = write(tmp_path, TRAIN.replace("torch.manual_seed(0)\n", ""))
+    first = harness.record_steps(script, [], max_steps=3, seed=7)
+    second = harness.record_steps(script, [], max_steps=3, seed=7)
+    assert first.losses == second.losses
+
+
+PERSISTENT = textwrap.dedent(
+    """\
+    import sys
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    if __name__ == "__main__":
+        loader = DataLoader(TensorDataset(torch.arange(8)), batch_size=4, num_workers=1,
+                            persistent_workers=sys.argv[1] == "persistent")
+        for epoch in range(3):
+            for (batch,) in loader:
+                pass
+        print(torch.rand(1).item())
+    """
+)
+
+
+def test_aligned_loader_rng_keeps_persistent_workers_in_step(tmp_path, capsys):
+    script = write(tmp_path, PERSISTENT)
+    outputs = {}
+    for align in (False, True):
+        for mode in ("persistent", "fresh"):
+            harness.record_steps(script, [mode], seed=0, align_loader_rng=align)
+            outputs[align, mode] = capsys.readouterr().out
+    assert outputs[False, "persistent"] != outputs[False, "fresh"]
+    assert outputs[True, "persistent"] == outputs[True, "fresh"]
+
+
+def test_main_writes_the_record_and_reports_errors(tmp_path):
+    out = tmp_path / "record-{rank}.json"
+    assert harness.main(["--losses-out", str(out), "--max-steps", "2", write(tmp_path, TRAIN)]) == 0
+    record = json.loads((tmp_path / "record-0.json").read_text())
+    assert record["exit"] == "max-steps" and len(record["losses"]) == 2
+    broken = write(tmp_path, "raise ValueError('boom')\n", "broken.py")
+    assert harness.main(["--losses-out", str(out), broken]) == 1
+    assert json.loads((tmp_path / "record-0.json").read_text())["exit"] == "error: ValueError: boom"
+
+
+def test_capture_hands_over_the_loaders_before_training(tmp_path):
+    script = write(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = TensorDataset(torch.randn(24, 3))
+        train = DataLoader(data, batch_size=8,
+                           shuffle=True)
+        for (x,) in train:
+            raise SystemExit("the script must not train")
+        """)
+    seen = []
+    assert capture_loaders(script, [], seen.extend) == "ok"
+    [captured] = seen
+    assert (captured.line, captured.column) == (5, 8)
+    assert captured.arguments == {"dataset": captured.loader.dataset, "batch_size": 8, "shuffle": True}
+    assert captured.arguments_with({"num_workers": 0})["num_workers"] == 0
+
+
+def test_capture_without_loaders_hands_over_nothing(tmp_path):
+    script = write(tmp_path, "import torch\nx = torch.ones(1, requires_grad=True)\n(2 * x).sum().backward()\n")
+    seen = [None]
+    assert capture_loaders(script, [], lambda loaders: seen.append(loaders)) == "ok"
+    assert seen[-1] == []
