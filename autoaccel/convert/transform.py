@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
+from libcst.metadata import ParentNodeProvider, PositionProvider
 
-from autoaccel.analysis.names import qualified_names
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 
@@ -28,7 +27,9 @@ class Transform(VisitorBasedCodemodCommand):
     change is reported under) and implement `leave_*` methods."""
 
     code: str = ""
-    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ParentNodeProvider)
+    # Names resolve through the script model's index (one walk), not LibCST's scope
+    # analysis, which would cost a second, slower pass per transform.
+    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
@@ -53,7 +54,9 @@ class Transform(VisitorBasedCodemodCommand):
         return super().transform_module_impl(tree)
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
-        return qualified_names(self, node)
+        """Canonical names `node` refers to through an import, or as a builtin."""
+        assert self.script.index is not None
+        return self.script.index.qualified_names(node)
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line

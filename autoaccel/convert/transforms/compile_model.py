@@ -22,13 +22,13 @@ class CompileModel(Transform):
     def enabled(cls, options: ConvertOptions) -> bool:
         return options.compile
 
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+    def visit_Module(self, node: cst.Module) -> None:
         self.compiled = {
             name_key(call.func.value)  # type: ignore[attr-defined]
-            for call in m.findall(tree, m.Call(func=m.Attribute(attr=m.Name("compile"))))
+            for call in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("compile"))))
             if isinstance(call, cst.Call)
         }
-        self.trained = self._trained_models(tree)
+        self.trained = self._trained_models(node)
         self.done: set[str] = set()
         if not self.trained:
             self.skipped(
@@ -36,7 +36,6 @@ class CompileModel(Transform):
                 "no optimizer is given a model's `.parameters()`, so the trained model is"
                 " not known; call `model.compile()` on it by hand",
             )
-        return super().transform_module_impl(tree)
 
     def _trained_models(self, tree: cst.Module) -> set[str]:
         """Names whose `.parameters()` an optimizer receives: the models that train
