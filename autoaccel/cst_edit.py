@@ -103,12 +103,14 @@ def add_imports(module: cst.Module, names: tuple[str, ...]) -> cst.Module:
                 position += 1
         statement = cst.parse_statement(f"import {name}\n")
         following = body[position] if position < end else None
-        if following is not None and not _imports_stdlib(following) and not following.leading_lines:
-            # isort's blank line between the stdlib and third-party sections.
-            body[position] = following.with_changes(leading_lines=[cst.EmptyLine()])
-        elif following is not None:
-            statement = statement.with_changes(leading_lines=following.leading_lines)
-            body[position] = following.with_changes(leading_lines=[])
+        if following is not None:
+            if position == start:  # first of the block: the comments above stay on top
+                statement = statement.with_changes(leading_lines=following.leading_lines)
+                following = following.with_changes(leading_lines=[])
+            if not _imports_stdlib(following) and not following.leading_lines:
+                # isort's blank line between the stdlib and third-party sections.
+                following = following.with_changes(leading_lines=[cst.EmptyLine()])
+            body[position] = following
         body.insert(position, statement)
     return module.with_changes(body=body)
 

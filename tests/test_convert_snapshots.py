@@ -23,6 +23,7 @@ VARIANTS = {
     "default": (),
     "amp-off": ("--amp", "off"),
     "dp": ("--to", "dp", "--amp", "off"),
+    "ddp": ("--to", "ddp", "--amp", "off"),
 }
 
 

@@ -62,7 +62,7 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
     return steps
 
 
-def _run(source: str, options: ConvertOptions, log: ConversionLog) -> str:
+def _run(source: str, options: ConvertOptions, log: ConversionLog, path: str | None) -> str:
     tree = parse(source)
     history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
     for step in transforms_for(options):
@@ -70,7 +70,7 @@ def _run(source: str, options: ConvertOptions, log: ConversionLog) -> str:
             continue
         before_count = len(log.changes) + len(log.skipped)
         before = tree.code
-        tree = step(new_context(options, log)).transform_module(tree)
+        tree = step(new_context(options, log, path)).transform_module(tree)
         after = format_inserted_code(before, tree.code)
         if after != tree.code:
             tree = cst.parse_module(after)
@@ -102,7 +102,8 @@ def convert_source(source: str, options: ConvertOptions, path: str = "<string>")
     """Convert `source`. Raises `SourceError` when it does not parse and
     `ConversionError` when the result fails a safety check."""
     log = ConversionLog()
-    converted = _run(source, options, log)
+    script = None if path.startswith("<") else path
+    converted = _run(source, options, log, script)
     if converted == source:
         return Conversion(source, converted, log)
     try:
@@ -110,7 +111,7 @@ def convert_source(source: str, options: ConvertOptions, path: str = "<string>")
         compile(converted, path, "exec")
     except (SyntaxError, Exception) as error:  # noqa: BLE001 - any failure blocks the write
         raise ConversionError(f"internal error: the converted code does not compile: {error}") from error
-    again = _run(converted, options, ConversionLog())
+    again = _run(converted, options, ConversionLog(), script)
     if again != converted:
         diff = "".join(
             difflib.unified_diff(

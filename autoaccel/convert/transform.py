@@ -7,9 +7,11 @@ be idempotent: run on their own output they change nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.metadata import ParentNodeProvider, PositionProvider
+from libcst.metadata import CodeRange, PositionProvider
 
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
@@ -18,8 +20,11 @@ OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
 
 
-def new_context(options: ConvertOptions, log: ConversionLog) -> CodemodContext:
-    return CodemodContext(scratch={OPTIONS_KEY: options, LOG_KEY: log})
+def new_context(
+    options: ConvertOptions, log: ConversionLog, path: str | None = None
+) -> CodemodContext:
+    """The context of one step; `path` names the script (launch commands use it)."""
+    return CodemodContext(filename=path, scratch={OPTIONS_KEY: options, LOG_KEY: log})
 
 
 class Transform(VisitorBasedCodemodCommand):
@@ -27,9 +32,9 @@ class Transform(VisitorBasedCodemodCommand):
     change is reported under) and implement `leave_*` methods."""
 
     code: str = ""
-    # Names resolve through the script model's index (one walk), not LibCST's scope
-    # analysis, which would cost a second, slower pass per transform.
-    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
+    # Names and parents come from the script model's index (one walk), positions only
+    # when a change is logged: LibCST's providers would cost a pass each per step.
+    METADATA_DEPENDENCIES = ()
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
@@ -58,8 +63,21 @@ class Transform(VisitorBasedCodemodCommand):
         assert self.script.index is not None
         return self.script.index.qualified_names(node)
 
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        assert self.script.index is not None
+        return self.script.index.parent(node)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        assert self.script.index is not None
+        return self.script.index.ancestors(node)
+
+    def position_of(self, node: cst.CSTNode) -> CodeRange:
+        """Where `node` is (computed for the whole tree on the first call)."""
+        assert self.context.wrapper is not None
+        return self.context.wrapper.resolve(PositionProvider)[node]
+
     def line_of(self, node: cst.CSTNode) -> int:
-        return self.get_metadata(PositionProvider, node).start.line
+        return self.position_of(node).start.line
 
     def changed(self, node: cst.CSTNode, description: str, code: str | None = None) -> None:
         self.log.changes.append(Change(code or self.code, self.line_of(node), description))

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
-from autoaccel.analysis.shapes import find, is_attribute, is_name
+from autoaccel.analysis.rank_guards import mentions_rank, names_in, rank_guarded
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 from autoaccel.rules.acc401_data_parallel import DISTRIBUTED_DATA_PARALLEL
 
 INIT_PROCESS_GROUP = frozenset({"torch.distributed.init_process_group"})
 # Identifiers that say "which process am I": `rank`, `args.local_rank`,
 # `dist.get_rank()`, `is_main_process()`, `accelerator.is_main_process`, `is_master`.
-_RANK_WORD = re.compile(r"rank|(^|_)(main|master|primary|chief)(_|$)", re.I)
-
 _DIST = "import torch\nimport torch.distributed as dist\n"
 
 
@@ -106,7 +102,7 @@ class UnguardedRankSave(LintRule):
         ):
             self.dist_prefix = cst.Module(body=[]).code_for_node(node.func.value)
         if "torch.save" in names:
-            if not self._guarded(node) and not _mentions_rank(node):
+            if not self._guarded(node) and not mentions_rank(node):
                 self.saves.append((node, self._function(node)))
             return
         if isinstance(node.func, cst.Name):
@@ -127,21 +123,7 @@ class UnguardedRankSave(LintRule):
     # -- guards --------------------------------------------------------------------
     def _guarded(self, node: cst.CSTNode) -> bool:
         """Inside an `if` about the rank, or after `if <rank test>: return`."""
-        child = node
-        for ancestor in self.ancestors(node):
-            if isinstance(ancestor, cst.If) and child is not ancestor.test:
-                if _mentions_rank(ancestor.test):
-                    return True
-            if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
-                for statement in ancestor.body:
-                    if statement is child:
-                        break
-                    if _is_early_exit(statement):
-                        return True
-            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-                return False
-            child = ancestor
-        return False
+        return rank_guarded(node, self.ancestors(node))
 
     def _only_called_guarded(
         self, function: cst.FunctionDef, memo: dict[cst.FunctionDef, bool]
@@ -173,9 +155,9 @@ class UnguardedRankSave(LintRule):
     # -- fix -----------------------------------------------------------------------
     def _fix(self, call: cst.Call) -> tuple[dict[cst.CSTNode, cst.CSTNode] | None, tuple[str, ...]]:
         """Wrap a plain `torch.save(...)` statement line in a rank-0 guard."""
-        expression = self._parent(call)
-        line = self._parent(expression) if expression is not None else None
-        block = self._parent(line) if line is not None else None
+        expression = self.parent(call)
+        line = self.parent(expression) if expression is not None else None
+        block = self.parent(line) if line is not None else None
         if not (
             isinstance(expression, cst.Expr)
             and isinstance(line, cst.SimpleStatementLine)
@@ -191,9 +173,9 @@ class UnguardedRankSave(LintRule):
             if isinstance(ancestor, cst.With)
             for item in ancestor.items
             if item.asname is not None
-            for name in _names(item.asname.name)
+            for name in names_in(item.asname.name)
         }
-        if handles & _names(call):
+        if handles & names_in(call):
             return None, ()
         dist = self.dist_prefix or "torch.distributed"
         guard = cst.If(
@@ -202,31 +184,3 @@ class UnguardedRankSave(LintRule):
             leading_lines=line.leading_lines,
         )
         return {line: guard}, () if self.dist_prefix else ("torch",)
-
-    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return next(self.ancestors(node), None)
-
-
-def _names(node: cst.CSTNode) -> set[str]:
-    return {name.value for name in find(node, cst.Name)}
-
-
-def _mentions_rank(node: cst.CSTNode) -> bool:
-    """Whether `node` names the process rank (`rank`, `args.local_rank`,
-    `dist.get_rank()`, `is_main_process()`, `is_master`)."""
-    return any(_RANK_WORD.search(name) for name in _names(node))
-
-
-def _is_early_exit(statement: cst.CSTNode) -> bool:
-    """`if <rank test>: return` (or `continue`, `raise`, `sys.exit()`) with no `else`."""
-    if not isinstance(statement, cst.If) or statement.orelse is not None:
-        return False
-    if not _mentions_rank(statement.test):
-        return False
-    # The last statement of the body leaves: `return`, `continue` or `raise`.
-    last = statement.body.body[-1]
-    if isinstance(last, cst.SimpleStatementLine):
-        last = last.body[-1]
-    if isinstance(last, cst.Expr) and isinstance(last.value, cst.Call):
-        return is_name(last.value.func, "exit") or is_attribute(last.value.func, "exit")
-    return isinstance(last, (cst.Return, cst.Continue, cst.Raise))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import PositionProvider
 
 from autoaccel.analysis.script_model import Missing, Unknown
 from autoaccel.convert.log import ConversionLog, ConvertOptions
@@ -60,7 +59,7 @@ class SetLoaderArguments(Transform):
         return on_line[0] if len(on_line) == 1 else None
 
     def _column_of(self, node: cst.CSTNode) -> int:
-        return self.get_metadata(PositionProvider, node).start.column
+        return self.position_of(node).start.column
 
     def _plan(self, call: cst.Call, keywords: Keywords) -> None:
         in_call: Keywords = {}

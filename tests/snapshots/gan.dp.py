@@ -7,8 +7,8 @@ fixed_noise samples moved back with .cpu() for logging.
 """
 import argparse
 import math
-
 import os
+
 import torch
 import torch.nn as nn
 import torch.optim as optim

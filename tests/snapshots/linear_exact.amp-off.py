@@ -7,8 +7,8 @@ CPU-then-move tensor creation for the per-epoch loss history.
 must be bit-for-bit reproducible so a converted script can be compared parameter by parameter.)
 """
 import argparse
-
 import os
+
 import torch
 import torch.nn as nn
 from torch.utils.data import TensorDataset, DataLoader

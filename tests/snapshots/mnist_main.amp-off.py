@@ -6,8 +6,8 @@ blocking .to(device) copies, no torch.backends.cudnn.benchmark in a conv script,
 .item() every eval step (test_loss += ...item()), .item() in the logging branch.
 """
 import argparse
-
 import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

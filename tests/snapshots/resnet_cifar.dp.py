@@ -12,8 +12,8 @@ torch.backends.cudnn.benchmark, no channels_last, no autocast, loss.item() every
 correct += ....item() every eval batch.
 """
 import argparse
-
 import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

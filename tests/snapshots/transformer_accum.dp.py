@@ -8,8 +8,8 @@ accumulation with a small micro-batch instead of one bigger batch, no autocast /
 import argparse
 import math
 import time
-
 import os
+
 import torch
 import torch.nn as nn
 from torch.utils.data import Dataset, DataLoader

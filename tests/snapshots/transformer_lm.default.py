@@ -11,8 +11,8 @@ pin_memory, blocking .to(device) copies, loss.item() every step, no autocast.
 """
 import argparse
 import math
-
 import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
@@ -126,23 +125,14 @@ class AddAutocast(Transform):
         for loop in self.script.step_loops.values():
             self._plan_loop(loop)
 
-    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return self.get_metadata(ParentNodeProvider, node, None)
-
-    def _ancestors(self, node: cst.CSTNode):
-        parent = self._parent(node)
-        while parent is not None:
-            yield parent
-            parent = self._parent(parent)
-
     def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        return next((a for a in self._ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+        return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
 
     def _class_of(self, function: cst.FunctionDef | None) -> cst.ClassDef | None:
         if function is None:
             return None
-        block = self._parent(function)
-        owner = self._parent(block) if block is not None else None
+        block = self.parent(function)
+        owner = self.parent(block) if block is not None else None
         return owner if isinstance(owner, cst.ClassDef) else None
 
     def _collect_names(self, module: cst.Module) -> None:
@@ -222,7 +212,7 @@ class AddAutocast(Transform):
 
     def _plan_loop(self, loop: StepLoop) -> None:
         node = loop.node
-        if any(_is_autocast_with(a) for a in self._ancestors(node)) or any(
+        if any(_is_autocast_with(a) for a in self.ancestors(node)) or any(
             _is_autocast_with(w) for w in m.findall(node, m.With())
         ):
             return  # already mixed precision: leave the loop as the user wrote it
@@ -378,7 +368,7 @@ class AddAutocast(Transform):
                     self.changed(assigns[-1], "create torch.amp.GradScaler for fp16 training")
                 created = True
         if not created:
-            epochs = [a for a in self._ancestors(node) if a in self.script.epoch_loops]
+            epochs = [a for a in self.ancestors(node) if a in self.script.epoch_loops]
             anchor = epochs[-1] if epochs else node
             self.edits.before.setdefault(anchor, []).append(
                 f"scaler = torch.amp.GradScaler({device})"

@@ -73,11 +73,10 @@ def _first_target_name(loop: cst.CSTNode) -> str | None:
 
 
 def _inside(transform: Transform, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
-    from libcst.metadata import ParentNodeProvider
-
-    parent = transform.get_metadata(ParentNodeProvider, node, None)
+    
+    parent = transform.parent(node)
     while parent is not None:
         if parent is ancestor:
             return True
-        parent = transform.get_metadata(ParentNodeProvider, parent, None)
+        parent = transform.parent(parent)
     return False

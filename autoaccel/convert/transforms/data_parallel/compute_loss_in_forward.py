@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
 
 from autoaccel.analysis.losses import is_functional_loss
 from autoaccel.analysis.names import name_key
@@ -232,7 +231,7 @@ class ComputeLossInForward(Transform):
         return "sum" if reductions == {"sum"} else None
 
     def _parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
-        return None if node is None else self.get_metadata(ParentNodeProvider, node, None)
+        return None if node is None else self.parent(node)
 
     def _outermost_loop(self, loop: cst.CSTNode) -> cst.CSTNode:
         outermost = loop

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ParentNodeProvider
 
 from autoaccel.analysis.names import name_key
 from autoaccel.convert.transform import Transform
@@ -85,7 +84,7 @@ class UnwrapDataParallel(Transform):
             test, negated = test.expression, True
         if not self._tests_for_wrapper(test) or isinstance(updated_node.orelse, cst.If):
             return updated_node
-        if isinstance(self.get_metadata(ParentNodeProvider, original_node), cst.If):
+        if isinstance(self.parent(original_node), cst.If):
             return updated_node  # an `elif`: the chain stays as written
         self.changed(original_node, f"`{cst.Module([]).code_for_node(test)}` is always false now")
         if negated:

@@ -1,0 +1,178 @@
+"""What a training script does to the outside world: prints, checkpoint saves, file writes.
+
+Found once per file from LibCST metadata, so the distributed target can run each of them
+on one process only. Every effect comes with the statement that would be guarded (the
+`with open(...)` block around a write, or the line of a call) and whether it is already
+limited to one rank. Functions that do nothing but write (`save_checkpoint`) are listed
+apart: guarding their body once beats guarding each line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider
+
+from autoaccel.analysis.names import qualified_names
+from autoaccel.analysis.rank_guards import rank_guarded
+
+
+class EffectKind(Enum):
+    PRINT = "print"
+    CHECKPOINT = "checkpoint save"
+    FILE_WRITE = "file write"
+
+
+_BY_NAME = {
+    "builtins.print": EffectKind.PRINT,
+    "torch.save": EffectKind.CHECKPOINT,
+    "os.makedirs": EffectKind.FILE_WRITE,
+    "os.mkdir": EffectKind.FILE_WRITE,
+    "os.remove": EffectKind.FILE_WRITE,
+    "os.rename": EffectKind.FILE_WRITE,
+    "os.replace": EffectKind.FILE_WRITE,
+    "shutil.copy": EffectKind.FILE_WRITE,
+    "shutil.copyfile": EffectKind.FILE_WRITE,
+    "shutil.copy2": EffectKind.FILE_WRITE,
+    "shutil.rmtree": EffectKind.FILE_WRITE,
+    "json.dump": EffectKind.FILE_WRITE,
+    "pickle.dump": EffectKind.FILE_WRITE,
+    "numpy.save": EffectKind.FILE_WRITE,
+    "numpy.savez": EffectKind.FILE_WRITE,
+    "numpy.savetxt": EffectKind.FILE_WRITE,
+    "matplotlib.pyplot.savefig": EffectKind.FILE_WRITE,
+}
+# Methods that write whatever object they are called on (`Path.write_text`, `fig.savefig`).
+_WRITING_METHODS = frozenset({"write_text", "write_bytes", "savefig", "to_csv", "mkdir"})
+_OPEN = frozenset({"builtins.open", "io.open"})
+# Identifiers that say "which process am I": `rank`, `RANK`, `args.local_rank`,
+# `dist.get_rank()`, `is_main_process()`, `is_master`.
+
+
+@dataclass(frozen=True)
+class SideEffect:
+    kind: EffectKind
+    call: cst.Call
+    # The statement to run on one rank only; None when the call sits inside an
+    # expression whose value the script uses (it cannot be skipped on its own).
+    statement: cst.BaseStatement | None
+    guarded: bool  # already inside a rank test (or after `if rank != 0: return`)
+    function: cst.FunctionDef | None  # the innermost function around it
+
+
+@dataclass
+class SideEffects:
+    effects: list[SideEffect] = field(default_factory=list)
+    # Functions whose every statement writes or computes a local for a write.
+    writer_functions: set[cst.FunctionDef] = field(default_factory=set)
+
+
+class _Collector(m.MatcherDecoratableVisitor):
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found = SideEffects()
+        self.function_effects: dict[cst.FunctionDef, list[SideEffect]] = {}
+
+    def visit_Call(self, node: cst.Call) -> None:
+        kind = self._kind(node)
+        if kind is None:
+            return
+        function = next(
+            (a for a in self._ancestors(node) if isinstance(a, cst.FunctionDef)), None
+        )
+        effect = SideEffect(kind, node, self._statement(node), self._guarded(node), function)
+        self.found.effects.append(effect)
+        if function is not None:
+            self.function_effects.setdefault(function, []).append(effect)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        effects = self.function_effects.get(original_node)
+        if effects and all(e.statement is not None and not e.guarded for e in effects):
+            writes = {e.statement for e in effects}
+            if all(_only_writes(s, writes) for s in original_node.body.body):
+                self.found.writer_functions.add(original_node)
+
+    # -- what a call does -------------------------------------------------------------
+    def _kind(self, call: cst.Call) -> EffectKind | None:
+        names = qualified_names(self, call.func)
+        for name in names:
+            if name in _BY_NAME:
+                return _BY_NAME[name]
+        if names & _OPEN:
+            return EffectKind.FILE_WRITE if _opens_for_writing(call) else None
+        if not names and m.matches(
+            call.func, m.Attribute(attr=m.MatchIfTrue(lambda a: a.value in _WRITING_METHODS))
+        ):
+            return EffectKind.FILE_WRITE
+        return None
+
+    # -- where it sits --------------------------------------------------------------
+    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def _ancestors(self, node: cst.CSTNode):
+        parent = self._parent(node)
+        while parent is not None:
+            yield parent
+            parent = self._parent(parent)
+
+    def _statement(self, call: cst.Call) -> cst.BaseStatement | None:
+        """`with open(...) as f:` for an opened file, the line of a call statement."""
+        parent = self._parent(call)
+        if isinstance(parent, cst.WithItem):
+            return self._parent(parent)  # type: ignore[return-value]
+        line = self._parent(parent) if isinstance(parent, cst.Expr) else None
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            return line
+        return None
+
+    def _guarded(self, node: cst.CSTNode) -> bool:
+        return rank_guarded(node, self._ancestors(node))
+
+
+def _opens_for_writing(call: cst.Call) -> bool:
+    mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
+    if mode is None:
+        positional = [a for a in call.args if a.keyword is None]
+        mode = positional[1].value if len(positional) > 1 else None
+    if mode is None:
+        return False  # "r"
+    if isinstance(mode, cst.SimpleString):
+        return any(flag in mode.evaluated_value for flag in "wax+")
+    return True  # a mode we cannot read may write
+
+
+def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement]) -> bool:
+    """A write, a docstring, an assignment to plain local names, or a block of those."""
+    if statement in writes:
+        return True
+    if isinstance(statement, cst.SimpleStatementLine):
+        return all(
+            (isinstance(small, cst.Assign) and all(isinstance(t.target, cst.Name) for t in small.targets))
+            or (isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString))
+            or isinstance(small, cst.Pass)
+            for small in statement.body
+        )
+    if isinstance(statement, cst.If):
+        branches: list[cst.BaseSuite] = [statement.body]
+        orelse = statement.orelse
+        while orelse is not None:
+            branches.append(orelse.body)
+            orelse = orelse.orelse if isinstance(orelse, cst.If) else None
+        return all(
+            isinstance(b, cst.IndentedBlock) and all(_only_writes(s, writes) for s in b.body)
+            for b in branches
+        )
+    return False
+
+
+def find_side_effects(wrapper: MetadataWrapper) -> SideEffects:
+    """Prints, checkpoint saves and file writes of the module held by `wrapper`."""
+    collector = _Collector()
+    wrapper.visit(collector)
+    return collector.found

@@ -1,0 +1,111 @@
+"""How to start a script converted with `--to ddp`: the lines printed under "Run it:"
+and, for `--launcher slurm` / `spawn`, the file written beside the script.
+
+Every launcher starts the same converted script: torchrun (or the generated sbatch or
+spawn file) sets `RANK`, `LOCAL_RANK` and `WORLD_SIZE`, which its set-up block reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+from autoaccel.convert.log import Launcher
+
+RENDEZVOUS_PORT = 29500
+
+_SBATCH = """\
+#!/bin/bash
+# Multi-node training of {script} with SLURM: one torchrun per node, one process per GPU.
+#SBATCH --job-name={stem}
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=32
+#SBATCH --time=24:00:00
+
+# The first node of the allocation hosts the rendezvous.
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+
+srun torchrun \\
+    --nnodes="$SLURM_NNODES" \\
+    --nproc_per_node=gpu \\
+    --rdzv_id="$SLURM_JOB_ID" \\
+    --rdzv_backend=c10d \\
+    --rdzv_endpoint="$head_node:{port}" \\
+    {script} "$@"
+"""
+
+_SPAWN = '''\
+"""Start {script} once per GPU of this machine with torch.multiprocessing.spawn.
+
+    python {spawn} [--nproc N] [{script}'s arguments]
+
+Each process gets RANK, LOCAL_RANK and WORLD_SIZE in its environment, as under torchrun.
+"""
+import argparse
+import os
+import runpy
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "{script}")
+
+
+def run(local_rank, world_size, argv):
+    os.environ.update(
+        RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size)
+    )
+    sys.argv = [SCRIPT, *argv]
+    runpy.run_path(SCRIPT, run_name="__main__")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--nproc", type=int, default=torch.cuda.device_count() or 2, help="processes to start"
+    )
+    args, script_args = parser.parse_known_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "{port}")
+    mp.spawn(run, args=(args.nproc, script_args), nprocs=args.nproc)
+'''
+
+
+def companion_files(script: str, launcher: Launcher) -> dict[str, str]:
+    """Files to write beside the converted script: name -> text."""
+    name, stem = PurePath(script).name, PurePath(script).stem
+    if launcher == "slurm":
+        return {f"{stem}.sbatch": _SBATCH.format(script=name, stem=stem, port=RENDEZVOUS_PORT)}
+    if launcher == "spawn":
+        spawn = f"spawn_{name}"
+        return {spawn: _SPAWN.format(script=name, spawn=spawn, port=RENDEZVOUS_PORT)}
+    return {}
+
+
+def launch_lines(script: str, launcher: Launcher) -> list[str]:
+    """Shell lines that start the converted script, with a comment line before each."""
+    name, stem = PurePath(script).name, PurePath(script).stem
+    single = ["# one process, as before:", f"python {name}"]
+    if launcher == "slurm":
+        return [
+            f"# several nodes with SLURM (edit the #SBATCH lines of {stem}.sbatch first):",
+            f"sbatch {stem}.sbatch",
+            *single,
+        ]
+    if launcher == "spawn":
+        return [
+            "# this machine, one process per GPU (torch.multiprocessing.spawn):",
+            f"python spawn_{name}",
+            "# without GPUs (gloo), e.g. 2 processes:",
+            f"python spawn_{name} --nproc 2",
+            *single,
+        ]
+    return [
+        "# this machine, one process per GPU:",
+        f"torchrun --standalone --nproc_per_node=gpu {name}",
+        "# without GPUs (gloo), e.g. 2 processes:",
+        f"torchrun --standalone --nproc_per_node=2 {name}",
+        *single,
+    ]

@@ -1,0 +1,34 @@
+"""`--to ddp`: DistributedDataParallel scaffolding, one codemod per step, in order.
+
+Each step after `InitProcessGroup` acts only on a script that carries its set-up block
+(`DISTRIBUTED`, `RANK`, `LOCAL_RANK`, `WORLD_SIZE`), so a script that could not be set
+up is left alone as a whole.
+"""
+
+from autoaccel.convert.transforms.distributed.convert_sync_batchnorm import ConvertSyncBatchNorm
+from autoaccel.convert.transforms.distributed.destroy_process_group import DestroyProcessGroup
+from autoaccel.convert.transforms.distributed.guard_rank_zero import GuardRankZero
+from autoaccel.convert.transforms.distributed.init_process_group import InitProcessGroup
+from autoaccel.convert.transforms.distributed.launch_commands import LaunchCommands
+from autoaccel.convert.transforms.distributed.load_on_every_rank import LoadOnEveryRank
+from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
+from autoaccel.convert.transforms.distributed.replace_data_parallel import ReplaceDataParallel
+from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
+from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
+from autoaccel.convert.transforms.distributed.use_local_gpu import UseLocalGpu
+from autoaccel.convert.transforms.distributed.wrap_model import WrapModel
+
+DDP_STEPS = [
+    InitProcessGroup,
+    UseLocalGpu,
+    ReplaceDataParallel,
+    ConvertSyncBatchNorm,
+    WrapModel,
+    ShardTrainLoader,
+    SetSamplerEpoch,
+    NoSyncAccumulation,
+    GuardRankZero,
+    LoadOnEveryRank,
+    DestroyProcessGroup,
+    LaunchCommands,
+]

@@ -1,0 +1,366 @@
+"""What every `--to ddp` step shares: the names of the set-up block, statement insertion,
+imports, and where a script's scopes, training functions and models are."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import LoopRole
+from autoaccel.convert.transform import Transform
+from autoaccel.cst_edit import keyword_value, leading_import_block
+
+# Module-level names the set-up block defines; every later step builds on them.
+DISTRIBUTED = "DISTRIBUTED"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+
+DIST_IMPORT = "import torch.distributed as dist"
+DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
+DDP_CLASS = "torch.nn.parallel.DistributedDataParallel"
+INIT_PROCESS_GROUP = frozenset(
+    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
+)
+
+Statements = list[cst.BaseStatement]
+Scope = cst.FunctionDef | None  # None: module level
+
+
+def parse_statements(code: str) -> Statements:
+    """Statements of `code`, with their comments and blank lines."""
+    module = cst.parse_module(code)
+    body = list(module.body)
+    if body and module.header:
+        header = [
+            line.with_changes(indent=False) if line.comment is None else line
+            for line in module.header
+        ]
+        body[0] = body[0].with_changes(leading_lines=[*header, *body[0].leading_lines])
+    return body
+
+
+def has_setup_block(module: cst.Module) -> bool:
+    """Whether the module defines `DISTRIBUTED = ...` at top level (the set-up block)."""
+    return any(
+        m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(DISTRIBUTED))])]))
+        for s in module.body
+    )
+
+
+def rank_zero(statements: Statements) -> cst.If:
+    """`if RANK == 0:` around `statements`; the first one's comments go above the `if`."""
+    leading = statements[0].leading_lines
+    body = [statements[0].with_changes(leading_lines=[])] + [
+        s.with_changes(
+            leading_lines=[
+                line.with_changes(indent=False) if line.comment is None else line
+                for line in s.leading_lines
+            ]
+        )
+        for s in statements[1:]
+    ]
+    guard = cst.ensure_type(cst.parse_statement(f"if {RANK} == 0:\n    pass\n"), cst.If)
+    return guard.with_changes(body=cst.IndentedBlock(body=body), leading_lines=leading)
+
+
+def add_import(module: cst.Module, statement: str) -> cst.Module:
+    """`module` with the import line `statement` (`import os`, `import a.b as c`,
+    `from a import b as c`) unless that exact line is there. A standard-library line
+    joins the leading standard-library imports, a torch line the torch imports, each in
+    isort's order (`import x` before `from x import y`, then by module)."""
+    new = cst.parse_statement(statement + "\n")
+    body = list(module.body)
+    if any(s.with_changes(leading_lines=[]).deep_equals(new) for s in body):
+        return module
+    start, end = leading_import_block(module)
+    section, key = _import_key(new)
+    same = [i for i in range(start, end) if _import_key(body[i])[0] == section]
+    if same:
+        position = next((i for i in same if _import_key(body[i])[1] > key), same[-1] + 1)
+    else:
+        position = start if section == "stdlib" else end
+    if same and position == same[0] or not same and position < end:
+        # first of its section: it takes over the blank lines and comments above
+        new = new.with_changes(leading_lines=body[position].leading_lines)
+        separator = [cst.EmptyLine()] if not same else []
+        body[position] = body[position].with_changes(leading_lines=separator)
+    elif not same and end > start and section == "torch":
+        new = new.with_changes(leading_lines=[cst.EmptyLine()])
+    body.insert(position, new)
+    return module.with_changes(body=body)
+
+
+def _import_key(statement: cst.BaseStatement) -> tuple[str | None, tuple[int, str]]:
+    """(section, order in the section) of an import line: sections `stdlib`, `torch`
+    or None; `import x` sorts before `from x import y`, then by module."""
+    small = statement.body[0]  # type: ignore[attr-defined]
+    if isinstance(small, cst.Import):
+        kind, module = 0, small.names[0].name
+    elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        kind, module = 1, small.module
+    else:
+        return None, (0, "")
+    dotted = cst.Module([]).code_for_node(module)
+    top = dotted.split(".")[0]
+    stdlib = top in sys.stdlib_module_names and top != "__future__"
+    section = "torch" if top == "torch" else "stdlib" if stdlib else None
+    return section, (kind, dotted)
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """A model that a training loop calls, and where it is ready to be wrapped."""
+
+    key: str  # `model`, `self.net`
+    block: cst.IndentedBlock | cst.Module  # the scope's block that builds it
+    anchor: cst.BaseStatement  # the last statement there that builds or moves it
+
+
+_MAIN_TEST = m.Comparison(left=m.Name("__name__"))
+
+
+class DistributedStep(Transform):
+    """A `--to ddp` step: acts only on scripts that carry the set-up block, and edits
+    by inserting or replacing whole statements (`self.before`, `self.after`,
+    `self.replace`, keyed by original statements)."""
+
+    code = "ddp"
+    # Text the source must contain for the step to have work (a prefilter that spares
+    # the metadata pass); empty: always run.
+    needs: tuple[str, ...] = ()
+
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        if not has_setup_block(tree):
+            return tree
+        if self.needs and not any(word in tree.code for word in self.needs):
+            return tree
+        return super().transform_module(tree)
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self.before: dict[cst.CSTNode, Statements] = {}
+        self.after: dict[cst.CSTNode, Statements] = {}
+        self.replace: dict[cst.CSTNode, Statements] = {}
+        self.imports: list[str] = []
+        return super().transform_module_impl(tree)
+
+    # -- edits ------------------------------------------------------------------------
+    def _rebuild(self, originals: Statements, updated: Statements) -> Statements:
+        if len(originals) != len(updated):
+            return updated
+        result: Statements = []
+        for original, new in zip(originals, updated):
+            unit = [*self.before.get(original, []), *self.replace.get(original, [new])]
+            if unit and unit[0] is not new and new in unit:
+                # the first statement of the unit carries the comments above it
+                unit[0] = unit[0].with_changes(leading_lines=new.leading_lines)
+                unit[unit.index(new)] = new.with_changes(leading_lines=[])
+            result += unit + self.after.get(original, [])
+        return result
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        return updated_node.with_changes(
+            body=self._rebuild(list(original_node.body), list(updated_node.body))
+        )
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        body = self._rebuild(list(original_node.body), list(updated_node.body))
+        module = updated_node.with_changes(body=_space_new_definitions(body, updated_node.body))
+        for statement in self.imports:
+            module = add_import(module, statement)
+        return module
+
+    # -- where things are -------------------------------------------------------------
+    def scope_of(self, node: cst.CSTNode) -> Scope:
+        return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+
+    def statement_of(self, node: cst.CSTNode) -> cst.BaseStatement:
+        """The statement of a block (module, function, loop body) that holds `node`."""
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
+                return child  # type: ignore[return-value]
+            child = ancestor
+        raise ValueError("node outside a module")
+
+    def train_loops(self) -> list[cst.For | cst.While]:
+        return [
+            loop.node for loop in self.script.step_loops.values() if loop.role is LoopRole.TRAIN
+        ]
+
+    def training_functions(self, module: cst.Module) -> set[str]:
+        """Names of the functions that train: they hold a training step loop or call one
+        that does (methods by their bare name)."""
+        names: set[str] = set()
+        for loop in self.train_loops():
+            scope = self.scope_of(loop)
+            if scope is not None:
+                names.add(scope.name.value)
+        functions = [f for f in m.findall(module, m.FunctionDef()) if isinstance(f, cst.FunctionDef)]
+        grew = True
+        while grew:
+            grew = False
+            for function in functions:
+                if function.name.value not in names and calls_any(function.body, names):
+                    names.add(function.name.value)
+                    grew = True
+        return names
+
+
+    def shards(self, module: cst.Module, loader: cst.Call) -> bool:
+        """Whether a DataLoader call reads through a DistributedSampler: `sampler=name`
+        bound to one, or `**kwargs` whose `kwargs["sampler"]` is set to one."""
+        sampler = keyword_value(loader, "sampler")
+        names = {name_key(sampler)} if sampler is not None else set()
+        names |= {f"{name_key(a.value)}[sampler]" for a in loader.args if a.star == "**"}
+        for assign in m.findall(module, m.Assign()):
+            targets = {_target_name(t.target) for t in assign.targets}  # type: ignore[attr-defined]
+            if targets & names and any(
+                DISTRIBUTED_SAMPLER in self.qualified_names(c.func)  # type: ignore[attr-defined]
+                for c in m.findall(assign.value, m.Call())  # type: ignore[attr-defined]
+            ):
+                return True
+        return False
+
+    def ddp_wrappers(self, module: cst.Module) -> set[str]:
+        """Names that hold a DDP wrapper: assigned one, or a parameter of a function
+        that some call passes one to."""
+        names = {
+            name_key(target.target)
+            for assign in m.findall(module, m.Assign())
+            if any(DDP_CLASS in self.qualified_names(c.func) for c in m.findall(assign, m.Call()))  # type: ignore[attr-defined]
+            for target in assign.targets  # type: ignore[attr-defined]
+        }
+        for function in m.findall(module, m.FunctionDef()):
+            params = [p.name.value for p in function.params.params]  # type: ignore[attr-defined]
+            for call in m.findall(module, m.Call(func=m.Name(function.name.value))):  # type: ignore[attr-defined]
+                positional = [a for a in call.args if a.keyword is None and not a.star]  # type: ignore[attr-defined]
+                names |= {p for p, a in zip(params, positional) if name_key(a.value) in names}
+        return {n for n in names if n is not None}
+
+    def scope_block(self, node: cst.CSTNode) -> cst.IndentedBlock | cst.Module:
+        """The block of the scope `node` runs in: a function body, the body of
+        `if __name__ == "__main__":`, or the module."""
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.Module):
+                return ancestor
+            owner = self.parent(ancestor) if isinstance(ancestor, cst.IndentedBlock) else None
+            if isinstance(owner, cst.FunctionDef) or (
+                isinstance(owner, cst.If) and m.matches(owner.test, _MAIN_TEST)
+            ):
+                return ancestor  # type: ignore[return-value]
+        raise ValueError("node outside a module")
+
+    def trained_models(self, module: cst.Module) -> list[TrainedModel]:
+        """Models called in a training step loop, each with the statement after which it
+        is built and on its device (before the first statement that trains)."""
+        keys = sorted(
+            {
+                key
+                for loop in self.train_loops()
+                for call in m.findall(loop, m.Call())
+                if (key := name_key(call.func)) in self.script.models  # type: ignore[attr-defined]
+            }
+            - self.ddp_wrappers(module)
+        )
+        training = self.training_functions(module)
+        loops = set(self.train_loops())
+        found = []
+        for key in keys:
+            assigns = [
+                a
+                for a in m.findall(module, m.Assign() | m.AnnAssign())
+                if any(name_key(t) == key for t in _targets(a))
+            ]
+            if not assigns:
+                continue
+            block = self.scope_block(assigns[0])
+            anchor = None
+            for statement in block.body:
+                if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                    continue
+                if calls_any(statement, training) or any(
+                    m.findall(statement, m.MatchIfTrue(lambda n: n in loops))
+                ):
+                    break
+                if _builds(statement, key):
+                    anchor = statement
+            if anchor is not None:
+                found.append(TrainedModel(key, block, anchor))
+        return found
+
+
+def _space_new_definitions(
+    body: Statements, existing: Sequence[cst.BaseStatement]
+) -> Statements:
+    """Two blank lines after a function inserted at module level (black's style)."""
+    old = {id(s) for s in existing}
+    spaced = list(body)
+    for index in range(len(spaced) - 1):
+        if isinstance(spaced[index], cst.FunctionDef) and id(spaced[index]) not in old:
+            following = spaced[index + 1]
+            blank = 0
+            while blank < len(following.leading_lines) and following.leading_lines[blank].comment is None:
+                blank += 1
+            missing = [cst.EmptyLine()] * max(0, 2 - blank)
+            spaced[index + 1] = following.with_changes(
+                leading_lines=[*missing, *following.leading_lines]
+            )
+    return spaced
+
+
+def _target_name(target: cst.BaseExpression) -> str | None:
+    """`name`, `self.name`, or `kwargs[sampler]` for `kwargs["sampler"]`."""
+    if isinstance(target, cst.Subscript) and len(target.slice) == 1:
+        index = target.slice[0].slice
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+            return f"{name_key(target.value)}[{index.value.evaluated_value}]"
+    return name_key(target)
+
+
+def _targets(assign: cst.CSTNode) -> list[cst.BaseExpression]:
+    if isinstance(assign, cst.Assign):
+        return [t.target for t in assign.targets]
+    return [assign.target]  # type: ignore[attr-defined]
+
+
+def _builds(statement: cst.CSTNode, key: str) -> bool:
+    """Whether `statement` assigns `key` or calls a method of it as a statement
+    (`model.to(device)`, `net.apply(init)`, `model.cuda()`)."""
+    for node in m.findall(statement, m.Assign() | m.AnnAssign()):
+        if any(name_key(t) == key for t in _targets(node)):
+            return True
+    return any(
+        name_key(expr.value.func.value) == key  # type: ignore[attr-defined]
+        for expr in m.findall(statement, m.Expr(value=m.Call(func=m.Attribute())))
+    )
+
+
+def calls_any(node: cst.CSTNode, functions: set[str]) -> bool:
+    """Whether `node` calls one of `functions` (`f(...)` or `self.f(...)`)."""
+    for call in m.findall(node, m.Call()):
+        key = name_key(call.func)  # type: ignore[attr-defined]
+        if key is not None and key.removeprefix("self.") in functions:
+            return True
+    return False
+
+
+def parameters_of(function: cst.FunctionDef | None) -> list[str]:
+    """Positional parameter names of a function, without `self`; [] for module level."""
+    if function is None:
+        return []
+    params = [p.name.value for p in function.params.params]
+    return params[1:] if params[:1] == ["self"] else params
+
+
+def ddp_name(model_key: str) -> str:
+    """The name of a model's DDP wrapper: `model` -> `ddp_model`, `self.net` -> `self.ddp_net`."""
+    owner, _, attr = model_key.rpartition(".")
+    return f"{owner}.ddp_{attr}" if owner else f"ddp_{attr}"

@@ -1,0 +1,30 @@
+"""`dist.destroy_process_group()` when the script ends: at the end of the module, or of
+its `if __name__ == "__main__":` block."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.convert.transforms.distributed._base import (
+    DISTRIBUTED,
+    DistributedStep,
+    parse_statements,
+)
+
+_MAIN = m.If(test=m.Comparison(left=m.Name("__name__")))
+
+
+class DestroyProcessGroup(DistributedStep):
+    DESCRIPTION = "Destroy the process group at the end of the script."
+
+    def visit_Module(self, node: cst.Module) -> None:
+        if m.findall(node, m.Call(func=m.Attribute(attr=m.Name("destroy_process_group")))):
+            return
+        last = node.body[-1]
+        if m.matches(last, _MAIN) and isinstance(last.body, cst.IndentedBlock):  # type: ignore[attr-defined]
+            last = last.body.body[-1]  # type: ignore[attr-defined]
+        self.after.setdefault(last, []).extend(
+            parse_statements(f"\nif {DISTRIBUTED}:\n    dist.destroy_process_group()\n")
+        )
+        self.changed(last, "process group destroyed at the end")

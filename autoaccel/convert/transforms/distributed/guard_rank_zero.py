@@ -1,0 +1,76 @@
+"""Only rank 0 prints, saves checkpoints and writes files.
+
+Each such statement (adjacent ones together) goes under `if RANK == 0:`; a function that
+does nothing but write returns early on the other ranks. Statements already guarded by a
+rank test are left alone. See `autoaccel.analysis.side_effects` for what counts.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.side_effects import EffectKind, SideEffect, find_side_effects
+from autoaccel.convert.transforms.distributed._base import (
+    RANK,
+    DistributedStep,
+    parse_statements,
+    rank_zero,
+)
+
+
+class GuardRankZero(DistributedStep):
+    DESCRIPTION = "Print, save and write files on rank 0 only."
+    code = "ACC403"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        assert self.context.wrapper is not None
+        found = find_side_effects(self.context.wrapper)
+        for function in found.writer_functions:
+            self._return_early(function)
+        groups: dict[cst.CSTNode, list[SideEffect]] = {}
+        for effect in found.effects:
+            if effect.guarded or effect.function in found.writer_functions:
+                continue
+            if effect.statement is None:
+                self.skipped(
+                    f"rank-0 {effect.kind.value}",
+                    f"the {effect.kind.value} is part of an expression; run it on rank 0 only"
+                    f" (`if {RANK} == 0:`) by hand",
+                    effect.call,
+                )
+                continue
+            groups.setdefault(effect.statement, []).append(effect)
+        self._guard(groups)
+
+    def _return_early(self, function: cst.FunctionDef) -> None:
+        body = cst.ensure_type(function.body, cst.IndentedBlock).body
+        first = body[1] if len(body) > 1 and _is_docstring(body[0]) else body[0]
+        self.before.setdefault(first, []).extend(
+            parse_statements(f"if {RANK} != 0:\n    return  # only rank 0 writes\n")
+        )
+        self.changed(function, f"`{function.name.value}()` writes on rank 0 only")
+
+    def _guard(self, groups: dict[cst.CSTNode, list[SideEffect]]) -> None:
+        """One `if RANK == 0:` per run of adjacent statements of a block."""
+        runs: list[list[cst.BaseStatement]] = []
+        for statement in groups:
+            block = self.parent(statement)
+            siblings = list(block.body)  # type: ignore[union-attr]
+            index = siblings.index(statement)
+            if runs and runs[-1][-1] in siblings and siblings.index(runs[-1][-1]) == index - 1:
+                runs[-1].append(statement)  # type: ignore[arg-type]
+            else:
+                runs.append([statement])  # type: ignore[list-item]
+        for run in runs:
+            self.replace[run[0]] = [rank_zero(run)]
+            for statement in run[1:]:
+                self.replace[statement] = []
+            kinds = sorted({e.kind.value for s in run for e in groups[s]})
+            code = "ACC403" if any(e.kind is EffectKind.CHECKPOINT for s in run for e in groups[s]) else "ddp"
+            self.changed(run[0], f"{' and '.join(kinds)} on rank 0 only", code)
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and isinstance(
+        statement.body[0], cst.Expr
+    ) and isinstance(statement.body[0].value, cst.SimpleString)

@@ -1,0 +1,81 @@
+"""Start the process group from torchrun's environment, in a block after the imports.
+
+torchrun starts one process per GPU and sets `RANK`, `LOCAL_RANK` and `WORLD_SIZE`;
+each process drives the GPU of its local rank. Started with plain `python`, the
+script sees none of them and runs as one process, as before. The block's names are
+module-level so that every function and class of the script can read them.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.script_model import LoopRole
+from autoaccel.convert.transform import Transform
+from autoaccel.convert.transforms.distributed._base import (
+    DDP_CLASS,
+    DIST_IMPORT,
+    INIT_PROCESS_GROUP,
+    add_import,
+    has_setup_block,
+    parse_statements,
+)
+from autoaccel.cst_edit import leading_import_block
+
+_NAMES = '''
+# Distributed training: torchrun starts one process per GPU and sets RANK, LOCAL_RANK
+# and WORLD_SIZE. Run with plain `python`, the script is a single process, as before.
+DISTRIBUTED = "LOCAL_RANK" in os.environ
+RANK = int(os.environ.get("RANK", 0))
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
+'''
+SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(LOCAL_RANK)  # "cuda" now means this process's GPU
+    # nccl for CUDA tensors, gloo for CPU tensors
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method="env://")
+'''
+# For a script that never uses CUDA.
+CPU_SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
+    dist.init_process_group("gloo", init_method="env://")
+'''
+
+
+class InitProcessGroup(Transform):
+    DESCRIPTION = "Start the process group from torchrun's environment variables."
+    code = "ddp"
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        if has_setup_block(tree):
+            return tree
+        self.already_distributed: cst.Call | None = None
+        super().transform_module_impl(tree)  # analysis only: fills self.script
+        if self.already_distributed is not None:
+            self.skipped(
+                "--to ddp",
+                "the script already sets up torch.distributed; convert it by hand",
+                self.already_distributed,
+            )
+            return tree
+        if not any(loop.role is LoopRole.TRAIN for loop in self.script.step_loops.values()):
+            self.skipped("--to ddp", "no training loop (a loop that calls `.backward()`) found")
+            return tree
+        _, end = leading_import_block(tree)
+        body = list(tree.body)
+        body[end:end] = parse_statements(SETUP_BLOCK if self.script.uses_cuda else CPU_SETUP_BLOCK)
+        self.changed(
+            tree.body[end - 1] if end else tree.body[0],
+            "process group from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE);"
+            " one GPU per process; plain `python` still runs one process",
+        )
+        module = tree.with_changes(body=body)
+        for statement in ("import os", "import torch", DIST_IMPORT):
+            module = add_import(module, statement)
+        return module
+
+    def visit_Call(self, node: cst.Call) -> None:
+        names = self.qualified_names(node.func)
+        if self.already_distributed is None and (names & INIT_PROCESS_GROUP or DDP_CLASS in names):
+            self.already_distributed = node

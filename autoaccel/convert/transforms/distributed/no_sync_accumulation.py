@@ -1,0 +1,96 @@
+"""Gradient accumulation under DDP: no all-reduce on the micro-steps that do not update.
+
+In a training step loop that calls `backward()` every step but `optimizer.step()` only
+under a condition, the forward and backward run under `ddp_model.no_sync()` unless the
+condition holds; the condition is computed once, before them.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.analysis.names import name_key
+from autoaccel.convert.transforms.distributed._base import (
+    DISTRIBUTED,
+    DistributedStep,
+    Statements,
+    parse_statements,
+)
+from autoaccel.cst_edit import code_of
+
+SYNC = "sync_gradients"
+_BACKWARD = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Attribute(attr=m.Name("backward"))))])
+
+
+class NoSyncAccumulation(DistributedStep):
+    DESCRIPTION = "Skip the gradient all-reduce on accumulation micro-steps (no_sync)."
+    needs = (".step(",)
+    code = "ACC404"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        wrappers = self.ddp_wrappers(node)
+        for loop in self.train_loops():
+            if isinstance(loop.body, cst.IndentedBlock):
+                self._plan(loop, list(loop.body.body), wrappers)
+
+    def _plan(self, loop: cst.CSTNode, body: Statements, wrappers: set[str]) -> None:
+        steps = [
+            i for i, s in enumerate(body)
+            if isinstance(s, cst.If) and any(
+                name_key(c.func.value) in self.script.optimizers  # type: ignore[attr-defined]
+                for c in m.findall(s.body, m.Call(func=m.Attribute(attr=m.Name("step"))))
+            )
+        ]
+        backwards = [i for i, s in enumerate(body) if m.matches(s, _BACKWARD)]
+        if len(steps) != 1 or not backwards or backwards[-1] > steps[0]:
+            return  # not accumulation: the optimizer steps every iteration
+        if m.findall(loop, m.Call(func=m.Attribute(attr=m.Name("no_sync")))):
+            return
+        used = [
+            (i, key)
+            for i, s in enumerate(body[: backwards[-1]])
+            for c in m.findall(s, m.Call())
+            if (key := name_key(c.func)) in wrappers  # type: ignore[attr-defined]
+        ]
+        condition = body[steps[0]]
+        assert isinstance(condition, cst.If)
+        first, last = (used[0][0] if used else None), backwards[-1]
+        assigned = {
+            name_key(t.target)  # type: ignore[attr-defined]
+            for s in body[first or 0 : last + 1]
+            for t in m.findall(s, m.AssignTarget())
+        }
+        tested = {n.value for n in m.findall(condition.test, m.Name())}  # type: ignore[attr-defined]
+        if first is None or len({key for _, key in used}) != 1 or tested & assigned:
+            self.skipped(
+                "no_sync",
+                "gradient accumulation: run the forward and backward of the micro-steps that"
+                " do not update under `ddp_model.no_sync()` by hand",
+                loop,
+            )
+            return
+        wrapper = used[0][1]
+        head = parse_statements(
+            "# all-reduce the gradients only on the micro-step that updates the weights\n"
+            f"{SYNC} = {code_of(condition.test)}\n"
+            f"no_sync = {DISTRIBUTED} and not {SYNC}\n"
+            f"with {wrapper}.no_sync() if no_sync else contextlib.nullcontext():\n"
+            "    pass\n"
+        )
+        block = body[first : last + 1]
+        with_node = cst.ensure_type(head[-1], cst.With)
+        head[-1] = with_node.with_changes(
+            body=cst.IndentedBlock(body=[block[0].with_changes(leading_lines=[]), *block[1:]])
+        )
+        head[0] = head[0].with_changes(leading_lines=[*block[0].leading_lines, *head[0].leading_lines])
+        self.replace[body[first]] = head
+        for statement in block[1:]:
+            self.replace[statement] = []
+        self.replace[condition] = [condition.with_changes(test=cst.Name(SYNC))]
+        self.imports.append("import contextlib")
+        self.changed(
+            body[first],
+            f"accumulation micro-steps run under `{wrapper}.no_sync()`: gradients are"
+            " all-reduced only before `optimizer.step()`",
+        )

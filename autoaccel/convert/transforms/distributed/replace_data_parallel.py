@@ -1,0 +1,76 @@
+"""Drop `nn.DataParallel`: each process now trains its own replica under DDP.
+
+`model = nn.DataParallel(model)` goes, and with it an `if torch.cuda.device_count() > 1:`
+around it that only prints; `model.module` becomes `model` (outside an
+`isinstance(model, nn.DataParallel)` test, which is simply never true any more).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.analysis.names import name_key
+from autoaccel.convert.transforms.distributed._base import DistributedStep
+
+DATA_PARALLEL = "torch.nn.DataParallel"
+_PRINT_LINE = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Name("print")))])
+
+
+class ReplaceDataParallel(DistributedStep):
+    DESCRIPTION = "Remove nn.DataParallel; DistributedDataParallel replaces it."
+    needs = ("DataParallel",)
+    code = "ACC401"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.unwrapped: set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        if not (
+            isinstance(value, cst.Call)
+            and DATA_PARALLEL in self.qualified_names(value.func)
+            and len(node.targets) == 1
+            and value.args
+        ):
+            return
+        target = name_key(node.targets[0].target)
+        inner = value.args[0].value
+        line = self.parent(node)
+        if target is None or not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            self.skipped("nn.DataParallel", "remove this DataParallel wrapper by hand", node)
+            return
+        self.unwrapped.add(target)
+        if name_key(inner) == target:
+            removed = self._removable_if(line) or line
+            self.replace[removed] = []
+        else:
+            self.replace[line] = [line.with_changes(body=[node.with_changes(value=inner)])]
+        self.changed(node, "`nn.DataParallel` removed: each process trains its own replica under DDP")
+
+    def _removable_if(self, line: cst.SimpleStatementLine) -> cst.If | None:
+        """The `if` around `line` when it holds nothing else but prints."""
+        block = self.parent(line)
+        owner = self.parent(block) if block is not None else None
+        if not isinstance(owner, cst.If) or owner.orelse is not None:
+            return None
+        others = [s for s in owner.body.body if s is not line]
+        return owner if all(m.matches(s, _PRINT_LINE) for s in others) else None
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        if original_node.attr.value != "module":
+            return updated_node
+        key = name_key(original_node.value)
+        if key not in self.unwrapped or self._under_data_parallel_test(original_node):
+            return updated_node
+        self.changed(original_node, f"`{key}.module` -> `{key}`: the model is no longer wrapped")
+        return updated_node.value
+
+    def _under_data_parallel_test(self, node: cst.CSTNode) -> bool:
+        return any(
+            isinstance(a, cst.If)
+            and any(DATA_PARALLEL in self.qualified_names(n) for n in m.findall(a.test, m.Attribute() | m.Name()))
+            for a in self.ancestors(node)
+        )

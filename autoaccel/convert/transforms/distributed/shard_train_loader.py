@@ -1,0 +1,210 @@
+"""Each process loads its own shard of the training data, and the global batch stays.
+
+The training DataLoader gets a `DistributedSampler` (only when distributed: plain
+`python` keeps the original sampler and shuffle); the loader's `shuffle` moves into the
+sampler. By default each process loads `batch_size // WORLD_SIZE` samples, so the
+global batch, and with it the learning-rate settings, stay as they were (a warning
+when it does not divide); `--per-process-batch` keeps the batch size per process.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import Missing
+from autoaccel.convert.transforms.distributed._base import (
+    DISTRIBUTED,
+    RANK,
+    WORLD_SIZE,
+    DistributedStep,
+    parse_statements,
+)
+from autoaccel.cst_edit import code_of, keyword_value, set_keyword
+
+SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
+BATCH_HELPER = "per_process_batch_size"
+_HELPER = f'''
+
+def {BATCH_HELPER}(global_batch_size):
+    """Each process loads an equal share of the original (global) batch."""
+    if global_batch_size % {WORLD_SIZE}:
+        warnings.warn(
+            f"batch size {{global_batch_size}} does not divide by {{{WORLD_SIZE}}} processes:"
+            f" each loads {{global_batch_size // {WORLD_SIZE}}}"
+        )
+    return max(1, global_batch_size // {WORLD_SIZE})
+'''
+
+
+class ShardTrainLoader(DistributedStep):
+    DESCRIPTION = "Give the training DataLoader a DistributedSampler and a per-process batch."
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.calls: dict[cst.Call, dict[str, str]] = {}  # loader call -> keyword -> new value
+        self.datasets: dict[cst.CSTNode, str] = {}  # dataset argument -> hoisted name
+        self.bound = {name_key(t.target) for t in m.findall(node, m.AssignTarget())}  # type: ignore[attr-defined]
+        self.helper_needed = False
+        loaders = {
+            call
+            for loop in self.script.step_loops.values()
+            if loop.node in self.train_loops() and loop.loader in self.script.loaders
+            for call in self.script.loaders[loop.loader]
+        }
+        for loop in self.script.step_loops.values():
+            if loop.node in self.train_loops() and loop.loader not in self.script.loaders:
+                self.skipped(
+                    "DistributedSampler",
+                    "this training loop does not read a DataLoader, so every process trains on"
+                    " all of its data; give each process its share by hand (e.g. indices"
+                    f" `{RANK}::{WORLD_SIZE}`)",
+                    loop.node,
+                )
+        for call in sorted(loaders, key=self.line_of):
+            if not self.shards(node, call):
+                self._shard(call)
+        if self.helper_needed and BATCH_HELPER not in self.bound and not any(
+            m.findall(node, m.FunctionDef(name=m.Name(BATCH_HELPER)))
+        ):
+            setup = next(s for s in node.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED))))
+            self.after.setdefault(setup, []).extend(parse_statements(_HELPER))
+            self.imports.append("import warnings")
+
+    def _shard(self, call: cst.Call) -> None:
+        if keyword_value(call, "sampler") or keyword_value(call, "batch_sampler"):
+            self.skipped(
+                "DistributedSampler",
+                "the training DataLoader already has a sampler; make it shard by rank by hand",
+                call,
+            )
+            return
+        shuffle = keyword_value(call, "shuffle")
+        if any(a.star == "**" for a in call.args) and shuffle is None:
+            # (with `shuffle=` written out, the dict holds neither it nor a sampler)
+            self._shard_through_kwargs(call)
+            return
+        statement = self.statement_of(call)
+        target = _assigned_name(statement)
+        dataset = call.args[0].value if call.args and call.args[0].keyword is None else keyword_value(call, "dataset")
+        if target is None or dataset is None:
+            self.skipped("DistributedSampler", "give the training DataLoader a DistributedSampler by hand", call)
+            return
+        sampler = _sibling_name(target, "sampler")
+        dataset_name = name_key(dataset)
+        if dataset_name is None:
+            dataset_name = self._fresh(_sibling_name(target, "dataset"))
+            self.datasets[dataset] = dataset_name
+            self.before.setdefault(statement, []).extend(
+                parse_statements(f"{dataset_name} = {code_of(dataset)}\n")
+            )
+        edits: dict[str, str] = {"sampler": sampler}
+        if shuffle is None or m.matches(shuffle, m.Name("False")):
+            shuffled = "False"
+        else:
+            shuffled = code_of(shuffle)
+            edits["shuffle"] = (
+                f"{sampler} is None" if shuffled == "True" else f"{shuffled} and {sampler} is None"
+            )
+        batch = keyword_value(call, "batch_size")
+        if batch is not None and not self.options.per_process_batch:
+            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
+            self.helper_needed = True
+        self.calls[call] = edits
+        self.before.setdefault(statement, []).extend(
+            parse_statements(
+                f"{sampler} = DistributedSampler({dataset_name}, shuffle={shuffled}) if {DISTRIBUTED} else None\n"
+            )
+        )
+        self.imports.append(SAMPLER_IMPORT)
+        self.changed(
+            call,
+            "training DataLoader reads its own shard through DistributedSampler"
+            + ("" if shuffled == "False" else " (the shuffle moves into the sampler)")
+            + (f"; per-process batch = global batch // {WORLD_SIZE}" if "batch_size" in edits else ""),
+        )
+
+    def _shard_through_kwargs(self, call: cst.Call) -> None:
+        """Shard a loader whose keywords come from a `**dict`."""
+        stars = [a for a in call.args if a.star == "**"]
+        kwargs = name_key(stars[0].value) if len(stars) == 1 else None
+        others = [
+            c for c in self.script.loader_calls
+            if c is not call and any(name_key(a.value) == kwargs for a in c.args if a.star == "**")
+        ]
+        dataset = call.args[0].value if call.args and call.args[0].keyword is None else None
+        statement = self.statement_of(call)
+        if kwargs is None or others or name_key(dataset) is None:
+            self.skipped(
+                "DistributedSampler",
+                "the training DataLoader's keywords come from a shared or unknown `**dict`;"
+                " give it a DistributedSampler (shuffle moved into it) by hand",
+                call,
+            )
+            return
+        code = (
+            f"if {DISTRIBUTED}:\n"
+            f'    {kwargs}["sampler"] = DistributedSampler(\n'
+            f'        {name_key(dataset)}, shuffle={kwargs}.pop("shuffle", False)\n'
+            "    )\n"
+        )
+        if not self.options.per_process_batch and not isinstance(
+            self.script.keyword(call, "batch_size"), Missing
+        ):
+            code += f'    {kwargs}["batch_size"] = {BATCH_HELPER}({kwargs}["batch_size"])\n'
+            self.helper_needed = True
+        self.before.setdefault(statement, []).extend(parse_statements(code))
+        self.imports.append(SAMPLER_IMPORT)
+        self.changed(
+            call,
+            "training DataLoader reads its own shard through DistributedSampler (the shuffle"
+            f" moves into the sampler); per-process batch = global batch // {WORLD_SIZE}",
+        )
+
+    def _fresh(self, name: str) -> str:
+        candidate, number = name, 1
+        while candidate in self.bound:
+            number += 1
+            candidate = f"{name}{number}"
+        self.bound.add(candidate)
+        return candidate
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        for keyword, value in self.calls.get(original_node, {}).items():
+            added = keyword_value(updated_node, keyword) is None
+            updated_node = set_keyword(updated_node, keyword, value)
+            if added:
+                updated_node = _before_double_star(updated_node)
+        return updated_node
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        name = self.datasets.get(original_node.value)
+        return updated_node if name is None else updated_node.with_changes(value=cst.Name(name))
+
+
+def _before_double_star(call: cst.Call) -> cst.Call:
+    """Move the keyword just appended to `call` in front of its `**` argument, if any."""
+    args = list(call.args)
+    star = next((i for i, a in enumerate(args) if a.star == "**"), None)
+    if star is None:
+        return call
+    new = args.pop()
+    separator = args[-1].comma
+    args[-1] = args[-1].with_changes(comma=new.comma, whitespace_after_arg=new.whitespace_after_arg)
+    args.insert(star, new.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace("")))
+    return call.with_changes(args=args)
+
+
+def _assigned_name(statement: cst.CSTNode) -> str | None:
+    if m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])):
+        key = name_key(statement.body[0].targets[0].target)  # type: ignore[attr-defined]
+        return key.removeprefix("self.") if key else None
+    return None
+
+
+def _sibling_name(loader: str, kind: str) -> str:
+    """`train_loader` -> `train_sampler`; `dataloader` -> `sampler`; `dl` -> `dl_sampler`."""
+    for word in ("dataloader", "loader"):
+        if word in loader:
+            return loader.replace(word, kind)
+    return f"{loader}_{kind}"

@@ -1,0 +1,137 @@
+"""Train each model through a `DistributedDataParallel` wrapper.
+
+`ddp_model = DDP(model, ...) if DISTRIBUTED else model` goes right after the model is
+built and on its device; the training step loops call `ddp_model(...)` (directly, or
+passed as the argument of a training function). `model` itself stays the bare module,
+so `model.state_dict()` has no `module.` prefix, the model's own methods still work,
+and evaluation runs on the plain model without any communication.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from autoaccel.analysis.names import name_key
+from autoaccel.convert.transforms.distributed._base import (
+    DISTRIBUTED,
+    LOCAL_RANK,
+    DistributedStep,
+    TrainedModel,
+    ddp_name,
+    parameters_of,
+    parse_statements,
+)
+
+DDP_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
+# What a training function may do with a model it receives, once that is a DDP wrapper.
+_DDP_METHODS = frozenset(
+    {"train", "eval", "zero_grad", "parameters", "named_parameters", "no_sync", "forward"}
+)
+
+
+class WrapModel(DistributedStep):
+    DESCRIPTION = "Wrap the trained model(s) in DistributedDataParallel."
+
+    def visit_Module(self, node: cst.Module) -> None:
+        bound = {name_key(a.target) for a in m.findall(node, m.AssignTarget())}  # type: ignore[attr-defined]
+        # model calls and arguments of training functions -> the wrapper they use
+        self.rewrites: dict[cst.CSTNode, str] = {}
+        for model in self.trained_models(node):
+            if ddp_name(model.key) not in bound:
+                self._wrap(model)
+
+    def _wrap(self, model: TrainedModel) -> None:
+        forwards = [
+            call
+            for loop in self.train_loops()
+            for call in m.findall(loop, m.Call())
+            if name_key(call.func) == model.key  # type: ignore[attr-defined]
+        ]
+        plan: dict[cst.CSTNode, str] = {}
+        for call in forwards:
+            if not self._route(model, call, plan):
+                self.skipped(
+                    "DistributedDataParallel",
+                    f"cannot reach a DDP wrapper of `{model.key}` from this call; call"
+                    f" `{ddp_name(model.key)}` (defined after line {self.line_of(model.anchor)})"
+                    " here by hand",
+                    call,
+                )
+                return
+        self.rewrites.update(plan)
+        key, wrapper = model.key, ddp_name(model.key)
+        self.after.setdefault(model.anchor, []).extend(
+            parse_statements(
+                "# trained through DDP when distributed: gradients are averaged in backward()\n"
+                f"{wrapper} = {key}\n"
+                f"if {DISTRIBUTED}:\n"
+                f"    {wrapper} = DDP({key}, device_ids=[{LOCAL_RANK}]"
+                f" if next({key}.parameters()).is_cuda else None)\n"
+            )
+        )
+        self.imports.append(DDP_IMPORT)
+        self.changed(
+            model.anchor,
+            f"`{wrapper}`: `{key}` wrapped in DistributedDataParallel for training"
+            f" (gradients averaged over processes); `{key}` stays the bare model",
+        )
+
+    def _route(self, model: TrainedModel, call: cst.Call, plan: dict[cst.CSTNode, str]) -> bool:
+        """Plan how `call` reaches the wrapper: call it directly, or receive it as the
+        argument of a training function. False when neither works."""
+        wrapper = ddp_name(model.key)
+        function = self.scope_of(call)
+        home = self.scope_of(model.anchor) if isinstance(model.block, cst.IndentedBlock) else None
+        params = parameters_of(function)
+        if model.key.startswith("self.") or function is home or (
+            isinstance(model.block, cst.Module) and model.key not in params and not _binds(function, model.key)
+        ):
+            plan[call] = wrapper
+            return True
+        if function is None or model.key not in params or not _uses_like_ddp(function, model.key):
+            return False
+        index = params.index(model.key)
+        sites = [
+            c
+            for c in m.findall(model.block, m.Call(func=m.Name(function.name.value)))
+            if isinstance(c, cst.Call)
+        ]
+        for site in sites:
+            positional = [a for a in site.args if a.keyword is None and not a.star]
+            arg = next((a for a in site.args if a.keyword and a.keyword.value == model.key), None)
+            arg = arg or (positional[index] if index < len(positional) else None)
+            if arg is None or name_key(arg.value) != model.key:
+                return False
+            plan[arg] = wrapper
+        return bool(sites)
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        return self._to_wrapper(original_node, updated_node, "func", "training forward pass through")
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return self._to_wrapper(original_node, updated_node, "value", "the training function receives")
+
+    def _to_wrapper(self, original: cst.CSTNode, updated, field: str, what: str):  # type: ignore[no-untyped-def]
+        wrapper = self.rewrites.get(original)
+        if wrapper is None:
+            return updated
+        self.changed(original, f"{what} `{wrapper}`")
+        return updated.with_changes(**{field: cst.parse_expression(wrapper)})
+
+
+def _binds(function: cst.FunctionDef | None, key: str) -> bool:
+    if function is None:
+        return False
+    return any(
+        name_key(t.target) == key for t in m.findall(function, m.AssignTarget())  # type: ignore[attr-defined]
+    )
+
+
+def _uses_like_ddp(function: cst.FunctionDef, key: str) -> bool:
+    """Whether `function` only calls its parameter `key` or DDP-forwarded methods of it."""
+    uses = [
+        a for a in m.findall(function.body, m.Attribute(value=m.Name(key)))
+        if isinstance(a, cst.Attribute)
+    ]
+    return all(a.attr.value in _DDP_METHODS for a in uses)

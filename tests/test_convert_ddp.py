@@ -1,0 +1,580 @@
+"""`convert --to ddp`, one test per behaviour of each step, on small scripts.
+
+Each step is run on its own on a script that already has the set-up block (`run_step`);
+what a step adds is compared in full, after the set-up block. `convert_source` runs the
+whole target where the steps meet.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from autoaccel.convert.launch import companion_files, launch_lines
+from autoaccel.convert.log import ConversionLog, ConvertOptions
+from autoaccel.convert.pipeline import convert_source
+from autoaccel.convert.transform import new_context
+from autoaccel.convert.transforms.distributed import (
+    DDP_STEPS,
+    ConvertSyncBatchNorm,
+    DestroyProcessGroup,
+    GuardRankZero,
+    InitProcessGroup,
+    LaunchCommands,
+    LoadOnEveryRank,
+    NoSyncAccumulation,
+    ReplaceDataParallel,
+    SetSamplerEpoch,
+    ShardTrainLoader,
+    UseLocalGpu,
+    WrapModel,
+)
+from autoaccel.convert.transforms.distributed.init_process_group import (
+    CPU_SETUP_BLOCK,
+    SETUP_BLOCK,
+)
+from autoaccel.formatting import format_inserted_code
+
+DDP = ConvertOptions(target="ddp", amp="off")
+IMPORTS = "import os\n\nimport torch\nimport torch.distributed as dist\n"
+SETUP = IMPORTS + SETUP_BLOCK
+
+
+def apply(step, source: str, options: ConvertOptions, log: ConversionLog) -> str:
+    """One step as the pipeline runs it (long inserted lines black-formatted)."""
+    after = step(new_context(options, log)).transform_module(cst.parse_module(source)).code
+    return format_inserted_code(source, after)
+
+
+def run_step(step, body: str, options: ConvertOptions = DDP) -> tuple[str, ConversionLog]:
+    """Run one step on SETUP + `body` (twice: it must be idempotent); return what follows
+    the set-up block, and the log."""
+    log = ConversionLog()
+    code = apply(step, SETUP + textwrap.dedent(body), options, log)
+    assert apply(step, code, options, ConversionLog()) == code, "the step is not idempotent"
+    return code.split(SETUP_BLOCK.strip(), 1)[1].lstrip("\n"), log
+
+
+def imports_of(step, body: str, options: ConvertOptions = DDP) -> str:
+    code = apply(step, SETUP + textwrap.dedent(body), options, ConversionLog())
+    return code.split("\n# Distributed training")[0]
+
+
+def dedent(text: str) -> str:
+    return textwrap.dedent(text)
+
+
+TRAIN_LOOP = """\
+for epoch in range(3):
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+"""
+TOP_LEVEL = dedent(
+    """\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(dataset, batch_size=32, shuffle=True)
+    model = nn.Linear(4, 2)
+    criterion = nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    """
+) + TRAIN_LOOP
+
+
+# -- the set-up block ---------------------------------------------------------------------
+def test_script_without_cuda_gets_a_gloo_only_setup():
+    code = convert_source(TOP_LEVEL, DDP).converted
+    assert CPU_SETUP_BLOCK.strip() in code
+
+
+def test_setup_block_goes_after_the_imports():
+    log = ConversionLog()
+    cuda_script = TOP_LEVEL.replace("nn.Linear(4, 2)", "nn.Linear(4, 2).cuda()")
+    tree = InitProcessGroup(new_context(DDP, log)).transform_module(cst.parse_module(cuda_script))
+    code = tree.code
+    assert code.startswith(
+        "import os\n\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
+        "from torch.utils.data import DataLoader\n\n# Distributed training:"
+    )
+    assert SETUP_BLOCK.strip() in code
+    assert [c.line for c in log.changes] == [3]
+
+
+def test_setup_keeps_future_imports_first():
+    source = "from __future__ import print_function\nimport argparse\n\nimport torch\n" + TRAIN_LOOP
+    tree = InitProcessGroup(new_context(DDP, ConversionLog())).transform_module(cst.parse_module(source))
+    assert tree.code.startswith(
+        "from __future__ import print_function\nimport argparse\nimport os\n\nimport torch\n"
+        "import torch.distributed as dist\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "source, reason",
+    [
+        pytest.param(
+            "import torch.distributed as dist\ndist.init_process_group('nccl')\n" + TRAIN_LOOP,
+            "already sets up torch.distributed",
+            id="already-distributed",
+        ),
+        pytest.param("import torch\nmodel.eval()\nprint(model(x))\n", "no training loop", id="no-training"),
+    ],
+)
+def test_setup_does_nothing_when(source, reason):
+    log = ConversionLog()
+    result = convert_source(source, DDP)
+    assert result.converted == source or "DISTRIBUTED" not in result.converted
+    log = result.log
+    assert any(reason in s.reason for s in log.skipped)
+
+
+def test_later_steps_do_nothing_without_the_setup_block():
+    tree = cst.parse_module(TOP_LEVEL)
+    for step in DDP_STEPS[1:]:
+        assert step(new_context(DDP, ConversionLog())).transform_module(tree).code == TOP_LEVEL
+
+
+# -- the local GPU ---------------------------------------------------------------------------
+def test_fixed_gpu_zero_becomes_the_local_gpu():
+    code, log = run_step(UseLocalGpu, "device = torch.device('cuda:0' if use_cuda else 'cpu')\n")
+    assert code == "device = torch.device('cuda' if use_cuda else 'cpu')\n"
+    assert len(log.changes) == 1
+
+
+def test_other_fixed_gpus_are_reported():
+    code, log = run_step(UseLocalGpu, 'device = torch.device("cuda:1")\n')
+    assert code == 'device = torch.device("cuda:1")\n'
+    assert "cuda:{LOCAL_RANK}" in log.skipped[0].reason
+
+
+# -- nn.DataParallel -------------------------------------------------------------------------
+def test_data_parallel_and_its_device_count_test_go():
+    code, log = run_step(
+        ReplaceDataParallel,
+        """\
+        import torch.nn as nn
+        model = Net()
+        if torch.cuda.device_count() > 1:
+            print("Let's use", torch.cuda.device_count(), "GPUs!")
+            model = nn.DataParallel(model)
+        model.to(device)
+        torch.save(model.module.state_dict(), "m.pt")
+        if isinstance(model, nn.DataParallel):
+            state = model.module.state_dict()
+        """,
+    )
+    assert code == dedent(
+        """\
+        import torch.nn as nn
+        model = Net()
+        model.to(device)
+        torch.save(model.state_dict(), "m.pt")
+        if isinstance(model, nn.DataParallel):
+            state = model.module.state_dict()
+        """
+    )
+    assert {c.code for c in log.changes} == {"ACC401"}
+
+
+def test_data_parallel_under_another_name_becomes_an_alias():
+    code, _ = run_step(ReplaceDataParallel, "net = torch.nn.DataParallel(model, device_ids=[0, 1])\n")
+    assert code == "net = model\n"
+
+
+# -- DDP wrapper -----------------------------------------------------------------------------
+WRAPPED = dedent(
+    """\
+    # trained through DDP when distributed: gradients are averaged in backward()
+    ddp_model = model
+    if DISTRIBUTED:
+        ddp_model = DDP(
+            model, device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None
+        )
+    """
+)
+
+
+def test_top_level_model_is_trained_through_its_wrapper():
+    code, log = run_step(
+        WrapModel,
+        """\
+        model = Net().to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+            model.eval()
+            print(model(x_val))
+        """,
+    )
+    assert "model = Net().to(device)\n" + WRAPPED in code
+    assert "loss = criterion(ddp_model(x), y)" in code
+    assert "print(model(x_val))" in code  # evaluation keeps the bare model
+    assert len(log.changes) == 2
+
+
+def test_model_passed_to_a_training_function_is_passed_wrapped():
+    code, _ = run_step(
+        WrapModel,
+        """\
+        def train(model, loader, optimizer):
+            model.train()
+            for x, y in loader:
+                F.nll_loss(model(x), y).backward()
+                optimizer.step()
+
+
+        def main():
+            model = Net().to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(3):
+                train(model, loader, optimizer)
+                test(model, loader)
+        """,
+    )
+    assert "F.nll_loss(model(x), y).backward()" in code
+    assert "train(ddp_model, loader, optimizer)" in code
+    assert "test(model, loader)" in code
+
+
+def test_model_of_a_trainer_class_is_wrapped_in_init():
+    code, _ = run_step(
+        WrapModel,
+        """\
+        class Trainer:
+            def __init__(self, model):
+                self.model = model.to(device)
+                self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+            def train_epoch(self):
+                for x, y in self.loader:
+                    self.criterion(self.model(x), y).backward()
+                    self.optimizer.step()
+        """,
+    )
+    assert "        self.ddp_model = self.model\n        if DISTRIBUTED:\n" in code
+    assert "self.criterion(self.ddp_model(x), y).backward()" in code
+
+
+def test_wrapper_import_joins_the_torch_imports():
+    assert imports_of(WrapModel, TOP_LEVEL.split("import torch.nn as nn\n", 1)[1]).endswith(
+        "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+    )
+
+
+def test_training_function_that_uses_other_model_attributes_is_left_alone():
+    _, log = run_step(
+        WrapModel,
+        """\
+        def train(model):
+            hidden = model.init_hidden(8)
+            for x, y in loader:
+                model(x, hidden).sum().backward()
+                optimizer.step()
+
+
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            train(model)
+        """,
+    )
+    assert "call `ddp_model`" in log.skipped[0].reason
+
+
+# -- sampler, batch, set_epoch ---------------------------------------------------------------
+def test_train_loader_gets_a_distributed_sampler_and_a_per_process_batch():
+    code, log = run_step(ShardTrainLoader, "from torch.utils.data import DataLoader\n" + TOP_LEVEL.split("DataLoader\n", 1)[1])
+    assert (
+        "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None\n"
+        "loader = DataLoader(\n"
+        "    dataset,\n"
+        "    batch_size=per_process_batch_size(32),\n"
+        "    shuffle=sampler is None,\n"
+        "    sampler=sampler,\n"
+        ")\n"
+    ) in code
+    assert "def per_process_batch_size(global_batch_size):" in code
+    assert "shuffle moves into the sampler" in log.changes[0].description
+
+
+def test_per_process_batch_option_keeps_the_batch_size():
+    options = ConvertOptions(target="ddp", amp="off", per_process_batch=True)
+    code, _ = run_step(ShardTrainLoader, TOP_LEVEL, options)
+    assert "batch_size=32," in code or "batch_size=32)" in code
+    assert "per_process_batch_size" not in code
+
+
+def test_unshuffled_loader_gets_an_unshuffled_sampler():
+    code, _ = run_step(
+        ShardTrainLoader, TOP_LEVEL.replace("shuffle=True", "shuffle=False")
+    )
+    assert "DistributedSampler(dataset, shuffle=False)" in code
+    assert "shuffle=False" in code.split("loader = DataLoader(")[1]
+
+
+def test_dataset_built_in_the_call_is_named_first():
+    code, _ = run_step(
+        ShardTrainLoader,
+        TOP_LEVEL.replace("DataLoader(dataset,", "DataLoader(Digits(256),"),
+    )
+    assert "dataset = Digits(256)\nsampler = DistributedSampler(dataset, shuffle=True)" in code
+
+
+def test_loader_keywords_from_a_dict_get_the_sampler_in_the_dict():
+    code, _ = run_step(
+        ShardTrainLoader,
+        """\
+        from torch.utils.data import DataLoader
+        train_kwargs = {"batch_size": args.batch_size}
+        train_kwargs.update({"shuffle": True})
+        train_loader = DataLoader(dataset1, **train_kwargs)
+        test_loader = DataLoader(dataset2, batch_size=64)
+        for epoch in range(3):
+            for x, y in train_loader:
+                model(x).sum().backward()
+                optimizer.step()
+        """,
+    )
+    assert dedent(
+        """\
+        if DISTRIBUTED:
+            train_kwargs["sampler"] = DistributedSampler(
+                dataset1, shuffle=train_kwargs.pop("shuffle", False)
+            )
+            train_kwargs["batch_size"] = per_process_batch_size(train_kwargs["batch_size"])
+        train_loader = DataLoader(dataset1, **train_kwargs)
+        test_loader = DataLoader(dataset2, batch_size=64)
+        """
+    ) in code
+
+
+def test_loader_with_its_own_sampler_is_reported():
+    code, log = run_step(ShardTrainLoader, TOP_LEVEL.replace("shuffle=True", "sampler=weighted"))
+    assert "DistributedSampler" not in code
+    assert "already has a sampler" in log.skipped[0].reason
+
+
+def test_set_epoch_starts_the_epoch_loop_around_the_step_loop():
+    source = TOP_LEVEL.replace("shuffle=True", "sampler=sampler") + ""
+    source = "sampler = DistributedSampler(dataset) if DISTRIBUTED else None\n" + source
+    source = "from torch.utils.data import DistributedSampler\n" + source
+    code, log = run_step(SetSamplerEpoch, source)
+    assert dedent(
+        """\
+        for epoch in range(3):
+            if DISTRIBUTED:
+                loader.sampler.set_epoch(epoch)
+            for x, y in loader:
+        """
+    ) in code
+    assert log.changes[0].code == "ACC105"
+
+
+def test_set_epoch_goes_where_the_training_function_is_called():
+    body = dedent(
+        """\
+        from torch.utils.data import DataLoader, DistributedSampler
+        def train(model, train_loader):
+            for x, y in train_loader:
+                model(x).sum().backward()
+                optimizer.step()
+
+
+        train_sampler = DistributedSampler(ds) if DISTRIBUTED else None
+        loader = DataLoader(ds, sampler=train_sampler)
+        for epoch in range(1, 4):
+            train(model, loader)
+        """
+    )
+    code, _ = run_step(SetSamplerEpoch, body)
+    assert "for epoch in range(1, 4):\n    if DISTRIBUTED:\n        loader.sampler.set_epoch(epoch)\n    train(model, loader)" in code
+
+
+# -- gradient accumulation -------------------------------------------------------------------
+ACCUMULATION = dedent(
+    """\
+    optimizer = torch.optim.AdamW(model.parameters())
+    ddp_model = DDP(model) if DISTRIBUTED else model
+    for epoch in range(3):
+        for step, (x, y) in enumerate(loader):
+            logits = ddp_model(x)
+            loss = criterion(logits, y) / accum_steps
+            loss.backward()
+            total += loss.item()
+            if (step + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+)
+
+
+def test_accumulation_micro_steps_skip_the_all_reduce():
+    code, log = run_step(NoSyncAccumulation, "from torch.nn.parallel import DistributedDataParallel as DDP\n" + ACCUMULATION)
+    assert textwrap.indent(dedent(
+        """\
+            for step, (x, y) in enumerate(loader):
+                # all-reduce the gradients only on the micro-step that updates the weights
+                sync_gradients = (step + 1) % accum_steps == 0
+                no_sync = DISTRIBUTED and not sync_gradients
+                with ddp_model.no_sync() if no_sync else contextlib.nullcontext():
+                    logits = ddp_model(x)
+                    loss = criterion(logits, y) / accum_steps
+                    loss.backward()
+                total += loss.item()
+                if sync_gradients:
+                    optimizer.step()
+        """
+    ), "    ") in code
+    assert log.changes[0].code == "ACC404"
+
+
+def test_no_accumulation_no_no_sync():
+    source = "from torch.nn.parallel import DistributedDataParallel as DDP\n" + ACCUMULATION.replace(
+        "        if (step + 1) % accum_steps == 0:\n            optimizer.step()\n            optimizer.zero_grad()\n",
+        "        optimizer.step()\n",
+    )
+    code, log = run_step(NoSyncAccumulation, source)
+    assert "no_sync" not in code and not log.changes
+
+
+# -- rank 0 only -----------------------------------------------------------------------------
+def test_adjacent_prints_and_saves_share_one_rank_zero_guard():
+    code, log = run_step(
+        GuardRankZero,
+        """\
+        print('-' * 89)
+        print('| end of epoch')  # summary
+        x = 1
+        torch.save(model.state_dict(), 'm.pt')
+        """,
+    )
+    assert code == dedent(
+        """\
+        if RANK == 0:
+            print('-' * 89)
+            print('| end of epoch')  # summary
+        x = 1
+        if RANK == 0:
+            torch.save(model.state_dict(), 'm.pt')
+        """
+    )
+    assert [c.code for c in log.changes] == ["ddp", "ACC403"]
+
+
+def test_file_opened_for_writing_is_written_on_rank_zero():
+    code, _ = run_step(
+        GuardRankZero,
+        """\
+        if val_loss < best:
+            with open(args.save, 'wb') as f:
+                torch.save(model.state_dict(), f)
+            best = val_loss
+        """,
+    )
+    assert code == dedent(
+        """\
+        if val_loss < best:
+            if RANK == 0:
+                with open(args.save, 'wb') as f:
+                    torch.save(model.state_dict(), f)
+            best = val_loss
+        """
+    )
+
+
+def test_function_that_only_writes_returns_early_on_other_ranks():
+    code, _ = run_step(
+        GuardRankZero,
+        """\
+        def save_checkpoint(epoch):
+            \"\"\"Save.\"\"\"
+            os.makedirs("ckpt", exist_ok=True)
+            torch.save({"epoch": epoch}, "ckpt/last.pt")
+        """,
+    )
+    assert '    """Save."""\n    if RANK != 0:\n        return  # only rank 0 writes\n    os.makedirs' in code
+
+
+def test_already_guarded_writes_are_left_alone():
+    body = "if dist.get_rank() == 0:\n    print('x')\n"
+    assert run_step(GuardRankZero, body)[0] == body
+
+
+# -- loading, the end, SyncBatchNorm -------------------------------------------------------
+def test_load_after_a_save_waits_for_rank_zero_and_maps_to_cpu():
+    code, _ = run_step(
+        LoadOnEveryRank,
+        """\
+        if RANK == 0:
+            torch.save(model.state_dict(), "m.pt")
+        model.load_state_dict(torch.load("m.pt"))
+        """,
+    )
+    assert code.endswith(
+        "if DISTRIBUTED:\n    dist.barrier()  # rank 0 may still be writing it\n"
+        'model.load_state_dict(torch.load("m.pt", map_location="cpu"))\n'
+    )
+
+
+def test_process_group_is_destroyed_at_the_end_of_main():
+    code, _ = run_step(DestroyProcessGroup, "def main():\n    pass\n\n\nif __name__ == '__main__':\n    main()\n")
+    assert code.endswith("    main()\n\n    if DISTRIBUTED:\n        dist.destroy_process_group()\n")
+
+
+def test_sync_batchnorm_only_when_asked():
+    assert run_step(ConvertSyncBatchNorm, TOP_LEVEL)[0].count("SyncBatchNorm") == 0 or not ConvertSyncBatchNorm.enabled(DDP)
+    options = ConvertOptions(target="ddp", amp="off", sync_bn=True)
+    code, _ = run_step(ConvertSyncBatchNorm, TOP_LEVEL, options)
+    assert (
+        "model = nn.Linear(4, 2)\nif DISTRIBUTED:\n"
+        "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+    ) in code
+
+
+# -- launchers -------------------------------------------------------------------------------
+def test_torchrun_is_the_default_launcher():
+    result = convert_source(TOP_LEVEL, DDP)
+    assert "torchrun --standalone --nproc_per_node=gpu train.py" in result.log.launch
+    assert "python train.py" in result.log.launch
+    assert result.log.extra_files == {}
+
+
+def test_slurm_launcher_writes_an_sbatch_script():
+    (name, text), = companion_files("exp/train.py", "slurm").items()
+    assert name == "train.sbatch"
+    assert "srun torchrun" in text and '--rdzv_endpoint="$head_node:29500"' in text
+    assert text.rstrip().endswith('train.py "$@"')
+    assert launch_lines("train.py", "slurm")[1] == "sbatch train.sbatch"
+
+
+def test_spawn_launcher_writes_a_launcher_that_compiles():
+    (name, text), = companion_files("train.py", "spawn").items()
+    assert name == "spawn_train.py"
+    compile(text, name, "exec")
+    assert "mp.spawn(run" in text
+
+
+def test_launch_step_fills_the_report():
+    log = ConversionLog()
+    options = ConvertOptions(target="ddp", amp="off", launcher="spawn")
+    LaunchCommands(new_context(options, log)).transform_module(cst.parse_module(SETUP))
+    assert "python spawn_train.py --nproc 2" in log.launch
+    assert set(log.extra_files) == {"spawn_train.py"}
+
+
+# -- the whole target ------------------------------------------------------------------------
+def test_whole_target_on_a_top_level_script():
+    result = convert_source(TOP_LEVEL, DDP)
+    code = result.converted
+    assert "ddp_model = DDP(" in code
+    assert "loader.sampler.set_epoch(epoch)" in code
+    assert code.rstrip().endswith("dist.destroy_process_group()")
+    compile(code, "train.py", "exec")

@@ -1,0 +1,33 @@
+"""Imports added by fixes go where isort would put them, and nothing else moves."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from autoaccel.cst_edit import add_imports
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # A stdlib import joins the stdlib section; the blank line before torch stays there.
+        ("import argparse\n\nimport torch\n", "import argparse\nimport os\n\nimport torch\n"),
+        # No stdlib section yet: a new one on top, comments above the block stay on top.
+        ("# header\nimport torch\n", "# header\nimport os\n\nimport torch\n"),
+        ('"""Doc."""\nimport torch\nx = 1\n', '"""Doc."""\nimport os\n\nimport torch\nx = 1\n'),
+        # Sections that were not separated get isort's blank line.
+        ("import sys\nimport torch\n", "import sys\nimport os\n\nimport torch\n"),
+        # Already imported: unchanged.
+        ("import os\nimport torch\n", "import os\nimport torch\n"),
+    ],
+)
+def test_stdlib_import_goes_to_the_stdlib_section(source, expected):
+    assert add_imports(cst.parse_module(source), ("os",)).code == expected
+
+
+def test_third_party_import_goes_after_the_import_block():
+    source = "import os\n\nimport numpy as np\n\nx = 1\n"
+    assert add_imports(cst.parse_module(source), ("torch",)).code == (
+        "import os\n\nimport numpy as np\nimport torch\n\nx = 1\n"
+    )
