@@ -85,3 +85,18 @@ class Transform(VisitorBasedCodemodCommand):
     def skipped(self, what: str, reason: str, node: cst.CSTNode | None = None) -> None:
         line = self.line_of(node) if node is not None else None
         self.log.skipped.append(Skipped(what, line, reason))
+
+
+class StatementRewrite(Transform):
+    """A transform that edits whole statements: `rebuild` maps the statements of each
+    block (a module or an indented body) to their replacements, keyed by the originals."""
+
+    def rebuild(self, originals: list, updated: list) -> list:
+        raise NotImplementedError
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        return updated_node.with_changes(
+            body=self.rebuild(list(original_node.body), list(updated_node.body))
+        )

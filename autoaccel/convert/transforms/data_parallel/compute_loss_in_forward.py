@@ -20,7 +20,7 @@ import libcst.matchers as m
 from autoaccel.analysis.losses import is_functional_loss
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
-from autoaccel.convert.transform import Transform
+from autoaccel.convert.transform import StatementRewrite
 from autoaccel.convert.transforms.data_parallel.wraps import (
     WRAPPER_CLASS,
     aliases,
@@ -58,7 +58,7 @@ class _Site:
         return f"{self.model.removeprefix('self.')}_with_loss"
 
 
-class ComputeLossInForward(Transform):
+class ComputeLossInForward(StatementRewrite):
     DESCRIPTION = "Compute each training step's loss inside forward on every GPU (nn.DataParallel)."
     code = "ACC402"
 
@@ -243,7 +243,7 @@ class ComputeLossInForward(Transform):
         return outermost
 
     # -- rewriting ------------------------------------------------------------------
-    def _rebuild(self, originals: list[cst.CSTNode], updated: list[cst.CSTNode]) -> list[cst.CSTNode]:
+    def rebuild(self, originals: list[cst.CSTNode], updated: list[cst.CSTNode]) -> list[cst.CSTNode]:
         result: list[cst.CSTNode] = []
         carried: list[cst.EmptyLine] = []  # comments and blank lines of a removed forward line
         for original, new in zip(originals, updated):
@@ -296,15 +296,8 @@ class ComputeLossInForward(Transform):
             cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(loss)], reduced)], trailing_whitespace=comment),
         ]
 
-    def leave_IndentedBlock(
-        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
-    ) -> cst.IndentedBlock:
-        return updated_node.with_changes(
-            body=self._rebuild(list(original_node.body), list(updated_node.body))
-        )
-
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        body = self._rebuild(list(original_node.body), list(updated_node.body))
+        body = self.rebuild(list(original_node.body), list(updated_node.body))
         updated_node = updated_node.with_changes(body=body)
         if not self.sites or _defines_class(updated_node, WRAPPER_CLASS):
             return updated_node

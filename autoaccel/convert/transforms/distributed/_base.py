@@ -12,7 +12,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
-from autoaccel.convert.transform import Transform
+from autoaccel.convert.transform import StatementRewrite
 from autoaccel.cst_edit import keyword_value, leading_import_block
 
 # Module-level names the set-up block defines; every later step builds on them.
@@ -125,7 +125,7 @@ class TrainedModel:
 _MAIN_TEST = m.Comparison(left=m.Name("__name__"))
 
 
-class DistributedStep(Transform):
+class DistributedStep(StatementRewrite):
     """A `--to ddp` step: acts only on scripts that carry the set-up block, and edits
     by inserting or replacing whole statements (`self.before`, `self.after`,
     `self.replace`, keyed by original statements)."""
@@ -150,7 +150,7 @@ class DistributedStep(Transform):
         return super().transform_module_impl(tree)
 
     # -- edits ------------------------------------------------------------------------
-    def _rebuild(self, originals: Statements, updated: Statements) -> Statements:
+    def rebuild(self, originals: Statements, updated: Statements) -> Statements:
         if len(originals) != len(updated):
             return updated
         result: Statements = []
@@ -163,15 +163,8 @@ class DistributedStep(Transform):
             result += unit + self.after.get(original, [])
         return result
 
-    def leave_IndentedBlock(
-        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
-    ) -> cst.IndentedBlock:
-        return updated_node.with_changes(
-            body=self._rebuild(list(original_node.body), list(updated_node.body))
-        )
-
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        body = self._rebuild(list(original_node.body), list(updated_node.body))
+        body = self.rebuild(list(original_node.body), list(updated_node.body))
         module = updated_node.with_changes(body=_space_new_definitions(body, updated_node.body))
         for statement in self.imports:
             module = add_import(module, statement)
