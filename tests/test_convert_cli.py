@@ -170,3 +170,9 @@ def test_cudnn_benchmark_is_skipped_with_a_note_when_determinism_is_asked_for(de
     (note,) = [s for s in result.log.skipped if s.what.startswith("ACC201")]
     assert note.line == 4
     assert "deterministic" in note.reason
+
+
+def test_ddp_launch_commands_name_the_written_script(script, tmp_path):
+    run = convert("train.py", "--to", "ddp", "-o", "train_ddp.py", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in run.stdout

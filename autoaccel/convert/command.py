@@ -40,7 +40,8 @@ def run_convert(
         print(f"{path}:1:1: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     try:
-        conversion = convert_source(text, options, str(path))
+        # The launch commands of `--to ddp` name the script that will run.
+        conversion = convert_source(text, options, str(output or path))
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
     except SourceError as error:
         where = f"{error.line}:{error.column}"
