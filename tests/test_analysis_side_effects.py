@@ -7,13 +7,12 @@ import textwrap
 
 import libcst as cst
 import pytest
-from libcst.metadata import MetadataWrapper
 
 from autoaccel.analysis.side_effects import EffectKind, SideEffects, find_side_effects
 
 
 def analyse(source: str) -> SideEffects:
-    return find_side_effects(MetadataWrapper(cst.parse_module(textwrap.dedent(source))))
+    return find_side_effects(cst.parse_module(textwrap.dedent(source)))
 
 
 def code(node: cst.CSTNode | None) -> str:
@@ -30,6 +29,12 @@ def code(node: cst.CSTNode | None) -> str:
         pytest.param("import json\njson.dump(history, f)\n", EffectKind.FILE_WRITE, id="json-dump"),
         pytest.param("import matplotlib.pyplot as plt\nplt.savefig('loss.png')\n", EffectKind.FILE_WRITE, id="savefig"),
         pytest.param("path.write_text(report)\n", EffectKind.FILE_WRITE, id="write-text-method"),
+        # A writing method on a local object (the figure is bound in this module).
+        pytest.param(
+            "import matplotlib.pyplot as plt\nfig = plt.gcf()\nfig.savefig('loss.png')\n",
+            EffectKind.FILE_WRITE,
+            id="savefig-method-of-local",
+        ),
         pytest.param("with open('log.txt', 'a') as f:\n    f.write('x')\n", EffectKind.FILE_WRITE, id="open-append"),
         pytest.param("with open(path, mode=m) as f:\n    pass\n", EffectKind.FILE_WRITE, id="open-unknown-mode"),
     ],

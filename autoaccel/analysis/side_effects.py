@@ -1,6 +1,6 @@
 """What a training script does to the outside world: prints, checkpoint saves, file writes.
 
-Found once per file from LibCST metadata, so the distributed target can run each of them
+Found in one walk over the file's `ModuleIndex` (parents and imported names), so the distributed target can run each of them
 on one process only. Every effect comes with the statement that would be guarded (the
 `with open(...)` block around a write, or the line of a call) and whether it is already
 limited to one rank. Functions that do nothing but write (`save_checkpoint`) are listed
@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider
 
-from autoaccel.analysis.names import qualified_names
+from autoaccel.analysis.index import ModuleIndex, run_visitors
 from autoaccel.analysis.rank_guards import rank_guarded
+from autoaccel.analysis.shapes import is_attribute
 
 
 class EffectKind(Enum):
@@ -70,11 +69,10 @@ class SideEffects:
     writer_functions: set[cst.FunctionDef] = field(default_factory=set)
 
 
-class _Collector(m.MatcherDecoratableVisitor):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ParentNodeProvider)
-
-    def __init__(self) -> None:
+class _Collector(cst.CSTVisitor):
+    def __init__(self, index: ModuleIndex) -> None:
         super().__init__()
+        self.index = index
         self.found = SideEffects()
         self.function_effects: dict[cst.FunctionDef, list[SideEffect]] = {}
 
@@ -83,7 +81,7 @@ class _Collector(m.MatcherDecoratableVisitor):
         if kind is None:
             return
         function = next(
-            (a for a in self._ancestors(node) if isinstance(a, cst.FunctionDef)), None
+            (a for a in self.index.ancestors(node) if isinstance(a, cst.FunctionDef)), None
         )
         effect = SideEffect(kind, node, self._statement(node), self._guarded(node), function)
         self.found.effects.append(effect)
@@ -99,40 +97,29 @@ class _Collector(m.MatcherDecoratableVisitor):
 
     # -- what a call does -------------------------------------------------------------
     def _kind(self, call: cst.Call) -> EffectKind | None:
-        names = qualified_names(self, call.func)
+        names = self.index.qualified_names(call.func)
         for name in names:
             if name in _BY_NAME:
                 return _BY_NAME[name]
         if names & _OPEN:
             return EffectKind.FILE_WRITE if _opens_for_writing(call) else None
-        if not names and m.matches(
-            call.func, m.Attribute(attr=m.MatchIfTrue(lambda a: a.value in _WRITING_METHODS))
-        ):
+        if not names and is_attribute(call.func, *_WRITING_METHODS):
             return EffectKind.FILE_WRITE
         return None
 
     # -- where it sits --------------------------------------------------------------
-    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return self.get_metadata(ParentNodeProvider, node, None)
-
-    def _ancestors(self, node: cst.CSTNode):
-        parent = self._parent(node)
-        while parent is not None:
-            yield parent
-            parent = self._parent(parent)
-
     def _statement(self, call: cst.Call) -> cst.BaseStatement | None:
         """`with open(...) as f:` for an opened file, the line of a call statement."""
-        parent = self._parent(call)
+        parent = self.index.parent(call)
         if isinstance(parent, cst.WithItem):
-            return self._parent(parent)  # type: ignore[return-value]
-        line = self._parent(parent) if isinstance(parent, cst.Expr) else None
+            return self.index.parent(parent)  # type: ignore[return-value]
+        line = self.index.parent(parent) if isinstance(parent, cst.Expr) else None
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             return line
         return None
 
     def _guarded(self, node: cst.CSTNode) -> bool:
-        return rank_guarded(node, self._ancestors(node))
+        return rank_guarded(node, self.index.ancestors(node))
 
 
 def _opens_for_writing(call: cst.Call) -> bool:
@@ -171,8 +158,9 @@ def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement]) -
     return False
 
 
-def find_side_effects(wrapper: MetadataWrapper) -> SideEffects:
-    """Prints, checkpoint saves and file writes of the module held by `wrapper`."""
-    collector = _Collector()
-    wrapper.visit(collector)
+def find_side_effects(module: cst.Module, index: ModuleIndex | None = None) -> SideEffects:
+    """Prints, checkpoint saves and file writes of `module` (pass its `index` when it
+    is built already)."""
+    collector = _Collector(index or ModuleIndex(module))
+    run_visitors(module, [collector])
     return collector.found

@@ -23,8 +23,7 @@ class GuardRankZero(DistributedStep):
     code = "ACC403"
 
     def visit_Module(self, node: cst.Module) -> None:
-        assert self.context.wrapper is not None
-        found = find_side_effects(self.context.wrapper)
+        found = find_side_effects(node, self.script.index)
         for function in found.writer_functions:
             self._return_early(function)
         groups: dict[cst.CSTNode, list[SideEffect]] = {}
