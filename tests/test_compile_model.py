@@ -80,3 +80,11 @@ def test_compile_composes_with_data_parallel_without_compiling_the_wrapper():
     result = convert_source(SCRIPT, ConvertOptions(amp="off", compile=True, target="dp"))
     assert compile_lines(result.converted) == ["model.compile()"]
     assert "model_with_loss(x, y)" in result.converted
+
+
+def test_a_model_trained_through_parameter_groups_is_compiled():
+    source = SCRIPT.replace(
+        "torch.optim.SGD(model.parameters(), lr=0.1)",
+        'torch.optim.SGD([{"params": model.parameters()}], lr=0.1)',
+    )
+    assert compile_lines(convert_source(source, COMPILE).converted) == ["model.compile()"]

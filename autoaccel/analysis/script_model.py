@@ -96,6 +96,9 @@ class ScriptModel:
     has_convolutions: bool = False
     # `nn.DataParallel` models, aliases included (`self.model = model`).
     data_parallel: set[str] = field(default_factory=set)
+    # Names whose `.parameters()` an optimizer receives, as written (no aliases): the
+    # models that train, not their layers nor a wrapper around them.
+    trained: set[str] = field(default_factory=set)
     # (target, source) of `a = b` (device moves stripped) and of arguments
     # passed to parameters of functions defined in the script.
     aliases: list[tuple[str, str]] = field(default_factory=list)
@@ -295,6 +298,7 @@ class _Collector(BindingVisitor, cst.CSTVisitor):
                 key = name_key(func.value)
                 if key is not None:
                     self.model.models.add(key)
+                    self.model.trained.add(key)
 
     def _mark_training_loops(self, backward: cst.Call) -> None:
         """Every loop whose body holds this `.backward()` call trains."""

@@ -28,7 +28,7 @@ class CompileModel(Transform):
             for call in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("compile"))))
             if isinstance(call, cst.Call)
         }
-        self.trained = self._trained_models(node)
+        self.trained = self.script.trained
         self.done: set[str] = set()
         if not self.trained:
             self.skipped(
@@ -36,22 +36,6 @@ class CompileModel(Transform):
                 "no optimizer is given a model's `.parameters()`, so the trained model is"
                 " not known; call `model.compile()` on it by hand",
             )
-
-    def _trained_models(self, tree: cst.Module) -> set[str]:
-        """Names whose `.parameters()` an optimizer receives: the models that train
-        (not their layers, not a wrapper such as `--to dp`'s model-with-loss)."""
-        trained = set()
-        parameters = m.Call(func=m.Attribute(attr=m.Name("parameters")))
-        for call in m.findall(tree, m.Call(args=[m.Arg(value=parameters), m.ZeroOrMore()])):
-            assert isinstance(call, cst.Call)
-            if any(
-                n.startswith("torch.optim.") and n.count(".") == 2
-                for n in self.qualified_names(call.func)
-            ):
-                owner = name_key(call.args[0].value.func.value)  # type: ignore[attr-defined]
-                if owner is not None:
-                    trained.add(owner)
-        return trained
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
