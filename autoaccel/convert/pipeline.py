@@ -7,6 +7,7 @@ second conversion of the output must change nothing (every step idempotent).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -104,14 +105,20 @@ def convert_source(source: str, options: ConvertOptions, path: str = "<string>")
     log = ConversionLog()
     script = None if path.startswith("<") else path
     converted = _run(source, options, log, script)
-    if converted == source:
-        return Conversion(source, converted, log)
+    if converted != source:
+        check_result(converted, path, lambda text: _run(text, options, ConversionLog(), script))
+    return Conversion(source, converted, log)
+
+
+def check_result(converted: str, path: str, rewrite_again: Callable[[str], str]) -> None:
+    """Black's checks before anything is written: `converted` parses and compiles, and
+    the same rewrite run over it changes nothing. Raises `ConversionError` otherwise."""
     try:
         parse(converted)
         compile(converted, path, "exec")
     except (SyntaxError, Exception) as error:  # noqa: BLE001 - any failure blocks the write
         raise ConversionError(f"internal error: the converted code does not compile: {error}") from error
-    again = _run(converted, options, ConversionLog(), script)
+    again = rewrite_again(converted)
     if again != converted:
         diff = "".join(
             difflib.unified_diff(
@@ -122,4 +129,3 @@ def convert_source(source: str, options: ConvertOptions, path: str = "<string>")
             "internal error: converting the output again changes it (a step is not"
             f" idempotent); nothing was written.\n{diff}"
         )
-    return Conversion(source, converted, log)

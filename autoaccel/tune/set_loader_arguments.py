@@ -8,7 +8,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.script_model import Missing, Unknown
 from autoaccel.convert.log import ConversionLog, ConvertOptions
-from autoaccel.convert.pipeline import Conversion, ConversionError
+from autoaccel.convert.pipeline import Conversion, check_result
 from autoaccel.convert.transform import Transform, new_context
 from autoaccel.cst_edit import code_of, remove_keyword, set_keyword
 from autoaccel.formatting import format_inserted_code
@@ -117,11 +117,5 @@ def set_loader_arguments(source: str, wanted: Wanted, path: str = "<string>") ->
     log = ConversionLog()
     converted, resolved = _apply(source, wanted, log)
     if converted != source:
-        try:
-            compile(converted, path, "exec")
-        except SyntaxError as error:
-            raise ConversionError(f"internal error: the result does not compile: {error}") from error
-        again, _ = _apply(converted, dict(resolved), ConversionLog())
-        if again != converted:
-            raise ConversionError("internal error: writing the values again changes the result")
+        check_result(converted, path, lambda text: _apply(text, dict(resolved), ConversionLog())[0])
     return Conversion(source, converted, log)
