@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import QualifiedNameProvider
-from libcst import MetadataDependent
 
 # Public re-exports, so that `torch.utils.data.dataloader.DataLoader` and
 # `torch.utils.data.DataLoader` are one thing to the rules.
@@ -33,12 +31,6 @@ def canonical(name: str) -> str:
         if name.startswith(prefix):
             return public + name[len(prefix) :]
     return name
-
-
-def qualified_names(visitor: MetadataDependent, node: cst.CSTNode) -> frozenset[str]:
-    """Every canonical qualified name `node` may refer to (empty when unknown)."""
-    found = visitor.get_metadata(QualifiedNameProvider, node, frozenset())
-    return frozenset(canonical(q.name) for q in found)
 
 
 def name_key(node: cst.BaseExpression) -> str | None:
