@@ -165,7 +165,7 @@ class _Collector(BindingVisitor, cst.CSTVisitor):
             for call in _possible_calls(value)
         ):
             self.model.data_parallel.add(key)
-        call = _strip_device_moves(value)
+        call = strip_device_moves(value)
         if not isinstance(call, cst.Call):
             return
         names = self.index.qualified_names(call.func)
@@ -387,7 +387,7 @@ class _Collector(BindingVisitor, cst.CSTVisitor):
                     self._alias(arg.keyword.value, arg.value)
 
     def _alias(self, target: str, value: cst.BaseExpression) -> None:
-        source = name_key(_strip_device_moves(value))
+        source = name_key(strip_device_moves(value))
         if source is not None and source != target:
             self.aliases.append((target, source))
 
@@ -419,7 +419,7 @@ class _Collector(BindingVisitor, cst.CSTVisitor):
         return self.model
 
 
-def _strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:
+def strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     """`Net().to(device)` / `Net().cuda()` -> `Net()`."""
     while (
         isinstance(value, cst.Call)
@@ -434,7 +434,7 @@ def _possible_calls(value: cst.BaseExpression) -> list[cst.Call]:
     """The calls an assigned value may be: both branches of `a if c else b`."""
     if isinstance(value, cst.IfExp):
         return _possible_calls(value.body) + _possible_calls(value.orelse)
-    value = _strip_device_moves(value)
+    value = strip_device_moves(value)
     return [value] if isinstance(value, cst.Call) else []
 
 

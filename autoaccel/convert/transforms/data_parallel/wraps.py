@@ -8,6 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.convert.transform import Transform
 from autoaccel.rules.acc401_data_parallel import DATA_PARALLEL
 
@@ -31,13 +32,6 @@ class Wrap:
 def single_positional(call: cst.Call) -> bool:
     """Whether `call` passes exactly one argument, by position."""
     return len(call.args) == 1 and call.args[0].keyword is None and not call.args[0].star
-
-
-def strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`nn.DataParallel(net).to(device)` / `.cuda()` -> `nn.DataParallel(net)`."""
-    while m.matches(value, m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda")))):
-        value = value.func.value  # type: ignore[attr-defined]
-    return value
 
 
 def single_assign(statement: cst.CSTNode) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
