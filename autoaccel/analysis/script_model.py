@@ -16,7 +16,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from autoaccel.analysis.index import ModuleIndex, descendants, run_visitors
-from autoaccel.analysis.shapes import BindingVisitor
+from autoaccel.analysis.shapes import BindingVisitor, bound_names, is_name
 from autoaccel.analysis.names import name_key
 
 DATALOADER = "torch.utils.data.DataLoader"
@@ -155,7 +155,7 @@ class _Collector(BindingVisitor, cst.CSTVisitor):
             return
         if isinstance(value, cst.Dict):
             self._record_dict(key, value)
-        elif isinstance(value, cst.Call) and _is_name(value.func, "dict"):
+        elif isinstance(value, cst.Call) and is_name(value.func, "dict"):
             self._record_dict_call(key, value)
         self._alias(key, value)
         if self._is_device_value(value):
@@ -351,7 +351,7 @@ class _Collector(BindingVisitor, cst.CSTVisitor):
         if trains:
             self.model.epoch_loops.update(self.loop_stack)
         batch_names = (
-            frozenset(_bound_names(node.target)) if isinstance(node, cst.For) else frozenset()
+            frozenset(bound_names(node.target)) if isinstance(node, cst.For) else frozenset()
         )
         self.model.step_loops[node] = StepLoop(
             node=node,
@@ -462,10 +462,6 @@ def _is_device_string(value: cst.BaseExpression) -> bool:
     return isinstance(text, str) and text.split(":")[0] in _DEVICE_STRINGS
 
 
-def _is_name(node: cst.BaseExpression, name: str) -> bool:
-    return isinstance(node, cst.Name) and node.value == name
-
-
 def _mentions_cuda_string(node: cst.CSTNode) -> bool:
     return any(
         isinstance(n, cst.SimpleString) and "cuda" in n.value for n in descendants(node)
@@ -477,14 +473,6 @@ def _loaded_object(iterable: cst.BaseExpression) -> str | None:
     while isinstance(iterable, cst.Call) and iterable.args:
         iterable = iterable.args[0].value
     return name_key(iterable)
-
-
-def _bound_names(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for element in target.elements for n in _bound_names(element.value)]
-    return []
 
 
 def build_script_model(wrapper: MetadataWrapper, index: ModuleIndex | None = None) -> ScriptModel:

@@ -46,6 +46,17 @@ def method_calls(node: cst.CSTNode, *methods: str) -> list[cst.Call]:
     return [found for found in descendants(node) if is_method_call(found, *methods)]  # type: ignore[misc]
 
 
+def bound_names(target: cst.BaseExpression) -> list[str]:
+    """The plain names an assignment or `for` target binds: `x`, `(x, y)`, `[x, *rest]`."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for element in target.elements for n in bound_names(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return bound_names(target.value)
+    return []
+
+
 class BindingVisitor:
     """Mixin for visitors: `bind(target, value)` for every `a = b` and `a: T = b`."""
 

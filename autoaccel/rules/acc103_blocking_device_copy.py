@@ -6,7 +6,7 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import device_leaves
-from autoaccel.analysis.shapes import find, is_attribute
+from autoaccel.analysis.shapes import bound_names, find, is_attribute
 from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
@@ -201,12 +201,4 @@ def _bound_from(
         return []
     if not _derives(value, names):
         return []
-    return _names(target)
-
-
-def _names(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for element in target.elements for n in _names(element.value)]
-    return []
+    return bound_names(target)

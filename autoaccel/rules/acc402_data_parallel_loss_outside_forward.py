@@ -9,7 +9,7 @@ import libcst as cst
 from autoaccel.analysis.losses import is_functional_loss, is_loss_module
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
-from autoaccel.analysis.shapes import BindingVisitor, find, method_calls
+from autoaccel.analysis.shapes import BindingVisitor, bound_names, find, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
 
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
@@ -96,7 +96,7 @@ class DataParallelLossOutsideForward(BindingVisitor, LintRule):
         model_call = _producing_call(value)
         if model_call is not None:
             model = name_key(model_call.func)
-            names = frozenset(_bound_names(target))
+            names = frozenset(bound_names(target))
             if model is not None and names:
                 self.outputs.append(_Output(self._scope(target), model, names))
 
@@ -175,11 +175,3 @@ def _producing_call(value: cst.BaseExpression) -> cst.Call | None:
             return None
 
 
-def _bound_names(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for element in target.elements for n in _bound_names(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _bound_names(target.value)
-    return []
