@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.metadata import CodeRange, PositionProvider
+from libcst.metadata import CodeRange
 
+from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 
@@ -39,6 +40,7 @@ class Transform(VisitorBasedCodemodCommand):
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
         self.script: ScriptModel = ScriptModel()
+        self._positions: Positions | None = None
 
     @property
     def options(self) -> ConvertOptions:
@@ -56,6 +58,7 @@ class Transform(VisitorBasedCodemodCommand):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         assert self.context.wrapper is not None
         self.script = build_script_model(self.context.wrapper)
+        self._positions = None
         return super().transform_module_impl(tree)
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
@@ -73,8 +76,10 @@ class Transform(VisitorBasedCodemodCommand):
 
     def position_of(self, node: cst.CSTNode) -> CodeRange:
         """Where `node` is (computed for the whole tree on the first call)."""
-        assert self.context.wrapper is not None
-        return self.context.wrapper.resolve(PositionProvider)[node]
+        if self._positions is None:
+            assert self.context.wrapper is not None
+            self._positions = Positions(self.context.wrapper.module)
+        return self._positions[node]
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.position_of(node).start.line

@@ -16,6 +16,7 @@ from libcst.metadata import (
 )
 
 from autoaccel.analysis.index import ModuleIndex, run_visitors
+from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.script_model import build_script_model
 from autoaccel.config import LintSettings
 from autoaccel.lint.noqa import is_suppressed, suppressions
@@ -70,6 +71,7 @@ class Analysis:
 
     module: cst.Module
     wrapper: MetadataWrapper | None
+    positions: Positions
     diagnostics: list[Diagnostic] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
 
@@ -78,17 +80,19 @@ def analyse(source: str, settings: LintSettings, path: str | None = None) -> Ana
     """Run the enabled rules over `source`. Raises `SourceError` when it does not parse."""
     rules = [rule for rule in all_rules() if settings.enabled(rule.code, path)]
     if not might_use_torch(source):
-        return Analysis(module=cst.Module(body=[]), wrapper=None)
+        empty = cst.Module(body=[])
+        return Analysis(module=empty, wrapper=None, positions=Positions(empty))
     module = parse(source)
+    positions = Positions(module)  # computed when a rule first reports
     if not rules:
-        return Analysis(module=module, wrapper=None)
+        return Analysis(module=module, wrapper=None, positions=positions)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     index = ModuleIndex(module)
     script = build_script_model(wrapper, index)
     metadata = {
         ParentNodeProvider: index.parents,
-        # Resolved by LibCST only when a rule first asks (positions: on a finding).
-        PositionProvider: _Lazy(wrapper, PositionProvider),
+        PositionProvider: positions,
+        # Resolved by LibCST only when a rule first asks.
         ScopeProvider: _Lazy(wrapper, ScopeProvider),
         QualifiedNameProvider: _Lazy(wrapper, QualifiedNameProvider),
     }
@@ -108,7 +112,11 @@ def analyse(source: str, settings: LintSettings, path: str | None = None) -> Ana
     )
     notes = [note for visitor in visitors for note in visitor.notes]
     return Analysis(
-        module=module, wrapper=wrapper, diagnostics=_unique(diagnostics), notes=notes
+        module=module,
+        wrapper=wrapper,
+        positions=positions,
+        diagnostics=_unique(diagnostics),
+        notes=notes,
     )
 
 

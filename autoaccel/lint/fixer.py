@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import libcst as cst
-from libcst.metadata import CodeRange, PositionProvider
+from libcst.metadata import CodeRange
 
 from autoaccel.config import LintSettings
 from autoaccel.cst_edit import add_imports
@@ -56,9 +56,7 @@ def fix_source(source: str, settings: LintSettings, path: str | None = None) -> 
 
 
 def _non_overlapping(analysis: Analysis, settings: LintSettings) -> list[Diagnostic]:
-    if analysis.wrapper is None:
-        return []
-    positions = analysis.wrapper.resolve(PositionProvider)
+    positions = analysis.positions
     taken: list[CodeRange] = []
     chosen = []
     for diagnostic in analysis.diagnostics:
