@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 from conftest import CLEAN, SCRIPT, SELECT
@@ -284,3 +286,35 @@ def test_rules_unknown_code_exits_two(cli):
 def test_version(cli):
     run = cli("--version")
     assert (run.exit_code, run.stdout) == (0, f"autoaccel {__version__}\n")
+
+
+PLAIN_CALLS = [(), ("--quiet",), ("--fix",), ("--diff", "-q"), ("--unsafe-fixes", "--exit-zero")]
+
+
+def _main(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """`autoaccel.cli.main` with `args`; also prints whether pydantic got imported."""
+    code = (
+        "import sys\nfrom autoaccel.cli import main\n"
+        f"sys.argv = ['autoaccel', *{args!r}]\n"
+        "try:\n    main()\nfinally:\n    print('pydantic' in sys.modules, file=sys.stderr)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("flags", PLAIN_CALLS, ids=" ".join)
+def test_plain_lint_call_skips_typer_parsing_with_the_same_result(tmp_path, flags):
+    """Paths and on/off flags (the pre-commit hooks' calls) are run without typer's
+    parsing, which imports pydantic; anything else, here `--format text`, is parsed by
+    typer. Both give the same output, exit code and file."""
+    results = []
+    for parsed_by_typer in (False, True):
+        (tmp_path / "train.py").write_text(SCRIPT)
+        extra = ["--format", "text"] if parsed_by_typer else []
+        run = _main(["lint", *flags, *extra, "train.py"], tmp_path)
+        *report, pydantic = run.stderr.splitlines()
+        assert pydantic == str(parsed_by_typer)
+        results.append((run.returncode, run.stdout, report, (tmp_path / "train.py").read_text()))
+    assert results[0] == results[1]
+    assert results[0][0] in (0, 1), results[0]

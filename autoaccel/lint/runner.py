@@ -6,7 +6,6 @@ engine never sees a notebook, and positions are mapped back around it."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -149,6 +148,8 @@ def lint_files(paths: list[Path], overrides: Overrides, mode: Mode) -> list[File
     """Results in the order of `paths` (which `discover` returns sorted)."""
     if len(paths) < PARALLEL_THRESHOLD:
         return [lint_file(path, overrides, mode) for path in paths]
+    from concurrent.futures import ProcessPoolExecutor  # ~10 ms a one-file run skips
+
     workers = min(os.cpu_count() or 1, len(paths))
     with ProcessPoolExecutor(max_workers=workers) as pool:
         chunk = max(1, len(paths) // (workers * 4))
