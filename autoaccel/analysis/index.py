@@ -59,16 +59,29 @@ def child_fields(kind: type) -> tuple[str, ...]:
     return found
 
 
+# Whether a type is a LibCST node: `isinstance(x, cst.CSTNode)` runs ABCMeta's Python
+# code for every non-node value, and this test runs for every field of every node.
+_IS_NODE: dict[type, bool] = {}
+
+
+def _is_node(kind: type) -> bool:
+    known = _IS_NODE.get(kind)
+    if known is None:
+        known = _IS_NODE[kind] = issubclass(kind, cst.CSTNode)
+    return known
+
+
 def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """The child nodes of `node` (tokens and whitespace left out), in source order."""
     for name in child_fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            yield value
-        elif isinstance(value, (list, tuple)):
+        kind = type(value)
+        if kind is tuple or kind is list:
             for item in value:
-                if isinstance(item, cst.CSTNode):
+                if _is_node(type(item)):
                     yield item
+        elif _is_node(kind):
+            yield value
 
 
 def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
@@ -80,12 +93,13 @@ def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         stack.extend(reversed(list(children(current))))
 
 
-# Nodes whose end LibCST's scope analysis counts as a new binding point.
-_BINDING_STATEMENTS = (
+# Nodes whose end LibCST's scope analysis counts as a new binding point (a set of
+# exact types: cheaper than `isinstance` with LibCST's ABCs, for every node).
+_BINDING_STATEMENTS = frozenset({
     cst.AnnAssign, cst.AsName, cst.Assign, cst.AugAssign, cst.ClassDef, cst.CompFor,
     cst.FunctionDef, cst.Global, cst.Import, cst.ImportFrom, cst.NamedExpr, cst.Nonlocal,
     cst.Parameters, cst.WithItem,
-)  # fmt: skip
+})  # fmt: skip
 _DEFINITIONS = (cst.FunctionDef, cst.ClassDef)
 
 
@@ -224,7 +238,7 @@ class ModuleIndex:
             for child in children(node):
                 self.parents[child] = node
                 self._visit(child, scope, store and isinstance(node, (cst.Tuple, cst.List, cst.StarredElement, cst.Element)))
-        if isinstance(node, _BINDING_STATEMENTS):
+        if type(node) in _BINDING_STATEMENTS:
             scope.count += 1
 
     def _child(self, parent: cst.CSTNode, child: cst.CSTNode | None, scope: Scope, store: bool = False) -> None:
@@ -494,17 +508,23 @@ _METHODS: dict[type, tuple[tuple[str, str], ...]] = {}
 
 
 def _handler_names(kind: type) -> tuple[tuple[str, str], ...]:
-    """("visit" | "leave", node type name) of a visitor class's methods."""
+    """("visit" | "leave", node type name) of a visitor class's methods. LibCST's own
+    visitor bases are skipped: their hundreds of methods do nothing."""
     found = _METHODS.get(kind)
     if found is None:
+        names = {
+            name
+            for cls in kind.__mro__
+            if not cls.__module__.startswith("libcst")
+            for name in vars(cls)
+        }
         found = _METHODS[kind] = tuple(
             (prefix, name[len(prefix) + 1 :])
-            for name in dir(kind)
+            for name in sorted(names)
             for prefix in ("visit", "leave")
             if name.startswith(prefix + "_")
             and "_" not in name[len(prefix) + 1 :]
             and isinstance(getattr(cst, name[len(prefix) + 1 :], None), type)
-            and not getattr(getattr(kind, name), "_is_no_op", False)
         )
     return found
 

@@ -126,8 +126,8 @@ def self_assignment(rule: LintRule, line: cst.SimpleStatementLine) -> SelfAssign
     if len(line.body) != 1 or not isinstance(line.body[0], cst.Assign):
         return None
     assign = line.body[0]
-    if len(assign.targets) != 1 or "#" in _code(assign) or line.trailing_whitespace.comment:
-        return None  # a comment on the statement would go with it
+    if len(assign.targets) != 1:
+        return None
     target, value = assign.targets[0].target, assign.value
     if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple):
         if len(target.elements) != len(value.elements):
@@ -156,7 +156,11 @@ def self_assignment(rule: LintRule, line: cst.SimpleStatementLine) -> SelfAssign
             found.plain.append(wrapped)
         else:
             found.volatile.append(wrapped)
-    return found if found.plain or found.volatile else None
+    if not (found.plain or found.volatile):
+        return None
+    if line.trailing_whitespace.comment or "#" in _code(assign):
+        return None  # a comment on the statement would go with it
+    return found
 
 
 def statement_removal(rule: LintRule, line: cst.SimpleStatementLine):
