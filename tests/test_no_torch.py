@@ -75,3 +75,29 @@ def test_lint_machinery_does_not_import_torch():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "False\n"
+
+
+# What a pre-commit run must not pay for: torch, pydantic (typer's parameter coercion,
+# ~0.07 s), LibCST's matchers and codemods (convert only), black and rich (convert and
+# tune), the process pool (4 files or more).
+HEAVY = ("torch", "pydantic", "libcst.matchers", "libcst.codemod", "black", "rich",
+         "concurrent.futures.process")  # fmt: skip
+
+
+def test_a_hook_run_imports_nothing_heavy(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    code = textwrap.dedent(
+        f"""\
+        import sys
+        from autoaccel.cli import main
+        sys.argv = ["autoaccel", "lint", "--fix", {str(script)!r}]
+        try:
+            main()
+        finally:
+            print([name for name in {HEAVY!r} if name in sys.modules], file=sys.stderr)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.splitlines()[-1] == "[]"
