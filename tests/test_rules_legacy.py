@@ -185,6 +185,8 @@ def test_volatile_message_points_to_no_grad():
 
 
 # -- ACC503 zero-dim-index ----------------------------------------------------------------
+# The legacy script uses `size_average=False` on purpose (pre-0.4 style); torch warns.
+@pytest.mark.filterwarnings("ignore:size_average and reduce args will be deprecated")
 def test_zero_dim_index_fix_runs_on_current_torch():
     source = """\
         import torch
