@@ -2,7 +2,8 @@
 
 What rules used `libcst.matchers` for on the lint path: importing the matchers costs
 ~0.3 s of start-up, more than linting a typical script (`pre-commit` pays it on
-every commit), and these plain checks are also faster per call.
+every commit), and these plain checks are also faster per call. Convert steps search
+with them too: each `m.findall` is a full LibCST visitor pass.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def find(node: cst.CSTNode, kind: type[NodeT] | tuple[type[NodeT], ...]) -> list
 def method_calls(node: cst.CSTNode, *methods: str) -> list[cst.Call]:
     """Every `x.method(...)` call in `node`, in source order."""
     return [found for found in descendants(node) if is_method_call(found, *methods)]  # type: ignore[misc]
+
+
+def name_calls(node: cst.CSTNode, *names: str) -> list[cst.Call]:
+    """Every `name(...)` call in `node` with `name` one of `names`, in source order."""
+    return [c for c in find(node, cst.Call) if is_name(c.func, *names)]
 
 
 def bound_names(target: cst.BaseExpression) -> list[str]:

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.index import descendants
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
-from autoaccel.convert.transform import StatementRewrite
+from autoaccel.analysis.shapes import find, is_method_call, is_name
+from autoaccel.convert.transform import StatementRewrite, source_of
 from autoaccel.cst_edit import keyword_value, leading_import_block
 
 # Module-level names the set-up block defines; every later step builds on them.
@@ -138,7 +140,7 @@ class DistributedStep(StatementRewrite):
     def transform_module(self, tree: cst.Module) -> cst.Module:
         if not has_setup_block(tree):
             return tree
-        if self.needs and not any(word in tree.code for word in self.needs):
+        if self.needs and not any(word in source_of(self.context, tree) for word in self.needs):
             return tree
         return super().transform_module(tree)
 
@@ -196,7 +198,7 @@ class DistributedStep(StatementRewrite):
             scope = self.scope_of(loop)
             if scope is not None:
                 names.add(scope.name.value)
-        functions = [f for f in m.findall(module, m.FunctionDef()) if isinstance(f, cst.FunctionDef)]
+        functions = find(module, cst.FunctionDef)
         grew = True
         while grew:
             grew = False
@@ -213,11 +215,10 @@ class DistributedStep(StatementRewrite):
         sampler = keyword_value(loader, "sampler")
         names = {name_key(sampler)} if sampler is not None else set()
         names |= {f"{name_key(a.value)}[sampler]" for a in loader.args if a.star == "**"}
-        for assign in m.findall(module, m.Assign()):
-            targets = {_target_name(t.target) for t in assign.targets}  # type: ignore[attr-defined]
+        for assign in find(module, cst.Assign):
+            targets = {_target_name(t.target) for t in assign.targets}
             if targets & names and any(
-                DISTRIBUTED_SAMPLER in self.qualified_names(c.func)  # type: ignore[attr-defined]
-                for c in m.findall(assign.value, m.Call())  # type: ignore[attr-defined]
+                DISTRIBUTED_SAMPLER in self.qualified_names(c.func) for c in find(assign.value, cst.Call)
             ):
                 return True
         return False
@@ -227,14 +228,15 @@ class DistributedStep(StatementRewrite):
         that some call passes one to."""
         names = {
             name_key(target.target)
-            for assign in m.findall(module, m.Assign())
-            if any(DDP_CLASS in self.qualified_names(c.func) for c in m.findall(assign, m.Call()))  # type: ignore[attr-defined]
-            for target in assign.targets  # type: ignore[attr-defined]
+            for assign in find(module, cst.Assign)
+            if any(DDP_CLASS in self.qualified_names(c.func) for c in find(assign, cst.Call))
+            for target in assign.targets
         }
-        for function in m.findall(module, m.FunctionDef()):
-            params = [p.name.value for p in function.params.params]  # type: ignore[attr-defined]
-            for call in m.findall(module, m.Call(func=m.Name(function.name.value))):  # type: ignore[attr-defined]
-                positional = [a for a in call.args if a.keyword is None and not a.star]  # type: ignore[attr-defined]
+        calls = find(module, cst.Call)
+        for function in find(module, cst.FunctionDef):
+            params = [p.name.value for p in function.params.params]
+            for call in (c for c in calls if is_name(c.func, function.name.value)):
+                positional = [a for a in call.args if a.keyword is None and not a.star]
                 names |= {p for p, a in zip(params, positional) if name_key(a.value) in names}
         return {n for n in names if n is not None}
 
@@ -258,20 +260,17 @@ class DistributedStep(StatementRewrite):
             {
                 key
                 for loop in self.train_loops()
-                for call in m.findall(loop, m.Call())
-                if (key := name_key(call.func)) in self.script.models  # type: ignore[attr-defined]
+                for call in find(loop, cst.Call)
+                if (key := name_key(call.func)) in self.script.models
             }
             - self.ddp_wrappers(module)
         )
         training = self.training_functions(module)
         loops = set(self.train_loops())
         found = []
+        assignments = find(module, (cst.Assign, cst.AnnAssign))
         for key in keys:
-            assigns = [
-                a
-                for a in m.findall(module, m.Assign() | m.AnnAssign())
-                if any(name_key(t) == key for t in _targets(a))
-            ]
+            assigns = [a for a in assignments if any(name_key(t) == key for t in _targets(a))]
             if not assigns:
                 continue
             block = self.scope_block(assigns[0])
@@ -279,9 +278,7 @@ class DistributedStep(StatementRewrite):
             for statement in block.body:
                 if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                     continue
-                if calls_any(statement, training) or any(
-                    m.findall(statement, m.MatchIfTrue(lambda n: n in loops))
-                ):
+                if calls_any(statement, training) or any(n in loops for n in descendants(statement)):
                     break
                 if _builds(statement, key):
                     anchor = statement
@@ -327,19 +324,20 @@ def _targets(assign: cst.CSTNode) -> list[cst.BaseExpression]:
 def _builds(statement: cst.CSTNode, key: str) -> bool:
     """Whether `statement` assigns `key` or calls a method of it as a statement
     (`model.to(device)`, `net.apply(init)`, `model.cuda()`)."""
-    for node in m.findall(statement, m.Assign() | m.AnnAssign()):
+    for node in find(statement, (cst.Assign, cst.AnnAssign)):
         if any(name_key(t) == key for t in _targets(node)):
             return True
     return any(
         name_key(expr.value.func.value) == key  # type: ignore[attr-defined]
-        for expr in m.findall(statement, m.Expr(value=m.Call(func=m.Attribute())))
+        for expr in find(statement, cst.Expr)
+        if is_method_call(expr.value)
     )
 
 
 def calls_any(node: cst.CSTNode, functions: set[str]) -> bool:
     """Whether `node` calls one of `functions` (`f(...)` or `self.f(...)`)."""
-    for call in m.findall(node, m.Call()):
-        key = name_key(call.func)  # type: ignore[attr-defined]
+    for call in find(node, cst.Call):
+        key = name_key(call.func)
         if key is not None and key.removeprefix("self.") in functions:
             return True
     return False
