@@ -6,7 +6,8 @@ from __future__ import annotations
 import difflib
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+
+from autoaccel.analysis.positions import Positions
 
 LINE_LENGTH = 88
 
@@ -24,17 +25,16 @@ def _changed_long_lines(before: str, after: str) -> set[int]:
 
 
 class _FormatStatements(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self, lines: set[int]) -> None:
+    def __init__(self, lines: set[int], positions: Positions) -> None:
         super().__init__()
         self.lines = lines
+        self.positions = positions
 
     def _black(self, node: cst.CSTNode, code: str) -> str | None:
         """`code` (the statement `node` stands for) formatted at `node`'s indentation."""
         import black
 
-        column = self.get_metadata(PositionProvider, node).start.column
+        column = self.positions[node].start.column
         mode = black.Mode(line_length=LINE_LENGTH - column, string_normalization=False)
         try:
             return black.format_str(code, mode=mode)
@@ -42,7 +42,7 @@ class _FormatStatements(cst.CSTTransformer):
             return None
 
     def _touched(self, node: cst.CSTNode, last_line: int | None = None) -> bool:
-        position = self.get_metadata(PositionProvider, node)
+        position = self.positions[node]
         end = position.end.line if last_line is None else last_line
         return any(line in self.lines for line in range(position.start.line, end + 1))
 
@@ -61,7 +61,7 @@ class _FormatStatements(cst.CSTTransformer):
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
         """A long `with` header (e.g. an inserted autocast): only the header is
         re-formatted; the body keeps its bytes."""
-        header_line = self.get_metadata(PositionProvider, original_node.body).start.line
+        header_line = self.positions[original_node.body].start.line
         if not self._touched(original_node, last_line=header_line):
             return updated_node
         header = updated_node.with_changes(
@@ -86,5 +86,5 @@ def format_inserted_code(before: str, after: str) -> str:
     lines = _changed_long_lines(before, after)
     if not lines:
         return after
-    wrapper = MetadataWrapper(cst.parse_module(after), unsafe_skip_copy=True)
-    return wrapper.visit(_FormatStatements(lines)).code
+    module = cst.parse_module(after)
+    return module.visit(_FormatStatements(lines, Positions(module))).code

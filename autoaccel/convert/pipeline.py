@@ -64,21 +64,23 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
 
 
 def _run(source: str, options: ConvertOptions, log: ConversionLog, path: str | None) -> str:
-    tree = parse(source)
+    tree, text = parse(source), source  # `text` is always `tree.code`: codegen once a step
     history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
     for step in transforms_for(options):
         if not step.enabled(options):
             continue
         before_count = len(log.changes) + len(log.skipped)
-        before = tree.code
-        tree = step(new_context(options, log, path)).transform_module(tree)
-        after = format_inserted_code(before, tree.code)
-        if after != tree.code:
-            tree = cst.parse_module(after)
+        transformed = step(new_context(options, log, path, text)).transform_module(tree)
+        if transformed is tree:
+            continue  # the step had nothing to do
+        generated = transformed.code
+        after = format_inserted_code(text, generated)
+        tree = cst.parse_module(after) if after != generated else transformed
         _map_lines_to_original(log, before_count, history)
-        if after != before:
-            history.append((before, after))
-    return tree.code
+        if after != text:
+            history.append((text, after))
+        text = after
+    return text
 
 
 def _map_lines_to_original(

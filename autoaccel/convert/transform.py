@@ -19,13 +19,26 @@ from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
+SOURCE_KEY = "autoaccel.source"
 
 
 def new_context(
-    options: ConvertOptions, log: ConversionLog, path: str | None = None
+    options: ConvertOptions,
+    log: ConversionLog,
+    path: str | None = None,
+    source: str | None = None,
 ) -> CodemodContext:
-    """The context of one step; `path` names the script (launch commands use it)."""
-    return CodemodContext(filename=path, scratch={OPTIONS_KEY: options, LOG_KEY: log})
+    """The context of one step; `path` names the script (launch commands use it),
+    `source` is the code of the tree the step gets, when the caller has it."""
+    scratch = {OPTIONS_KEY: options, LOG_KEY: log, SOURCE_KEY: source}
+    return CodemodContext(filename=path, scratch=scratch)
+
+
+def source_of(context: CodemodContext, tree: cst.Module) -> str:
+    """The code of `tree`, the module a step is given: from the context when the
+    pipeline passed it along (code generation costs a pass over the tree)."""
+    source = context.scratch.get(SOURCE_KEY)
+    return tree.code if source is None else source
 
 
 class Transform(VisitorBasedCodemodCommand):

@@ -7,7 +7,7 @@ from libcst.codemod import Codemod
 
 from autoaccel.config import LintSettings
 from autoaccel.convert.log import Change, ConvertOptions, Skipped
-from autoaccel.convert.transform import LOG_KEY, OPTIONS_KEY
+from autoaccel.convert.transform import LOG_KEY, OPTIONS_KEY, source_of
 from autoaccel.lint.fixer import fix_source
 
 
@@ -28,7 +28,8 @@ class RuleFixes(Codemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         codes = self.selected_codes(self.context.scratch[OPTIONS_KEY])
         settings = LintSettings(select=codes, unsafe_fixes=True)
-        result = fix_source(tree.code, settings)
+        source = source_of(self.context, tree)
+        result = fix_source(source, settings)
         log = self.context.scratch[LOG_KEY]
         for diagnostic in result.fixed:
             log.changes.append(Change(diagnostic.code, diagnostic.line, diagnostic.fix_title or ""))
@@ -38,7 +39,7 @@ class RuleFixes(Codemod):
             )
         for note in result.notes:
             log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
-        return tree if result.source == tree.code else cst.parse_module(result.source)
+        return tree if result.source == source else cst.parse_module(result.source)
 
 
 class SingleProcessFixes(RuleFixes):
