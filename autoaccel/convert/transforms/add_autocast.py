@@ -21,6 +21,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
 from autoaccel.cst_edit import add_imports, code_of
@@ -140,19 +141,19 @@ class AddAutocast(Transform):
         self.bce_criteria: set[str] = set()
         self.bound: dict[cst.FunctionDef | None, set[str]] = {}
         self.local_functions = {
-            f.name.value for f in m.findall(module, m.FunctionDef()) if isinstance(f, cst.FunctionDef)
+            f.name.value for f in find(module, cst.FunctionDef)
         }
-        for assign in m.findall(module, m.Assign() | m.AnnAssign()):
-            value = assign.value  # type: ignore[attr-defined]
+        for assign in find(module, (cst.Assign, cst.AnnAssign)):
+            value = assign.value
             if value is None:
                 continue
             targets = (
-                [t.target for t in assign.targets]  # type: ignore[attr-defined]
+                [t.target for t in assign.targets]
                 if isinstance(assign, cst.Assign)
-                else [assign.target]  # type: ignore[attr-defined]
+                else [assign.target]
             )
             scope = self._function_of(assign)
-            calls = [c for c in m.findall(value, m.Call()) if isinstance(c, cst.Call)]
+            calls = find(value, cst.Call)
             names = set().union(*(self.qualified_names(c.func) for c in calls)) if calls else set()
             for target in targets:
                 key = name_key(target)
@@ -191,13 +192,12 @@ class AddAutocast(Transform):
 
     def _calls_model(self, node: cst.CSTNode) -> bool:
         return any(
-            name_key(call.func) in self.script.models  # type: ignore[attr-defined]
-            for call in m.findall(node, m.Call())
+            name_key(call.func) in self.script.models for call in find(node, cst.Call)
         )
 
     def _calls_local_function(self, node: cst.CSTNode) -> bool:
-        for call in m.findall(node, m.Call()):
-            key = name_key(call.func)  # type: ignore[attr-defined]
+        for call in find(node, cst.Call):
+            key = name_key(call.func)
             if key and key.removeprefix("self.") in self.local_functions:
                 return True
         return False
@@ -208,12 +208,12 @@ class AddAutocast(Transform):
         )
 
     def _bce_calls(self, node: cst.CSTNode) -> list[cst.Call]:
-        return [c for c in m.findall(node, m.Call()) if isinstance(c, cst.Call) and self._is_bce(c)]
+        return [c for c in find(node, cst.Call) if self._is_bce(c)]
 
     def _plan_loop(self, loop: StepLoop) -> None:
         node = loop.node
         if any(_is_autocast_with(a) for a in self.ancestors(node)) or any(
-            _is_autocast_with(w) for w in m.findall(node, m.With())
+            _is_autocast_with(w) for w in find(node, cst.With)
         ):
             return  # already mixed precision: leave the loop as the user wrote it
         body = node.body
@@ -228,7 +228,7 @@ class AddAutocast(Transform):
         backwards = [i for i, s in enumerate(statements) if _backward_target(s) is not None]
         nested = [
             c
-            for c in m.findall(body, m.Call(func=m.Attribute(attr=m.Name("backward"))))
+            for c in method_calls(body, "backward")
             if not any(
                 _backward_target(s) is not None and s.body[0].value is c  # type: ignore[attr-defined]
                 for s in statements
@@ -245,7 +245,7 @@ class AddAutocast(Transform):
             return
         optimizers_stepped = [
             c
-            for c in m.findall(body, m.Call(func=m.Attribute(attr=m.Name("step"))))
+            for c in method_calls(body, "step")
             if name_key(c.func.value) in self.script.optimizers  # type: ignore[attr-defined]
         ]
         fp16 = self.options.amp == "fp16"
@@ -355,7 +355,7 @@ class AddAutocast(Transform):
             keys = {name_key(c.func.value) for c in steps}  # type: ignore[attr-defined]
             assigns = [
                 s
-                for s in (m.findall(init, m.SimpleStatementLine()) if init is not None else [])
+                for s in (find(init, cst.SimpleStatementLine) if init is not None else [])
                 if _assigned_keys(s) & keys
             ]
             if assigns:
@@ -382,7 +382,7 @@ class AddAutocast(Transform):
                     " outside and pass it in to keep the scale across epochs",
                     node,
                 )
-        statements = [s for s in m.findall(body, m.SimpleStatementLine()) if isinstance(s, cst.SimpleStatementLine)]
+        statements = find(body, cst.SimpleStatementLine)
         last_step = None
         for statement in statements:
             small = statement.body[0] if len(statement.body) == 1 else None
@@ -394,8 +394,8 @@ class AddAutocast(Transform):
                 last_step = statement
             clips = [
                 c
-                for c in m.findall(statement, m.Call())
-                if self.qualified_names(c.func) & _CLIP  # type: ignore[attr-defined]
+                for c in find(statement, cst.Call)
+                if self.qualified_names(c.func) & _CLIP
             ]
             if clips:
                 optimizer = self._optimizer_after(statement, statements, steps)
@@ -415,7 +415,7 @@ class AddAutocast(Transform):
             if statement is clip:
                 seen = True
             elif seen:
-                for call in m.findall(statement, m.Call(func=m.Attribute(attr=m.Name("step")))):
+                for call in method_calls(statement, "step"):
                     if call in steps:
                         return code_of(call.func.value)  # type: ignore[attr-defined]
         return code_of(steps[0].func.value)  # type: ignore[attr-defined]

@@ -7,9 +7,9 @@ prefix that `model = torch.compile(model)` would add, so checkpoints stay loadab
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import method_calls
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
 
@@ -25,8 +25,7 @@ class CompileModel(Transform):
     def visit_Module(self, node: cst.Module) -> None:
         self.compiled = {
             name_key(call.func.value)  # type: ignore[attr-defined]
-            for call in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("compile"))))
-            if isinstance(call, cst.Call)
+            for call in method_calls(node, "compile")
         }
         self.trained = self.script.trained
         self.done: set[str] = set()

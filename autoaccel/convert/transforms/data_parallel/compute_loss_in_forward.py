@@ -20,6 +20,7 @@ import libcst.matchers as m
 from autoaccel.analysis.losses import is_functional_loss
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.analysis.shapes import find, method_calls, name_calls
 from autoaccel.convert.transform import StatementRewrite
 from autoaccel.convert.transforms.data_parallel.wraps import (
     WRAPPER_CLASS,
@@ -73,7 +74,7 @@ class ComputeLossInForward(StatementRewrite):
             if not wrap.only_wraps
             for key in aliases({wrap.key}, node)
         }
-        self.names_in_use = {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+        self.names_in_use = {n.value for n in find(node, cst.Name)}
         self.sites: dict[cst.CSTNode, _Site] = {}  # keyed by the loss statement
         self.removed: set[cst.CSTNode] = set()
         self.created: dict[cst.CSTNode, _Site] = {}  # anchor -> the site whose wrapper is built there
@@ -116,7 +117,7 @@ class ComputeLossInForward(StatementRewrite):
 
     def _find_site(self, loop: StepLoop) -> _Site | str | None:
         """The step's site, a reason why it cannot be rewritten, or None when already done."""
-        calls = [c for c in m.findall(loop.node.body, m.Call()) if isinstance(c, cst.Call)]
+        calls = find(loop.node.body, cst.Call)
         called = [c for c in calls if name_key(c.func) in self.script.models | self.converted]
         models = sorted({name_key(c.func) for c in called})  # type: ignore[type-var]
         if set(models) & self.converted:
@@ -189,7 +190,7 @@ class ComputeLossInForward(StatementRewrite):
         block = self._parent(forward)
         statements = list(block.body)  # type: ignore[union-attr]
         start = statements.index(forward)
-        inputs_read = {n.value for n in m.findall(forward, m.Name())}  # type: ignore[attr-defined]
+        inputs_read = {n.value for n in find(forward, cst.Name)}
         for statement in statements[start + 1 :]:
             assign = single_assign(statement)
             if assign is not None and self._is_loss_call(assign[1]) and m.matches(
@@ -218,7 +219,7 @@ class ComputeLossInForward(StatementRewrite):
         if key not in self.script.criteria:
             return "mean"  # a functional loss called without keywords
         reductions = set()
-        for statement in m.findall(self.tree, m.SimpleStatementLine()):
+        for statement in find(self.tree, cst.SimpleStatementLine):
             assign = single_assign(statement)
             if assign is None or name_key(assign[0]) != key or not isinstance(assign[1], cst.Call):
                 continue
@@ -327,31 +328,25 @@ class ComputeLossInForward(StatementRewrite):
 
 def _reads(node: cst.CSTNode, name: str, skip: tuple[cst.CSTNode | None, ...] = ()) -> bool:
     """Whether `node` reads the variable `name` outside the statements in `skip`."""
-    found = {id(n) for n in m.findall(node, m.Name(name))}
-    not_variables = m.Attribute(attr=m.Name(name)) | m.Arg(keyword=m.Name(name))
-    for other in m.findall(node, not_variables):
-        found.discard(id(other.attr if isinstance(other, cst.Attribute) else other.keyword))  # type: ignore[attr-defined]
+    found = {id(n) for n in find(node, cst.Name) if n.value == name}
+    for other in find(node, (cst.Attribute, cst.Arg)):
+        found.discard(id(other.attr if isinstance(other, cst.Attribute) else other.keyword))
     for statement in skip:
         if statement is not None:
-            found -= {id(n) for n in m.findall(statement, m.Name(name))}
+            found -= {id(n) for n in find(statement, cst.Name) if n.value == name}
     return bool(found)
 
 
 def _assigned_names(statement: cst.CSTNode) -> set[str]:
-    targets = m.findall(statement, m.AssignTarget() | m.AugAssign() | m.AnnAssign())
-    return {
-        n.value
-        for target in targets
-        for n in m.findall(target.target, m.Name())  # type: ignore[attr-defined]
-        if isinstance(n, cst.Name)
-    }
+    targets = find(statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
+    return {n.value for target in targets for n in find(target.target, cst.Name)}
 
 
 def _backpropagates(loop: cst.CSTNode, loss: str) -> bool:
     """Some `X.backward()` in `loop` where X mentions `loss` (also `scaler.scale(loss)`)."""
     return any(
         _reads(call.func.value, loss)  # type: ignore[attr-defined]
-        for call in m.findall(loop, m.Call(func=m.Attribute(attr=m.Name("backward"))))
+        for call in method_calls(loop, "backward")
     )
 
 
@@ -395,7 +390,7 @@ def _insert_class(module: cst.Module, statement: cst.BaseStatement) -> cst.Modul
     body = list(module.body)
     _, index = leading_import_block(module)
     first_use = next(
-        i for i, s in enumerate(body) if m.findall(s, m.Call(func=m.Name(WRAPPER_CLASS)))
+        i for i, s in enumerate(body) if name_calls(s, WRAPPER_CLASS)
     )
     first_definition = next(
         (i for i, s in enumerate(body) if isinstance(s, (cst.ClassDef, cst.FunctionDef))), None

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import strip_device_moves
+from autoaccel.analysis.shapes import find, name_calls
 from autoaccel.convert.transform import Transform
 from autoaccel.rules.acc401_data_parallel import DATA_PARALLEL
 
@@ -46,7 +46,7 @@ def single_assign(statement: cst.CSTNode) -> tuple[cst.BaseExpression, cst.BaseE
 
 def data_parallel_wraps(transform: Transform, module: cst.Module) -> list[Wrap]:
     wraps = []
-    for statement in m.findall(module, m.SimpleStatementLine()):
+    for statement in find(module, cst.SimpleStatementLine):
         assign = single_assign(statement)
         if assign is None:
             continue
@@ -60,7 +60,7 @@ def data_parallel_wraps(transform: Transform, module: cst.Module) -> list[Wrap]:
 def aliases(keys: set[str], module: cst.Module) -> set[str]:
     """`keys` and every name assigned from one of them (`self.model = model`)."""
     pairs = []
-    for statement in m.findall(module, m.SimpleStatementLine()):
+    for statement in find(module, cst.SimpleStatementLine):
         assign = single_assign(statement)
         if assign is not None:
             target, source = name_key(assign[0]), name_key(strip_device_moves(assign[1]))
@@ -80,9 +80,9 @@ def aliases(keys: set[str], module: cst.Module) -> set[str]:
 def wrapper_instances(module: cst.Module) -> set[str]:
     """Names bound to a `ModelWithLoss(...)` (or a DataParallel of one): the converted calls."""
     created = set()
-    for statement in m.findall(module, m.SimpleStatementLine()):
+    for statement in find(module, cst.SimpleStatementLine):
         assign = single_assign(statement)
-        if assign is not None and m.findall(assign[1], m.Call(func=m.Name(WRAPPER_CLASS))):
+        if assign is not None and name_calls(assign[1], WRAPPER_CLASS):
             key = name_key(assign[0])
             if key:
                 created.add(key)
@@ -91,9 +91,8 @@ def wrapper_instances(module: cst.Module) -> set[str]:
 
 def replicated_models(module: cst.Module) -> set[str]:
     """Names of the models passed to `ModelWithLoss(model, loss_fn)`."""
-    calls = m.findall(module, m.Call(func=m.Name(WRAPPER_CLASS)))
     return {
         key
-        for call in calls
-        if isinstance(call, cst.Call) and call.args and (key := name_key(call.args[0].value))
+        for call in name_calls(module, WRAPPER_CLASS)
+        if call.args and (key := name_key(call.args[0].value))
     }

@@ -4,8 +4,8 @@ statistics cover the global batch instead of each process's share."""
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
+from autoaccel.analysis.shapes import find, is_attribute
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -22,7 +22,7 @@ class ConvertSyncBatchNorm(DistributedStep):
         return options.sync_bn
 
     def visit_Module(self, node: cst.Module) -> None:
-        if m.findall(node, m.Attribute(attr=m.Name("convert_sync_batchnorm"))):
+        if any(is_attribute(a, "convert_sync_batchnorm") for a in find(node, cst.Attribute)):
             return
         for model in self.trained_models(node):
             key = model.key

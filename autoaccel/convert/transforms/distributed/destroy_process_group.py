@@ -6,6 +6,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.shapes import method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -19,7 +20,7 @@ class DestroyProcessGroup(DistributedStep):
     DESCRIPTION = "Destroy the process group at the end of the script."
 
     def visit_Module(self, node: cst.Module) -> None:
-        if m.findall(node, m.Call(func=m.Attribute(attr=m.Name("destroy_process_group")))):
+        if method_calls(node, "destroy_process_group"):
             return
         last = node.body[-1]
         if m.matches(last, _MAIN) and isinstance(last.body, cst.IndentedBlock):  # type: ignore[attr-defined]

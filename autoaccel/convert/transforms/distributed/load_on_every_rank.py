@@ -4,9 +4,9 @@ saved from) and, when rank 0 may have just written the file, only after a barrie
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.rank_guards import mentions_rank
+from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -14,7 +14,6 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 from autoaccel.cst_edit import keyword_value, set_keyword
 
-_BARRIER = m.Call(func=m.Attribute(attr=m.Name("barrier")))
 
 
 class LoadOnEveryRank(DistributedStep):
@@ -24,9 +23,7 @@ class LoadOnEveryRank(DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         self.loads: set[cst.Call] = set()
         saved = False
-        calls = sorted(
-            (c for c in m.findall(node, m.Call()) if isinstance(c, cst.Call)), key=self.line_of
-        )
+        calls = sorted(find(node, cst.Call), key=self.line_of)
         for call in calls:
             names = self.qualified_names(call.func)
             if "torch.save" in names:
@@ -47,7 +44,7 @@ class LoadOnEveryRank(DistributedStep):
         siblings = list(block.body)  # type: ignore[union-attr]
         index = siblings.index(statement)
         previous = [siblings[index - 1]] if index else []
-        if any(m.findall(s, _BARRIER) for s in [*previous, *self.before.get(statement, [])]):
+        if any(method_calls(s, "barrier") for s in [*previous, *self.before.get(statement, [])]):
             return
         self.before.setdefault(statement, []).extend(
             parse_statements(

@@ -11,6 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -39,29 +40,29 @@ class NoSyncAccumulation(DistributedStep):
             i for i, s in enumerate(body)
             if isinstance(s, cst.If) and any(
                 name_key(c.func.value) in self.script.optimizers  # type: ignore[attr-defined]
-                for c in m.findall(s.body, m.Call(func=m.Attribute(attr=m.Name("step"))))
+                for c in method_calls(s.body, "step")
             )
         ]
         backwards = [i for i, s in enumerate(body) if m.matches(s, _BACKWARD)]
         if len(steps) != 1 or not backwards or backwards[-1] > steps[0]:
             return  # not accumulation: the optimizer steps every iteration
-        if m.findall(loop, m.Call(func=m.Attribute(attr=m.Name("no_sync")))):
+        if method_calls(loop, "no_sync"):
             return
         used = [
             (i, key)
             for i, s in enumerate(body[: backwards[-1]])
-            for c in m.findall(s, m.Call())
-            if (key := name_key(c.func)) in wrappers  # type: ignore[attr-defined]
+            for c in find(s, cst.Call)
+            if (key := name_key(c.func)) in wrappers
         ]
         condition = body[steps[0]]
         assert isinstance(condition, cst.If)
         first, last = (used[0][0] if used else None), backwards[-1]
         assigned = {
-            name_key(t.target)  # type: ignore[attr-defined]
+            name_key(t.target)
             for s in body[first or 0 : last + 1]
-            for t in m.findall(s, m.AssignTarget())
+            for t in find(s, cst.AssignTarget)
         }
-        tested = {n.value for n in m.findall(condition.test, m.Name())}  # type: ignore[attr-defined]
+        tested = {n.value for n in find(condition.test, cst.Name)}
         if first is None or len({key for _, key in used}) != 1 or tested & assigned:
             self.skipped(
                 "no_sync",

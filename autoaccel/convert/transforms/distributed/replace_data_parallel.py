@@ -11,6 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import DistributedStep
 
 DATA_PARALLEL = "torch.nn.DataParallel"
@@ -71,6 +72,6 @@ class ReplaceDataParallel(DistributedStep):
     def _under_data_parallel_test(self, node: cst.CSTNode) -> bool:
         return any(
             isinstance(a, cst.If)
-            and any(DATA_PARALLEL in self.qualified_names(n) for n in m.findall(a.test, m.Attribute() | m.Name()))
+            and any(DATA_PARALLEL in self.qualified_names(n) for n in find(a.test, (cst.Attribute, cst.Name)))
             for a in self.ancestors(node)
         )

@@ -9,9 +9,9 @@ function that holds it (`for epoch ...: train(..., train_loader, ...)`).
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import find, is_attribute, is_name, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -60,8 +60,8 @@ class SetSamplerEpoch(DistributedStep):
         name = function.name.value
         return [
             c
-            for c in m.findall(module, m.Call(func=m.Name(name) | m.Attribute(value=m.Name("self"), attr=m.Name(name))))
-            if isinstance(c, cst.Call)
+            for c in find(module, cst.Call)
+            if is_name(c.func, name) or (is_attribute(c.func, name) and is_name(c.func.value, "self"))
         ]
 
     def _loader_at(self, site: cst.Call, function: cst.FunctionDef, loader: str) -> str | None:
@@ -81,7 +81,7 @@ class SetSamplerEpoch(DistributedStep):
         if epoch is None or not isinstance(body, cst.IndentedBlock):
             self.skipped("set_epoch", f"call `{loader}.sampler.set_epoch(epoch)` at the start of every epoch by hand", epoch_loop)
             return
-        if m.findall(body, m.Call(func=m.Attribute(attr=m.Name("set_epoch")))):
+        if method_calls(body, "set_epoch"):
             return
         first = body.body[0]
         self.before.setdefault(first, []).extend(

@@ -14,6 +14,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import Missing
+from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     RANK,
@@ -44,7 +45,7 @@ class ShardTrainLoader(DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         self.calls: dict[cst.Call, dict[str, str]] = {}  # loader call -> keyword -> new value
         self.datasets: dict[cst.CSTNode, str] = {}  # dataset argument -> hoisted name
-        self.bound = {name_key(t.target) for t in m.findall(node, m.AssignTarget())}  # type: ignore[attr-defined]
+        self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         self.helper_needed = False
         loaders = {
             call
@@ -65,7 +66,7 @@ class ShardTrainLoader(DistributedStep):
             if not self.shards(node, call):
                 self._shard(call)
         if self.helper_needed and BATCH_HELPER not in self.bound and not any(
-            m.findall(node, m.FunctionDef(name=m.Name(BATCH_HELPER)))
+            f.name.value == BATCH_HELPER for f in find(node, cst.FunctionDef)
         ):
             setup = next(s for s in node.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED))))
             self.after.setdefault(setup, []).extend(parse_statements(_HELPER))

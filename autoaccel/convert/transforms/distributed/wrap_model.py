@@ -10,9 +10,9 @@ and evaluation runs on the plain model without any communication.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import find, is_name, name_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     LOCAL_RANK,
@@ -34,7 +34,7 @@ class WrapModel(DistributedStep):
     DESCRIPTION = "Wrap the trained model(s) in DistributedDataParallel."
 
     def visit_Module(self, node: cst.Module) -> None:
-        bound = {name_key(a.target) for a in m.findall(node, m.AssignTarget())}  # type: ignore[attr-defined]
+        bound = {name_key(a.target) for a in find(node, cst.AssignTarget)}
         # model calls and arguments of training functions -> the wrapper they use
         self.rewrites: dict[cst.CSTNode, str] = {}
         for model in self.trained_models(node):
@@ -45,8 +45,8 @@ class WrapModel(DistributedStep):
         forwards = [
             call
             for loop in self.train_loops()
-            for call in m.findall(loop, m.Call())
-            if name_key(call.func) == model.key  # type: ignore[attr-defined]
+            for call in find(loop, cst.Call)
+            if name_key(call.func) == model.key
         ]
         plan: dict[cst.CSTNode, str] = {}
         for call in forwards:
@@ -92,11 +92,7 @@ class WrapModel(DistributedStep):
         if function is None or model.key not in params or not _uses_like_ddp(function, model.key):
             return False
         index = params.index(model.key)
-        sites = [
-            c
-            for c in m.findall(model.block, m.Call(func=m.Name(function.name.value)))
-            if isinstance(c, cst.Call)
-        ]
+        sites = name_calls(model.block, function.name.value)
         for site in sites:
             positional = [a for a in site.args if a.keyword is None and not a.star]
             arg = next((a for a in site.args if a.keyword and a.keyword.value == model.key), None)
@@ -124,14 +120,11 @@ def _binds(function: cst.FunctionDef | None, key: str) -> bool:
     if function is None:
         return False
     return any(
-        name_key(t.target) == key for t in m.findall(function, m.AssignTarget())  # type: ignore[attr-defined]
+        name_key(t.target) == key for t in find(function, cst.AssignTarget)
     )
 
 
 def _uses_like_ddp(function: cst.FunctionDef, key: str) -> bool:
     """Whether `function` only calls its parameter `key` or DDP-forwarded methods of it."""
-    uses = [
-        a for a in m.findall(function.body, m.Attribute(value=m.Name(key)))
-        if isinstance(a, cst.Attribute)
-    ]
+    uses = [a for a in find(function.body, cst.Attribute) if is_name(a.value, key)]
     return all(a.attr.value in _DDP_METHODS for a in uses)
