@@ -19,6 +19,7 @@ the final parameters equal the original's to float rounding.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -177,14 +178,36 @@ def test_only_rank_zero_saves(name, ddp_runs):
     assert ranks[1]["saves"] == []
 
 
-def test_two_processes_reach_the_original_parameters(tmp_path):
-    """Global batch 32 = 2 processes x 16: after 2 epochs the parameters are the same."""
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_spawn_launcher(script: Path, args: tuple[str, ...], cwd: Path) -> None:
+    """`python spawn_SCRIPT --nproc 2 args`: the file `--launcher spawn` writes beside it."""
+    proc = subprocess.run(
+        [sys.executable, str(script.with_name(f"spawn_{script.name}")), "--nproc", str(WORLD_SIZE), *args],
+        cwd=cwd, env=_env({"MASTER_PORT": str(_free_port())}), capture_output=True, text=True,
+        timeout=TIMEOUT_S,
+    )
+    _check(proc, f"spawn_{script.name}")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_two_processes_reach_the_original_parameters(tmp_path, launcher):
+    """Global batch 32 = 2 processes x 16: after 2 epochs the parameters are the same.
+    With `--launcher spawn`, the script's DataLoader workers must not re-run it (they
+    would if they inherited mp.spawn's start method): the run would hang or fail."""
     name = "linear_exact.py"
-    converted = convert(name, tmp_path, *DDP_OPTIONS)
+    converted = convert(name, tmp_path, *DDP_OPTIONS, "--launcher", launcher)
     (tmp_path / "orig").mkdir()
     run_with_losses(FIXTURES_DIR / name, ("--save-params", "p.pt"), tmp_path / "orig")
     (tmp_path / "ddp").mkdir()
-    run_torchrun(converted, ("--save-params", "p.pt"), tmp_path / "ddp")
+    if launcher == "spawn":
+        run_spawn_launcher(converted, ("--save-params", "p.pt"), tmp_path / "ddp")
+    else:
+        run_torchrun(converted, ("--save-params", "p.pt"), tmp_path / "ddp")
     original = torch.load(tmp_path / "orig" / "p.pt")
     distributed = torch.load(tmp_path / "ddp" / "p.pt")
     assert original.keys() == distributed.keys()  # no `module.` prefix

@@ -43,6 +43,7 @@ _SPAWN = '''\
 Each process gets RANK, LOCAL_RANK and WORLD_SIZE in its environment, as under torchrun.
 """
 import argparse
+import multiprocessing
 import os
 import runpy
 import sys
@@ -53,7 +54,11 @@ import torch.multiprocessing as mp
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "{script}")
 
 
-def run(local_rank, world_size, argv):
+def run(local_rank, world_size, start_method, argv):
+    # Processes started by mp.spawn start their own children (DataLoader workers) with
+    # "spawn" too, which re-runs the script in every worker. Use the start method the
+    # script has under torchrun or plain python instead.
+    multiprocessing.set_start_method(start_method, force=True)
     os.environ.update(
         RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size)
     )
@@ -69,7 +74,8 @@ if __name__ == "__main__":
     args, script_args = parser.parse_known_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "{port}")
-    mp.spawn(run, args=(args.nproc, script_args), nprocs=args.nproc)
+    start_method = multiprocessing.get_start_method()
+    mp.spawn(run, args=(args.nproc, start_method, script_args), nprocs=args.nproc)
 '''
 
 
