@@ -19,6 +19,7 @@ the final parameters equal the original's to float rounding.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -221,3 +222,41 @@ def test_legacy_script_runs_on_two_processes(tmp_path):
     assert [len(r["losses"]) for r in ranks] == [16, 16]  # 2 epochs x 8 batches of 16
     assert ranks[1]["saves"] == [] and ranks[0]["saves"] == ["legacy_model.pth"]
 
+
+
+def test_sbatch_file_runs_on_a_one_node_allocation(tmp_path):
+    """The `--launcher slurm` file, run by bash as sbatch would on a 1-node allocation:
+    `srun` and `scontrol` are stand-ins that run the command here and name this host.
+    Two changes, because this machine has no GPU and shares its ports: 2 processes
+    instead of `--nproc_per_node=gpu`, and a free rendezvous port."""
+    name = "linear_exact.py"
+    converted = convert(name, tmp_path, *DDP_OPTIONS, "--launcher", "slurm")
+    sbatch = converted.with_suffix(".sbatch")
+    text = sbatch.read_text()
+    assert "--nproc_per_node=gpu" in text and ":29500" in text
+    sbatch.write_text(
+        text.replace("--nproc_per_node=gpu", f"--nproc_per_node={WORLD_SIZE}")
+        .replace(":29500", f":{_free_port()}")
+        .replace("srun torchrun", f"srun {sys.executable} -m torch.distributed.run")
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nexec "$@"\n')
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    for shim in bin_dir.iterdir():
+        shim.chmod(0o755)
+    (tmp_path / "orig").mkdir()
+    run_with_losses(FIXTURES_DIR / name, ("--save-params", "p.pt"), tmp_path / "orig")
+    allocation = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node001", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242",
+    }  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(sbatch), "--save-params", "p.pt"], cwd=tmp_path, env=_env(allocation),
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    _check(proc, sbatch.name)
+    original = torch.load(tmp_path / "orig" / "p.pt")
+    distributed = torch.load(tmp_path / "p.pt")
+    for key, value in original.items():
+        assert torch.allclose(distributed[key], value, rtol=1e-5, atol=1e-6), key
