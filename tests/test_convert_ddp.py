@@ -286,7 +286,7 @@ def test_training_function_that_uses_other_model_attributes_is_left_alone():
             train(model)
         """,
     )
-    assert "call `ddp_model`" in log.skipped[0].reason
+    assert "`model` is not wrapped; build `ddp_model = DDP(model, ...)`" in log.skipped[0].reason
 
 
 # -- sampler, batch, set_epoch ---------------------------------------------------------------
@@ -578,3 +578,58 @@ def test_whole_target_on_a_top_level_script():
     assert "loader.sampler.set_epoch(epoch)" in code
     assert code.rstrip().endswith("dist.destroy_process_group()")
     compile(code, "train.py", "exec")
+
+
+def test_report_lines_are_lines_of_the_original():
+    """Steps log lines of the text they get; the report maps each back once. (An item
+    logged early used to be mapped again by every later step that logged a change.)"""
+    source = textwrap.dedent(
+        """\
+        import torch
+        import torch.nn as nn
+
+        model = nn.Linear(4, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.randn(64, 4)
+        for epoch in range(2):
+            for i in range(0, 64, 16):
+                x = data[i : i + 16].cuda()
+                loss = model(x).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                print(loss.item())
+        torch.save(model.state_dict(), "model.pt")
+        """
+    )
+    log = convert_source(source, DDP).log
+    lines = source.splitlines()
+    (sampler,) = [s for s in log.skipped if s.what == "DistributedSampler"]
+    assert lines[sampler.line - 1] == "    for i in range(0, 64, 16):"
+    saves = [c for c in log.changes if "save" in c.description]
+    assert saves and all(lines[c.line - 1].startswith("torch.save(") for c in saves)
+
+
+def test_a_loop_whose_model_is_not_recognised_is_reported():
+    """A model from the user's own package, updated by hand (no optimizer): nothing
+    says it is a model, so it stays unwrapped, and the report must say so."""
+    source = textwrap.dedent(
+        """\
+        import torch
+        import mymodels
+
+        model = mymodels.RNN(10).cuda()
+        data = torch.randn(64, 4)
+        for epoch in range(2):
+            for i in range(0, 64, 16):
+                loss = model(data[i : i + 16].cuda()).pow(2).mean()
+                model.zero_grad()
+                loss.backward()
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-0.1)
+        """
+    )
+    result = convert_source(source, DDP)
+    assert "DDP(" not in result.converted
+    (skip,) = [s for s in result.log.skipped if s.what == "DistributedDataParallel"]
+    assert skip.line == 7 and "nothing is wrapped" in skip.reason

@@ -69,14 +69,14 @@ def _run(source: str, options: ConvertOptions, log: ConversionLog, path: str | N
     for step in transforms_for(options):
         if not step.enabled(options):
             continue
-        before_count = len(log.changes) + len(log.skipped)
+        logged = (len(log.changes), len(log.skipped))
         transformed = step(new_context(options, log, path, text)).transform_module(tree)
         if transformed is tree:
             continue  # the step had nothing to do
         generated = transformed.code
         after = format_inserted_code(text, generated)
         tree = cst.parse_module(after) if after != generated else transformed
-        _map_lines_to_original(log, before_count, history)
+        _map_lines_to_original(log, logged, history)
         if after != text:
             history.append((text, after))
         text = after
@@ -84,21 +84,17 @@ def _run(source: str, options: ConvertOptions, log: ConversionLog, path: str | N
 
 
 def _map_lines_to_original(
-    log: ConversionLog, start: int, history: list[tuple[str, str]]
+    log: ConversionLog, start: tuple[int, int], history: list[tuple[str, str]]
 ) -> None:
-    """Steps log lines of the text they received; report lines of the original."""
+    """Steps log lines of the text they received; report lines of the original.
+    `start`: how many changes and skipped items were logged before this step."""
     if not history:
         return
-    entries = [*log.changes, *log.skipped]
-    for index in range(start, len(entries)):
-        entry = entries[index]
-        if entry.line is None:
-            continue
-        mapped = replace(entry, line=original_line(history, entry.line))
-        if index < len(log.changes):
-            log.changes[index] = mapped
-        else:
-            log.skipped[index - len(log.changes)] = mapped
+    for entries, first in ((log.changes, start[0]), (log.skipped, start[1])):
+        for index in range(first, len(entries)):
+            entry = entries[index]
+            if entry.line is not None:
+                entries[index] = replace(entry, line=original_line(history, entry.line))
 
 
 def convert_source(source: str, options: ConvertOptions, path: str = "<string>") -> Conversion:

@@ -37,7 +37,17 @@ class WrapModel(DistributedStep):
         bound = {name_key(a.target) for a in find(node, cst.AssignTarget)}
         # model calls and arguments of training functions -> the wrapper they use
         self.rewrites: dict[cst.CSTNode, str] = {}
-        for model in self.trained_models(node):
+        models = self.trained_models(node)
+        loops = self.train_loops()
+        if not models and loops:
+            self.skipped(
+                "DistributedDataParallel",
+                "no trained model was recognised in this training loop, so nothing is wrapped"
+                " and every process trains its own copy; wrap the model in"
+                " `DistributedDataParallel` by hand",
+                loops[0],
+            )
+        for model in models:
             if ddp_name(model.key) not in bound:
                 self._wrap(model)
 
@@ -53,8 +63,9 @@ class WrapModel(DistributedStep):
             if not self._route(model, call, plan):
                 self.skipped(
                     "DistributedDataParallel",
-                    f"cannot reach a DDP wrapper of `{model.key}` from this call; call"
-                    f" `{ddp_name(model.key)}` (defined after line {self.line_of(model.anchor)})"
+                    f"this forward pass cannot be routed to a DDP wrapper of `{model.key}`, so"
+                    f" `{model.key}` is not wrapped; build `{ddp_name(model.key)} ="
+                    f" DDP({model.key}, ...)` once `{model.key}` is on its device and call it"
                     " here by hand",
                     call,
                 )
