@@ -509,7 +509,7 @@ def test_already_guarded_writes_are_left_alone():
 
 
 # -- loading, the end, SyncBatchNorm -------------------------------------------------------
-def test_load_after_a_save_waits_for_rank_zero_and_maps_to_cpu():
+def test_load_after_a_save_waits_for_rank_zero_and_maps_to_the_local_gpu():
     code, _ = run_step(
         LoadOnEveryRank,
         """\
@@ -520,7 +520,26 @@ def test_load_after_a_save_waits_for_rank_zero_and_maps_to_cpu():
     )
     assert code.endswith(
         "if DISTRIBUTED:\n    dist.barrier()  # rank 0 may still be writing it\n"
-        'model.load_state_dict(torch.load("m.pt", map_location="cpu"))\n'
+        'model.load_state_dict(torch.load("m.pt", map_location={"cuda:0": f"cuda:{LOCAL_RANK}"}))\n'
+    )
+
+
+def test_a_file_opened_for_loading_is_opened_after_the_barrier():
+    """`with open(path) as f:` around the load: waiting inside it would read a file
+    rank 0 may still be writing (pytorch/examples' word_language_model loads this way)."""
+    code, _ = run_step(
+        LoadOnEveryRank,
+        """\
+        if RANK == 0:
+            torch.save(model, "m.pt")
+        with open("m.pt", "rb") as f:
+            model = torch.load(f)
+        """,
+    )
+    assert code.endswith(
+        "if DISTRIBUTED:\n    dist.barrier()  # rank 0 may still be writing it\n"
+        'with open("m.pt", "rb") as f:\n'
+        '    model = torch.load(f, map_location={"cuda:0": f"cuda:{LOCAL_RANK}"})\n'
     )
 
 

@@ -1,5 +1,10 @@
-"""Every rank loads checkpoints onto the CPU (`map_location="cpu"`, not the GPU they were
-saved from) and, when rank 0 may have just written the file, only after a barrier."""
+"""Every rank loads checkpoints onto its own GPU and, when rank 0 may have just written
+the file, only after a barrier.
+
+Rank 0 saves from `cuda:0`; without a map every rank would load onto `cuda:0`.
+`map_location={"cuda:0": f"cuda:{LOCAL_RANK}"}` (the PyTorch DDP tutorial's map) moves
+only those tensors, so CPU tensors stay on the CPU and a single process loads exactly
+as before, whether it loads a state dict or a whole pickled model."""
 
 from __future__ import annotations
 
@@ -9,11 +14,13 @@ from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
+    LOCAL_RANK,
     DistributedStep,
     parse_statements,
 )
 from autoaccel.cst_edit import keyword_value, set_keyword
 
+MAP_TO_LOCAL_GPU = '{"cuda:0": f"cuda:{%s}"}' % LOCAL_RANK
 
 
 class LoadOnEveryRank(DistributedStep):
@@ -31,9 +38,17 @@ class LoadOnEveryRank(DistributedStep):
             elif "torch.load" in names:
                 if keyword_value(call, "map_location") is None:
                     self.loads.add(call)
-                    self.changed(call, 'checkpoint loaded with `map_location="cpu"`')
+                    self.changed(call, "checkpoint loaded onto this process's GPU (map_location)")
                 if saved:
-                    self._barrier_before(self.statement_of(call))
+                    self._barrier_before(self._first_statement_of_load(call))
+
+    def _first_statement_of_load(self, call: cst.Call) -> cst.BaseStatement:
+        """The load's statement, or the `with` blocks around it (`with open(path) as f:`
+        opens the file before the load runs)."""
+        statement = self.statement_of(call)
+        while isinstance(owner := self.parent(self.parent(statement)), cst.With):  # type: ignore[arg-type]
+            statement = owner
+        return statement
 
     def _barrier_before(self, statement: cst.BaseStatement) -> None:
         if any(
@@ -55,5 +70,5 @@ class LoadOnEveryRank(DistributedStep):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if original_node in self.loads:
-            return set_keyword(updated_node, "map_location", '"cpu"')
+            return set_keyword(updated_node, "map_location", MAP_TO_LOCAL_GPU)
         return updated_node
