@@ -123,7 +123,16 @@ class AddAutocast(Transform):
         self.edits = _Edits()
         self.touched = False
         self._collect_names(node)
-        for loop in self.script.step_loops.values():
+        loops = list(self.script.step_loops.values())
+        if loops and not self.script.uses_cuda:
+            self.skipped(
+                "autocast",
+                "the script never uses CUDA: mixed precision pays off on GPUs, while CPU"
+                " autocast is slower and less precise for most models",
+                loops[0].node,
+            )
+            return
+        for loop in loops:
             self._plan_loop(loop)
 
     def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
@@ -164,6 +173,8 @@ class AddAutocast(Transform):
                     self.torch_devices.setdefault(key, set()).add(scope)
                 if isinstance(value, cst.Call) and self.qualified_names(value.func) & _BCE:
                     self.bce_criteria.add(key)
+        # Functions of the script that compute a BCE loss (`loss_function(recon, x, ...)`).
+        self.bce_helpers = {f.name.value for f in find(module, cst.FunctionDef) if self._bce_calls(f.body)}
 
     def _device_expression(self, loop: cst.CSTNode) -> str:
         function = self._function_of(loop)
@@ -209,6 +220,25 @@ class AddAutocast(Transform):
 
     def _bce_calls(self, node: cst.CSTNode) -> list[cst.Call]:
         return [c for c in find(node, cst.Call) if self._is_bce(c)]
+
+    def _bce_helper(self, statements: list[cst.BaseStatement]) -> str | None:
+        """The first function of the script computing a BCE loss that `statements` call."""
+        for statement in statements:
+            for call in find(statement, cst.Call):
+                key = (name_key(call.func) or "").removeprefix("self.")
+                if key in self.bce_helpers:
+                    return key
+        return None
+
+    def _skip_for_bce_helper(self, helper: str, node: cst.CSTNode) -> None:
+        self.skipped(
+            "autocast",
+            f"`{helper}()` computes binary_cross_entropy, which CUDA autocast rejects as"
+            " unsafe and which fails on a bfloat16/float16 input outside it; wrap the"
+            f" forward pass in torch.autocast by hand and call `{helper}()` after it on"
+            " float32 inputs (`.float()`)",
+            node,
+        )
 
     def _plan_loop(self, loop: StepLoop) -> None:
         node = loop.node
@@ -294,6 +324,10 @@ class AddAutocast(Transform):
                     statements[loss_at],
                 )
                 return
+            helper = self._bce_helper(statements[start : loss_at + 1])
+            if helper is not None:
+                self._skip_for_bce_helper(helper, statements[loss_at])
+                return
             end = loss_at
             bce = next(
                 (j for j in range(start, loss_at + 1) if self._bce_calls(statements[j])), None
@@ -319,19 +353,38 @@ class AddAutocast(Transform):
             self._plan_scaler(node, body, device, optimizers_stepped)
 
     def _plan_eval(self, node: cst.CSTNode, body: cst.IndentedBlock, device: str) -> None:
+        statements = list(body.body)
+        wrapped = [
+            index
+            for index, statement in enumerate(statements)
+            if isinstance(statement, cst.SimpleStatementLine)
+            and self._calls_model(statement)
+            # a model call and a BCE loss on one line: leave it in float32
+            and not self._bce_calls(statement)
+        ]
+        if not wrapped:
+            return
+        after = [s for i, s in enumerate(statements) if i > wrapped[0] and i not in wrapped]
+        helper = self._bce_helper(after)
+        if helper is not None:
+            self._skip_for_bce_helper(helper, node)
+            return
         wraps: list[tuple[int, int]] = []
-        for index, statement in enumerate(body.body):
-            if not isinstance(statement, cst.SimpleStatementLine) or not self._calls_model(statement):
-                continue
-            if self._bce_calls(statement):
-                continue  # the model call and a BCE loss share a line: leave it in float32
+        for index in wrapped:
             if wraps and wraps[-1][1] == index - 1:
                 wraps[-1] = (wraps[-1][0], index)
             else:
                 wraps.append((index, index))
-            self.changed(statement, f"evaluation forward pass under torch.autocast({self.label})")
-        if wraps:
-            self.edits.blocks[body] = _BlockPlan(wraps=wraps, device=device)
+            self.changed(statements[index], f"evaluation forward pass under torch.autocast({self.label})")
+        self.edits.blocks[body] = _BlockPlan(wraps=wraps, device=device)
+        for statement in after:
+            for call in self._bce_calls(statement):
+                self.edits.float_input.add(call)
+                self.changed(
+                    call,
+                    "binary_cross_entropy of an autocast output computed on a float32 input"
+                    " (it rejects mixed dtypes)",
+                )
 
     # -- fp16: GradScaler -----------------------------------------------------------
     def _plan_scaler(
