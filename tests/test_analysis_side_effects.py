@@ -29,6 +29,13 @@ def code(node: cst.CSTNode | None) -> str:
         pytest.param("import json\njson.dump(history, f)\n", EffectKind.FILE_WRITE, id="json-dump"),
         pytest.param("import matplotlib.pyplot as plt\nplt.savefig('loss.png')\n", EffectKind.FILE_WRITE, id="savefig"),
         pytest.param("path.write_text(report)\n", EffectKind.FILE_WRITE, id="write-text-method"),
+        # pytorch/examples' dcgan wrote its sample images on every rank.
+        pytest.param(
+            "import torchvision.utils as vutils\nvutils.save_image(fake, 'f.png')\n",
+            EffectKind.FILE_WRITE,
+            id="save-image",
+        ),
+        pytest.param("model.save_pretrained('out')\n", EffectKind.FILE_WRITE, id="save-pretrained"),
         # A writing method on a local object (the figure is bound in this module).
         pytest.param(
             "import matplotlib.pyplot as plt\nfig = plt.gcf()\nfig.savefig('loss.png')\n",

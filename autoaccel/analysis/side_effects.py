@@ -43,9 +43,13 @@ _BY_NAME = {
     "numpy.savez": EffectKind.FILE_WRITE,
     "numpy.savetxt": EffectKind.FILE_WRITE,
     "matplotlib.pyplot.savefig": EffectKind.FILE_WRITE,
+    "torchvision.utils.save_image": EffectKind.FILE_WRITE,
 }
-# Methods that write whatever object they are called on (`Path.write_text`, `fig.savefig`).
-_WRITING_METHODS = frozenset({"write_text", "write_bytes", "savefig", "to_csv", "mkdir"})
+# Methods that write whatever object they are called on (`Path.write_text`, `fig.savefig`,
+# Hugging Face's `model.save_pretrained`).
+_WRITING_METHODS = frozenset(
+    {"write_text", "write_bytes", "savefig", "to_csv", "mkdir", "save_pretrained"}
+)
 _OPEN = frozenset({"builtins.open", "io.open"})
 # Identifiers that say "which process am I": `rank`, `RANK`, `args.local_rank`,
 # `dist.get_rank()`, `is_main_process()`, `is_master`.
