@@ -153,6 +153,24 @@ def test_other_fixed_gpus_are_reported():
     assert "cuda:{LOCAL_RANK}" in log.skipped[0].reason
 
 
+def test_a_map_location_key_names_where_a_checkpoint_was_saved_and_stays():
+    """Rewriting the key made the second conversion differ from the first (caught by the
+    idempotency check on pytorch/examples' dcgan, which loads checkpoints)."""
+    body = 'state = torch.load(path, map_location={"cuda:0": f"cuda:{LOCAL_RANK}"})\n'
+    code, log = run_step(UseLocalGpu, body)
+    assert code == body
+    assert (log.changes, log.skipped) == ([], [])
+
+
+def test_a_loaded_checkpoint_converts_in_one_pass():
+    source = TOP_LEVEL.replace("nn.Linear(4, 2)", 'nn.Linear(4, 2).to("cuda:0")') + (
+        'model.load_state_dict(torch.load("m.pt"))\n'
+    )
+    converted = convert_source(source, DDP).converted  # raises when a second pass differs
+    assert 'torch.load("m.pt", map_location={"cuda:0": f"cuda:{LOCAL_RANK}"})' in converted
+    assert '.to("cuda")' in converted
+
+
 # -- nn.DataParallel -------------------------------------------------------------------------
 def test_data_parallel_and_its_device_count_test_go():
     code, log = run_step(
