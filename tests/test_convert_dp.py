@@ -304,6 +304,27 @@ for x, y in loader:
     )
 
 
+def test_does_nothing_in_a_script_that_also_trains_with_ddp() -> None:
+    """pytorch/examples' imagenet picks DDP, one GPU or DataParallel from its flags;
+    `--to dp` turned its DataParallel branch into one that wrapped the DDP model too."""
+    check_unchanged(
+        IMPORTS
+        + """
+from torch.nn.parallel import DistributedDataParallel
+
+model = Net().cuda()
+if distributed:
+    model = DistributedDataParallel(model)
+else:
+    model = nn.DataParallel(model)
+for x, y in loader:
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+""",
+        "already trains with DistributedDataParallel",
+    )
+
+
 @pytest.mark.parametrize(
     ("step", "reason"),
     [

@@ -31,6 +31,7 @@ from autoaccel.convert.transforms.data_parallel.wraps import (
     wrapper_instances,
 )
 from autoaccel.cst_edit import add_imports, code_of, keyword_value, leading_import_block
+from autoaccel.rules.acc401_data_parallel import DISTRIBUTED_DATA_PARALLEL
 
 _BY_HAND = (
     "; by hand: compute the loss in the `forward` of an `nn.Module` (the model itself, or a"
@@ -78,6 +79,18 @@ class ComputeLossInForward(StatementRewrite):
         self.sites: dict[cst.CSTNode, _Site] = {}  # keyed by the loss statement
         self.removed: set[cst.CSTNode] = set()
         self.created: dict[cst.CSTNode, _Site] = {}  # anchor -> the site whose wrapper is built there
+        ddp = next(
+            (c for c in find(node, cst.Call) if DISTRIBUTED_DATA_PARALLEL in self.qualified_names(c.func)),
+            None,
+        )
+        if ddp is not None:
+            self.skipped(
+                "loss inside forward (--to dp)",
+                "the script already trains with DistributedDataParallel, which beats"
+                " nn.DataParallel even on one machine; --to dp would mix the two",
+                ddp,
+            )
+            return
         for loop in self.script.step_loops.values():
             if loop.role is LoopRole.TRAIN:
                 self._plan(loop)
