@@ -26,6 +26,7 @@ from autoaccel.convert.transforms.distributed import (
     LoadOnEveryRank,
     NoSyncAccumulation,
     ReplaceDataParallel,
+    ReportRankDependentStop,
     SetSamplerEpoch,
     ShardTrainLoader,
     UseLocalGpu,
@@ -670,3 +671,34 @@ def test_a_loop_whose_model_is_not_recognised_is_reported():
     assert "DDP(" not in result.converted
     (skip,) = [s for s in result.log.skipped if s.what == "DistributedDataParallel"]
     assert skip.line == 7 and "nothing is wrapped" in skip.reason
+
+
+# -- stopping together ---------------------------------------------------------------------
+STOP_BODY = """\
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1000):
+    output = (model(x) - y).pow(2).mean()
+    loss = output.item()
+    optimizer.zero_grad()
+    output.backward()
+    optimizer.step()
+    if {test}:
+        break
+"""
+
+
+@pytest.mark.parametrize("test", ["loss < 1e-3", "output.item() < 1e-3 and step > 10"])
+def test_a_loop_that_stops_on_its_own_loss_is_reported(test):
+    """pytorch/examples' regression stops when its loss is small: under torchrun each
+    process stopped at another step and the others never finished."""
+    code, log = run_step(ReportRankDependentStop, STOP_BODY.format(test=test))
+    assert code == STOP_BODY.format(test=test)
+    (skip,) = log.skipped
+    assert (skip.what, skip.line) == ("stopping together", SETUP.count("\n") + 9)
+    assert "dist.all_reduce" in skip.reason
+
+
+def test_a_loop_that_stops_on_a_shared_value_is_not_reported():
+    _, log = run_step(ReportRankDependentStop, STOP_BODY.format(test="step == max_steps"))
+    assert log.skipped == []

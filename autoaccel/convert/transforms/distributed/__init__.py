@@ -13,6 +13,9 @@ from autoaccel.convert.transforms.distributed.launch_commands import LaunchComma
 from autoaccel.convert.transforms.distributed.load_on_every_rank import LoadOnEveryRank
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
 from autoaccel.convert.transforms.distributed.replace_data_parallel import ReplaceDataParallel
+from autoaccel.convert.transforms.distributed.report_rank_dependent_stop import (
+    ReportRankDependentStop,
+)
 from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
 from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
 from autoaccel.convert.transforms.distributed.use_local_gpu import UseLocalGpu
@@ -27,6 +30,7 @@ DDP_STEPS = [
     ShardTrainLoader,
     SetSamplerEpoch,
     NoSyncAccumulation,
+    ReportRankDependentStop,
     GuardRankZero,
     LoadOnEveryRank,
     DestroyProcessGroup,
