@@ -25,6 +25,7 @@ from autoaccel.convert.transforms.distributed import (
     LaunchCommands,
     LoadOnEveryRank,
     NoSyncAccumulation,
+    PrintShardSizes,
     ReplaceDataParallel,
     ReportRankDependentStop,
     SetSamplerEpoch,
@@ -702,3 +703,29 @@ def test_a_loop_that_stops_on_its_own_loss_is_reported(test):
 def test_a_loop_that_stops_on_a_shared_value_is_not_reported():
     _, log = run_step(ReportRankDependentStop, STOP_BODY.format(test="step == max_steps"))
     assert log.skipped == []
+
+
+# -- printed sizes -------------------------------------------------------------------------
+def test_printed_dataset_size_of_a_sharded_loader_is_the_shard_size():
+    """pytorch/examples' VAE printed `train_loss / len(train_loader.dataset)`: the sum
+    over one shard divided by the whole set, WORLD_SIZE times too small."""
+    body = """\
+        from torch.utils.data import DataLoader, DistributedSampler
+        sampler = DistributedSampler(train_set) if DISTRIBUTED else None
+        train_loader = DataLoader(train_set, sampler=sampler)
+        test_loader = DataLoader(test_set)
+        steps = epochs * len(train_loader.dataset) // 32
+        for x, y in train_loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        print(f"{total / len(train_loader.dataset):.3f}", len(test_loader.dataset))
+        """
+    code, log = run_step(PrintShardSizes, body)
+    assert code == dedent(body).replace(
+        "total / len(train_loader.dataset)", "total / len(train_loader.sampler)"
+    )
+    assert [c.description for c in log.changes] == [
+        "prints the size of this process's shard: `len(train_loader.sampler)`"
+    ]

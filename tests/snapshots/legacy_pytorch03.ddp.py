@@ -151,7 +151,7 @@ def train(epoch):
         if batch_idx % args.log_interval == 0:
             if RANK == 0:
                 print('Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}'.format(
-                    epoch, batch_idx * len(data), len(train_loader.dataset),
+                    epoch, batch_idx * len(data), len(train_loader.sampler),
                     100. * batch_idx / len(train_loader), loss.item()))
     if RANK == 0:
         print(

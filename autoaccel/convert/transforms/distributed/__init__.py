@@ -12,6 +12,7 @@ from autoaccel.convert.transforms.distributed.init_process_group import InitProc
 from autoaccel.convert.transforms.distributed.launch_commands import LaunchCommands
 from autoaccel.convert.transforms.distributed.load_on_every_rank import LoadOnEveryRank
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
+from autoaccel.convert.transforms.distributed.print_shard_sizes import PrintShardSizes
 from autoaccel.convert.transforms.distributed.replace_data_parallel import ReplaceDataParallel
 from autoaccel.convert.transforms.distributed.report_rank_dependent_stop import (
     ReportRankDependentStop,
@@ -29,6 +30,7 @@ DDP_STEPS = [
     WrapModel,
     ShardTrainLoader,
     SetSamplerEpoch,
+    PrintShardSizes,
     NoSyncAccumulation,
     ReportRankDependentStop,
     GuardRankZero,
