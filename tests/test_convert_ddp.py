@@ -28,6 +28,7 @@ from autoaccel.convert.transforms.distributed import (
     PrintShardSizes,
     ReplaceDataParallel,
     ReportRankDependentStop,
+    SeedEachRank,
     SetSamplerEpoch,
     ShardTrainLoader,
     UseLocalGpu,
@@ -729,3 +730,44 @@ def test_printed_dataset_size_of_a_sharded_loader_is_the_shard_size():
     assert [c.description for c in log.changes] == [
         "prints the size of this process's shard: `len(train_loader.sampler)`"
     ]
+
+
+# -- random numbers per process --------------------------------------------------------------
+SEEDED = """\
+torch.manual_seed(args.seed)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+# training
+for epoch in range(2):
+    for x, y in loader:
+        noise = torch.randn_like(x)
+        loss = (model(x + noise) - y).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_each_process_is_reseeded_with_its_rank_before_training():
+    """pytorch/examples' dcgan drew the same noise on every process: the global batch
+    held 1/WORLD_SIZE as many distinct samples. The model and data are built first, the
+    same on every process; the comments above the loop stay above the inserted block."""
+    code, log = run_step(SeedEachRank, SEEDED)
+    assert code == SEEDED.replace(
+        "# training\n",
+        "# training\n"
+        "# Same model and data on every process so far; from here each draws its own random\n"
+        "# numbers (noise, dropout, augmentation), as the GPUs of one big batch would.\n"
+        "if DISTRIBUTED:\n"
+        "    torch.manual_seed(torch.initial_seed() + RANK)\n",
+    )
+    assert [c.description for c in log.changes] == ["each process re-seeded with seed + RANK before training"]
+
+
+@pytest.mark.parametrize(
+    "seed", ["", "torch.manual_seed(args.seed + rank)\n"], ids=["unseeded", "seeded-per-rank"]
+)
+def test_scripts_whose_processes_already_differ_are_left_alone(seed):
+    body = SEEDED.replace("torch.manual_seed(args.seed)\n", seed)
+    code, log = run_step(SeedEachRank, body)
+    assert (code, log.changes, log.skipped) == (body, [], [])

@@ -113,6 +113,10 @@ criterion = nn.CrossEntropyLoss()
 optimizer = optim.SGD(model.parameters(), lr=learning_rate, momentum=0.9)
 
 # ---- training ----
+# Same model and data on every process so far; from here each draws its own random
+# numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+if DISTRIBUTED:
+    torch.manual_seed(torch.initial_seed() + RANK)
 for epoch in range(num_epochs):
     if DISTRIBUTED:
         train_loader.sampler.set_epoch(epoch)

@@ -129,6 +129,10 @@ criterion = nn.CrossEntropyLoss()
 optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
 
 best_acc = 0.0
+# Same model and data on every process so far; from here each draws its own random
+# numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+if DISTRIBUTED:
+    torch.manual_seed(torch.initial_seed() + RANK)
 for epoch in range(args.epochs):
     if DISTRIBUTED:
         train_loader.sampler.set_epoch(epoch)

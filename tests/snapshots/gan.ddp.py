@@ -174,6 +174,10 @@ optimizerG = optim.Adam(netG.parameters(), lr=opt.lr, betas=(opt.beta1, 0.999))
 G_losses = []
 D_losses = []
 
+# Same model and data on every process so far; from here each draws its own random
+# numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+if DISTRIBUTED:
+    torch.manual_seed(torch.initial_seed() + RANK)
 for epoch in range(opt.epochs):
     if DISTRIBUTED:
         dataloader.sampler.set_epoch(epoch)

@@ -91,6 +91,10 @@ criterion = nn.MSELoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
 epoch_losses = torch.zeros(args.epochs, device=device)
+# Same model and data on every process so far; from here each draws its own random
+# numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+if DISTRIBUTED:
+    torch.manual_seed(torch.initial_seed() + RANK)
 for epoch in range(args.epochs):
     if DISTRIBUTED:
         loader.sampler.set_epoch(epoch)

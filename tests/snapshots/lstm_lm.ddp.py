@@ -211,6 +211,10 @@ def train():
 lr = args.lr
 best_val_loss = None
 
+# Same model and data on every process so far; from here each draws its own random
+# numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+if DISTRIBUTED:
+    torch.manual_seed(torch.initial_seed() + RANK)
 for epoch in range(1, args.epochs + 1):
     epoch_start_time = time.time()
     train()

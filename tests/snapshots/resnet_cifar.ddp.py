@@ -179,6 +179,10 @@ def main():
         optimizer, max_lr=args.lr, total_steps=args.epochs * len(train_loader)
     )
 
+    # Same model and data on every process so far; from here each draws its own random
+    # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+    if DISTRIBUTED:
+        torch.manual_seed(torch.initial_seed() + RANK)
     for epoch in range(1, args.epochs + 1):
         if DISTRIBUTED:
             train_loader.sampler.set_epoch(epoch)

@@ -142,6 +142,10 @@ def main():
     total_steps = args.epochs * math.ceil(len(train_loader) / accum_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, get_lr_lambda(args.warmup, total_steps))
 
+    # Same model and data on every process so far; from here each draws its own random
+    # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+    if DISTRIBUTED:
+        torch.manual_seed(torch.initial_seed() + RANK)
     for epoch in range(args.epochs):
         if DISTRIBUTED:
             train_loader.sampler.set_epoch(epoch)

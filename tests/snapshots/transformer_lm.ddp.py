@@ -182,6 +182,10 @@ def main():
         lambda s: min(1.0, (s + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * s / total_steps)),
     )
 
+    # Same model and data on every process so far; from here each draws its own random
+    # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+    if DISTRIBUTED:
+        torch.manual_seed(torch.initial_seed() + RANK)
     for epoch in range(args.epochs):
         if DISTRIBUTED:
             train_loader.sampler.set_epoch(epoch)

@@ -17,6 +17,7 @@ from autoaccel.convert.transforms.distributed.replace_data_parallel import Repla
 from autoaccel.convert.transforms.distributed.report_rank_dependent_stop import (
     ReportRankDependentStop,
 )
+from autoaccel.convert.transforms.distributed.seed_each_rank import SeedEachRank
 from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
 from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
 from autoaccel.convert.transforms.distributed.use_local_gpu import UseLocalGpu
@@ -27,6 +28,7 @@ DDP_STEPS = [
     UseLocalGpu,
     ReplaceDataParallel,
     ConvertSyncBatchNorm,
+    SeedEachRank,
     WrapModel,
     ShardTrainLoader,
     SetSamplerEpoch,

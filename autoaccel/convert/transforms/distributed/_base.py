@@ -122,6 +122,7 @@ class TrainedModel:
     key: str  # `model`, `self.net`
     block: cst.IndentedBlock | cst.Module  # the scope's block that builds it
     anchor: cst.BaseStatement  # the last statement there that builds or moves it
+    training: cst.BaseStatement | None  # the first statement there that trains
 
 
 _MAIN_TEST = m.Comparison(left=m.Name("__name__"))
@@ -159,8 +160,8 @@ class DistributedStep(StatementRewrite):
         for original, new in zip(originals, updated):
             unit = [*self.before.get(original, []), *self.replace.get(original, [new])]
             if unit and unit[0] is not new and new in unit:
-                # the first statement of the unit carries the comments above it
-                unit[0] = unit[0].with_changes(leading_lines=new.leading_lines)
+                # the first statement of the unit carries the comments above it, then its own
+                unit[0] = unit[0].with_changes(leading_lines=[*new.leading_lines, *unit[0].leading_lines])
                 unit[unit.index(new)] = new.with_changes(leading_lines=[])
             result += unit + self.after.get(original, [])
         return result
@@ -274,16 +275,17 @@ class DistributedStep(StatementRewrite):
             if not assigns:
                 continue
             block = self.scope_block(assigns[0])
-            anchor = None
+            anchor = trains = None
             for statement in block.body:
                 if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                     continue
                 if calls_any(statement, training) or any(n in loops for n in descendants(statement)):
+                    trains = statement
                     break
                 if _builds(statement, key):
                     anchor = statement
             if anchor is not None:
-                found.append(TrainedModel(key, block, anchor))
+                found.append(TrainedModel(key, block, anchor, trains))
         return found
 
 
