@@ -12,8 +12,8 @@ from autoaccel.lint.rule import Invalid, LintRule
 
 # Words that show the script already chooses its precision: autocast in any spelling
 # (`torch.autocast`, `from torch.cuda.amp import autocast as ac`, `accelerator.autocast`),
-# a GradScaler, half-precision models or dtypes, apex/accelerate mixed precision, or a
-# command-line switch such as `args.amp`. This is evidence, not API resolution: a script
+# a GradScaler, half- or double-precision models or dtypes (autocast leaves float64
+# alone), apex/accelerate mixed precision, or a command-line switch such as `args.amp`. This is evidence, not API resolution: a script
 # that merely mentions one of them is left alone.
 _PRECISION_WORDS = frozenset(
     {
@@ -25,6 +25,8 @@ _PRECISION_WORDS = frozenset(
         "bfloat16",
         "fp16",
         "bf16",
+        "double",
+        "float64",
         "mixed_precision",
         "Accelerator",
     }
@@ -47,6 +49,9 @@ class MissingAutocast(LintRule):
         "for x, y in loader:\n    with ac():\n        loss = criterion(model(x), y)\n    loss.backward()\n",
         # Half-precision model: the precision is chosen already.
         "import torch\nmodel = Net().cuda().half()\nfor x, y in loader:\n"
+        "    loss = criterion(model(x), y)\n    loss.backward()\n",
+        # Double precision (an LBFGS fit): autocast does not touch float64.
+        "import torch\nmodel = Net().double().cuda()\nfor x, y in loader:\n"
         "    loss = criterion(model(x), y)\n    loss.backward()\n",
         # A CPU-only script.
         "import torch\nmodel = Net()\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
