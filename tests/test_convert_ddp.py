@@ -28,6 +28,7 @@ from autoaccel.convert.transforms.distributed import (
     PrintShardSizes,
     ReplaceDataParallel,
     ReportRankDependentStop,
+    ReportSummedLoss,
     SeedEachRank,
     SetSamplerEpoch,
     ShardTrainLoader,
@@ -771,3 +772,36 @@ def test_scripts_whose_processes_already_differ_are_left_alone(seed):
     body = SEEDED.replace("torch.manual_seed(args.seed)\n", seed)
     code, log = run_step(SeedEachRank, body)
     assert (code, log.changes, log.skipped) == (body, [], [])
+
+
+# -- summed losses -------------------------------------------------------------------------
+SUMMED = """\
+model = torch.nn.Linear(4, 2)
+criterion = torch.nn.MSELoss({reduction})
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_summed_training_loss_is_reported():
+    """DDP averages gradients, so with each process summing its share of the global batch
+    every update is 1/WORLD_SIZE of the original's (pytorch/examples' VAE sums)."""
+    body = SUMMED.format(reduction='reduction="sum"')
+    code, log = run_step(ReportSummedLoss, body)
+    assert code == body
+    (skip,) = log.skipped
+    assert (skip.what, skip.line) == ("summed loss", SETUP.count("\n") + 5)
+    assert "1/WORLD_SIZE of the original's" in skip.reason
+
+
+@pytest.mark.parametrize(
+    "reduction, options",
+    [("", DDP), ('reduction="mean"', DDP), ('reduction="sum"', ConvertOptions(target="ddp", amp="off", per_process_batch=True))],
+    ids=["default-mean", "mean", "sum-per-process-batch"],
+)
+def test_averaged_losses_keep_their_scale(reduction, options):
+    _, log = run_step(ReportSummedLoss, SUMMED.format(reduction=reduction), options)
+    assert log.skipped == []

@@ -17,6 +17,7 @@ from autoaccel.convert.transforms.distributed.replace_data_parallel import Repla
 from autoaccel.convert.transforms.distributed.report_rank_dependent_stop import (
     ReportRankDependentStop,
 )
+from autoaccel.convert.transforms.distributed.report_summed_loss import ReportSummedLoss
 from autoaccel.convert.transforms.distributed.seed_each_rank import SeedEachRank
 from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
 from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
@@ -35,6 +36,7 @@ DDP_STEPS = [
     PrintShardSizes,
     NoSyncAccumulation,
     ReportRankDependentStop,
+    ReportSummedLoss,
     GuardRankZero,
     LoadOnEveryRank,
     DestroyProcessGroup,
