@@ -176,6 +176,21 @@ def test_a_loaded_checkpoint_converts_in_one_pass():
 
 
 # -- nn.DataParallel -------------------------------------------------------------------------
+def test_functional_data_parallel_in_a_forward_is_reported():
+    """pytorch/examples' dcgan: `nn.parallel.data_parallel(self.main, input, range(ngpu))`."""
+    body = """\
+        class G(torch.nn.Module):
+            def forward(self, input):
+                if self.ngpu > 1:
+                    return torch.nn.parallel.data_parallel(self.main, input, range(self.ngpu))
+                return self.main(input)
+        """
+    code, log = run_step(ReplaceDataParallel, body)
+    assert code == dedent(body)
+    (skip,) = log.skipped
+    assert skip.what == "nn.parallel.data_parallel" and "one GPU per process" in skip.reason
+
+
 def test_data_parallel_and_its_device_count_test_go():
     code, log = run_step(
         ReplaceDataParallel,

@@ -3,6 +3,8 @@
 `model = nn.DataParallel(model)` goes, and with it an `if torch.cuda.device_count() > 1:`
 around it that only prints; `model.module` becomes `model` (outside an
 `isinstance(model, nn.DataParallel)` test, which is simply never true any more).
+A functional `nn.parallel.data_parallel(...)` in a model's `forward` is reported: it
+would split each process's batch over GPUs that other processes use.
 """
 
 from __future__ import annotations
@@ -15,16 +17,27 @@ from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import DistributedStep
 
 DATA_PARALLEL = "torch.nn.DataParallel"
+DATA_PARALLEL_FUNCTION = "torch.nn.parallel.data_parallel"
 _PRINT_LINE = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Name("print")))])
 
 
 class ReplaceDataParallel(DistributedStep):
     DESCRIPTION = "Remove nn.DataParallel; DistributedDataParallel replaces it."
-    needs = ("DataParallel",)
+    needs = ("DataParallel", "data_parallel")
     code = "ACC401"
 
     def visit_Module(self, node: cst.Module) -> None:
         self.unwrapped: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if DATA_PARALLEL_FUNCTION in self.qualified_names(node.func):
+            self.skipped(
+                "nn.parallel.data_parallel",
+                "this splits each process's batch over several GPUs, which the other"
+                " processes use too; under DDP call the module directly (one GPU per"
+                " process), by hand",
+                node,
+            )
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
