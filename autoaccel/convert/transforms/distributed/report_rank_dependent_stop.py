@@ -15,6 +15,7 @@ from autoaccel.convert.transforms.distributed._base import DistributedStep
 
 class ReportRankDependentStop(DistributedStep):
     DESCRIPTION = "Report training loops that stop on a value of one process."
+    reports_only = True
     needs = ("break",)
 
     def visit_Module(self, node: cst.Module) -> None:

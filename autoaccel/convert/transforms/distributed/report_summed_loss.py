@@ -20,7 +20,8 @@ from autoaccel.cst_edit import keyword_value
 
 class ReportSummedLoss(DistributedStep):
     DESCRIPTION = "Report training losses summed over the batch."
-    needs = ("sum", "size_average")
+    reports_only = True
+    needs = ('"sum"', "'sum'", "size_average")
 
     def visit_Module(self, node: cst.Module) -> None:
         if self.options.per_process_batch:
