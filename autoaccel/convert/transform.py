@@ -75,18 +75,20 @@ class Transform(VisitorBasedCodemodCommand):
     def transform_module(self, tree: cst.Module) -> cst.Module:
         if not self.reports_only:
             return super().transform_module(tree)
-        wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
-        self.context = replace(self.context, wrapper=wrapper)
-        self.script = build_script_model(wrapper)
-        self._positions = None
+        self.context = replace(self.context, wrapper=MetadataWrapper(tree, unsafe_skip_copy=True))
+        self._analyse()
         self.visit_Module(tree)
         return tree
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        self._analyse()
+        return super().transform_module_impl(tree)
+
+    def _analyse(self) -> None:
+        """The script model of the tree in `context.wrapper`; positions reset."""
         assert self.context.wrapper is not None
         self.script = build_script_model(self.context.wrapper)
         self._positions = None
-        return super().transform_module_impl(tree)
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
         """Canonical names `node` refers to through an import, or as a builtin."""
