@@ -71,6 +71,13 @@ def code_of(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
+def bound_name(alias: cst.ImportAlias) -> str:
+    """The name an import binds: `x` of `... import a as x`, else `a` (or `a.b`)."""
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return code_of(alias.name)
+
+
 def has_import(module: cst.Module, name: str) -> bool:
     """Whether the module imports `name` at top level (`import os`, `import os.path`)."""
     for statement in module.body:
@@ -119,7 +126,7 @@ def leading_import_block(module: cst.Module) -> tuple[int, int]:
     """`(start, end)` indices in `module.body` of the imports at the top (after a
     docstring); `start == end` when there are none."""
     body = module.body
-    start = 1 if body and _is_docstring(body[0]) else 0
+    start = 1 if body and is_docstring(body[0]) else 0
     end = start
     while end < len(body) and _is_import(body[end]):
         end += 1
@@ -143,7 +150,8 @@ def _imports_stdlib(statement: cst.BaseStatement) -> bool:
     return top in sys.stdlib_module_names or top == "__future__"
 
 
-def _is_docstring(statement: cst.BaseStatement) -> bool:
+def is_docstring(statement: cst.BaseStatement) -> bool:
+    """A statement made of one string: a docstring when it comes first in its block."""
     return (
         isinstance(statement, cst.SimpleStatementLine)
         and len(statement.body) == 1

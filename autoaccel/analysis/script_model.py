@@ -16,12 +16,15 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from autoaccel.analysis.index import ModuleIndex, descendants, run_visitors
+from autoaccel.analysis.losses import is_functional_loss
 from autoaccel.analysis.shapes import BindingVisitor, bound_names, is_name
 from autoaccel.analysis.names import name_key
 
 DATALOADER = "torch.utils.data.DataLoader"
 # `torch.nn.parallel.DataParallel` and its module-internal path canonicalise to this.
 DATA_PARALLEL = "torch.nn.DataParallel"
+DISTRIBUTED_DATA_PARALLEL = "torch.nn.parallel.DistributedDataParallel"
+DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
 CONVOLUTIONS = frozenset(
     f"torch.nn.{kind}{dims}d"
     for kind in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose")
@@ -132,6 +135,15 @@ class ScriptModel:
             if kwargs is not None and not kwargs.opaque and name in kwargs.sometimes:
                 return kwargs.display
         return None
+
+    def is_loss_call(self, node: cst.CSTNode | None) -> bool:
+        """`criterion(...)` of a loss module built in the script, or a call of a
+        `torch.nn.functional` loss."""
+        if not isinstance(node, cst.Call) or self.index is None:
+            return False
+        return name_key(node.func) in self.criteria or is_functional_loss(
+            self.index.qualified_names(node.func)
+        )
 
 
 class _Collector(BindingVisitor, cst.CSTVisitor):

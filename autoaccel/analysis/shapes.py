@@ -13,6 +13,7 @@ from typing import TypeVar
 import libcst as cst
 
 from autoaccel.analysis.index import descendants
+from autoaccel.analysis.names import name_key
 
 NodeT = TypeVar("NodeT", bound=cst.CSTNode)
 
@@ -20,6 +21,16 @@ NodeT = TypeVar("NodeT", bound=cst.CSTNode)
 def is_name(node: cst.CSTNode | None, *values: str) -> bool:
     """`node` is a plain name, one of `values` when given."""
     return isinstance(node, cst.Name) and (not values or node.value in values)
+
+
+def is_true(node: cst.CSTNode | None) -> bool:
+    """The literal `True`."""
+    return is_name(node, "True")
+
+
+def is_false(node: cst.CSTNode | None) -> bool:
+    """The literal `False`."""
+    return is_name(node, "False")
 
 
 def is_attribute(node: cst.CSTNode | None, *attributes: str) -> bool:
@@ -50,6 +61,15 @@ def method_calls(node: cst.CSTNode, *methods: str) -> list[cst.Call]:
 def name_calls(node: cst.CSTNode, *names: str) -> list[cst.Call]:
     """Every `name(...)` call in `node` with `name` one of `names`, in source order."""
     return [c for c in find(node, cst.Call) if is_name(c.func, *names)]
+
+
+def called_function(node: cst.CSTNode, functions: set[str]) -> str | None:
+    """The first of `functions` that `node` calls, as `f(...)` or `self.f(...)`."""
+    for call in find(node, cst.Call):
+        key = (name_key(call.func) or "").removeprefix("self.")
+        if key in functions:
+            return key
+    return None
 
 
 def bound_names(target: cst.BaseExpression) -> list[str]:

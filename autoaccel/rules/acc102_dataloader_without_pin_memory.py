@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.script_model import DATALOADER, Missing, Unknown
+from autoaccel.analysis.shapes import is_false
 from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Invalid, LintRule
 
@@ -39,14 +40,10 @@ class DataLoaderWithoutPinMemory(LintRule):
         pinned = self.script.keyword(node, "pin_memory")
         if isinstance(pinned, Unknown):
             return
-        if isinstance(pinned, Missing) or _is_false(pinned):
+        if isinstance(pinned, Missing) or is_false(pinned):
             edits = (
                 {node: set_keyword(node, "pin_memory", PIN_MEMORY)}
                 if isinstance(pinned, Missing) or any(a.value is pinned for a in node.args)
                 else {pinned: cst.parse_expression(PIN_MEMORY)}
             )
             self.report(node, edits=edits)
-
-
-def _is_false(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Name) and value.value == "False"

@@ -6,10 +6,9 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import DATALOADER, LoopRole, Missing
+from autoaccel.analysis.script_model import DATALOADER, DISTRIBUTED_SAMPLER, LoopRole, Missing
 from autoaccel.lint.rule import Invalid, LintRule
 
-SAMPLER = "torch.utils.data.DistributedSampler"
 # `DistributedSampler(dataset, num_replicas, rank, shuffle, ...)`
 _SHUFFLE_POSITION = 3
 # `DataLoader(dataset, batch_size, shuffle, sampler, ...)`
@@ -96,7 +95,7 @@ class SamplerEpochNotSet(LintRule):
             else:
                 self._receivers.add(receiver)
             return
-        if not self.calls(node, SAMPLER) or not self._shuffles(node):
+        if not self.calls(node, DISTRIBUTED_SAMPLER) or not self._shuffles(node):
             return
         owner = self._owner(node)
         if isinstance(owner, str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.shapes import is_true
 from autoaccel.lint.rule import Invalid, LintRule
 
 BENCHMARK = "torch.backends.cudnn.benchmark"
@@ -64,18 +65,18 @@ class CudnnDeterministicWithBenchmark(LintRule):
         for target in node.targets:
             names = self.qualified_names(target.target)
             if BENCHMARK in names:
-                if _is_true(node.value):
+                if is_true(node.value):
                     self._benchmarks.append(node)
                 else:
                     self._benchmark_changed = True
-            elif DETERMINISTIC in names and _is_true(node.value):
+            elif DETERMINISTIC in names and is_true(node.value):
                 self._deterministic.append(node)
 
     def visit_Call(self, node: cst.Call) -> None:
         if (
             self.calls(node, DETERMINISTIC_ALGORITHMS)
             and node.args
-            and _is_true(node.args[0].value)
+            and is_true(node.args[0].value)
         ):
             self._deterministic.append(node)
 
@@ -108,7 +109,3 @@ class CudnnDeterministicWithBenchmark(LintRule):
 
 def _function(chain: list[cst.CSTNode]) -> cst.FunctionDef | None:
     return next((node for node in chain if isinstance(node, cst.FunctionDef)), None)
-
-
-def _is_true(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Name) and value.value == "True"

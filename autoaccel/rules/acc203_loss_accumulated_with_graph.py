@@ -7,7 +7,7 @@ from enum import Enum
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.losses import is_detached, is_functional_loss
+from autoaccel.analysis.losses import is_detached
 from autoaccel.analysis.shapes import find, is_attribute, is_binary, is_method_call, is_name, method_calls
 from autoaccel.analysis.script_model import LoopRole, StepLoop
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
@@ -167,17 +167,11 @@ class LossAccumulatedWithGraph(LintRule):
                 value.right, loop
             )
         if isinstance(value, cst.Call):
-            return value if self._is_loss_call(value) else None
+            return value if self.script.is_loss_call(value) else None
         key = name_key(value)
         if key is not None and self._is_loss_name(key, loop):
             return value
         return None
-
-    def _is_loss_call(self, call: cst.Call) -> bool:
-        key = name_key(call.func)
-        return (key is not None and key in self.script.criteria) or is_functional_loss(
-            self.qualified_names(call.func)
-        )
 
     def _is_loss_name(self, key: str, loop: StepLoop) -> bool:
         """`key` holds a loss with a graph in this step: it is backpropagated or comes
@@ -195,8 +189,8 @@ class LossAccumulatedWithGraph(LintRule):
         )
         from_loss = any(
             isinstance(v, cst.Call)
-            and self._is_loss_call(v)
-            or any(self._is_loss_call(c) for c in find(v, cst.Call))
+            and self.script.is_loss_call(v)
+            or any(self.script.is_loss_call(c) for c in find(v, cst.Call))
             for v in values
             if v is not None
         )

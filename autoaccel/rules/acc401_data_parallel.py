@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoaccel.analysis.script_model import DATA_PARALLEL
+from autoaccel.analysis.script_model import DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL
 from autoaccel.lint.rule import Invalid, LintRule
-
-DISTRIBUTED_DATA_PARALLEL = "torch.nn.parallel.DistributedDataParallel"
 
 
 class DataParallelModel(LintRule):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from autoaccel.analysis.losses import is_functional_loss, is_loss_module
+from autoaccel.analysis.losses import is_loss_module
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import BindingVisitor, bound_names, find, method_calls
@@ -125,10 +125,7 @@ class DataParallelLossOutsideForward(BindingVisitor, LintRule):
 
     # -- helpers -------------------------------------------------------------------
     def _is_loss(self, node: cst.Call) -> bool:
-        key = name_key(node.func)
-        if key is not None and key in self.script.criteria:
-            return True
-        if is_functional_loss(self.qualified_names(node.func)):
+        if self.script.is_loss_call(node):
             return True
         # `nn.CrossEntropyLoss()(out, y)`
         return isinstance(node.func, cst.Call) and is_loss_module(

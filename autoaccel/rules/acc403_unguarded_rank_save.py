@@ -5,8 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.rank_guards import mentions_rank, names_in, rank_guarded
+from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
-from autoaccel.rules.acc401_data_parallel import DISTRIBUTED_DATA_PARALLEL
 
 INIT_PROCESS_GROUP = frozenset({"torch.distributed.init_process_group"})
 # Identifiers that say "which process am I": `rank`, `args.local_rank`,

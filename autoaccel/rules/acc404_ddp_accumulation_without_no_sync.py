@@ -7,10 +7,9 @@ import re
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole
 from autoaccel.analysis.shapes import find, is_attribute, is_binary, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
-from autoaccel.rules.acc401_data_parallel import DISTRIBUTED_DATA_PARALLEL
 
 # Ways to skip DDP's gradient all-reduce: the context manager, or the flag it sets.
 _SYNC_CONTROLS = frozenset({"no_sync", "require_backward_grad_sync"})

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
+from autoaccel.analysis.shapes import is_false, is_true
+from autoaccel.cst_edit import bound_name, code_of
 from autoaccel.lint.rule import Invalid, LintRule
 
 VARIABLE = ("torch.autograd.Variable",)
@@ -45,14 +47,6 @@ def parse_variable_call(call: cst.Call) -> VariableCall | None:
     return VariableCall(values["data"], values.get("requires_grad"), values.get("volatile"))
 
 
-def is_false(node: cst.BaseExpression | None) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
-
-
-def is_true(node: cst.BaseExpression | None) -> bool:
-    return isinstance(node, cst.Name) and node.value == "True"
-
-
 # Expressions that bind tighter than any operator: they can stand anywhere.
 _ATOMS = (
     cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.BaseNumber, cst.BaseString,
@@ -71,21 +65,17 @@ def _breaks_line_outside_brackets(node: cst.BaseExpression) -> bool:
     if node.lpar:
         return False
     if isinstance(node, cst.Call):
-        return _breaks_line_outside_brackets(node.func) or "\n" in _code(node.whitespace_after_func)
+        return _breaks_line_outside_brackets(node.func) or "\n" in code_of(node.whitespace_after_func)
     if isinstance(node, cst.Subscript):
-        return _breaks_line_outside_brackets(node.value) or "\n" in _code(
+        return _breaks_line_outside_brackets(node.value) or "\n" in code_of(
             node.whitespace_after_value
         )
     if isinstance(node, cst.Attribute):
-        return _breaks_line_outside_brackets(node.value) or "\n" in _code(node.dot)
+        return _breaks_line_outside_brackets(node.value) or "\n" in code_of(node.dot)
     if isinstance(node, (cst.List, cst.Tuple, cst.Dict, cst.Set, cst.ListComp, cst.SetComp,
                          cst.DictComp, cst.GeneratorExp)):  # fmt: skip
         return False
-    return "\n" in _code(node)
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
+    return "\n" in code_of(node)
 
 
 def parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -158,7 +148,7 @@ def self_assignment(rule: LintRule, line: cst.SimpleStatementLine) -> SelfAssign
             found.volatile.append(wrapped)
     if not (found.plain or found.volatile):
         return None
-    if line.trailing_whitespace.comment or "#" in _code(assign):
+    if line.trailing_whitespace.comment or "#" in code_of(assign):
         return None  # a comment on the statement would go with it
     return found
 
@@ -255,14 +245,14 @@ class VariableWrapper(LintRule):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         # `from torch.autograd import Variable` left without uses by the fixes above
         # (the fixer lints again after each round, so this runs once the last use is gone).
-        if node.relative or node.module is None or _code(node.module) not in _VARIABLE_MODULES:
+        if node.relative or node.module is None or code_of(node.module) not in _VARIABLE_MODULES:
             return
         if isinstance(node.names, cst.ImportStar):
             return
         unused = [
             alias
             for alias in node.names
-            if _code(alias.name) == "Variable" and not self.index.is_read(node, _bound_name(alias))
+            if code_of(alias.name) == "Variable" and not self.index.is_read(node, bound_name(alias))
         ]
         if not unused:
             return
@@ -312,9 +302,3 @@ def _is_fresh(rule: LintRule, data: cst.BaseExpression) -> bool:
 
 
 _MAY_ALIAS = frozenset({"torch.as_tensor", "torch.asarray"})
-
-
-def _bound_name(alias: cst.ImportAlias) -> str:
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-        return alias.asname.name.value
-    return _code(alias.name)

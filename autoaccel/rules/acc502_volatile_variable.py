@@ -5,11 +5,11 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
+from autoaccel.analysis.shapes import is_false
 from autoaccel.cst_edit import remove_keyword
 from autoaccel.lint.rule import Invalid, LintRule
 from autoaccel.rules.acc501_variable_wrapper import (
     VARIABLE,
-    is_false,
     parse_variable_call,
     replacing,
     self_assignment,

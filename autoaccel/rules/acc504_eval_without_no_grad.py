@@ -8,7 +8,7 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
-from autoaccel.analysis.shapes import find, method_calls
+from autoaccel.analysis.shapes import find, is_false, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
 
 _NO_GRAD = frozenset(
@@ -129,9 +129,9 @@ class EvalWithoutNoGrad(LintRule):
         names = self.qualified_names(func)
         if names & _NO_GRAD:
             # `inference_mode(False)` turns it off again.
-            return call is None or not call.args or not _is_false(call.args[0].value)
+            return call is None or not call.args or not is_false(call.args[0].value)
         if names & _SET_GRAD_ENABLED and call is not None and call.args:
-            return _is_false(call.args[0].value)
+            return is_false(call.args[0].value)
         return False
 
     def _without_grad(self, node: cst.CSTNode, seen: frozenset[str] = frozenset()) -> bool:
@@ -209,10 +209,6 @@ def _wrapped(loop: cst.For) -> cst.With:
         body=cst.IndentedBlock(body=[loop.with_changes(leading_lines=[])]),
         leading_lines=loop.leading_lines,
     )
-
-
-def _is_false(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
 
 
 def _grad_may_be_off(rule: LintRule, expression: cst.BaseExpression) -> bool:

@@ -7,6 +7,7 @@ from libcst.metadata import ScopeProvider
 
 from autoaccel.analysis.script_model import Missing, Unknown
 from autoaccel.analysis.shapes import is_method_call
+from autoaccel.cst_edit import bound_name, code_of
 from autoaccel.lint.rule import Applicability, Invalid, LintRule, Replacement
 
 ADAM = "torch.optim.Adam"
@@ -190,7 +191,7 @@ class AdamWeightDecay(LintRule):
             names[index] = new.with_changes(comma=alias.comma)
         else:
             comma = alias.comma
-            if not isinstance(comma, cst.Comma) or not _code(comma).strip(", "):
+            if not isinstance(comma, cst.Comma) or not code_of(comma).strip(", "):
                 names[index] = alias.with_changes(
                     comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
                 )
@@ -214,14 +215,14 @@ class AdamWeightDecay(LintRule):
         if not _imports_from_optim(statement):
             return None
         alias = next(
-            a for a in statement.names if _bound_name(a) == func.value  # type: ignore[union-attr]
+            a for a in statement.names if bound_name(a) == func.value  # type: ignore[union-attr]
         )
-        if _code(alias.name) != "Adam":
+        if code_of(alias.name) != "Adam":
             return None
         adamw = None
         for other in scope["AdamW"]:
             if _imports_from_optim(getattr(other, "node", None)) and any(
-                _code(a.name) == "AdamW" and _bound_name(a) == "AdamW"
+                code_of(a.name) == "AdamW" and bound_name(a) == "AdamW"
                 for a in other.node.names  # type: ignore[attr-defined]
             ):
                 adamw = "AdamW"
@@ -235,19 +236,9 @@ def _imports_from_optim(statement: object) -> bool:
         isinstance(statement, cst.ImportFrom)
         and not statement.relative
         and statement.module is not None
-        and _code(statement.module) == "torch.optim"
+        and code_of(statement.module) == "torch.optim"
         and not isinstance(statement.names, cst.ImportStar)
     )
-
-
-def _bound_name(alias: cst.ImportAlias) -> str:
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-        return alias.asname.name.value
-    return _code(alias.name)
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
 
 
 def _is_literal(node: object, value: str) -> bool:

@@ -21,7 +21,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
-from autoaccel.analysis.shapes import find, method_calls
+from autoaccel.analysis.shapes import called_function, find, method_calls
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
 from autoaccel.cst_edit import add_imports, code_of
@@ -206,13 +206,6 @@ class AddAutocast(Transform):
             name_key(call.func) in self.script.models for call in find(node, cst.Call)
         )
 
-    def _calls_local_function(self, node: cst.CSTNode) -> bool:
-        for call in find(node, cst.Call):
-            key = name_key(call.func)
-            if key and key.removeprefix("self.") in self.local_functions:
-                return True
-        return False
-
     def _is_bce(self, call: cst.Call) -> bool:
         return name_key(call.func) in self.bce_criteria or bool(
             self.qualified_names(call.func) & _BCE
@@ -223,12 +216,7 @@ class AddAutocast(Transform):
 
     def _bce_helper(self, statements: list[cst.BaseStatement]) -> str | None:
         """The first function of the script computing a BCE loss that `statements` call."""
-        for statement in statements:
-            for call in find(statement, cst.Call):
-                key = (name_key(call.func) or "").removeprefix("self.")
-                if key in self.bce_helpers:
-                    return key
-        return None
+        return next(filter(None, (called_function(s, self.bce_helpers) for s in statements)), None)
 
     def _skip_for_bce_helper(self, helper: str, node: cst.CSTNode) -> None:
         self.skipped(
@@ -314,7 +302,7 @@ class AddAutocast(Transform):
                 (j for j in range(previous + 1, loss_at + 1) if self._calls_model(statements[j])),
                 None,
             )
-            if start is None and self._calls_local_function(statements[loss_at]):
+            if start is None and called_function(statements[loss_at], self.local_functions):
                 start = loss_at
             if start is None:
                 self.skipped(

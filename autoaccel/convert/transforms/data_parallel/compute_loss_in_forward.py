@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.losses import is_functional_loss
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole, StepLoop
 from autoaccel.analysis.shapes import find, method_calls, name_calls
 from autoaccel.convert.transform import StatementRewrite
 from autoaccel.convert.transforms.data_parallel.wraps import (
@@ -31,7 +30,6 @@ from autoaccel.convert.transforms.data_parallel.wraps import (
     wrapper_instances,
 )
 from autoaccel.cst_edit import add_imports, code_of, keyword_value, leading_import_block
-from autoaccel.rules.acc401_data_parallel import DISTRIBUTED_DATA_PARALLEL
 
 _BY_HAND = (
     "; by hand: compute the loss in the `forward` of an `nn.Module` (the model itself, or a"
@@ -164,7 +162,7 @@ class ComputeLossInForward(StatementRewrite):
             loss = self._loss_statement_after(forward, outputs)  # type: ignore[arg-type]
             if isinstance(loss, str):
                 return loss
-        elif isinstance(parent, cst.Arg) and self._is_loss_call(loss_call := self._parent(parent)):
+        elif isinstance(parent, cst.Arg) and self.script.is_loss_call(loss_call := self._parent(parent)):
             if parent is not loss_call.args[0]:  # type: ignore[union-attr]
                 return f"the output of `{model}(...)` is not the loss function's first argument"
             outputs = None
@@ -174,7 +172,7 @@ class ComputeLossInForward(StatementRewrite):
         else:
             return f"the output of `{model}(...)` does not go straight into a loss function"
         loss_name, loss_call = single_assign(loss)  # type: ignore[misc]
-        if not isinstance(loss_name, cst.Name) or not self._is_loss_call(loss_call):
+        if not isinstance(loss_name, cst.Name) or not self.script.is_loss_call(loss_call):
             return "the loss is not assigned to one name"
         reason = self._loss_call_problem(loss_call, outputs)  # type: ignore[arg-type]
         if reason:
@@ -206,20 +204,13 @@ class ComputeLossInForward(StatementRewrite):
         inputs_read = {n.value for n in find(forward, cst.Name)}
         for statement in statements[start + 1 :]:
             assign = single_assign(statement)
-            if assign is not None and self._is_loss_call(assign[1]) and m.matches(
+            if assign is not None and self.script.is_loss_call(assign[1]) and m.matches(
                 assign[1].args[0].value, m.Name(outputs)  # type: ignore[attr-defined]
             ):
                 return statement
             if _reads(statement, outputs) or _assigned_names(statement) & inputs_read:
                 break
         return f"the loss is not computed from `{outputs}` in the lines right after the forward pass"
-
-    def _is_loss_call(self, node: cst.CSTNode | None) -> bool:
-        if not isinstance(node, cst.Call):
-            return False
-        return name_key(node.func) in self.script.criteria or is_functional_loss(
-            self.qualified_names(node.func)
-        )
 
     def _loss_call_problem(self, call: cst.Call, outputs: str | None) -> str | None:
         if len(call.args) != 2 or any(a.keyword is not None or a.star for a in call.args):

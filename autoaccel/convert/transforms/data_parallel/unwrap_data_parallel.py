@@ -14,6 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL
 from autoaccel.convert.transform import Transform
 from autoaccel.convert.transforms.data_parallel.wraps import (
     WRAPPER_CLASS,
@@ -22,7 +23,6 @@ from autoaccel.convert.transforms.data_parallel.wraps import (
     replicated_models,
     single_assign,
 )
-from autoaccel.rules.acc401_data_parallel import DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL
 
 _WRAPPERS = frozenset({DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL})
 

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import strip_device_moves
+from autoaccel.analysis.script_model import DATA_PARALLEL, strip_device_moves
 from autoaccel.analysis.shapes import find, name_calls
 from autoaccel.convert.transform import Transform
-from autoaccel.rules.acc401_data_parallel import DATA_PARALLEL
 
 WRAPPER_CLASS = "ModelWithLoss"
 

@@ -12,8 +12,8 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import LoopRole
-from autoaccel.analysis.shapes import find, is_method_call, is_name
+from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
+from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
 from autoaccel.convert.transform import StatementRewrite, source_of
 from autoaccel.cst_edit import keyword_value, leading_import_block
 
@@ -24,8 +24,6 @@ LOCAL_RANK = "LOCAL_RANK"
 WORLD_SIZE = "WORLD_SIZE"
 
 DIST_IMPORT = "import torch.distributed as dist"
-DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
-DDP_CLASS = "torch.nn.parallel.DistributedDataParallel"
 INIT_PROCESS_GROUP = frozenset(
     {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
 )
@@ -204,7 +202,7 @@ class DistributedStep(StatementRewrite):
         while grew:
             grew = False
             for function in functions:
-                if function.name.value not in names and calls_any(function.body, names):
+                if function.name.value not in names and called_function(function.body, names):
                     names.add(function.name.value)
                     grew = True
         return names
@@ -230,7 +228,7 @@ class DistributedStep(StatementRewrite):
         names = {
             name_key(target.target)
             for assign in find(module, cst.Assign)
-            if any(DDP_CLASS in self.qualified_names(c.func) for c in find(assign, cst.Call))
+            if any(DISTRIBUTED_DATA_PARALLEL in self.qualified_names(c.func) for c in find(assign, cst.Call))
             for target in assign.targets
         }
         calls = find(module, cst.Call)
@@ -279,7 +277,7 @@ class DistributedStep(StatementRewrite):
             for statement in block.body:
                 if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                     continue
-                if calls_any(statement, training) or any(n in loops for n in descendants(statement)):
+                if called_function(statement, training) or any(n in loops for n in descendants(statement)):
                     trains = statement
                     break
                 if _builds(statement, key):
@@ -334,15 +332,6 @@ def _builds(statement: cst.CSTNode, key: str) -> bool:
         for expr in find(statement, cst.Expr)
         if is_method_call(expr.value)
     )
-
-
-def calls_any(node: cst.CSTNode, functions: set[str]) -> bool:
-    """Whether `node` calls one of `functions` (`f(...)` or `self.f(...)`)."""
-    for call in find(node, cst.Call):
-        key = name_key(call.func)
-        if key is not None and key.removeprefix("self.") in functions:
-            return True
-    return False
 
 
 def parameters_of(function: cst.FunctionDef | None) -> list[str]:

@@ -16,6 +16,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
     rank_zero,
 )
+from autoaccel.cst_edit import is_docstring
 
 
 class GuardRankZero(DistributedStep):
@@ -43,7 +44,7 @@ class GuardRankZero(DistributedStep):
 
     def _return_early(self, function: cst.FunctionDef) -> None:
         body = cst.ensure_type(function.body, cst.IndentedBlock).body
-        first = body[1] if len(body) > 1 and _is_docstring(body[0]) else body[0]
+        first = body[1] if len(body) > 1 and is_docstring(body[0]) else body[0]
         self.before.setdefault(first, []).extend(
             parse_statements(f"if {RANK} != 0:\n    return  # only rank 0 writes\n")
         )
@@ -67,9 +68,3 @@ class GuardRankZero(DistributedStep):
             kinds = sorted({e.kind.value for s in run for e in groups[s]})
             code = "ACC403" if any(e.kind is EffectKind.CHECKPOINT for s in run for e in groups[s]) else "ddp"
             self.changed(run[0], f"{' and '.join(kinds)} on rank 0 only", code)
-
-
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and isinstance(
-        statement.body[0], cst.Expr
-    ) and isinstance(statement.body[0].value, cst.SimpleString)

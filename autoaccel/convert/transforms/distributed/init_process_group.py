@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole
 from autoaccel.convert.transform import Transform
 from autoaccel.convert.transforms.distributed._base import (
-    DDP_CLASS,
     DIST_IMPORT,
     INIT_PROCESS_GROUP,
     add_import,
@@ -77,5 +76,5 @@ class InitProcessGroup(Transform):
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.qualified_names(node.func)
-        if self.already_distributed is None and (names & INIT_PROCESS_GROUP or DDP_CLASS in names):
+        if self.already_distributed is None and (names & INIT_PROCESS_GROUP or DISTRIBUTED_DATA_PARALLEL in names):
             self.already_distributed = node

@@ -13,10 +13,10 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import DATA_PARALLEL
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import DistributedStep
 
-DATA_PARALLEL = "torch.nn.DataParallel"
 DATA_PARALLEL_FUNCTION = "torch.nn.parallel.data_parallel"
 _PRINT_LINE = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Name("print")))])
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.shapes import find, is_name
+from autoaccel.analysis.shapes import find, is_false
 from autoaccel.convert.transforms.distributed._base import WORLD_SIZE, DistributedStep
 from autoaccel.cst_edit import keyword_value
 
@@ -56,4 +56,4 @@ def _sums(call: cst.Call) -> bool:
     reduction = keyword_value(call, "reduction")
     if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value == "sum":
         return True
-    return is_name(keyword_value(call, "size_average"), "False")
+    return is_false(keyword_value(call, "size_average"))
