@@ -38,3 +38,15 @@ def test_names_and_parents_match_libcst(source):
         assert index.qualified_names(node) == names, module.code_for_node(node)
     for child, parent in index.parents.items():
         assert parents[child] is parent
+
+
+def test_global_statement_at_module_level_names_the_module_binding():
+    # `global config` under `if __name__ == "__main__":` once sent `Scope.owner`
+    # into infinite recursion (lint: internal error).
+    module = cst.parse_module(
+        "from torch import nn\nconfig = 1\nif __name__ == '__main__':\n"
+        "    global config\n    config = nn.Linear(1, 1)\n    print(config)\n"
+    )
+    index = ModuleIndex(module)
+    call = module.body[2].body.body[1].body[0].value
+    assert index.qualified_names(call.func) == {"torch.nn.Linear"}

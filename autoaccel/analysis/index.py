@@ -125,9 +125,9 @@ class Scope:
     def owner(self, name: str) -> Scope:
         """The scope a binding of `name` made here lands in."""
         redirect = self.redirects.get(name)
-        if redirect is None:
-            return self
-        target = self._visible_parent(redirect) if redirect is not self else self
+        if redirect is None or redirect is self:
+            return self  # `global x` at module level names the module's own `x`
+        target = self._visible_parent(redirect)
         return target.owner(name) if target is not None else self
 
     def bind(self, name: str, statement: cst.Import | cst.ImportFrom | None = None) -> None:
