@@ -35,6 +35,7 @@ fixture_runs = runs_on_fixtures(
 )
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", FIXTURES)
 def test_conversion_trains_like_the_original(name, fixture_runs):
     proc = fixture_runs[name].result()
@@ -53,6 +54,7 @@ def test_conversion_trains_like_the_original(name, fixture_runs):
         assert run["peak_rss_bytes"] > 0
 
 
+@pytest.mark.runs
 def test_report_with_bf16(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
@@ -68,6 +70,7 @@ def test_report_with_bf16(tmp_path):
     assert 'src="data:image/png;base64,' in (report / "index.html").read_text()
 
 
+@pytest.mark.runs
 def test_divergence_exits_1(tmp_path):
     pytest.importorskip("torch")
     proc = bench(
@@ -78,6 +81,7 @@ def test_divergence_exits_1(tmp_path):
     assert "loss curves DIVERGE" in proc.stdout
 
 
+@pytest.mark.runs
 def test_ddp_conversion_runs_one_process_per_rank(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("autoaccel.convert.transforms.distributed")  # `--to ddp`
