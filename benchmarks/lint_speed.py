@@ -151,16 +151,45 @@ def build_tree(root: Path, training: int = 140, plain: int = 60) -> list[Path]:
     return files
 
 
-def five_hundred_lines(path: Path) -> Path:
-    """A 500-line training script: fixtures joined, then cut at a top-level boundary."""
-    text = "\n\n".join(p.read_text() for p in sorted(FIXTURES.glob("*.py")) * 2)
-    lines = text.splitlines(keepends=True)
-    # Cut at the last top-level statement before line 500 that starts a def/class.
-    cut = max(i for i, line in enumerate(lines[:501]) if re.match(r"(def|class) ", line))
+def training_script(path: Path, size: int, tail: tuple[str, ...] = ()) -> Path:
+    """A `size`-line training script: the fixtures joined (as often as needed), cut at a
+    top-level boundary, padded with assignments, then the `tail` lines."""
+    fixtures = [p.read_text() for p in sorted(FIXTURES.glob("*.py"))]
+    text = "\n\n".join(fixtures)
+    copies = 2 + size // len(text.splitlines())
+    lines = "\n\n".join([text] * copies).splitlines(keepends=True)
+    room = size - len(tail)
+    # Cut at the last top-level statement before line `room` that starts a def/class.
+    cut = max(i for i, line in enumerate(lines[: room + 1]) if re.match(r"(def|class) ", line))
     body = lines[:cut]
-    body += [f"x_{k} = {k}\n" for k in range(500 - len(body))]
-    path.write_text("".join(body))
+    body += [f"x_{k} = {k}\n" for k in range(room - len(body))]
+    path.write_text("".join(body + [f"{line}\n" for line in tail]))
     return path
+
+
+# `Adam` imported by name: ACC505's fix rewrites the import too, so it asks which names
+# the import binds and how often they are read.
+ADAM_BY_NAME = ("from torch.optim import Adam", "opt = Adam(params, weight_decay=1e-4)")
+
+
+def size_scaling(workdir: Path, sizes: list[int]) -> None:
+    """`autoaccel lint FILE` in process on one file of each size: CPU time (median of 3)
+    and the cost per line, which stays flat when the time is linear in the size."""
+    sys.path.insert(0, str(ROOT))
+    from autoaccel.lint.runner import Mode, Overrides, lint_file
+
+    previous = None
+    for size in sizes:
+        script = training_script(workdir / f"script{size}.py", size, ADAM_BY_NAME)
+        cpus = []
+        for _ in range(3):
+            start = time.process_time()
+            lint_file(script, Overrides(), Mode.CHECK)
+            cpus.append(time.process_time() - start)
+        cpu = statistics.median(cpus)
+        growth = f"  x{cpu / previous[1]:.1f} time for x{size / previous[0]:.0f} lines" if previous else ""
+        print(f"lint, {size:6,}-line file: {cpu:6.2f} CPU-s  {1000 * cpu / size:5.2f} ms/line{growth}")
+        previous = (size, cpu)
 
 
 def timed(command: list[str], cwd: Path | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
@@ -191,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated tree")
     parser.add_argument("--training", type=int, default=140, help="training scripts in the tree")
     parser.add_argument("--plain", type=int, default=60, help="non-torch modules in the tree")
+    parser.add_argument(
+        "--sizes", default="", help="also lint one file of each of these line counts (2000,8000,32000)"
+    )
     args = parser.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="autoaccel-bench-"))
@@ -217,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"autoaccel, {cores} cores  : {wall_all:6.2f} s wall  {len(files) / wall_all:7.1f} files/s"
           f"  {lines / wall_all:8.0f} lines/s   (CLI, start-up included; {cpu_all:.1f} CPU-s)")
 
-    script = five_hundred_lines(workdir / "script500.py")
+    script = training_script(workdir / "script500.py", 500)
     walls, cpus = [], []
     for _ in range(5):
         one_wall, one_cpu, run = timed([*AUTOACCEL, "lint", "--exit-zero", "-q", str(script)])
@@ -227,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"one 500-line file    : {statistics.median(walls):.2f} s wall,"
           f" {statistics.median(cpus):.2f} CPU-s (median of 5, start-up included;"
           f" target < 0.5 s)")
+
+    if args.sizes:
+        size_scaling(workdir, [int(size) for size in args.sizes.split(",")])
 
     if args.torchfix:
         tf_wall, tf_cpu, run = timed([args.torchfix, "--select", "ALL", "-j", "1", str(tree)])

@@ -9,6 +9,7 @@ from libcst.metadata import (
     ParentNodeProvider,
     QualifiedNameProvider,
     QualifiedNameSource,
+    ScopeProvider,
 )
 
 from autoaccel.analysis.index import ModuleIndex
@@ -50,3 +51,24 @@ def test_global_statement_at_module_level_names_the_module_binding():
     index = ModuleIndex(module)
     call = module.body[2].body.body[1].body[0].value
     assert index.qualified_names(call.func) == {"torch.nn.Linear"}
+
+
+@pytest.mark.parametrize("source", list(sources()))
+def test_bindings_and_reads_match_libcst_scopes(source):
+    module = cst.parse_module(source)
+    scopes = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
+    index = ModuleIndex(module)
+    for node, scope in scopes.items():
+        if not isinstance(node, cst.Name) or scope is None or node not in index.scopes:
+            continue
+        statements = [getattr(a, "node", None) for a in scope[node.value]]
+        expected = [s if isinstance(s, (cst.Import, cst.ImportFrom)) else None for s in statements]
+        assert sorted(map(id, index.bindings(node.value, node))) == sorted(map(id, expected)), (
+            module.code_for_node(node)
+        )
+    for scope in set(scopes.values()) - {None}:
+        for assignment in scope.assignments:
+            if isinstance(getattr(assignment, "node", None), cst.ImportFrom):
+                assert index.reads(assignment.node, assignment.name) == len(assignment.references), (
+                    assignment.name
+                )

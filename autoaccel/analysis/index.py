@@ -164,6 +164,7 @@ class ModuleIndex:
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.scopes: dict[cst.CSTNode, Scope] = {}
         self._accesses: dict[cst.CSTNode, tuple[str, Scope, int]] = {}
+        self._accesses_by_name: dict[str, list[tuple[str, Scope, int]]] | None = None
         self._stores: set[cst.CSTNode] = set()
         self._names: dict[cst.CSTNode, frozenset[str]] = {}
         self._attribute: cst.Attribute | None = None  # outermost attribute being walked
@@ -191,13 +192,31 @@ class ModuleIndex:
             found = self._names[node] = frozenset(canonical(n) for n in self._resolve(node))
         return found
 
-    def is_read(self, statement: cst.Import | cst.ImportFrom, name: str) -> bool:
-        """Whether the name `statement` binds as `name` is read anywhere."""
-        return any(
+    def bindings(self, name: str, at: cst.CSTNode) -> list[cst.Import | cst.ImportFrom | None]:
+        """What binds `name` in the scope `at` sees it in (LibCST's `scope[name]`): each
+        binding's import statement, or None for any other binding (an assignment, a
+        `def`, a parameter, a builtin)."""
+        scope = self.scopes.get(at)
+        if scope is None:
+            return []
+        return [None if binding is None else binding[2] for binding in scope.lookup(name)]
+
+    def reads(self, statement: cst.Import | cst.ImportFrom, name: str) -> int:
+        """How many reads of `name` (or of `name.attribute`) refer to the binding
+        `statement` makes (LibCST's `len(assignment.references)`)."""
+        if self._accesses_by_name is None:  # grouped once: each query reads its name's only
+            self._accesses_by_name = {}
+            for access in self._accesses.values():
+                self._accesses_by_name.setdefault(access[0].partition(".")[0], []).append(access)
+        return sum(
             (accessed == name or accessed.startswith(name + "."))
             and any(b is not None and b[2] is statement for b in self._earlier(scope, accessed, index))
-            for accessed, scope, index in self._accesses.values()
+            for accessed, scope, index in self._accesses_by_name.get(name.partition(".")[0], ())
         )
+
+    def is_read(self, statement: cst.Import | cst.ImportFrom, name: str) -> bool:
+        """Whether the name `statement` binds as `name` is read anywhere."""
+        return self.reads(statement, name) > 0
 
     def _resolve(self, node: cst.CSTNode) -> set[str]:
         access = self._accesses.get(node)

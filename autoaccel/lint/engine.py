@@ -12,7 +12,6 @@ from libcst.metadata import (
     ParentNodeProvider,
     PositionProvider,
     QualifiedNameProvider,
-    ScopeProvider,
 )
 
 from autoaccel.analysis.index import ModuleIndex, run_visitors
@@ -93,7 +92,6 @@ def analyse(source: str, settings: LintSettings, path: str | None = None) -> Ana
         ParentNodeProvider: index.parents,
         PositionProvider: positions,
         # Resolved by LibCST only when a rule first asks.
-        ScopeProvider: _Lazy(wrapper, ScopeProvider),
         QualifiedNameProvider: _Lazy(wrapper, QualifiedNameProvider),
     }
     visitors: list[LintRule] = [rule(script) for rule in rules]

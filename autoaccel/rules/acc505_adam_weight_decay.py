@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
 
 from autoaccel.analysis.script_model import Missing, Unknown
 from autoaccel.analysis.shapes import is_method_call
@@ -25,8 +24,6 @@ class AdamWeightDecay(LintRule):
     # AdamW's decay is `lr * weight_decay * param` per step, a different regulariser:
     # the same number does not give the same model.
     applicability = Applicability.UNSAFE
-
-    METADATA_DEPENDENCIES = LintRule.METADATA_DEPENDENCIES + (ScopeProvider,)
 
     VALID = [
         "import torch\nopt = torch.optim.Adam(model.parameters(), lr=1e-3)\n",
@@ -204,31 +201,25 @@ class AdamWeightDecay(LintRule):
         when one is already imported from `torch.optim`."""
         if not isinstance(func, cst.Name):
             return None
-        scope = self.get_metadata(ScopeProvider, func, None)
-        if scope is None:
+        bindings = self.index.bindings(func.value, func)
+        if len(bindings) != 1 or not _imports_from_optim(bindings[0]):
             return None
-        assignments = list(scope[func.value])
-        if len(assignments) != 1:
-            return None
-        (assignment,) = assignments
-        statement = getattr(assignment, "node", None)
-        if not _imports_from_optim(statement):
-            return None
+        (statement,) = bindings
         alias = next(
             a for a in statement.names if bound_name(a) == func.value  # type: ignore[union-attr]
         )
         if code_of(alias.name) != "Adam":
             return None
         adamw = None
-        for other in scope["AdamW"]:
-            if _imports_from_optim(getattr(other, "node", None)) and any(
+        for other in self.index.bindings("AdamW", func):
+            if _imports_from_optim(other) and any(
                 code_of(a.name) == "AdamW" and bound_name(a) == "AdamW"
-                for a in other.node.names  # type: ignore[attr-defined]
+                for a in other.names  # type: ignore[union-attr]
             ):
                 adamw = "AdamW"
             else:
                 return None  # `AdamW` means something else here
-        return statement, alias, len(assignment.references), adamw
+        return statement, alias, self.index.reads(statement, func.value), adamw
 
 
 def _imports_from_optim(statement: object) -> bool:
