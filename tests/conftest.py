@@ -1,4 +1,5 @@
-"""Shared helpers for the CLI tests: a script with known findings and a runner."""
+"""Shared fixtures: a script with known findings and a CLI runner, and the session's shared
+harness runs and conversions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autoaccel.cli import app
+from running import SessionRuns
 
 # ACC101 (unsafe fix) and ACC102 (safe fix) both fire on line 4, column 10.
 SCRIPT = textwrap.dedent(
@@ -50,3 +52,9 @@ def cli(tmp_path, monkeypatch):
         return Run(result.exit_code, result.stdout, result.stderr)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def session_runs(tmp_path_factory) -> SessionRuns:
+    """Harness runs and conversions done once for the whole session (see running.py)."""
+    return SessionRuns(tmp_path_factory.mktemp("session-runs"))

@@ -1,16 +1,22 @@
 """Helpers for tests that convert fixtures and run them (a plain module, imported by tests).
 
-`convert` runs `autoaccel convert` in a subprocess, `run_with_losses` runs a script under
-`autoaccel.harness` and returns the loss of every backward call.
+`convert` runs `autoaccel convert` in a subprocess, `run_under_harness` runs a script under
+`autoaccel.harness`, which records the loss of every backward call. `SessionRuns` (the
+`session_runs` fixture of conftest.py) does each of those once per test session.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 TIMEOUT_S = 120
@@ -34,25 +40,59 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
         )
 
 
-def run_with_losses(script_path, args, tmp_path, env=None, max_steps=None) -> list[float]:
-    """Run `script_path args...` under the harness in `tmp_path`; return the recorded losses."""
-    out = Path(tmp_path) / f"losses-{Path(script_path).stem}.json"
+@dataclass(frozen=True)
+class HarnessRun:
+    """A script's run under the harness: how it ended, and the folder it ran in (its
+    checkpoints are there)."""
+
+    name: str
+    cwd: Path
+    returncode: int
+    stderr: str
+    record: dict
+
+    def check(self) -> HarnessRun:
+        """This run; AssertionError with the end of its stderr when it failed."""
+        if self.returncode != 0:
+            raise AssertionError(
+                f"harness run of {self.name} exited with {self.returncode}\n"
+                f"--- stderr (tail) ---\n{self.stderr[-3000:]}"
+            )
+        return self
+
+    @property
+    def losses(self) -> list[float]:
+        """The loss of every backward call; AssertionError when the run failed."""
+        return self.check().record["losses"]
+
+
+def run_under_harness(script_path, args, cwd, env=None, max_steps=None) -> HarnessRun:
+    """Run `script_path args...` under the harness in `cwd`."""
+    out = Path(cwd) / f"losses-{Path(script_path).stem}.json"
     cmd = [sys.executable, "-m", "autoaccel.harness", "--losses-out", str(out)]
     if max_steps is not None:
         cmd += ["--max-steps", str(max_steps)]
     cmd += [str(script_path), *map(str, args)]
     proc = subprocess.run(
-        cmd, cwd=tmp_path, env=_env(env), capture_output=True, text=True, timeout=TIMEOUT_S
+        cmd, cwd=cwd, env=_env(env), capture_output=True, text=True, timeout=TIMEOUT_S
     )
-    _check(proc, f"harness run of {Path(script_path).name}")
-    return json.loads(out.read_text())["losses"]
+    record = json.loads(out.read_text()) if out.is_file() else {}
+    return HarnessRun(Path(script_path).name, Path(cwd), proc.returncode, proc.stderr, record)
+
+
+def run_with_losses(script_path, args, tmp_path, env=None, max_steps=None) -> list[float]:
+    """Run `script_path args...` under the harness in `tmp_path`; return the recorded losses."""
+    return run_under_harness(script_path, args, tmp_path, env, max_steps).losses
+
+
+def _fixture_path(fixture) -> Path:
+    fixture = Path(fixture)
+    return fixture if fixture.is_absolute() else FIXTURES_DIR / fixture
 
 
 def convert(fixture, tmp_path, *options: str) -> Path:
     """`autoaccel convert FIXTURE -o OUT *options`; returns OUT (a file in `tmp_path`)."""
-    fixture = Path(fixture)
-    if not fixture.is_absolute():
-        fixture = FIXTURES_DIR / fixture
+    fixture = _fixture_path(fixture)
     tag = "".join(o.strip("-") for o in options) or "default"
     out = Path(tmp_path) / f"{fixture.stem}.{tag}.py"
     proc = subprocess.run(
@@ -61,3 +101,54 @@ def convert(fixture, tmp_path, *options: str) -> Path:
     )
     _check(proc, f"autoaccel convert {fixture.name} {' '.join(options)}")
     return out
+
+
+Result = TypeVar("Result")
+
+
+class SessionRuns:
+    """Harness runs and conversions that several test modules need, each done once per
+    session (each fixture's original used to run four times a session): a run is keyed
+    by the script's content, its arguments and environment, a conversion by the
+    fixture's content and the options. Safe to call from several threads; callers that
+    ask for what is under way wait for it. Callers read the results and never change
+    the files: a script that must be edited is converted with `convert` instead."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._lock = threading.Lock()
+        self._results: dict[tuple, Future] = {}
+
+    def run(self, script, args=(), env: dict[str, str] | None = None) -> HarnessRun:
+        """`run_under_harness(script, args)` in a folder of its own."""
+        script = Path(script)
+        settings = (tuple(map(str, args)), tuple(sorted((env or {}).items())))
+        return self._once(
+            "run", script, settings, lambda folder: run_under_harness(script, args, folder, env)
+        )
+
+    def convert(self, fixture, *options: str) -> Path:
+        """`convert(fixture, folder, *options)`: the converted file."""
+        fixture = _fixture_path(fixture)
+        return self._once(
+            "convert", fixture, options, lambda folder: convert(fixture, folder, *options)
+        )
+
+    def _once(self, kind: str, script: Path, settings: tuple, make: Callable[[Path], Result]) -> Result:
+        """`make(folder)` for the first caller of (kind, script content, settings); the
+        others get its result (or its exception) when it is done."""
+        key = (kind, hashlib.sha256(script.read_bytes()).hexdigest(), settings)
+        with self._lock:
+            future = self._results.get(key)
+            mine = future is None
+            if mine:
+                future = self._results[key] = Future()
+        if mine:
+            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+            try:
+                folder = self._root / f"{kind}-{script.stem}-{digest}"
+                folder.mkdir()
+                future.set_result(make(folder))
+            except Exception as error:  # every caller of this key gets it
+                future.set_exception(error)
+        return future.result()

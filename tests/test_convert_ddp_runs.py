@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from running import FIXTURES_DIR, TIMEOUT_S, _check, _env, convert, run_with_losses
+from running import FIXTURES_DIR, TIMEOUT_S, SessionRuns, _check, _env, convert
 from test_convert_runs import CASES, EXACT_REL, final_loss, rel_gap
 
 torch = pytest.importorskip("torch")
@@ -110,20 +110,18 @@ def run_torchrun(script: Path, args: tuple[str, ...], cwd: Path) -> list[dict]:
     ]
 
 
-def _job(name: str, tmp: Path) -> dict:
+def _job(name: str, tmp: Path, shared: SessionRuns) -> dict:
     args = CASES[name].args
-    converted = convert(name, tmp, *DDP_OPTIONS)
-    runs = {}
-    for variant, script in (("orig", FIXTURES_DIR / name), ("python", converted)):
-        (tmp / variant).mkdir()
-        runs[variant] = run_with_losses(script, args, tmp / variant)
-    (tmp / "torchrun").mkdir()
-    runs["ranks"] = run_torchrun(converted, args, tmp / "torchrun")
-    return runs
+    converted = shared.convert(name, *DDP_OPTIONS)
+    return {
+        "orig": shared.run(FIXTURES_DIR / name, args).losses,
+        "python": shared.run(converted, args).losses,
+        "ranks": run_torchrun(converted, args, tmp),
+    }
 
 
 @pytest.fixture(scope="module")
-def ddp_runs(request, tmp_path_factory):
+def ddp_runs(request, tmp_path_factory, session_runs):
     """Start every selected fixture's runs up front, two at a time (2 cores)."""
     selected = sorted({
         item.callspec.params["name"]
@@ -132,7 +130,9 @@ def ddp_runs(request, tmp_path_factory):
     })
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {
-            name: pool.submit(_job, name, tmp_path_factory.mktemp(f"ddp-{name.removesuffix('.py')}"))
+            name: pool.submit(
+                _job, name, tmp_path_factory.mktemp(f"ddp-{name.removesuffix('.py')}"), session_runs
+            )
             for name in selected
         }
 
@@ -198,40 +198,40 @@ def run_spawn_launcher(script: Path, args: tuple[str, ...], cwd: Path) -> None:
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
-def test_two_processes_reach_the_original_parameters(tmp_path, launcher):
+def test_two_processes_reach_the_original_parameters(tmp_path, session_runs, launcher):
     """Global batch 32 = 2 processes x 16: after 2 epochs the parameters are the same.
     With `--launcher spawn`, the script's DataLoader workers must not re-run it (they
     would if they inherited mp.spawn's start method): the run would hang or fail."""
     name = "linear_exact.py"
+    args = CASES[name].args  # --save-params params.pt
     converted = convert(name, tmp_path, *DDP_OPTIONS, "--launcher", launcher)
-    (tmp_path / "orig").mkdir()
-    run_with_losses(FIXTURES_DIR / name, ("--save-params", "p.pt"), tmp_path / "orig")
+    original = session_runs.run(FIXTURES_DIR / name, args).check()
     (tmp_path / "ddp").mkdir()
     if launcher == "spawn":
-        run_spawn_launcher(converted, ("--save-params", "p.pt"), tmp_path / "ddp")
+        run_spawn_launcher(converted, args, tmp_path / "ddp")
     else:
-        run_torchrun(converted, ("--save-params", "p.pt"), tmp_path / "ddp")
-    original = torch.load(tmp_path / "orig" / "p.pt")
-    distributed = torch.load(tmp_path / "ddp" / "p.pt")
-    assert original.keys() == distributed.keys()  # no `module.` prefix
-    for key, value in original.items():
+        run_torchrun(converted, args, tmp_path / "ddp")
+    expected = torch.load(original.cwd / "params.pt")
+    distributed = torch.load(tmp_path / "ddp" / "params.pt")
+    assert expected.keys() == distributed.keys()  # no `module.` prefix
+    for key, value in expected.items():
         assert torch.allclose(distributed[key], value, rtol=1e-5, atol=1e-6), key
 
 
-def test_legacy_script_runs_on_two_processes(tmp_path):
-    converted = convert("legacy_pytorch03.py", tmp_path, *DDP_OPTIONS)
+def test_legacy_script_runs_on_two_processes(tmp_path, session_runs):
+    converted = session_runs.convert("legacy_pytorch03.py", *DDP_OPTIONS)
     ranks = run_torchrun(converted, (), tmp_path)
     assert [len(r["losses"]) for r in ranks] == [16, 16]  # 2 epochs x 8 batches of 16
     assert ranks[1]["saves"] == [] and ranks[0]["saves"] == ["legacy_model.pth"]
 
 
-
-def test_sbatch_file_runs_on_a_one_node_allocation(tmp_path):
+def test_sbatch_file_runs_on_a_one_node_allocation(tmp_path, session_runs):
     """The `--launcher slurm` file, run by bash as sbatch would on a 1-node allocation:
     `srun` and `scontrol` are stand-ins that run the command here and name this host.
     Two changes, because this machine has no GPU and shares its ports: 2 processes
     instead of `--nproc_per_node=gpu`, and a free rendezvous port."""
     name = "linear_exact.py"
+    args = CASES[name].args  # --save-params params.pt
     converted = convert(name, tmp_path, *DDP_OPTIONS, "--launcher", "slurm")
     sbatch = converted.with_suffix(".sbatch")
     text = sbatch.read_text()
@@ -247,18 +247,17 @@ def test_sbatch_file_runs_on_a_one_node_allocation(tmp_path):
     (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
     for shim in bin_dir.iterdir():
         shim.chmod(0o755)
-    (tmp_path / "orig").mkdir()
-    run_with_losses(FIXTURES_DIR / name, ("--save-params", "p.pt"), tmp_path / "orig")
+    original = session_runs.run(FIXTURES_DIR / name, args).check()
     allocation = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "SLURM_JOB_NODELIST": "node001", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242",
     }  # fmt: skip
     proc = subprocess.run(
-        ["bash", str(sbatch), "--save-params", "p.pt"], cwd=tmp_path, env=_env(allocation),
+        ["bash", str(sbatch), *args], cwd=tmp_path, env=_env(allocation),
         capture_output=True, text=True, timeout=TIMEOUT_S,
     )
     _check(proc, sbatch.name)
-    original = torch.load(tmp_path / "orig" / "p.pt")
-    distributed = torch.load(tmp_path / "p.pt")
-    for key, value in original.items():
+    expected = torch.load(original.cwd / "params.pt")
+    distributed = torch.load(tmp_path / "params.pt")
+    for key, value in expected.items():
         assert torch.allclose(distributed[key], value, rtol=1e-5, atol=1e-6), key

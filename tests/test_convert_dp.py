@@ -18,7 +18,7 @@ import pytest
 from autoaccel.convert.log import ConversionLog, ConvertOptions
 from autoaccel.convert.transform import new_context
 from autoaccel.convert.transforms.data_parallel import DP_STEPS
-from running import FIXTURES_DIR, convert, run_with_losses
+from running import FIXTURES_DIR, HarnessRun, SessionRuns
 from test_convert_runs import CASES, EXACT_REL, LEGACY, final_loss, rel_gap
 
 OPTIONS = ConvertOptions(target="dp", amp="off")
@@ -419,40 +419,39 @@ DP_CHANGES = {  # fixtures whose training step the dp target rewrites; gan.py (t
 }
 
 
-def _dp_job(name: str, tmp):
-    converted = convert(name, tmp, "--to", "dp", "--amp", "off")
-    reference = convert(name, tmp, "--amp", "off") if name == LEGACY else FIXTURES_DIR / name
-    runs = {}
-    for variant, script in (("reference", reference), ("dp", converted)):
-        cwd = tmp / variant
-        cwd.mkdir()
-        losses = run_with_losses(script, CASES[name].args if name in CASES else (), cwd)
-        runs[variant] = losses, sorted(p.name for p in cwd.iterdir() if not p.name.startswith("losses-"))
-    return converted.read_text(encoding="utf-8"), runs, tmp
+def _dp_job(name: str, shared: SessionRuns) -> tuple[str, dict[str, HarnessRun]]:
+    converted = shared.convert(name, "--to", "dp", "--amp", "off")
+    reference = shared.convert(name, "--amp", "off") if name == LEGACY else FIXTURES_DIR / name
+    args = CASES[name].args if name in CASES else ()
+    runs = {"reference": shared.run(reference, args), "dp": shared.run(converted, args)}
+    return converted.read_text(encoding="utf-8"), runs
+
+
+def _written(run: HarnessRun) -> list[str]:
+    """The files a run left in its folder (the harness's record left out)."""
+    return sorted(p.name for p in run.cwd.iterdir() if not p.name.startswith("losses-"))
 
 
 @pytest.fixture(scope="module")
-def dp_runs(request, tmp_path_factory):
+def dp_runs(request, session_runs):
     selected = sorted({
         item.callspec.params["name"]
         for item in request.session.items
         if item.module is request.module and "name" in getattr(getattr(item, "callspec", None), "params", {})
     })
     with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            name: pool.submit(_dp_job, name, tmp_path_factory.mktemp(name.removesuffix(".py")))
-            for name in selected
-        }
+        yield {name: pool.submit(_dp_job, name, session_runs) for name in selected}
 
 
 @pytest.mark.runs
 @pytest.mark.parametrize("name", sorted(CASES) + [LEGACY])
 def test_dp_conversion_trains_like_the_original(name, dp_runs) -> None:
     pytest.importorskip("torch")
-    code, runs, _ = dp_runs[name].result()
+    code, runs = dp_runs[name].result()
     assert ("ModelWithLoss(" in code) == (name in DP_CHANGES)
-    (reference, reference_files), (dp, dp_files) = runs["reference"], runs["dp"]
-    assert dp_files == reference_files  # the same checkpoints, saved from the bare model
+    reference, dp = runs["reference"].losses, runs["dp"].losses
+    # the same checkpoints, saved from the bare model
+    assert _written(runs["dp"]) == _written(runs["reference"])
     assert len(dp) == len(reference) > 0
     case = CASES.get(name)
     exact = case.steps_per_epoch if case is not None and case.rng_shifts else len(reference)
@@ -470,8 +469,8 @@ def test_dp_conversion_ends_with_the_original_parameters(name, dp_runs) -> None:
     """The exact-equivalence fixture (no shuffle, dropout or BatchNorm) saves its final
     `state_dict` with `--save-params`: the dp conversion's equals the original's."""
     torch = pytest.importorskip("torch")
-    *_, folder = dp_runs[name].result()
-    saved = {v: torch.load(folder / v / "params.pt") for v in ("reference", "dp")}
+    _, runs = dp_runs[name].result()
+    saved = {variant: torch.load(run.check().cwd / "params.pt") for variant, run in runs.items()}
     assert saved["dp"].keys() == saved["reference"].keys()
     for key, value in saved["reference"].items():
         assert torch.allclose(saved["dp"][key], value, rtol=EXACT_REL, atol=0), key

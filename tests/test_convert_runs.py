@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
 
-from running import FIXTURES_DIR, convert, fixture_names, run_with_losses
+from running import FIXTURES_DIR, SessionRuns, fixture_names
 
 pytest.importorskip("torch")
 
@@ -70,22 +68,17 @@ LEGACY = "legacy_pytorch03.py"
 PARALLEL = max(1, min(2, os.cpu_count() or 1))
 
 
-def _job(name: str, case: Case, tmp):
-    runs = {}
+def _job(name: str, case: Case, shared: SessionRuns) -> dict[str, list[float]]:
     scripts = {
         "orig": FIXTURES_DIR / name,
-        "off": convert(name, tmp, "--amp", "off"),
-        "bf16": convert(name, tmp, "--amp", "bf16"),
+        "off": shared.convert(name, "--amp", "off"),
+        "bf16": shared.convert(name, "--amp", "bf16"),
     }
-    for variant, script in scripts.items():
-        cwd = tmp / variant  # each run writes its checkpoints in its own directory
-        cwd.mkdir()
-        runs[variant] = run_with_losses(script, case.args, cwd)
-    return runs
+    return {variant: shared.run(script, case.args).losses for variant, script in scripts.items()}
 
 
 @pytest.fixture(scope="module")
-def loss_runs(request, tmp_path_factory):
+def loss_runs(request, session_runs):
     """Start every selected fixture's runs at once; each test waits for its own."""
     selected = sorted({
         item.callspec.params["name"]
@@ -93,10 +86,7 @@ def loss_runs(request, tmp_path_factory):
         if item.module is request.module and hasattr(item, "callspec") and "name" in item.callspec.params
     })
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        yield {
-            name: pool.submit(_job, name, CASES[name], tmp_path_factory.mktemp(name.removesuffix(".py")))
-            for name in selected
-        }
+        yield {name: pool.submit(_job, name, CASES[name], session_runs) for name in selected}
 
 
 def final_loss(losses: list[float], case: Case) -> float:
@@ -140,16 +130,11 @@ def test_amp_bf16_trains_close_to_original(name, loss_runs):
 
 
 @pytest.mark.runs
-def test_legacy_script_runs_after_conversion(tmp_path):
-    original = subprocess.run(
-        [sys.executable, str(FIXTURES_DIR / LEGACY)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+def test_legacy_script_runs_after_conversion(session_runs):
+    original = session_runs.run(FIXTURES_DIR / LEGACY)
     assert original.returncode != 0
     assert "IndexError: invalid index of a 0-dim tensor" in original.stderr, original.stderr[-3000:]
 
-    converted = convert(LEGACY, tmp_path)
-    losses = run_with_losses(converted, [], tmp_path)
+    losses = session_runs.run(session_runs.convert(LEGACY)).losses
     assert len(losses) == 16  # 2 epochs x 8 batches
     assert all(math.isfinite(v) for v in losses)

@@ -30,23 +30,18 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def converted(request, tmp_path_factory):
+def converted(request, session_runs):
     """(fixture, variant) -> future of the converted file; the selected tests' conversions all
-    start up front, two at a time."""
-    tmp = tmp_path_factory.mktemp("snapshots")
+    start up front, two at a time (those the run tests made already are done)."""
     selected = set()
     for item in request.session.items:
         params = getattr(item, "callspec", None) and item.callspec.params
         if item.module is request.module and params and "name" in params:
             selected.add((params["name"], params.get("variant", "default")))
-
-    def job(name, variant):
-        out_dir = tmp / variant
-        out_dir.mkdir(exist_ok=True)
-        return convert(name, out_dir, *VARIANTS[variant])
-
     with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {(n, v): pool.submit(job, n, v) for n, v in sorted(selected)}
+        yield {
+            (n, v): pool.submit(session_runs.convert, n, *VARIANTS[v]) for n, v in sorted(selected)
+        }
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

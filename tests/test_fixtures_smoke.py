@@ -1,13 +1,13 @@
 """Smoke tests for the training-script fixtures in fixtures/.
 
-Every fixture is run unmodified, on CPU, in a temporary working directory. All of them must
-train and exit 0, except legacy_pytorch03.py, which is written for PyTorch 0.3 and must crash
-on current PyTorch (``loss.data[0]`` on a 0-dim tensor) - converting it is what fixes it.
+Every fixture is run unmodified, on CPU, in a temporary working directory, under
+`autoaccel.harness` (which only records the losses): the very run the conversion tests
+compare with, done once per session. All of them must train and exit 0, except
+legacy_pytorch03.py, which is written for PyTorch 0.3 and must crash on current PyTorch
+(``loss.data[0]`` on a 0-dim tensor) - converting it is what fixes it.
 """
 import ast
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -41,19 +41,8 @@ EXPECTED_FAILURES = {
 PARALLEL = max(1, min(4, os.cpu_count() or 1))
 
 
-def run_fixture(name, args, cwd):
-    return subprocess.run(
-        [sys.executable, str(FIXTURES_DIR / name), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"},
-    )
-
-
 @pytest.fixture(scope="module")
-def fixture_runs(request, tmp_path_factory):
+def fixture_runs(request, session_runs):
     """Start every selected fixture script at once; each test waits for its own result."""
     selected = sorted({
         item.callspec.params["name"]
@@ -61,12 +50,10 @@ def fixture_runs(request, tmp_path_factory):
         if item.originalname == "test_fixture_runs" and hasattr(item, "callspec")
     })
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        runs = {}
-        for name in selected:
-            cwd = tmp_path_factory.mktemp(name.removesuffix(".py"))
-            args, _ = FIXTURES[name]
-            runs[name] = (cwd, pool.submit(run_fixture, name, args, cwd))
-        yield runs
+        yield {
+            name: pool.submit(session_runs.run, FIXTURES_DIR / name, FIXTURES[name][0])
+            for name in selected
+        }
 
 
 def test_fixture_list_is_complete():
@@ -87,15 +74,11 @@ def test_fixture_docstring_and_size(name):
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_fixture_runs(name, fixture_runs):
     _, outputs = FIXTURES[name]
-    tmp_path, future = fixture_runs[name]
-    proc = future.result()
+    run = fixture_runs[name].result()
     if name in EXPECTED_FAILURES:
-        assert proc.returncode != 0, f"{name} unexpectedly succeeded:\n{proc.stdout}"
-        assert EXPECTED_FAILURES[name] in proc.stderr, proc.stderr[-3000:]
+        assert run.returncode != 0, f"{name} unexpectedly succeeded"
+        assert EXPECTED_FAILURES[name] in run.stderr, run.stderr[-3000:]
         return
-    assert proc.returncode == 0, (
-        f"{name} exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}"
-        f"\n--- stderr ---\n{proc.stderr[-3000:]}"
-    )
+    run.check()
     for rel in outputs:
-        assert (tmp_path / rel).is_file(), f"{name} did not write {rel}"
+        assert (run.cwd / rel).is_file(), f"{name} did not write {rel}"
