@@ -50,10 +50,29 @@ def test_aliases_and_arguments_carry_the_facts():
         class Trainer:
             def __init__(self, model):
                 self.model = model
+        trainer = Trainer(net)
         """
     )
     assert {"net", "model", "self.model"} <= script.models
     assert "data" in script.loaders
+
+
+def test_names_are_scoped_not_spelled():
+    # `fit`'s `model` parameter is bound only by its call sites; a class that is never
+    # built gets nothing from a same-named parameter elsewhere.
+    script = model_of(
+        """
+        net = nn.Linear(4, 2)
+        def fit(model):
+            pass
+        fit(net)
+        class Report:
+            def __init__(self, model):
+                self.model = model
+        """
+    )
+    assert "model" in script.models
+    assert "self.model" not in script.models
 
 
 def test_models_optimizers_criteria():
@@ -63,6 +82,7 @@ def test_models_optimizers_criteria():
             pass
         model = Net().to(device)
         backbone = nn.Conv2d(3, 8, 3)
+        head = nn.Linear(8, 2)
         opt = torch.optim.SGD(head.parameters(), lr=0.1)
         criterion = nn.CrossEntropyLoss()
         """
