@@ -43,11 +43,15 @@ UNSHARDED = {"lstm_lm.py"}
 # rank draws its own random numbers (re-seeded with seed + RANK), so a fixture sees other
 # batches and dropout masks, as with another seed. Measured gaps (2 epochs, 2-core CPU,
 # torch 2.13): cnn_toplevel 1.47 %, dataparallel_existing 3.98 %, gan 0.16 %, resnet_cifar
-# 5.39 %, trainer_class 0.43 %, transformer_accum 5.31 %, transformer_lm 0.04 %;
+# 5.39 %, trainer_class 0.43 %, transformer_accum 5.31 %, transformer_lm 0.04 %, trainer_methods 6.71 %;
 # mnist_main 12.7 % (dropout + Adadelta at lr 1.0: its second epoch falls steeply, so a
 # step's noise moves the mean a lot); linear_exact and lstm_lm 0.
 DDP_TOL = {name: 0.15 for name in CASES}
-DDP_TOL.update({"mnist_main.py": 0.3, "linear_exact.py": 1e-4, "lstm_lm.py": 1e-4})
+# step_functions 14.1 %: each rank's loss is the focal loss (~0.06 by epoch 2) of a
+# 16-sample half batch, so one batch's noise moves the rank's mean by tens of percent.
+DDP_TOL.update(
+    {"mnist_main.py": 0.3, "step_functions.py": 0.35, "linear_exact.py": 1e-4, "lstm_lm.py": 1e-4}
+)
 
 PROBE = textwrap.dedent(
     """\

@@ -201,6 +201,10 @@ if __name__ == "__main__":
     model = MLP(20, args.hidden, 3)
     trainer = Trainer(model, train_loader, val_loader, lr=args.lr,
                       weight_decay=args.weight_decay, checkpoint_dir=args.checkpoint_dir)
+    # Same model and data on every process so far; from here each draws its own random
+    # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+    if DISTRIBUTED:
+        torch.manual_seed(torch.initial_seed() + RANK)
     history = trainer.fit(args.epochs)
     if RANK == 0:
         print(f"Best val acc: {trainer.best_val_acc:.4f}")
