@@ -18,6 +18,8 @@ SCRIPT = textwrap.dedent(
 
     loader = DataLoader(dataset, batch_size=32)
     model.cuda()
+    for x, y in loader:
+        model(x).sum().backward()
     """
 )
 CLEAN = textwrap.dedent(
@@ -27,6 +29,8 @@ CLEAN = textwrap.dedent(
 
     loader = DataLoader(dataset, num_workers=4, pin_memory=True)
     model.cuda()
+    for x, y in loader:
+        model(x).sum().backward()
     """
 )
 # The two rules every CLI test selects, so that rules added later do not change them.
