@@ -29,8 +29,6 @@ CLEAN = textwrap.dedent(
 
     loader = DataLoader(dataset, num_workers=4, pin_memory=True)
     model.cuda()
-    for x, y in loader:
-        model(x).sum().backward()
     """
 )
 # The two rules every CLI test selects, so that rules added later do not change them.
