@@ -61,6 +61,9 @@ def lint(
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even with findings."),
     statistics: bool = typer.Option(False, "--statistics", help="Count findings per rule."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print findings only, no summary."),
+    force_exclude: bool = typer.Option(
+        False, "--force-exclude", help="Apply `exclude` to the paths given too (for hooks)."
+    ),
 ) -> None:
     """Find slow patterns in PyTorch training scripts."""
     from autoaccel.lint.command import run_lint
@@ -77,6 +80,7 @@ def lint(
         exit_zero=exit_zero,
         statistics=statistics,
         quiet=quiet,
+        force_exclude=force_exclude,
     )
     raise typer.Exit(code)
 

@@ -25,6 +25,11 @@ class ConfigError(Exception):
     """A pyproject.toml that cannot be used; the message names the file."""
 
 
+# Test code is not training code: its loaders, loops and models exercise the code
+# under test (`DataLoader(Mock())`). Ruff's pattern kinds: a name, or a path with `/`.
+DEFAULT_EXCLUDE = ("tests", "test_*.py", "*_test.py", "conftest.py")
+
+
 @dataclass(frozen=True)
 class LintSettings:
     """Which rules run on a file, Ruff-style: codes or prefixes."""
@@ -32,8 +37,15 @@ class LintSettings:
     select: tuple[str, ...] = ("ACC",)
     ignore: tuple[str, ...] = ()
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Files and folders that directory walks skip (Ruff's `exclude`, `extend-exclude`);
+    # with `force_exclude` also paths named on the command line.
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    extend_exclude: tuple[str, ...] = ()
+    force_exclude: bool = False
     root: Path | None = None  # folder of the pyproject.toml the settings came from
     unsafe_fixes: bool = False
+    # Ruff's `extend-safe-fixes`: codes or prefixes whose unsafe fixes count as safe.
+    extend_safe_fixes: tuple[str, ...] = ()
 
     def enabled(self, code: str, path: str | None = None) -> bool:
         """Whether `code` is selected, not ignored, and not ignored for `path`."""
@@ -47,6 +59,29 @@ class LintSettings:
             for pattern, codes in self.per_file_ignores
             if fnmatch(relative, pattern) or fnmatch(Path(relative).name, pattern)
         )
+
+
+    def excludes(self, path: Path, ancestors: bool = False) -> bool:
+        """Whether `path` (a file or a folder) is excluded: a pattern without `/` matches
+        its name, one with `/` its path from the settings' folder. With `ancestors`, a
+        match of any folder above it (up to that folder) counts too."""
+        root = self.root or Path.cwd().resolve()
+        relative = _relative(path, root)
+        inside = not Path(relative).is_absolute() and not relative.startswith("..")
+        candidates = [Path(relative)]
+        if ancestors and inside:
+            candidates += [parent for parent in Path(relative).parents if parent != Path(".")]
+        return any(
+            fnmatch(candidate.as_posix(), pattern.strip("/"))
+            if "/" in pattern.strip("/")
+            else fnmatch(candidate.name, pattern.strip("/"))
+            for pattern in self.exclude + self.extend_exclude
+            for candidate in candidates
+        )
+
+    def applies_unsafe_fixes(self, code: str) -> bool:
+        """Whether an unsafe fix of `code` is applied."""
+        return self.unsafe_fixes or _matches(code, self.extend_safe_fixes)
 
 
 def _matches(code: str, prefixes: tuple[str, ...]) -> bool:
@@ -64,6 +99,12 @@ def _codes(value: Any, key: str, source: Path) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{source}: tool.autoaccel.{key} must be a list of rule codes")
     return tuple(v.upper() for v in value)
+
+
+def _patterns(value: Any, key: str, source: Path) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{source}: tool.autoaccel.{key} must be a list of glob patterns")
+    return tuple(value)
 
 
 def read_tool_table(pyproject: Path) -> dict[str, Any] | None:
@@ -97,6 +138,12 @@ def settings_from_table(table: dict[str, Any], source: Path) -> LintSettings:
         settings = replace(settings, select=settings.select + extra)
     if "ignore" in table:
         settings = replace(settings, ignore=_codes(table["ignore"], "ignore", source))
+    for key in ("exclude", "extend-exclude"):
+        if key in table:
+            settings = replace(settings, **{key.replace("-", "_"): _patterns(table[key], key, source)})
+    if "force-exclude" in table:
+        force = _checked(table["force-exclude"], bool, f"{source}: tool.autoaccel.force-exclude")
+        settings = replace(settings, force_exclude=force)
     per_file = table.get("per-file-ignores", {})
     if not isinstance(per_file, dict):
         raise ConfigError(f"{source}: tool.autoaccel.per-file-ignores must be a table")
@@ -149,6 +196,9 @@ def lint_settings_with_sources(path: Path) -> dict[str, Sourced]:
         "extend-select": [],
         "ignore": [],
         "per-file-ignores": {},
+        "exclude": list(DEFAULT_EXCLUDE),
+        "extend-exclude": [],
+        "force-exclude": False,
     }
     return {
         key: Sourced(table[key], str(source)) if key in table else Sourced(default, DEFAULT)

@@ -90,15 +90,15 @@ def test_syntax_error_is_located_others_checked_file_untouched(cli, tmp_path):
 
 
 def test_output_is_sorted_by_file_line_column(cli, tmp_path):
-    two_loaders = SCRIPT + "other = DataLoader(dataset)\n"
+    two_loaders = SCRIPT + "other = DataLoader(dataset)\nfor x, y in other:\n    model(x).backward()\n"
     for name in ("b.py", "a.py", "sub/c.py"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(two_loaders)
     run = cli("lint", "--select", "ACC101", "b.py", "sub", "a.py")
     locations = [line.split(": ")[0] for line in run.stdout.splitlines()]
     assert locations == [
-        "a.py:4:10", "a.py:6:9", "b.py:4:10", "b.py:6:9",
-        f"sub{os.sep}c.py:4:10", f"sub{os.sep}c.py:6:9",
+        "a.py:4:10", "a.py:8:9", "b.py:4:10", "b.py:8:9",
+        f"sub{os.sep}c.py:4:10", f"sub{os.sep}c.py:8:9",
     ]
 
 
@@ -201,7 +201,10 @@ def test_file_without_torch_is_not_parsed(cli, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mode", [Mode.CHECK, Mode.DIFF])
 def test_parallel_results_equal_sequential(tmp_path, monkeypatch, mode):
-    variants = [SCRIPT, CLEAN, SCRIPT + "x = DataLoader(ds, num_workers=0)\n", "print('hi')\n"]
+    variants = [
+        SCRIPT, CLEAN, SCRIPT + "x = DataLoader(ds, num_workers=0)\nfor b in x:\n    b.backward()\n",
+        "print('hi')\n",
+    ]
     paths = []
     for index in range(8):
         path = tmp_path / f"f{index}.py"
@@ -252,7 +255,7 @@ def test_fix_is_never_applied_to_a_line_that_suppresses_it_after_reformatting():
     source = (
         "import torch\nfrom torch.utils.data import DataLoader\n\n"
         "train_loader = DataLoader(train_dataset, batch_size=64, shuffle=True, drop_last=True)"
-        "  # noqa: ACC101\nmodel.cuda()\n"
+        "  # noqa: ACC101\nmodel.cuda()\nfor x, y in train_loader:\n    model(x).backward()\n"
     )
     result = fix_source(source, LintSettings(select=("ACC101", "ACC102"), unsafe_fixes=True))
     assert "pin_memory=torch.cuda.is_available()" in result.source

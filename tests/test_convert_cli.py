@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from autoaccel.convert import command
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import ConversionError
+
 SCRIPT = """\
 import torch
 from torch.utils.data import DataLoader
@@ -176,3 +180,29 @@ def test_ddp_launch_commands_name_the_written_script(script, tmp_path):
     run = convert("train.py", "--to", "ddp", "-o", "train_ddp.py", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(RecursionError("maximum recursion depth exceeded\nwhile calling"), id="bug"),
+        pytest.param(
+            ConversionError("internal error: a step is not idempotent", details="--- first\n"),
+            id="not-idempotent",
+        ),
+    ],
+)
+def test_internal_error_is_one_line_and_exit_2(script, monkeypatch, capsys, failure):
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(command, "convert_source", fail)
+    code = command.run_convert(script, ConvertOptions(), write=True)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"{script}: internal error: ")
+    log = Path(err.rstrip().rsplit("(details: ", 1)[1].rstrip(")"))
+    assert log.read_text()  # the traceback or the diff, for a bug report
+    log.unlink()
+    assert script.read_text() == SCRIPT

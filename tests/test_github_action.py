@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml  # a dependency of libcst, so always installed with autoaccel
-from conftest import CLEAN, SCRIPT
+from conftest import CLEAN
 
 from autoaccel.ci.changes import NO_COMMIT, base_revision, changed_files
 from autoaccel.ci.github import COMMENT_MARKER, Inputs
@@ -24,6 +24,8 @@ from autoaccel.diff import use_colour
 ROOT = Path(__file__).resolve().parent.parent
 ACTION = yaml.safe_load((ROOT / "action.yml").read_text())
 NOTEBOOK = ROOT / "fixtures" / "notebooks" / "train.ipynb"
+# A finding (a CPU tensor moved to the GPU) but no training loop.
+DATA_MODULE = "import torch\n\nMEAN = torch.zeros(3).cuda()\n"
 TRAIN = """\
 import torch
 from torch.utils.data import DataLoader
@@ -74,7 +76,7 @@ def repo(tmp_path):
         {
             "train.py": TRAIN,
             "notebooks/explore.ipynb": NOTEBOOK.read_text(),
-            "src/data.py": SCRIPT,
+            "src/data.py": DATA_MODULE,
             "src/clean.py": CLEAN,
             "notes.md": "DataLoader(ds)\n",
         },

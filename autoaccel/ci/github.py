@@ -90,7 +90,9 @@ def lint_section(files: list[Path], lint_args: str) -> LintSummary:
     from autoaccel.lint.output import DOCS_URL
     from autoaccel.rules import all_rules
 
-    run = _autoaccel("lint", "--format", "github", *shlex.split(lint_args), "--", *map(str, files))
+    run = _autoaccel(
+        "lint", "--format", "github", "--force-exclude", *shlex.split(lint_args), "--", *map(str, files)
+    )
     sys.stdout.write(run.stdout)
     sys.stderr.write(run.stderr)
     found = [

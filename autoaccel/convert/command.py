@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 from autoaccel.convert.log import ConvertOptions
@@ -49,22 +51,49 @@ def run_convert(
             where = str(notebook.cell_range(error.line, error.column, error.line, error.column))
         print(f"{path}:{where}: {error.message}", file=sys.stderr)
         return EXIT_ERROR
-    except (ConversionError, NotebookError) as error:
+    except ConversionError as error:
+        print(f"{path}: {error}{_details_saved(error.details)}", file=sys.stderr)
+        return EXIT_ERROR
+    except NotebookError as error:
         print(f"{path}: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:  # noqa: BLE001 - a bug in a step: one line, never a traceback
+        first_line = (str(error).splitlines() or [""])[0]
+        details = _details_saved(traceback.format_exc())
+        print(f"{path}: internal error: {type(error).__name__}: {first_line}{details}", file=sys.stderr)
         return EXIT_ERROR
 
     _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
-    if output is not None:
-        write_atomic(output, converted, encoding)
-    elif write and conversion.changed:
-        write_atomic(path, converted, encoding)
-    if output is not None or write:
-        folder = (output or path).parent
-        for name, text in conversion.log.extra_files.items():
-            write_atomic(folder / name, text, "utf-8")
+    try:
+        if output is not None:
+            write_atomic(output, converted, encoding)
+        elif write and conversion.changed:
+            write_atomic(path, converted, encoding)
+        if output is not None or write:
+            folder = (output or path).parent
+            for name, text in conversion.log.extra_files.items():
+                write_atomic(folder / name, text, "utf-8")
+    except OSError as error:
+        print(f"{output or path}: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
     if check and conversion.changed:
         return EXIT_CHANGED
     return EXIT_OK
+
+
+def _details_saved(details: str) -> str:
+    """Black's way with an internal error: the long part goes to a log file, the
+    message says where (empty when there is nothing to save or no file to save it in)."""
+    if not details:
+        return ""
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", prefix="autoaccel-convert-", suffix=".log", delete=False, encoding="utf-8"
+        ) as log:
+            log.write(details)
+    except OSError:
+        return ""
+    return f" (details: {log.name})"
 
 
 def _readable(conversion: Conversion, notebook: Notebook | None) -> Conversion:

@@ -24,7 +24,12 @@ if TYPE_CHECKING:
 
 
 class ConversionError(Exception):
-    """The conversion cannot be trusted; nothing may be written."""
+    """The conversion cannot be trusted; nothing may be written. `details` (a diff)
+    is too long for the one-line message."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
 
 
 @dataclass
@@ -125,5 +130,6 @@ def check_result(converted: str, path: str, rewrite_again: Callable[[str], str])
         )
         raise ConversionError(
             "internal error: converting the output again changes it (a step is not"
-            f" idempotent); nothing was written.\n{diff}"
+            " idempotent); nothing was written",
+            details=diff,
         )

@@ -26,16 +26,17 @@ def run_lint(
     exit_zero: bool = False,
     statistics: bool = False,
     quiet: bool = False,
+    force_exclude: bool = False,
 ) -> int:
     """Lint `paths` and print the report; returns Ruff's exit code."""
-    overrides = Overrides(select, extend_select, ignore, unsafe_fixes)
+    overrides = Overrides(select, extend_select, ignore, unsafe_fixes, force_exclude)
     mode = Mode.DIFF if diff else Mode.FIX if fix else Mode.CHECK
     missing = [p for p in paths if p != "-" and not Path(p).exists()]
     for path in missing:
         print(f"{path}:1:1: error: no such file or directory", file=sys.stderr)
     try:
         results = _lint_stdin(overrides, mode) if paths == ["-"] else lint_files(
-            discover(p for p in paths if p not in missing and p != "-"), overrides, mode
+            _files(paths, missing, overrides), overrides, mode
         )
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -68,6 +69,25 @@ def run_lint(
     if mode is Mode.DIFF:
         return EXIT_FINDINGS if any(r.diff for r in results) else EXIT_CLEAN
     return EXIT_FINDINGS if any(r.diagnostics for r in results) else EXIT_CLEAN
+
+
+def _files(paths: list[str], missing: list[str], overrides: Overrides) -> list[Path]:
+    """The files to lint: what `discover` finds, less the excluded ones (Ruff's way:
+    a path named on the command line is linted unless `force-exclude` is set)."""
+    given = [Path(p) for p in paths if p not in missing and p != "-"]
+
+    def walked_and_excluded(path: Path) -> bool:
+        return overrides.apply(settings_for(path)).excludes(path)
+
+    def given_and_excluded(path: Path) -> bool:
+        settings = overrides.apply(settings_for(path))
+        return settings.force_exclude and settings.excludes(path, ancestors=True)
+
+    return [
+        path
+        for path in discover(map(str, given), walked_and_excluded)
+        if path not in given or not given_and_excluded(path)
+    ]
 
 
 def _would_fix_text(results: list[FileResult]) -> str:

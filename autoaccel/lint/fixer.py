@@ -25,9 +25,10 @@ class FixResult:
     notes: list[Note]  # lines of the original source
 
 
-def is_applicable(fix: Fix | None, settings: LintSettings) -> bool:
+def is_applicable(diagnostic: Diagnostic, settings: LintSettings) -> bool:
+    fix = diagnostic.fix
     return fix is not None and (
-        fix.applicability is Applicability.SAFE or settings.unsafe_fixes
+        fix.applicability is Applicability.SAFE or settings.applies_unsafe_fixes(diagnostic.code)
     )
 
 
@@ -60,7 +61,7 @@ def _non_overlapping(analysis: Analysis, settings: LintSettings) -> list[Diagnos
     taken: list[CodeRange] = []
     chosen = []
     for diagnostic in analysis.diagnostics:
-        if not is_applicable(diagnostic.fix, settings):
+        if not is_applicable(diagnostic, settings):
             continue
         ranges = [positions[node] for node in diagnostic.fix.edits]  # type: ignore[union-attr]
         if any(_overlaps(r, t) for r in ranges for t in taken):

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
+from autoaccel.analysis.script_model import LoopRole
+
 if TYPE_CHECKING:
     from autoaccel.analysis.index import ModuleIndex
     from autoaccel.analysis.script_model import ScriptModel, StepLoop
@@ -125,6 +127,15 @@ class LintRule(cst.BatchableCSTVisitor):
             if ancestor in self.script.step_loops:
                 return self.script.step_loops[ancestor]
         return None
+
+    def feeds_training_loop(self, loader: cst.Call) -> bool:
+        """Whether the `DataLoader(...)` call `loader` is read by a training step loop
+        of the script (under any of its names); False when nothing says so."""
+        return any(
+            loop.role is LoopRole.TRAIN and loader in self.script.loaders.get(loop.loader, ())
+            for loop in self.script.step_loops.values()
+            if loop.loader is not None
+        )
 
     def note(self, node: cst.CSTNode, reason: str) -> None:
         """Say why this rule leaves `node`'s pattern alone (shown by `convert`)."""

@@ -36,6 +36,7 @@ class Overrides:
     extend_select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
+    force_exclude: bool = False
 
     def apply(self, settings: LintSettings) -> LintSettings:
         select = self.select if self.select is not None else settings.select
@@ -44,6 +45,7 @@ class Overrides:
             select=select + self.extend_select,
             ignore=settings.ignore + self.ignore,
             unsafe_fixes=self.unsafe_fixes,
+            force_exclude=self.force_exclude or settings.force_exclude,
         )
 
 
