@@ -20,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -38,7 +39,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        False, "-V", "--version", callback=_version, is_eager=True,
+        help="Show the version and exit.",
     ),
 ) -> None:
     """Make PyTorch training scripts fast: lint slow patterns, convert scripts."""
@@ -148,6 +150,9 @@ def convert(
     _choice("--format", report_format, ("text", "markdown", "json"))
     if write and output is not None:
         raise typer.BadParameter("use either --write or -o, not both")
+    if diff and (write or output is not None):
+        # Black's --diff never writes; a preview that also writes would surprise.
+        raise typer.BadParameter("--diff writes nothing: use it without --write and -o")
     try:
         options = convert_options(file, _convert_command_line(ctx.params))
     except ConfigError as error:
