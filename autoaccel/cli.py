@@ -233,11 +233,18 @@ def bench(
     nproc: Optional[int] = typer.Option(
         None, "--nproc", min=1, help="ddp: processes [default: one per GPU, 2 without]."
     ),
+    repeats: int = typer.Option(
+        3, "--repeats", min=1, help="Runs of each side, alternated (3 or more to judge speed)."
+    ),
+    allow_slower: bool = typer.Option(
+        False, "--allow-slower", help="Exit 0 when the conversion is measurably slower."
+    ),
     report: Optional[Path] = typer.Option(None, "--report", help="Write bench.json, .png, .html here."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Run the script and its conversion for N steps each; compare speed, memory and
-    loss curves (exit 1 when they diverge)."""
+    """Run the script and its conversion for N steps each, alternately, --repeats times;
+    compare speed, memory and loss curves (exit 1 when they diverge or the conversion is
+    slower beyond the spread of the runs)."""
     from autoaccel.bench.command import run_bench
     from autoaccel.config import ConfigError, convert_options
 
@@ -249,7 +256,10 @@ def bench(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(
-        run_bench(script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc)
+        run_bench(
+            script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc,
+            repeats, allow_slower,
+        )
     )
 
 
