@@ -25,7 +25,14 @@ from autoaccel.bench.compare import (
     summarise,
     throughput,
 )
-from autoaccel.bench.report import PLOT_HINT, figure, rows, speed_verdict, write_report
+from autoaccel.bench.report import (
+    PLOT_HINT,
+    figure,
+    loss_verdict,
+    rows,
+    speed_verdict,
+    write_report,
+)
 from autoaccel.bench.runner import Run, merge_ranks
 from autoaccel.convert.log import ConvertOptions
 from command_runs import autoaccel, runs_on_fixtures
@@ -213,10 +220,11 @@ def timed(seconds_per_step: float, steps: int = 4, batch: int = 8) -> dict:
     return record([2.0 - 0.1 * i for i in range(steps)], times, samples, end_time=times[-1])
 
 
-def summary(original_seconds=(1.0,), converted_seconds=(0.5,)) -> dict:
+def summary(original_seconds=(1.0,), converted_seconds=(0.5,), options=ConvertOptions()) -> dict:
     result = summarise(
-        [timed(s) for s in original_seconds], [timed(s) for s in converted_seconds],
-        ConvertOptions(), warmup=1, tolerance=0.05,
+        [timed(s, steps=10) for s in original_seconds],
+        [timed(s, steps=10) for s in converted_seconds],
+        options, warmup=1, tolerance=0.05,
     )
     return {"script": "train.py", "command": "--to single --amp bf16 --steps 4", **result}
 
@@ -231,9 +239,9 @@ def test_summary_medians_ranges_and_per_run_figures():
     original = result["runs"]["original"]
     assert original["samples_per_s"] == pytest.approx(8.0)  # median of 8, 6.67, 10
     assert original["samples_per_s_range"] == pytest.approx([8 / 1.2, 10.0])
-    assert [run["seconds"] for run in original["per_run"]] == pytest.approx([3.0, 3.6, 2.4])
+    assert [run["seconds"] for run in original["per_run"]] == pytest.approx([9.0, 10.8, 7.2])
     assert result["max_rel_diff"] == 0.0 and result["agree"] is True
-    assert rows(result)[1] == ["original", "1.00", "8.00", "6.67 - 10.0", "1,024 MiB RSS", "1.7000"]
+    assert rows(result)[1] == ["original", "1.00", "8.00", "6.67 - 10.0", "1,024 MiB RSS", "1.1000"]
 
 
 def test_speed_verdict_text():
@@ -328,6 +336,16 @@ def test_plot_marks_the_warmup_and_counts_steps_in_whole_numbers():
     ticks = [tick for tick in curves.get_xticks() if 1 <= tick <= 4]
     assert ticks and all(float(tick).is_integer() for tick in ticks)
     assert bars.get_title() == "Throughput: 2.00x, faster"
+    assert [line.get_label() for line in curves.get_lines()] == ["original", "converted"]
+
+
+def test_ddp_curves_are_judged_and_drawn_as_moving_averages():
+    pytest.importorskip("matplotlib")
+    result = summary(options=ConvertOptions(target="ddp", amp="off"))
+    assert result["smoothing_window"] == 2  # a fifth of 10 steps
+    assert "difference of the 2-step moving averages 0.000%" in loss_verdict(result)
+    labels = [line.get_label() for line in figure(result).axes[0].get_lines()]
+    assert labels == ["original", "original, 2-step mean", "converted", "converted, 2-step mean"]
 
 
 def test_report_without_matplotlib_says_how_to_get_the_picture(tmp_path, monkeypatch):

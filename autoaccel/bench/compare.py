@@ -67,7 +67,7 @@ def throughput(record: dict[str, Any], warmup: int) -> Throughput | None:
     return Throughput(len(times) - start, end - times[start - 1], samples or None)
 
 
-def _moving_average(values: list[float], window: int) -> list[float]:
+def moving_average(values: list[float], window: int) -> list[float]:
     if window <= 1:
         return values
     return [sum(values[i:i + window]) / window for i in range(len(values) - window + 1)]
@@ -79,8 +79,8 @@ def max_relative_difference(reference: list[float], other: list[float], window: 
     steps = min(len(reference), len(other))
     if steps == 0 or steps < window:
         return float("inf")
-    a = _moving_average(reference[:steps], window)
-    b = _moving_average(other[:steps], window)
+    a = moving_average(reference[:steps], window)
+    b = moving_average(other[:steps], window)
     worst = 0.0
     for x, y in zip(a, b):
         gap = abs(y - x) / max(abs(x), 1e-12)
@@ -193,9 +193,8 @@ def summarise(
         "converted": _side_summary(converteds, warmup),
     }
     steps = min(len(original["losses"]), len(converted["losses"]))
-    difference = max_relative_difference(
-        original["losses"], converted["losses"], smoothing_window(options, steps)
-    )
+    window = smoothing_window(options, steps)
+    difference = max_relative_difference(original["losses"], converted["losses"], window)
     ratio = speedup(originals, converteds, warmup)
     return {
         "device": original.get("device"),
@@ -209,6 +208,7 @@ def summarise(
         "speedup_per_run": list(ratio.ratios) if ratio else None,
         "speed": ratio.verdict if ratio else NOT_JUDGED,
         "compared_steps": steps,
+        "smoothing_window": window,
         "max_rel_diff": difference if difference != float("inf") else None,
         "tolerance": tolerance,
         "agree": difference <= tolerance,

@@ -13,7 +13,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from autoaccel.bench.compare import FASTER, MIN_JUDGED_REPEATS, NOT_JUDGED, SAME, SLOWER
+from autoaccel.bench.compare import (
+    FASTER,
+    MIN_JUDGED_REPEATS,
+    NOT_JUDGED,
+    SAME,
+    SLOWER,
+    moving_average,
+)
 
 PLOT_HINT = "bench.png needs matplotlib: pip install 'autoaccel[plot]'"
 _RUNS = ("original", "converted")
@@ -85,8 +92,10 @@ def loss_verdict(result: dict[str, Any]) -> str:
     difference = result["max_rel_diff"]
     shown = "not comparable" if difference is None else f"{difference:.3%}"
     agreement = "agree" if result["agree"] else "DIVERGE"
+    window = result["smoothing_window"]
+    averaged = f" of the {window}-step moving averages" if window > 1 else ""
     return (
-        f"loss curves {agreement}: max relative difference {shown} over "
+        f"loss curves {agreement}: max relative difference{averaged} {shown} over "
         f"{result['compared_steps']} steps (tolerance {result['tolerance']:.3%})"
     )
 
@@ -151,9 +160,15 @@ def figure(result: dict[str, Any]) -> Any:
     )
     if result["warmup"]:
         curves.axvspan(0.5, result["warmup"] + 0.5, color="0.9", label="warm-up (not timed)")
+    window = result["smoothing_window"]
     for name, style in zip(_RUNS, ("-", "--")):
         losses = runs[name]["losses"]
-        curves.plot(range(1, len(losses) + 1), losses, style, label=name)
+        thin = {"alpha": 0.35} if window > 1 else {}
+        curves.plot(range(1, len(losses) + 1), losses, style, label=name, **thin)
+        if window > 1:  # what the agreement is judged on (ddp)
+            averaged = moving_average(losses, window)
+            curves.plot(range(window, len(losses) + 1), averaged, style, linewidth=2,
+                        label=f"{name}, {window}-step mean")
     curves.xaxis.set_major_locator(MaxNLocator(integer=True))
     curves.set(xlabel="training step", ylabel="loss", title="Loss per step (first run)")
     curves.legend()
