@@ -71,7 +71,7 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 def speed_verdict(result: dict[str, Any]) -> str:
-    """`speed-up 1.02x (runs 0.95x-1.10x): no measurable difference`."""
+    """`speed-up 1.02x (pairs of runs 0.95x-1.10x): no measurable difference ...`."""
     speedup, spread = result["speedup"], result["speedup_range"]
     runs = f"{result['repeats']} run{'s' * (result['repeats'] != 1)} each"
     if speedup is None:

@@ -67,7 +67,7 @@ def run_script(
         )
         while True:
             finished = proc.poll() is not None
-            if progress is not None and on_step is not None and progress.is_file():
+            if on_step is not None and progress is not None and progress.is_file():
                 done = progress.read_text()
                 if done.isdigit():
                     on_step(int(done))
