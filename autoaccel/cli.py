@@ -20,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -38,7 +39,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        False, "-V", "--version", callback=_version, is_eager=True,
+        help="Show the version and exit.",
     ),
 ) -> None:
     """Make PyTorch training scripts fast: lint slow patterns, convert scripts."""
@@ -152,6 +154,9 @@ def convert(
     _choice("--format", report_format, ("text", "markdown", "json"))
     if write and output is not None:
         raise typer.BadParameter("use either --write or -o, not both")
+    if diff and (write or output is not None):
+        # Black's --diff never writes; a preview that also writes would surprise.
+        raise typer.BadParameter("--diff writes nothing: use it without --write and -o")
     try:
         options = convert_options(file, _convert_command_line(ctx.params))
     except ConfigError as error:
@@ -232,11 +237,18 @@ def bench(
     nproc: Optional[int] = typer.Option(
         None, "--nproc", min=1, help="ddp: processes [default: one per GPU, 2 without]."
     ),
+    repeats: int = typer.Option(
+        3, "--repeats", min=1, help="Runs of each side, alternated (3 or more to judge speed)."
+    ),
+    allow_slower: bool = typer.Option(
+        False, "--allow-slower", help="Exit 0 when the conversion is measurably slower."
+    ),
     report: Optional[Path] = typer.Option(None, "--report", help="Write bench.json, .png, .html here."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Run the script and its conversion for N steps each; compare speed, memory and
-    loss curves (exit 1 when they diverge)."""
+    """Run the script and its conversion for N steps each, alternately, --repeats times;
+    compare speed, memory and loss curves (exit 1 when they diverge or the conversion is
+    slower beyond the spread of the runs)."""
     from autoaccel.bench.command import run_bench
     from autoaccel.config import ConfigError, convert_options
 
@@ -248,7 +260,10 @@ def bench(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(
-        run_bench(script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc)
+        run_bench(
+            script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc,
+            repeats, allow_slower,
+        )
     )
 
 

@@ -6,6 +6,7 @@ defaults for `autoaccel convert`, one key per `ConvertOptions` field, kebab-case
 
 from __future__ import annotations
 
+import difflib
 import functools
 import sys
 from dataclasses import dataclass, fields, replace
@@ -98,7 +99,41 @@ def _relative(path: Path, root: Path | None) -> str:
 def _codes(value: Any, key: str, source: Path) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{source}: tool.autoaccel.{key} must be a list of rule codes")
-    return tuple(v.upper() for v in value)
+    codes = tuple(v.upper() for v in value)
+    check_selectors(codes, f"{source}: tool.autoaccel.{key}")
+    return codes
+
+
+def check_selectors(codes: tuple[str, ...], where: str) -> None:
+    """Raise `ConfigError` for the first of `codes` (codes or prefixes) that selects no
+    rule, as Ruff does, naming the closest rule code."""
+    from autoaccel.rules import all_rules
+
+    known = [rule.code for rule in all_rules()]
+    for code in codes:
+        if not any(known_code.startswith(code) for known_code in known):
+            raise ConfigError(f"{where}: unknown rule selector `{code}`{_suggestion(code, known)}")
+
+
+def _suggestion(word: str, known: list[str]) -> str:
+    """`, did you mean `x`?` naming the closest of `known`, or nothing."""
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.75)
+    return f", did you mean `{close[0]}`?" if close else ""
+
+
+def unknown_key_error(where: str, key: str, known: list[str]) -> ConfigError:
+    """The error for `key` of the table `where` (`file: tool.autoaccel`) that is not a
+    setting, naming the closest known key."""
+    return ConfigError(
+        f"{where}.{key}: unknown key{_suggestion(key, known)} (known: {', '.join(known)})"
+    )
+
+
+# The keys of [tool.autoaccel]: Ruff's lint selection, and the convert defaults table.
+TOOL_KEYS = [
+    "select", "extend-select", "ignore", "per-file-ignores", "exclude", "extend-exclude",
+    "force-exclude", "convert",
+]
 
 
 def _patterns(value: Any, key: str, source: Path) -> tuple[str, ...]:
@@ -108,13 +143,20 @@ def _patterns(value: Any, key: str, source: Path) -> tuple[str, ...]:
 
 
 def read_tool_table(pyproject: Path) -> dict[str, Any] | None:
-    """The `[tool.autoaccel]` table of `pyproject`, or None when it has none."""
+    """The `[tool.autoaccel]` table of `pyproject`, or None when it has none. An unknown
+    key or rule code in it is an error for every command, as in Ruff."""
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{pyproject}: {error}") from error
     table = data.get("tool", {}).get("autoaccel")
-    return table if isinstance(table, dict) else None
+    if not isinstance(table, dict):
+        return None
+    for key in table:
+        if key not in TOOL_KEYS:
+            raise unknown_key_error(f"{pyproject}: tool.autoaccel", key, TOOL_KEYS)
+    settings_from_table(table, pyproject)
+    return table
 
 
 @functools.cache
@@ -189,8 +231,6 @@ def lint_settings_with_sources(path: Path) -> dict[str, Sourced]:
     """The lint keys in effect for `path` (validated), each with its source."""
     found = config_for(path)
     table, source = (found[1], found[0]) if found else ({}, None)
-    if source is not None:
-        settings_from_table(table, source)  # raises ConfigError naming the file
     defaults = {
         "select": list(LintSettings().select),
         "extend-select": [],
@@ -229,8 +269,8 @@ def convert_settings(
             name = key.replace("-", "_")
             where = f"{source}: tool.autoaccel.convert.{key}"
             if name not in settings:
-                known = ", ".join(n.replace("_", "-") for n in settings)
-                raise ConfigError(f"{where} is not a convert setting (known: {known})")
+                known = [n.replace("_", "-") for n in settings]
+                raise unknown_key_error(f"{source}: tool.autoaccel.convert", key, known)
             settings[name] = Sourced(_checked(value, hints[name], where), str(source))
     for name, value in (command_line or {}).items():
         settings[name] = Sourced(_checked(value, hints[name], _flag(name)), COMMAND_LINE)

@@ -55,15 +55,26 @@ def original_line(history: list[tuple[str, str]], line: int) -> int:
 
 
 def use_colour(stream: TextIO | None = None) -> bool:
-    """Colour only on a terminal (`stream`, default: the current stdout), and never
-    when NO_COLOR is set."""
-    return (stream or sys.stdout).isatty() and not os.environ.get("NO_COLOR")
+    """Colour on a terminal (`stream`, default: the current stdout) or with FORCE_COLOR
+    set, never with NO_COLOR set (it wins, as in pytest)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    return bool(os.environ.get("FORCE_COLOR")) or (stream or sys.stdout).isatty()
+
+
+# ANSI styles of terminal output.
+BOLD, RED, GREEN, CYAN = "1", "31", "32", "36"
+
+
+def paint(text: str, *styles: str) -> str:
+    """`text` in the ANSI `styles` (`paint("E1", BOLD, RED)`)."""
+    return f"\033[{';'.join(styles)}m{text}\033[0m"
 
 
 def colourize(diff: str) -> str:
-    colours = {"+": "\033[32m", "-": "\033[31m", "@": "\033[36m"}
+    colours = {"+": GREEN, "-": RED, "@": CYAN}
     lines = []
     for line in diff.splitlines(keepends=True):
         colour = None if line.startswith(("+++", "---")) else colours.get(line[:1])
-        lines.append(f"{colour}{line.rstrip(chr(10))}\033[0m\n" if colour else line)
+        lines.append(paint(line.rstrip("\n"), colour) + "\n" if colour else line)
     return "".join(lines)

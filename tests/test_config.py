@@ -70,6 +70,7 @@ def test_per_file_ignores_with_globs(cli, tmp_path):
         """\
         [tool.autoaccel]
         select = ["ACC101", "ACC102"]
+        exclude = []  # lint tests/ too
 
         [tool.autoaccel.per-file-ignores]
         "experiments/*.py" = ["ACC101"]
@@ -131,6 +132,32 @@ def test_bad_config_is_an_error_naming_the_file(cli, tmp_path, body):
     assert "pyproject.toml" in run.stderr
     with pytest.raises(ConfigError):
         settings_for(tmp_path / "train.py")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('ignor = ["ACC101"]', "tool.autoaccel.ignor: unknown key, did you mean `ignore`? (known: "),
+        (
+            'extend_select = ["ACC1"]',
+            "tool.autoaccel.extend_select: unknown key, did you mean `extend-select`?",
+        ),
+        ("colour = true", "tool.autoaccel.colour: unknown key (known: select, extend-select,"),
+        (
+            'ignore = ["ACC1O1"]',
+            "tool.autoaccel.ignore: unknown rule selector `ACC1O1`, did you mean `ACC101`?",
+        ),
+    ],
+)
+def test_unknown_key_or_code_in_the_table_is_an_error(cli, tmp_path, body, message):
+    write_config(tmp_path, f"[tool.autoaccel]\n{body}\n")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "other.py").write_text(SCRIPT)
+    run = cli("lint", "train.py", "other.py")
+    assert (run.exit_code, run.stdout) == (2, "")
+    assert run.stderr.startswith(f"error: {tmp_path / 'pyproject.toml'}: {message}")
+    assert run.stderr.count("\n") == 1  # said once, not once per file
+    assert cli("convert", "train.py").exit_code == 2  # every command reads the table
 
 
 def test_enabled_matches_prefixes():

@@ -67,7 +67,10 @@ def test_pyproject_sets_convert_defaults_and_the_command_line_wins(tmp_path):
     [
         ('amp = "fp8"', "tool.autoaccel.convert.amp: 'fp8' is not one of bf16, fp16, off"),
         ('compile = "yes"', "tool.autoaccel.convert.compile: 'yes' is not true or false"),
-        ("worker = 4", "tool.autoaccel.convert.worker is not a convert setting (known: target,"),
+        (
+            "worker = 4",
+            "tool.autoaccel.convert.worker: unknown key, did you mean `workers`? (known: target,",
+        ),
     ],
 )
 def test_invalid_convert_settings_name_the_file_and_key(tmp_path, body, message):

@@ -65,6 +65,15 @@ def test_write_rewrites_in_place_and_keeps_everything_else(script, tmp_path):
     assert converted.startswith("import os\n\nimport torch\n")
 
 
+@pytest.mark.parametrize("writing", [["--write"], ["-o", "fast.py"]])
+def test_diff_never_writes_so_it_excludes_write_and_output(script, tmp_path, writing):
+    result = convert(str(script), "--diff", *writing, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--diff writes nothing: use it without --write and -o" in result.stderr
+    assert script.read_text() == SCRIPT
+    assert not (tmp_path / "fast.py").exists()
+
+
 def test_check_exits_1_when_the_script_would_change_and_0_after(script, tmp_path):
     assert convert(str(script), "--check", "--amp", "off", cwd=tmp_path).returncode == 1
     assert convert(str(script), "--write", "--amp", "off", cwd=tmp_path).returncode == 0

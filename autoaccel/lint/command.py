@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autoaccel.config import ConfigError, settings_for
+from autoaccel.config import ConfigError, check_selectors, settings_for
 from autoaccel.discovery import discover
-from autoaccel.lint.output import FORMATTERS, statistics_text, summary_text
+from autoaccel.diff import use_colour
+from autoaccel.lint.output import FORMATTERS, format_text, statistics_text, summary_text
 from autoaccel.lint.output_format import OutputFormat
 from autoaccel.lint.runner import FileResult, Mode, Overrides, lint_files, lint_text
 
@@ -32,15 +33,22 @@ def run_lint(
     overrides = Overrides(select, extend_select, ignore, unsafe_fixes, force_exclude)
     mode = Mode.DIFF if diff else Mode.FIX if fix else Mode.CHECK
     missing = [p for p in paths if p != "-" and not Path(p).exists()]
-    for path in missing:
-        print(f"{path}:1:1: error: no such file or directory", file=sys.stderr)
     try:
-        results = _lint_stdin(overrides, mode) if paths == ["-"] else lint_files(
-            _files(paths, missing, overrides), overrides, mode
-        )
+        for option, codes in (("--select", select), ("--extend-select", extend_select),
+                              ("--ignore", ignore)):
+            check_selectors(codes or (), option)
+        if paths == ["-"]:
+            results = _lint_stdin(overrides, mode)
+        else:
+            files = _files(paths, missing, overrides)
+            for path in files:  # a bad configuration stops the run before any file is read
+                settings_for(path)
+            results = lint_files(files, overrides, mode)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    missing_results = [FileResult(p, error="1:1: error: no such file or directory") for p in missing]
+    results = missing_results + results
 
     for result in results:
         if result.error:
@@ -51,6 +59,8 @@ def run_lint(
         report.write("".join(r.diff for r in results))
     elif statistics:
         report.write(statistics_text(results))
+    elif output_format is OutputFormat.text:
+        report.write(format_text(results, unsafe_fixes, use_colour(report)))
     else:
         report.write(FORMATTERS[output_format](results, unsafe_fixes))
     if quiet:
@@ -62,7 +72,7 @@ def run_lint(
         if closing:
             print(closing, file=sys.stderr)
 
-    if missing or any(r.error for r in results):
+    if any(r.error for r in results):
         return EXIT_ERROR
     if exit_zero:
         return EXIT_CLEAN
