@@ -53,6 +53,7 @@ fixture_runs = runs_on_fixtures(
 )
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", FIXTURES)
 def test_conversion_trains_like_the_original(name, fixture_runs):
     proc = fixture_runs[name].result()
@@ -73,6 +74,7 @@ def test_conversion_trains_like_the_original(name, fixture_runs):
         assert len(run["per_run"]) == 1
 
 
+@pytest.mark.runs
 def test_report_with_bf16(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
@@ -88,6 +90,7 @@ def test_report_with_bf16(tmp_path):
     assert 'src="data:image/png;base64,' in (report / "index.html").read_text()
 
 
+@pytest.mark.runs
 def test_divergence_exits_1(tmp_path):
     pytest.importorskip("torch")
     proc = bench(
@@ -98,6 +101,7 @@ def test_divergence_exits_1(tmp_path):
     assert "loss curves DIVERGE" in proc.stdout
 
 
+@pytest.mark.runs
 def test_ddp_conversion_runs_one_process_per_rank_with_the_same_threads(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("autoaccel.convert.transforms.distributed")  # `--to ddp`
@@ -125,6 +129,7 @@ def samples_per_step(side: dict) -> float:
     return side["samples_per_s"] / side["steps_per_s"]
 
 
+@pytest.mark.runs
 def test_ranks_training_on_the_same_samples_count_them_once(tmp_path):
     """The original script under torchrun: each rank loads all the data, in the same order."""
     pytest.importorskip("torch")

@@ -33,6 +33,7 @@ from running import FIXTURES_DIR, TIMEOUT_S, _check, _env, convert, run_with_los
 from test_convert_runs import CASES, EXACT_REL, final_loss, rel_gap
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.runs
 
 WORLD_SIZE = 2
 DDP_OPTIONS = ("--to", "ddp", "--amp", "off")

@@ -446,6 +446,7 @@ def dp_runs(request, tmp_path_factory):
         }
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", sorted(CASES) + [LEGACY])
 def test_dp_conversion_trains_like_the_original(name, dp_runs) -> None:
     pytest.importorskip("torch")
@@ -464,6 +465,7 @@ def test_dp_conversion_trains_like_the_original(name, dp_runs) -> None:
 
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", ["linear_exact.py"])
 def test_dp_conversion_ends_with_the_original_parameters(name, dp_runs) -> None:
     """The exact-equivalence fixture (no shuffle, dropout or BatchNorm) saves its final

@@ -116,6 +116,7 @@ def test_cases_cover_every_fixture():
     assert set(fixture_names()) == set(CASES) | {LEGACY}
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_amp_off_matches_original(name, loss_runs):
     case = CASES[name]
@@ -130,6 +131,7 @@ def test_amp_off_matches_original(name, loss_runs):
         assert gap <= case.off_tol, f"final loss differs by {gap:.2%} (tolerance {case.off_tol:.0%})"
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_amp_bf16_trains_close_to_original(name, loss_runs):
     case = CASES[name]
@@ -141,6 +143,7 @@ def test_amp_bf16_trains_close_to_original(name, loss_runs):
     assert gap <= case.bf16_tol, f"final loss differs by {gap:.2%} (tolerance {case.bf16_tol:.0%})"
 
 
+@pytest.mark.runs
 def test_legacy_script_runs_after_conversion(tmp_path):
     original = subprocess.run(
         [sys.executable, str(FIXTURES_DIR / LEGACY)],

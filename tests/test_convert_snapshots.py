@@ -19,6 +19,8 @@ from running import convert, fixture_names
 SNAPSHOTS_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
 FIXTURES = fixture_names()
+# Every fixture through `autoaccel convert` in a subprocess, 4 ways: minutes, not unit-test seconds.
+pytestmark = pytest.mark.runs
 VARIANTS = {
     "default": (),
     "amp-off": ("--amp", "off"),

@@ -42,6 +42,7 @@ def test_every_style_script_has_expectations():
     assert set(SCRIPTS) == set(EXPECTED)
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_style_converts_and_trains_like_the_original(name, tmp_path):
     original = STYLES_DIR / name

@@ -85,6 +85,7 @@ def test_fixture_docstring_and_size(name):
     assert 60 <= len(source.splitlines()) <= 200
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_fixture_runs(name, fixture_runs):
     _, outputs = FIXTURES[name]

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.runs
 
 from autoaccel import harness  # noqa: E402
 from autoaccel.tune.capture import capture_loaders  # noqa: E402

@@ -256,6 +256,7 @@ def test_convert_to_ddp_is_refused_for_notebooks(cli, notebook):
     assert notebook.read_text() == FIXTURE.read_text()
 
 
+@pytest.mark.runs
 def test_converted_notebook_trains_the_same(cli, notebook, tmp_path):
     """The code cells, converted with `--amp off`, give the original's losses: every step
     of epoch 1 (the shuffled loader's RNG draws shift after it, see test_convert_runs)

@@ -371,6 +371,7 @@ def test_adam_fix_is_unsafe():
 
 
 # -- the legacy fixture: fixed, it runs on current PyTorch ------------------------------------
+@pytest.mark.runs
 @pytest.mark.skipif(not FIXTURE.exists(), reason="fixture not written yet")
 def test_legacy_fixture_runs_after_the_fixes(tmp_path):
     # (tests/test_fixtures_smoke.py checks that the original crashes with an IndexError)

@@ -219,6 +219,7 @@ tune = partial(autoaccel, "tune")
 fixture_runs = runs_on_fixtures("test_tune_runs_on_fixture", "tune", "--json", *TINY_SWEEP)
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("name", FIXTURES)
 def test_tune_runs_on_fixture(name, fixture_runs):
     proc = fixture_runs[name].result()
@@ -236,6 +237,7 @@ def test_tune_runs_on_fixture(name, fixture_runs):
         assert all(r["batches_per_s"] > 0 for r in loader["results"] if not r["error"])
 
 
+@pytest.mark.runs
 def test_write_applies_the_fastest_setting(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "slow.py"
@@ -256,6 +258,7 @@ def test_write_applies_the_fastest_setting(tmp_path):
     assert f"{script}:{line + 1}: tuned: `num_workers=2`" in proc.stderr
 
 
+@pytest.mark.runs
 def test_unpicklable_dataset_gets_a_message_not_a_crash(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "unpicklable.py"
@@ -266,6 +269,7 @@ def test_unpicklable_dataset_gets_a_message_not_a_crash(tmp_path):
     assert "only num_workers=0 was measured" in proc.stdout.replace("\n", " ")
 
 
+@pytest.mark.runs
 def test_a_script_that_fails_early_is_an_error(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text("import torch\nraise RuntimeError('no data here')\n")
