@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.runs
 
 # Dreambooth's prior preservation: `loss = loss + w * prior_loss` sums two terms of
 # one step (the instance loss is defined in branches, as in diffusers' scripts), and
