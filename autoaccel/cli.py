@@ -144,6 +144,12 @@ def convert(
     write: bool = typer.Option(False, "--write", help="Rewrite the file in place."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the script would change."),
+    allow_partial: bool = typer.Option(
+        False,
+        "--allow-partial",
+        help="Write a --to ddp result even where a part the result needs to train correctly"
+        " could not be made (listed as errors).",
+    ),
     report_format: str = typer.Option("text", "--format", help="text | markdown | json"),
 ) -> None:
     """Rewrite a single-GPU training script into a fast one (diff preview by default).
@@ -162,7 +168,7 @@ def convert(
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(run_convert(file, options, write, output, check, report_format))
+    raise typer.Exit(run_convert(file, options, write, output, check, report_format, allow_partial))
 
 
 def _convert_command_line(params: dict[str, object]) -> dict[str, object]:

@@ -37,7 +37,8 @@ pytestmark = pytest.mark.runs
 
 WORLD_SIZE = 2
 DDP_OPTIONS = ("--to", "ddp", "--amp", "off")
-# Fixtures without a DataLoader: the conversion cannot shard their data (it says so).
+# Fixtures without a DataLoader: the conversion cannot shard their data, so it refuses;
+# `--allow-partial` writes it (every rank then trains on all the data).
 UNSHARDED = {"lstm_lm.py"}
 # Final-loss gap allowed between two ranks' mean (last epoch) and the original's: the
 # DistributedSampler shuffles with its own generator, and from the start of training each
@@ -116,7 +117,7 @@ def run_torchrun(script: Path, args: tuple[str, ...], cwd: Path) -> list[dict]:
 
 def _job(name: str, tmp: Path) -> dict:
     args = CASES[name].args
-    converted = convert(name, tmp, *DDP_OPTIONS)
+    converted = convert(name, tmp, *DDP_OPTIONS, *(("--allow-partial",) if name in UNSHARDED else ()))
     runs = {}
     for variant, script in (("orig", FIXTURES_DIR / name), ("python", converted)):
         (tmp / variant).mkdir()

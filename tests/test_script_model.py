@@ -114,6 +114,8 @@ def test_uses_cuda():
     assert model_of("x = y.cuda()\n").uses_cuda
     assert model_of("x = y.to('cuda:1')\n").uses_cuda
     assert not model_of("x = y.to('cpu')\n").uses_cuda
+    # a checkpoint saved on a GPU, loaded where the script runs: no use of CUDA
+    assert not model_of("state = torch.load(p, map_location={'cuda:0': 'cpu'})\n").uses_cuda
 
 
 def test_train_and_eval_step_loops_and_epochs():

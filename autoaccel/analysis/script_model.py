@@ -352,8 +352,12 @@ class _Syntax(cst.CSTVisitor):
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         value = node.evaluated_value
-        if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
-            self.model.uses_cuda = True
+        if not isinstance(value, str) or not (value == "cuda" or value.startswith("cuda:")):
+            return
+        parent = self.index.parent(node)
+        if isinstance(parent, cst.DictElement) and parent.key is node:
+            return  # `map_location={"cuda:0": ...}` maps where a checkpoint was saved
+        self.model.uses_cuda = True
 
 
 def _fill(model: ScriptModel) -> ScriptModel:

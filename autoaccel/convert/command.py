@@ -15,7 +15,7 @@ from autoaccel.fileio import read_source, write_atomic
 from autoaccel.lint.engine import SourceError
 from autoaccel.notebook import Notebook, NotebookError, is_notebook, read_notebook
 
-EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2  # EXIT_CHANGED also: refused
 
 
 def run_convert(
@@ -25,9 +25,11 @@ def run_convert(
     output: Path | None = None,
     check: bool = False,
     report_format: str = "text",
+    allow_partial: bool = False,
 ) -> int:
     """Convert one file (a script, or a notebook's code cells); nothing is written
-    unless every safety check passed."""
+    unless every safety check passed, nor a result that would train wrongly (unless
+    `allow_partial`)."""
     notebook: Notebook | None = None
     try:
         if is_notebook(path):
@@ -43,7 +45,7 @@ def run_convert(
         return EXIT_ERROR
     try:
         # The launch commands of `--to ddp` name the script that will run.
-        conversion = convert_source(text, options, str(output or path))
+        conversion = convert_source(text, options, str(output or path), str(path))
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
     except SourceError as error:
         where = f"{error.line}:{error.column}"
@@ -64,6 +66,18 @@ def run_convert(
         return EXIT_ERROR
 
     _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
+    wrong = [s for s in conversion.log.skipped if s.wrong]
+    level = "warning" if allow_partial else "error"
+    for item in wrong:
+        where = f"{path}:{item.line}:1" if item.line else str(path)
+        print(f"{where}: {level}: {item.what} not applied: {item.reason}", file=sys.stderr)
+    if wrong and not allow_partial:
+        print(
+            f"{path}: error: --to {options.target} refused: the result would not train like the"
+            " original (see above); nothing written. `--allow-partial` writes it anyway.",
+            file=sys.stderr,
+        )
+        return EXIT_CHANGED
     try:
         if output is not None:
             write_atomic(output, converted, encoding)

@@ -68,14 +68,16 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
     return steps
 
 
-def _run(source: str, options: ConvertOptions, log: ConversionLog, path: str | None) -> str:
+def _run(
+    source: str, options: ConvertOptions, log: ConversionLog, path: str | None, origin: str | None = None
+) -> str:
     tree, text = parse(source), source  # `text` is always `tree.code`: codegen once a step
     history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
     for step in transforms_for(options):
         if not step.enabled(options):
             continue
         logged = (len(log.changes), len(log.skipped))
-        transformed = step(new_context(options, log, path, text)).transform_module(tree)
+        transformed = step(new_context(options, log, path, text, origin)).transform_module(tree)
         if transformed is tree:
             continue  # the step had nothing to do
         generated = transformed.code
@@ -102,12 +104,15 @@ def _map_lines_to_original(
                 entries[index] = replace(entry, line=original_line(history, entry.line))
 
 
-def convert_source(source: str, options: ConvertOptions, path: str = "<string>") -> Conversion:
-    """Convert `source`. Raises `SourceError` when it does not parse and
-    `ConversionError` when the result fails a safety check."""
+def convert_source(
+    source: str, options: ConvertOptions, path: str = "<string>", origin: str | None = None
+) -> Conversion:
+    """Convert `source` (read from the file `origin`, if any; `path` names the result).
+    Raises `SourceError` when it does not parse and `ConversionError` when the result
+    fails a safety check."""
     log = ConversionLog()
     script = None if path.startswith("<") else path
-    converted = _run(source, options, log, script)
+    converted = _run(source, options, log, script, origin)
     if converted != source:
         check_result(converted, path, lambda text: _run(text, options, ConversionLog(), script))
     return Conversion(source, converted, log)

@@ -62,6 +62,7 @@ class ShardTrainLoader(DistributedStep):
                     " all of its data; give each process its share by hand (e.g. indices"
                     f" `{RANK}::{WORLD_SIZE}`)",
                     loop.node,
+                    wrong=True,
                 )
         for call in sorted(loaders, key=self.line_of):
             if not self.shards(node, call):
@@ -79,6 +80,7 @@ class ShardTrainLoader(DistributedStep):
                 "DistributedSampler",
                 "the training DataLoader already has a sampler; make it shard by rank by hand",
                 call,
+                wrong=True,
             )
             return
         shuffle = keyword_value(call, "shuffle")
@@ -90,7 +92,7 @@ class ShardTrainLoader(DistributedStep):
         target = _assigned_name(statement) or _returned(statement, call)
         dataset = call.args[0].value if call.args and call.args[0].keyword is None else keyword_value(call, "dataset")
         if target is None or dataset is None:
-            self.skipped("DistributedSampler", "give the training DataLoader a DistributedSampler by hand", call)
+            self.skipped("DistributedSampler", "give the training DataLoader a DistributedSampler by hand", call, wrong=True)
             return
         sampler = _sibling_name(target, "sampler")
         dataset_name = name_key(dataset)
@@ -142,6 +144,7 @@ class ShardTrainLoader(DistributedStep):
                 "the training DataLoader's keywords come from a shared or unknown `**dict`;"
                 " give it a DistributedSampler (shuffle moved into it) by hand",
                 call,
+                wrong=True,
             )
             return
         code = (

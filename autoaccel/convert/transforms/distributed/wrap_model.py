@@ -47,6 +47,7 @@ class WrapModel(DistributedStep):
                 " and every process trains its own copy; wrap the model in"
                 " `DistributedDataParallel` by hand",
                 loops[0],
+                wrong=True,
             )
         for model in models:
             if ddp_name(model.key) not in bound:
@@ -69,6 +70,7 @@ class WrapModel(DistributedStep):
                     f" DDP({model.key}, ...)` once `{model.key}` is on its device and call it"
                     " here by hand",
                     call,
+                    wrong=True,
                 )
                 return
         self.rewrites.update(plan)
