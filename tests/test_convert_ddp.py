@@ -482,6 +482,17 @@ def test_no_accumulation_no_no_sync():
     assert "no_sync" not in code and not log.changes
 
 
+def test_an_update_in_either_branch_is_no_accumulation():
+    """word_language_model: `optimizer.step()` or a manual SGD update, every step."""
+    source = "from torch.nn.parallel import DistributedDataParallel as DDP\n" + ACCUMULATION.replace(
+        "            optimizer.zero_grad()\n",
+        "            optimizer.zero_grad()\n        else:\n            for p in model.parameters():\n"
+        "                p.data.add_(p.grad, alpha=-0.1)\n",
+    ).replace("(step + 1) % accum_steps == 0", "use_optimizer")
+    code, log = run_step(NoSyncAccumulation, source)
+    assert "else:" in code and "no_sync" not in code and not log.changes
+
+
 # -- rank 0 only -----------------------------------------------------------------------------
 def test_adjacent_prints_and_saves_share_one_rank_zero_guard():
     code, log = run_step(
