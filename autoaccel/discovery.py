@@ -7,6 +7,8 @@ import subprocess
 from pathlib import Path
 from typing import Iterable
 
+from autoaccel.fileio import real_path
+
 SKIPPED_DIRECTORIES = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".eggs",
      ".mypy_cache", ".pytest_cache", ".ruff_cache", "node_modules", "site-packages",
@@ -38,11 +40,11 @@ def _walk(root: Path) -> Iterable[Path]:
             for name in subdirectories
             if name not in SKIPPED_DIRECTORIES
             and not (here / name / "pyvenv.cfg").exists()
-            and (here / name).resolve() not in ignored
+            and real_path(here / name) not in ignored
         )
         for name in files:
             candidate = here / name
-            if name.endswith(SOURCE_SUFFIXES) and candidate.resolve() not in ignored:
+            if name.endswith(SOURCE_SUFFIXES) and real_path(candidate) not in ignored:
                 yield candidate
 
 
@@ -60,4 +62,4 @@ def _git_ignored(root: Path) -> frozenset[Path]:
         return frozenset()
     if result.returncode != 0:
         return frozenset()
-    return frozenset((root / line.rstrip("/")).resolve() for line in result.stdout.splitlines())
+    return frozenset(real_path(root / line.rstrip("/")) for line in result.stdout.splitlines())

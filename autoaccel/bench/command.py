@@ -23,7 +23,7 @@ from autoaccel.bench.report import print_result, write_report
 from autoaccel.bench.runner import Run, run_script
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import ConversionError, convert_source
-from autoaccel.fileio import read_source, write_atomic
+from autoaccel.fileio import os_error_message, read_source, write_atomic
 from autoaccel.lint.engine import SourceError
 
 EXIT_OK, EXIT_DIVERGED, EXIT_ERROR = 0, 1, 2
@@ -49,6 +49,9 @@ def run_bench(
 ) -> int:
     """Bench `script` against its conversion; 1 when the loss curves diverge."""
     err = Console(stderr=True)
+    if report is not None and report.exists() and not report.is_dir():
+        err.print(f"{report}: error: --report names a folder to write into; this is a file", markup=False)
+        return EXIT_ERROR
     converted = _converted(script, options, err)
     if converted is None:
         return EXIT_ERROR
@@ -71,7 +74,12 @@ def run_bench(
     else:
         print_result(result, Console())
     if report is not None:
-        for warning in write_report(result, report):
+        try:
+            warnings = write_report(result, report)
+        except OSError as error:
+            err.print(f"{report}: error: report not written: {os_error_message(error)}", markup=False)
+            return EXIT_ERROR
+        for warning in warnings:
             err.print(f"warning: {warning}", markup=False)
         err.print(f"report written to {report}", markup=False)
     return EXIT_OK if result["agree"] else EXIT_DIVERGED
@@ -92,10 +100,13 @@ def _converted(script: Path, options: ConvertOptions, err: Console) -> str | Non
     """The converted source, or None (with the reason printed) when there is none."""
     try:
         conversion = convert_source(read_source(script).text, options, str(script))
-    except (OSError, UnicodeDecodeError) as error:
-        err.print(f"error: {script}: {error}", markup=False)
+    except OSError as error:
+        err.print(f"{script}: error: {os_error_message(error)}", markup=False)
         return None
-    except (SourceError, ConversionError) as error:
+    except UnicodeDecodeError as error:
+        err.print(f"{script}: error: {error}", markup=False)
+        return None
+    except (SourceError, ConversionError, RecursionError) as error:
         err.print(f"{script}: cannot convert: {error}", markup=False)
         return None
     if not conversion.changed:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.report import json_report, markdown_report, text_report
 from autoaccel.diff import use_colour
-from autoaccel.fileio import read_source, write_atomic
-from autoaccel.lint.engine import SourceError
+from autoaccel.fileio import os_error_message, read_bytes, read_source, write_atomic
+from autoaccel.lint.engine import TOO_DEEP, SourceError
 from autoaccel.notebook import Notebook, NotebookError, is_notebook, read_notebook
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2
@@ -23,20 +24,25 @@ def run_convert(
     output: Path | None = None,
     check: bool = False,
     report_format: str = "text",
+    force: bool = False,
 ) -> int:
     """Convert one file (a script, or a notebook's code cells); nothing is written
-    unless every safety check passed."""
+    unless every safety check passed. Launcher files that exist with other contents
+    are kept unless `force`."""
     notebook: Notebook | None = None
     try:
         if is_notebook(path):
             if options.target != "single":
                 raise NotebookError("notebooks convert with `--to single` only")
             notebook = read_notebook(path)
-            text, encoding = notebook.python, "utf-8"
+            text, encoding, original = notebook.python, "utf-8", notebook.text.encode("utf-8")
         else:
             source = read_source(path)
-            text, encoding = source.text, source.encoding
-    except (OSError, UnicodeDecodeError, SyntaxError, NotebookError) as error:
+            text, encoding, original = source.text, source.encoding, source.raw
+    except OSError as error:
+        print(f"{path}:1:1: error: {os_error_message(error)}", file=sys.stderr)
+        return EXIT_ERROR
+    except (UnicodeDecodeError, SyntaxError, NotebookError) as error:
         print(f"{path}:1:1: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     try:
@@ -52,19 +58,52 @@ def run_convert(
     except (ConversionError, NotebookError) as error:
         print(f"{path}: {error}", file=sys.stderr)
         return EXIT_ERROR
+    except RecursionError:
+        print(f"{path}: error: {TOO_DEEP}", file=sys.stderr)
+        return EXIT_ERROR
 
-    _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
-    if output is not None:
-        write_atomic(output, converted, encoding)
-    elif write and conversion.changed:
-        write_atomic(path, converted, encoding)
+    writes = [_Write(output, converted, encoding)] if output is not None else []
+    if write and conversion.changed:
+        writes.append(_Write(path, converted, encoding, original))
     if output is not None or write:
         folder = (output or path).parent
-        for name, text in conversion.log.extra_files.items():
-            write_atomic(folder / name, text, "utf-8")
+        launchers = [_Write(folder / name, text) for name, text in conversion.log.extra_files.items()]
+        clashing = [item for item in launchers if item.path.exists() and not _written(item)]
+        if clashing and not force:
+            for item in clashing:
+                print(
+                    f"{item.path}: error: exists with other contents; not replaced, and"
+                    " nothing written (--force replaces it)",
+                    file=sys.stderr,
+                )
+            return EXIT_ERROR
+        writes += [item for item in launchers if not _written(item)]
+    _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
+    for item in writes:
+        try:
+            write_atomic(item.path, item.text, item.encoding, item.original)
+        except OSError as error:
+            print(f"{item.path}: error: not written: {os_error_message(error)}", file=sys.stderr)
+            return EXIT_ERROR
     if check and conversion.changed:
         return EXIT_CHANGED
     return EXIT_OK
+
+
+@dataclass(frozen=True)
+class _Write:
+    path: Path
+    text: str
+    encoding: str = "utf-8"
+    original: bytes | None = None  # what the file held when it was read
+
+
+def _written(item: _Write) -> bool:
+    """Whether the file at `item.path` holds `item.text` already."""
+    try:
+        return read_bytes(item.path) == item.text.encode(item.encoding)
+    except OSError:
+        return False
 
 
 def _readable(conversion: Conversion, notebook: Notebook | None) -> Conversion:
