@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable
 
 from autoaccel.fileio import real_path
+from autoaccel.git import git
 
 SKIPPED_DIRECTORIES = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".eggs",
@@ -51,11 +52,9 @@ def _walk(root: Path) -> Iterable[Path]:
 def _git_ignored(root: Path) -> frozenset[Path]:
     """Paths under `root` that git ignores (empty outside a work tree or without git)."""
     try:
-        result = subprocess.run(
-            ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory"],
+        result = git(
+            "ls-files", "--others", "--ignored", "--exclude-standard", "--directory",
             cwd=root,
-            capture_output=True,
-            text=True,
             timeout=10,
         )
     except (OSError, subprocess.SubprocessError):

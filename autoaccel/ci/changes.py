@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Mapping
 
+from autoaccel.git import git
+
 NO_COMMIT = "0" * 40  # `before` of a push that created the branch
-
-
-def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def base_revision(env: Mapping[str, str], explicit: str = "") -> str | None:
@@ -41,12 +38,25 @@ def changed_files(repo: Path, base: str | None, suffixes: tuple[str, ...]) -> li
     """Files with one of `suffixes` that were added, copied, modified or renamed since
     the merge base of `base` and HEAD (every tracked file when `base` is None), sorted."""
     if base is None:
-        listing = _git("ls-files", "-z", cwd=repo)
+        listing = git("ls-files", "-z", cwd=repo)
     else:
-        merge_base = _git("merge-base", base, "HEAD", cwd=repo)
-        since = merge_base.stdout.strip() if merge_base.returncode == 0 else base
-        listing = _git("diff", "-z", "--name-only", "--diff-filter=ACMR", since, "HEAD", cwd=repo)
+        commit = _commit(repo, base)
+        merge_base = git("merge-base", commit, "HEAD", cwd=repo)
+        since = merge_base.stdout.strip() if merge_base.returncode == 0 else commit
+        listing = git(
+            "diff", "-z", "--name-only", "--no-ext-diff", "--diff-filter=ACMR", since, "HEAD",
+            cwd=repo,
+        )
     if listing.returncode != 0:
         raise RuntimeError(f"git could not list the changed files: {listing.stderr.strip()}")
     names = [name for name in listing.stdout.split("\0") if name.endswith(suffixes)]
     return sorted(Path(name) for name in names if (repo / name).is_file())
+
+
+def _commit(repo: Path, revision: str) -> str:
+    """The SHA of `revision`, an input of the workflow: read after --end-of-options it
+    is a revision, never an option (`--output=FILE` would make git write a file)."""
+    found = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}", cwd=repo)
+    if found.returncode != 0:
+        raise RuntimeError(f"git does not know the base revision {revision!r}")
+    return found.stdout.strip()
