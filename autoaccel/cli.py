@@ -151,6 +151,9 @@ def convert(
         " could not be made (listed as errors).",
     ),
     report_format: str = typer.Option("text", "--format", help="text | markdown | json"),
+    force: bool = typer.Option(
+        False, "--force", help="Replace launcher files (train.sbatch, spawn_train.py) that exist."
+    ),
 ) -> None:
     """Rewrite a single-GPU training script into a fast one (diff preview by default).
     Option defaults come from [tool.autoaccel.convert] in pyproject.toml."""
@@ -168,7 +171,9 @@ def convert(
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(run_convert(file, options, write, output, check, report_format, allow_partial))
+    raise typer.Exit(
+        run_convert(file, options, write, output, check, report_format, allow_partial, force)
+    )
 
 
 def _convert_command_line(params: dict[str, object]) -> dict[str, object]:

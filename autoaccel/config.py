@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
 
 from autoaccel.convert.log import ConvertOptions
+from autoaccel.fileio import os_error_message, real_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,7 +91,7 @@ def _matches(code: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def _relative(path: Path, root: Path | None) -> str:
-    resolved = path.resolve()
+    resolved = real_path(path)
     if root is not None and resolved.is_relative_to(root):
         return resolved.relative_to(root).as_posix()
     return path.as_posix()
@@ -147,8 +148,12 @@ def read_tool_table(pyproject: Path) -> dict[str, Any] | None:
     key or rule code in it is an error for every command, as in Ruff."""
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise ConfigError(f"{pyproject}: {error}") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{pyproject}: not UTF-8 ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise ConfigError(f"{pyproject}: {os_error_message(error)}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{pyproject}: {error}") from None
     table = data.get("tool", {}).get("autoaccel")
     if not isinstance(table, dict):
         return None
@@ -223,7 +228,7 @@ class Sourced:
 
 def config_for(path: Path) -> tuple[Path, dict[str, Any]] | None:
     """The pyproject.toml that applies to `path` (a file or a folder) and its table."""
-    start = path.resolve()
+    start = real_path(path)
     return find_config(start if start.is_dir() else start.parent)
 
 

@@ -7,6 +7,9 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Iterable
 
+from autoaccel.fileio import real_path
+from autoaccel.git import git
+
 SKIPPED_DIRECTORIES = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".eggs",
      ".mypy_cache", ".pytest_cache", ".ruff_cache", "node_modules", "site-packages",
@@ -41,14 +44,14 @@ def _walk(root: Path, excluded: Callable[[Path], bool]) -> Iterable[Path]:
             for name in subdirectories
             if name not in SKIPPED_DIRECTORIES
             and not (here / name / "pyvenv.cfg").exists()
-            and (here / name).resolve() not in ignored
+            and real_path(here / name) not in ignored
             and not excluded(here / name)
         )
         for name in files:
             candidate = here / name
             if (
                 name.endswith(SOURCE_SUFFIXES)
-                and candidate.resolve() not in ignored
+                and real_path(candidate) not in ignored
                 and not excluded(candidate)
             ):
                 yield candidate
@@ -57,15 +60,13 @@ def _walk(root: Path, excluded: Callable[[Path], bool]) -> Iterable[Path]:
 def _git_ignored(root: Path) -> frozenset[Path]:
     """Paths under `root` that git ignores (empty outside a work tree or without git)."""
     try:
-        result = subprocess.run(
-            ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory"],
+        result = git(
+            "ls-files", "--others", "--ignored", "--exclude-standard", "--directory",
             cwd=root,
-            capture_output=True,
-            text=True,
             timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return frozenset()
     if result.returncode != 0:
         return frozenset()
-    return frozenset((root / line.rstrip("/")).resolve() for line in result.stdout.splitlines())
+    return frozenset(real_path(root / line.rstrip("/")) for line in result.stdout.splitlines())

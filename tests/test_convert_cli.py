@@ -195,7 +195,7 @@ def test_ddp_launch_commands_name_the_written_script(script, tmp_path):
 @pytest.mark.parametrize(
     "failure",
     [
-        pytest.param(RecursionError("maximum recursion depth exceeded\nwhile calling"), id="bug"),
+        pytest.param(AttributeError("'NoneType' object has no attribute 'x'\nmore"), id="bug"),
         pytest.param(
             ConversionError("internal error: a step is not idempotent", details="--- first\n"),
             id="not-idempotent",

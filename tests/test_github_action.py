@@ -230,7 +230,7 @@ def test_no_changed_python_files(action, repo):
 def test_action_definition_passes_every_input_to_the_entry_point():
     assert ACTION["runs"]["using"] == "composite"
     (step,) = [step for step in ACTION["runs"]["steps"] if step.get("id") == "autoaccel"]
-    assert step["run"] == "python -m autoaccel.ci.github"
+    assert step["run"] == "python -I -m autoaccel.ci.github"
     assert all(s["shell"] == "bash" for s in ACTION["runs"]["steps"] if "run" in s)
     # Inputs reach the script through the environment only (no `${{ }}` in scripts).
     assert not any("${{" in s.get("run", "") for s in ACTION["runs"]["steps"])

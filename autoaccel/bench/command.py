@@ -25,7 +25,7 @@ from autoaccel.bench.report import print_result, write_report
 from autoaccel.bench.runner import Run, run_script
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import ConversionError, convert_source
-from autoaccel.fileio import read_source, write_atomic
+from autoaccel.fileio import os_error_message, read_source, write_atomic
 from autoaccel.lint.engine import SourceError
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
@@ -55,6 +55,9 @@ def run_bench(
     conversion crashes, or it is slower beyond the spread of the runs (unless
     `allow_slower`); 2 when the original cannot run or be converted."""
     err = Console(stderr=True)
+    if report is not None and report.exists() and not report.is_dir():
+        err.print(f"{report}: error: --report names a folder to write into; this is a file", markup=False)
+        return EXIT_ERROR
     converted = _converted(script, options, err)
     if converted is None:
         return EXIT_ERROR
@@ -88,7 +91,12 @@ def run_bench(
     else:
         print_result(result, Console(), allow_slower)
     if report is not None:
-        for warning in write_report(result, report):
+        try:
+            warnings = write_report(result, report)
+        except OSError as error:
+            err.print(f"{report}: error: report not written: {os_error_message(error)}", markup=False)
+            return EXIT_ERROR
+        for warning in warnings:
             err.print(f"warning: {warning}", markup=False)
         err.print(f"report written to {report}", markup=False)
     if not result["agree"] or (result["speed"] == SLOWER and not allow_slower):
@@ -121,10 +129,13 @@ def _converted(script: Path, options: ConvertOptions, err: Console) -> str | Non
     """The converted source, or None (with the reason printed) when there is none."""
     try:
         conversion = convert_source(read_source(script).text, options, str(script))
-    except (OSError, UnicodeDecodeError) as error:
-        err.print(f"error: {script}: {error}", markup=False)
+    except OSError as error:
+        err.print(f"{script}: error: {os_error_message(error)}", markup=False)
         return None
-    except (SourceError, ConversionError) as error:
+    except UnicodeDecodeError as error:
+        err.print(f"{script}: error: {error}", markup=False)
+        return None
+    except (SourceError, ConversionError, RecursionError) as error:
         err.print(f"{script}: cannot convert: {error}", markup=False)
         return None
     if not conversion.changed:

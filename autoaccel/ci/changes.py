@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Mapping
 
+from autoaccel.git import git
+
 NO_COMMIT = "0" * 40  # `before` of a push that created the branch
-
-
-def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def base_revision(env: Mapping[str, str], explicit: str = "") -> str | None:
@@ -40,18 +37,20 @@ def base_revision(env: Mapping[str, str], explicit: str = "") -> str | None:
 
 def _since(repo: Path, base: str) -> str:
     """The merge base of `base` and HEAD (what a pull request's diff starts from)."""
-    merge_base = _git("merge-base", base, "HEAD", cwd=repo)
-    return merge_base.stdout.strip() if merge_base.returncode == 0 else base
+    commit = _commit(repo, base)
+    merge_base = git("merge-base", commit, "HEAD", cwd=repo)
+    return merge_base.stdout.strip() if merge_base.returncode == 0 else commit
 
 
 def changed_files(repo: Path, base: str | None, suffixes: tuple[str, ...]) -> list[Path]:
     """Files with one of `suffixes` that were added, copied, modified or renamed since
     the merge base of `base` and HEAD (every tracked file when `base` is None), sorted."""
     if base is None:
-        listing = _git("ls-files", "-z", cwd=repo)
+        listing = git("ls-files", "-z", cwd=repo)
     else:
-        listing = _git(
-            "diff", "-z", "--name-only", "--diff-filter=ACMR", _since(repo, base), "HEAD", cwd=repo
+        listing = git(
+            "diff", "-z", "--name-only", "--no-ext-diff", "--diff-filter=ACMR",
+            _since(repo, base), "HEAD", cwd=repo,
         )
     if listing.returncode != 0:
         raise RuntimeError(f"git could not list the changed files: {listing.stderr.strip()}")
@@ -66,7 +65,7 @@ _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(?P<start>\d+)(?:,(?P<count>\d+))? @@")
 def changed_lines(repo: Path, base: str) -> dict[Path, set[int]]:
     """The lines (1-based, in HEAD) that each file added or changed since the merge base
     of `base` and HEAD; a file missing from the result could not be read from the diff."""
-    diff = _git(
+    diff = git(
         "-c", "core.quotePath=false", "diff", "--no-color", "--no-ext-diff", "-U0",
         "--diff-filter=ACMR", _since(repo, base), "HEAD", cwd=repo,
     )
@@ -86,3 +85,12 @@ def changed_lines(repo: Path, base: str) -> dict[Path, set[int]]:
                 start, count = int(hunk["start"]), int(hunk["count"] or 1)
                 current.update(range(start, start + count))
     return lines
+
+
+def _commit(repo: Path, revision: str) -> str:
+    """The SHA of `revision`, an input of the workflow: read after --end-of-options it
+    is a revision, never an option (`--output=FILE` would make git write a file)."""
+    found = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}", cwd=repo)
+    if found.returncode != 0:
+        raise RuntimeError(f"git does not know the base revision {revision!r}")
+    return found.stdout.strip()

@@ -6,7 +6,8 @@ Only findings on the lines the change added or modified are annotated and fail t
 (the diff filter of reviewdog and of Ruff's own pre-commit use): a finding that was
 there before is the change's context, counted but not held against it.
 
-Run as `python -m autoaccel.ci.github` in the repository root. Inputs come from the
+Run as `python -I -m autoaccel.ci.github` in the repository root (isolated: the
+checkout's own modules are never imported). Inputs come from the
 environment (`AUTOACCEL_*`, set by action.yml) besides GitHub's own `GITHUB_*`.
 Exit code: 2 when the lint reported errors, else 1 for findings on changed lines (0 when
 `AUTOACCEL_FAIL_ON_FINDINGS` is `false`), else 0.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from urllib.parse import quote
 
 from autoaccel.ci.changes import base_revision, changed_files, changed_lines
 from autoaccel.discovery import SOURCE_SUFFIXES
+from autoaccel.markdown import code_block, inline_code
 
 COMMENT_MARKER = "<!-- autoaccel -->"  # lets a workflow find and update its own comment
 COMMENT_LIMIT = 65_000  # GitHub rejects comments over 65,536 characters
@@ -58,11 +61,23 @@ class Inputs:
         )
 
 
-def _autoaccel(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
+def _autoaccel(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run autoaccel in isolated mode (`-I`): the working directory is the pull
+    request's checkout, and a `typer.py` or `json.py` there must not be imported."""
     env = {**os.environ, "NO_COLOR": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "autoaccel", *args], capture_output=capture, text=True, env=env
+        [sys.executable, "-I", "-m", "autoaccel", *args], capture_output=True, text=True, env=env
     )
+
+
+def _log_untrusted(text: str) -> None:
+    """Copy `text` (it quotes the pull request's file names and code) to the log with
+    workflow commands off, so that a line `::error ...` in it is no annotation and
+    `::add-mask::` or `::stop-commands::` change nothing. The token is unguessable."""
+    if not text:
+        return
+    token = secrets.token_hex(16)
+    sys.stderr.write(f"::stop-commands::{token}\n{text.rstrip(chr(10))}\n::{token}::\n")
 
 
 def is_training_script(path: Path) -> bool:
@@ -159,7 +174,7 @@ def lint_section(
     run = _autoaccel(
         "lint", "--format", "github", "--force-exclude", *shlex.split(lint_args), "--", *map(str, files)
     )
-    sys.stderr.write(run.stderr)
+    _log_untrusted(run.stderr)
     found = parse_annotations(run.stdout)
     new = [f for f in found if changed is None or f.line in changed.get(Path(f.file), {f.line})]
     sys.stdout.writelines(finding.annotation + "\n" for finding in new)
@@ -177,7 +192,7 @@ def lint_section(
             f"change did not touch, neither annotated nor failing the check."
         )
     if run.returncode == 2:
-        lines.append(f"\n`autoaccel lint` reported errors:\n\n```\n{run.stderr.strip()}\n```")
+        lines.append(f"\n`autoaccel lint` reported errors:\n\n{code_block(run.stderr.strip())}")
     names = {rule.code: rule.name for rule in all_rules()}
     if new:
         lines += ["", "| Where | Rule | Finding |", "| --- | --- | --- |"]
@@ -219,9 +234,8 @@ def convert_section(scripts: list[Path], convert_args: str) -> str:
         if run.returncode == 0:
             parts.append(run.stdout)
         else:
-            parts.append(
-                f"`autoaccel convert {script}` failed:\n\n```\n{run.stderr.strip()}\n```\n"
-            )
+            command = inline_code(f"autoaccel convert {script}")
+            parts.append(f"{command} failed:\n\n{code_block(run.stderr.strip())}\n")
     return "\n".join(parts)
 
 
@@ -288,7 +302,11 @@ def run_action(repo: Path, env: Mapping[str, str]) -> int:
 
 
 def main() -> int:
-    return run_action(Path.cwd(), os.environ)
+    try:
+        return run_action(Path.cwd(), os.environ)
+    except RuntimeError as error:  # git could not list the changes
+        print(f"autoaccel: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
