@@ -28,14 +28,16 @@ def fixed(source: str, code: str, unsafe: bool = True) -> str:
 TRAINER = """\
 import torch
 import torch.nn as nn
+from torch.utils.data import DataLoader
 
 class Trainer:
     def __init__(self):
         self.device = torch.device("cuda")
         self.model = nn.Linear(2, 2).to(self.device)
+        self.loader = DataLoader(ds, pin_memory=True)
 
-    def fit(self, loader):
-        for batch in loader:
+    def fit(self):
+        for batch in self.loader:
             inputs, labels = batch
             inputs = inputs.to(self.device)
             labels = batch[1].to(self.device)
@@ -47,7 +49,7 @@ class Trainer:
 
 
 def test_acc103_follows_names_assigned_from_the_batch_in_a_method():
-    assert lines(TRAINER, "ACC103") == [12, 13]
+    assert lines(TRAINER, "ACC103") == [14, 15]
 
 
 def test_acc103_fix_adds_non_blocking_only_to_batch_copies():
@@ -75,12 +77,14 @@ def test_acc103_fix_is_unsafe():
 def test_acc103_reports(copy):
     source = f"""\
     import torch
+    from torch.utils.data import DataLoader
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = DataLoader(ds)
     for step, (x, y) in enumerate(loader):
         {copy}
         model(x).sum().backward()
     """
-    assert lines(source, "ACC103") == [4]
+    assert lines(source, "ACC103") == [6]
 
 
 @pytest.mark.parametrize(
@@ -101,8 +105,10 @@ def test_acc103_reports(copy):
 def test_acc103_does_nothing(copy):
     source = f"""\
     import torch
+    from torch.utils.data import DataLoader
     device = torch.device("cuda")
     host = torch.device("cpu")
+    loader = DataLoader(ds)
     for x, y in loader:
         {copy}
         model(x).sum().backward()
@@ -110,11 +116,11 @@ def test_acc103_does_nothing(copy):
     assert lines(source, "ACC103") == []
 
 
-def test_acc103_eval_loop_is_a_step_loop_too():
+def test_acc103_eval_loop_over_a_pinned_loader_is_reported_too():
     source = """\
     import torch
     from torch.utils.data import DataLoader
-    loader = DataLoader(ds)
+    loader = DataLoader(ds, pin_memory=True)
     with torch.no_grad():
         for x, y in loader:
             pred = model(x.cuda())
@@ -453,6 +459,8 @@ def test_acc103_device_defined_after_use_and_through_or():
                 model(x).sum().backward()
         def __init__(self, device=None):
             self.device = device or torch.device("cuda")
+    loader = torch.utils.data.DataLoader(ds)
+    Trainer().fit(loader)
     """
     assert lines(source, "ACC103") == [5]
     assert lines(source.replace('torch.device("cuda")', 'pick("cuda")'), "ACC103") == []
