@@ -294,23 +294,34 @@ def test_acc205_keeps_the_comment_above_the_call():
         """)
 
 
-def test_acc205_inside_a_function_and_under_an_interval():
+def test_acc205_inside_a_function():
     source = """\
     import torch.cuda
     def train():
         for step in range(100):
-            if step % 10 == 0:
-                torch.cuda.empty_cache()  # keep nvidia-smi low
             model(step).backward()
+            torch.cuda.empty_cache()  # keep nvidia-smi low
     """
     assert fixed(source, "ACC205") == dedent("""\
         import torch.cuda
         def train():
             for step in range(100):
-                if step % 10 == 0:
-                    pass  # keep nvidia-smi low
                 model(step).backward()
         """)
+
+
+def test_acc205_after_a_periodic_validation_is_not_reported():
+    source = """\
+    import torch
+    for step, batch in enumerate(loader):
+        model(batch).backward()
+        if step % 500 == 0:
+            pipeline = make_pipeline(model)
+            validate(pipeline)
+            del pipeline
+            torch.cuda.empty_cache()
+    """
+    assert found(source, "ACC205") == []
 
 
 def test_acc205_noqa():
