@@ -237,9 +237,24 @@ def test_acc104_does_nothing_when_shuffle_may_be_false():
     ],
 )
 def test_acc105_every_import_spelling(imports, sampler):
-    source = f"{imports}\ntrain_sampler = {sampler}(ds, num_replicas=2, rank=0)\n"
-    assert lines(source, "ACC105") == [2]
-    assert lines(source + "train_sampler.set_epoch(1)\n", "ACC105") == []
+    source = (
+        f"import torch\n{imports}\ntrain_sampler = {sampler}(ds, num_replicas=2, rank=0)\n"
+        "loader = torch.utils.data.DataLoader(ds, sampler=train_sampler)\n"
+    )
+    train = "for x in loader:\n    model(x).backward()\n"
+    assert lines(source + train, "ACC105") == [3]
+    assert lines(source + "train_sampler.set_epoch(1)\n" + train, "ACC105") == []
+
+
+def test_acc105_loader_trained_by_another_module_is_not_reported():
+    source = """\
+    from torch.utils.data import DataLoader, DistributedSampler
+    def loaders(ds):
+        sampler = DistributedSampler(ds)
+        train_loader = DataLoader(ds, sampler=sampler)
+        return train_loader
+    """
+    assert lines(source, "ACC105") == []
 
 
 def test_acc105_set_epoch_in_another_method():
@@ -252,6 +267,8 @@ def test_acc105_set_epoch_in_another_method():
             self.loader = DataLoader(ds, sampler=self.sampler)
         def epoch(self, n):
             self.sampler.set_epoch(n)
+            for x in self.loader:
+                model(x).backward()
     """
     assert lines(source, "ACC105") == []
     assert lines(source.replace("self.sampler.set_epoch", "print"), "ACC105") == [5]
@@ -265,6 +282,8 @@ def test_acc105_inline_sampler_set_through_the_loader():
             self.loader = DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds))
         def epoch(self, n):
             self.loader.sampler.set_epoch(n)
+            for x in self.loader:
+                model(x).backward()
     """
     assert lines(source, "ACC105") == []
     assert lines(source.replace("self.loader.sampler.set_epoch", "print"), "ACC105") == [4]
@@ -272,8 +291,11 @@ def test_acc105_inline_sampler_set_through_the_loader():
 
 def test_acc105_conditional_sampler_is_reported_without_fix():
     source = """\
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import DataLoader, DistributedSampler
     sampler = DistributedSampler(ds) if distributed else None
+    loader = DataLoader(ds, sampler=sampler)
+    for x in loader:
+        model(x).backward()
     """
     (diagnostic,) = lint_source(textwrap.dedent(source), settings("ACC105"))
     assert (diagnostic.line, diagnostic.fix_title) == (2, None)
