@@ -341,6 +341,7 @@ class Net(torch.nn.Module):
 
 
 def train(model, loader):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in loader:
         F.cross_entropy(model(x.cuda()), y.cuda()).backward()
 """
@@ -380,20 +381,38 @@ def test_acc201_functional_convolution_counts():
     source = """\
     import torch
     import torch.nn.functional as F
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for x in loader:
-        F.conv1d(x.cuda(), weight).sum().backward()
+        F.conv1d(x.cuda(), model.weight).sum().backward()
     """
-    assert lines(source, "ACC201") == [4]
+    assert lines(source, "ACC201") == [5]
 
 
 def test_acc201_without_a_leading_import_block_reports_without_fix():
-    source = "x = 1\nimport torch\nm = torch.nn.Conv2d(1, 1, 1).cuda()\nm(x).backward()\n"
+    source = (
+        "x = 1\nimport torch\nm = torch.nn.Conv2d(1, 1, 1).cuda()\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nm(x).backward()\n"
+    )
     (diagnostic,) = lint_source(source, settings("ACC201"))
     assert diagnostic.fix_title is None
 
 
 def test_acc201_does_nothing_without_training():
     source = "import torch\nm = torch.nn.Conv2d(1, 1, 1).cuda()\nprint(m(x))\n"
+    assert lines(source, "ACC201") == []
+
+
+def test_acc201_does_nothing_for_guidance_gradients_in_a_pipeline():
+    # Gradients of the image (a blur, a convolution, a backward) but no model trains.
+    source = """\
+    import torch
+    blur = torch.nn.Conv2d(3, 3, 5, groups=3).cuda()
+    for t in timesteps:
+        image = image.detach().requires_grad_()
+        loss = (blur(image) - target).pow(2).sum()
+        loss.backward()
+        image = image - image.grad
+    """
     assert lines(source, "ACC201") == []
 
 
