@@ -381,6 +381,7 @@ def test_acc206_keeps_existing_keywords_and_layout():
 
 # -- ACC301 missing-autocast -------------------------------------------------------------
 TWO_LOOPS = CUDA_HEAD + """\
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for x, y in loader:
     loss = criterion(model(x), y)
     loss.backward()
@@ -392,7 +393,7 @@ for x, y in other_loader:
 
 def test_acc301_reported_once_at_the_first_model_call():
     (finding,) = found(TWO_LOOPS, "ACC301")
-    assert (finding.line, finding.column) == (7, 22)
+    assert (finding.line, finding.column) == (8, 22)
     assert "autoaccel convert --amp bf16" in finding.message
     assert finding.fix is None
 

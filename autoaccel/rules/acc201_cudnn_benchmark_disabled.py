@@ -120,9 +120,9 @@ class CudnnBenchmarkDisabled(LintRule):
         self._chosen = True
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        # A model's parameters go to an optimizer: gradients of an input (guidance in
-        # an inference pipeline) or of a latent tensor train no convolution.
-        trains = bool(self.script.trained) and (
+        # Gradients of an input (guidance in an inference pipeline) or of a latent
+        # tensor train no convolution.
+        trains = self.trains_a_model() and (
             self._backward
             or any(loop.role is LoopRole.TRAIN for loop in self.script.step_loops.values())
         )
