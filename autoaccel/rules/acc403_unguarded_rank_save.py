@@ -36,6 +36,12 @@ class UnguardedRankSave(LintRule):
         "    def __init__(self):\n        self.gpu_id = int(os.environ['LOCAL_RANK'])\n"
         "    def save(self):\n        torch.save(self.model.state_dict(), 'snapshot.pt')\n"
         "    def train(self):\n        if self.gpu_id == 0:\n            self.save()\n",
+        # The rank reaches the guard through a constructor (`mp.spawn` passes it).
+        _DIST + "class Trainer:\n    def __init__(self, model, gpu_id):\n"
+        "        self.gpu_id = gpu_id\n        self.model = DDP(model)\n"
+        "    def save(self):\n        torch.save(self.model.state_dict(), 'c.pt')\n"
+        "    def train(self):\n        if self.gpu_id == 0:\n            self.save()\n"
+        "def main(rank):\n    dist.init_process_group('nccl')\n    Trainer(net, rank).train()\n",
         # Defined for another module, which may call it on rank 0 only.
         _DIST + "dist.init_process_group('nccl')\n\n\ndef save_checkpoint(model, path):\n"
         "    torch.save(model.state_dict(), path)\n",
@@ -106,6 +112,9 @@ class UnguardedRankSave(LintRule):
         self.call_sites: dict[str, list[cst.Call]] = {}
         self.rank_names: set[str] = set()  # names bound to the process's rank
         self.referenced: set[str] = set()  # names used other than by a `def`
+        self.parameters: dict[str, list[str]] = {}  # function -> its parameters
+        self.constructors: dict[str, cst.FunctionDef] = {}  # class -> its `__init__`
+        self.copies: list[tuple[list[str], str]] = []  # `a = b`: (targets, b)
 
     # -- facts ---------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
@@ -134,18 +143,49 @@ class UnguardedRankSave(LintRule):
     def visit_Assign(self, node: cst.Assign) -> None:
         # `self.gpu_id = int(os.environ["LOCAL_RANK"])`, `r = dist.get_rank()`: a rank
         # under a name the rank test of `rank_guarded` does not know.
+        targets = [key for target in node.targets if (key := name_key(target.target)) is not None]
         if any(
             isinstance(leaf, cst.SimpleString) and leaf.evaluated_value in _RANK_VARIABLES
             or isinstance(leaf, cst.Call) and self.calls(leaf, *_GET_RANK)
             for leaf in find(node.value, (cst.SimpleString, cst.Call))
         ):
-            self.rank_names.update(
-                key for target in node.targets if (key := name_key(target.target)) is not None
-            )
+            self.rank_names.update(targets)
+        elif isinstance(node.value, cst.Name):
+            self.copies.append((targets, node.value.value))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.parameters[node.name.value] = _parameters(node)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        # `Trainer(model, rank)` passes its arguments to `__init__`.
+        for statement in node.body.body:
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
+                self.constructors[node.name.value] = statement
+
+    def _rank_parameters(self) -> None:
+        """`self.gpu_id = gpu_id` where a call passes the rank as `gpu_id`
+        (`Trainer(model, rank)` under `mp.spawn`): `self.gpu_id` is a rank too."""
+        ranks: set[str] = set()
+        callables = [*self.parameters.items()] + [
+            (cls, _parameters(init)) for cls, init in self.constructors.items()
+        ]
+        for function, params in callables:
+            for call in self.call_sites.get(function, []):
+                positional = [a for a in call.args if a.keyword is None and not a.star]
+                passed = list(zip(params, (a.value for a in positional)))
+                passed += [(a.keyword.value, a.value) for a in call.args if a.keyword is not None]
+                ranks.update(
+                    param for param, value in passed
+                    if mentions_rank(value) or name_key(value) in self.rank_names
+                )
+        for targets, source in self.copies:
+            if source in ranks:
+                self.rank_names.update(targets)
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self.distributed:
             return
+        self._rank_parameters()
         guarded_functions: dict[cst.FunctionDef, bool] = {}
         for call, function in self.saves:
             if self._guarded(call) or self._writes_per_item(call):
@@ -260,3 +300,9 @@ def _over_range(rule: LintRule, iterable: cst.BaseExpression) -> bool:
             return False
         iterable = iterable.args[0].value
     return False
+
+
+def _parameters(function: cst.FunctionDef) -> list[str]:
+    """The parameters a call fills, in order (`self` left out)."""
+    params = [p.name.value for p in (*function.params.params, *function.params.kwonly_params)]
+    return params[1:] if params[:1] == ["self"] else params
