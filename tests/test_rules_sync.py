@@ -294,23 +294,34 @@ def test_acc205_keeps_the_comment_above_the_call():
         """)
 
 
-def test_acc205_inside_a_function_and_under_an_interval():
+def test_acc205_inside_a_function():
     source = """\
     import torch.cuda
     def train():
         for step in range(100):
-            if step % 10 == 0:
-                torch.cuda.empty_cache()  # keep nvidia-smi low
             model(step).backward()
+            torch.cuda.empty_cache()  # keep nvidia-smi low
     """
     assert fixed(source, "ACC205") == dedent("""\
         import torch.cuda
         def train():
             for step in range(100):
-                if step % 10 == 0:
-                    pass  # keep nvidia-smi low
                 model(step).backward()
         """)
+
+
+def test_acc205_after_a_periodic_validation_is_not_reported():
+    source = """\
+    import torch
+    for step, batch in enumerate(loader):
+        model(batch).backward()
+        if step % 500 == 0:
+            pipeline = make_pipeline(model)
+            validate(pipeline)
+            del pipeline
+            torch.cuda.empty_cache()
+    """
+    assert found(source, "ACC205") == []
 
 
 def test_acc205_noqa():
@@ -370,6 +381,7 @@ def test_acc206_keeps_existing_keywords_and_layout():
 
 # -- ACC301 missing-autocast -------------------------------------------------------------
 TWO_LOOPS = CUDA_HEAD + """\
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for x, y in loader:
     loss = criterion(model(x), y)
     loss.backward()
@@ -381,7 +393,7 @@ for x, y in other_loader:
 
 def test_acc301_reported_once_at_the_first_model_call():
     (finding,) = found(TWO_LOOPS, "ACC301")
-    assert (finding.line, finding.column) == (7, 22)
+    assert (finding.line, finding.column) == (8, 22)
     assert "autoaccel convert --amp bf16" in finding.message
     assert finding.fix is None
 

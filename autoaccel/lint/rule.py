@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
+from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import method_calls
 
 if TYPE_CHECKING:
     from autoaccel.analysis.index import ModuleIndex
@@ -135,6 +137,19 @@ class LintRule(cst.BatchableCSTVisitor):
             loop.role is LoopRole.TRAIN and loader in self.script.loaders.get(loop.loader, ())
             for loop in self.script.step_loops.values()
             if loop.loader is not None
+        )
+
+    def trains_a_model(self) -> bool:
+        """Whether a model's parameters are trained: passed to a `torch.optim`
+        optimizer, or read in a training step loop (a manual update, clipping).
+        Gradients of an input alone (guidance while sampling) train no model."""
+        if self.script.trained:
+            return True
+        return any(
+            name_key(call.func.value) in self.script.models  # type: ignore[attr-defined]
+            for loop in self.script.step_loops.values()
+            if loop.role is LoopRole.TRAIN
+            for call in method_calls(loop.node, "parameters")
         )
 
     def note(self, node: cst.CSTNode, reason: str) -> None:

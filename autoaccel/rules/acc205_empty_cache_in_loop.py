@@ -31,6 +31,8 @@ class EmptyCacheInLoop(LintRule):
         + "    torch.cuda.empty_cache()\n",
         # A loop that does not train (exporting pipelines, evaluating).
         "import torch\nfor name in names:\n    export(name)\n    torch.cuda.empty_cache()\n",
+        # Only on some steps: after a validation run, every N steps.
+        _STEP + "    if step % 100 == 0:\n        validate()\n        torch.cuda.empty_cache()\n",
         # Recovering from an out-of-memory error is what the call is for.
         _STEP + "    try:\n        step(x)\n"
         "    except torch.cuda.OutOfMemoryError:\n        torch.cuda.empty_cache()\n",
@@ -67,12 +69,13 @@ class EmptyCacheInLoop(LintRule):
             loop = self.script.step_loops.get(ancestor)
             if loop is not None:
                 return loop.role is LoopRole.TRAIN
-            # An `except` block runs after a failure (freeing memory after an
-            # out-of-memory error is legitimate); a nested function or class only
-            # defines code.
+            # An `if` runs it on some steps only (after a validation, every N steps);
+            # an `except` block after a failure (freeing memory after an out-of-memory
+            # error is legitimate); a nested function or class only defines code.
             if isinstance(
                 ancestor,
                 (
+                    cst.If,
                     cst.ExceptHandler,
                     cst.ExceptStarHandler,
                     cst.FunctionDef,
