@@ -40,7 +40,7 @@ class WrapModel(DistributedStep):
         self.rewrites: dict[cst.CSTNode, str] = {}
         models = self.trained_models(node)
         loops = self.train_loops()
-        if not models and loops:
+        if not models and loops and not self.ddp_wrappers(node):  # (none: converted before)
             self.skipped(
                 "DistributedDataParallel",
                 "no trained model was recognised in this training loop, so nothing is wrapped"
