@@ -108,6 +108,8 @@ def _codes(value: Any, key: str, source: Path) -> tuple[str, ...]:
 def check_selectors(codes: tuple[str, ...], where: str) -> None:
     """Raise `ConfigError` for the first of `codes` (codes or prefixes) that selects no
     rule, as Ruff does, naming the closest rule code."""
+    if not codes:
+        return
     from autoaccel.rules import all_rules
 
     known = [rule.code for rule in all_rules()]

@@ -340,7 +340,7 @@ def test_plot_marks_the_warmup_and_counts_steps_in_whole_numbers():
     assert "warm-up (not timed)" in curves.get_legend_handles_labels()[1]
     ticks = [tick for tick in curves.get_xticks() if 1 <= tick <= 4]
     assert ticks and all(float(tick).is_integer() for tick in ticks)
-    assert bars.get_title() == "Throughput: 2.00x, faster"
+    assert bars.get_title() == "Throughput: 2.00x\nfaster"
     assert [line.get_label() for line in curves.get_lines()] == ["original", "converted"]
 
 

@@ -186,8 +186,8 @@ def figure(result: dict[str, Any]) -> Any:
             bars.plot([position] * len(per_run), per_run, "k.", alpha=0.6)
     bars.bar_label(drawn, labels=[_rate(value) for value in values], label_type="center")
     bars.margins(y=0.15)
-    title = f"{_number(result['speedup'], 2)}x, {result['speed']}"
-    bars.set(ylabel=metric.replace("_per_s", "/s") + " (median)", title=f"Throughput: {title}")
+    title = f"Throughput: {_number(result['speedup'], 2)}x\n{result['speed']}"
+    bars.set(ylabel=metric.replace("_per_s", "/s") + " (median)", title=title)
     picture.suptitle(f"{result['script']}: {result['command']}")
     picture.tight_layout()
     return picture
