@@ -251,3 +251,64 @@ def test_accelerator_api_devices(assignment):
     script = model_of(assignment + "\n")
     assert "device" in script.devices
     assert script.uses_cuda
+
+
+def test_step_through_functions_evaluation_first_and_a_loss_module():
+    """The shapes of fixtures/step_functions.py, reduced: the loader loop that reaches
+    backward() through `train_step` trains; `evaluate`'s loop, run first, evaluates; the
+    script's own `FocalLoss` is a criterion, not a model; loaders come from a helper."""
+    script = model_of(
+        """
+        class FocalLoss(nn.Module):
+            def forward(self, logits, targets):
+                return logits.sum() * 0 + targets.sum()
+
+        def make_loaders():
+            return DataLoader(train_ds, shuffle=True), DataLoader(val_ds)
+
+        def train_step(net, optimizer, criterion, x, y):
+            loss = criterion(net(x), y)
+            loss.backward()
+            optimizer.step()
+
+        def evaluate(net, loader):
+            for x, y in loader:
+                net(x)
+
+        def train_epoch(net, optimizer, criterion, loader):
+            batches = loader
+            for x, y in batches:
+                train_step(net, optimizer, criterion, x, y)
+
+        net = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        criterion = FocalLoss()
+        train_loader, val_loader = make_loaders()
+        evaluate(net, val_loader)
+        for epoch in range(2):
+            train_epoch(net, optimizer, criterion, train_loader)
+        """
+    )
+    roles = {loop.loader: loop.role for loop in script.step_loops.values()}
+    assert roles == {"batches": LoopRole.TRAIN, "loader": LoopRole.EVAL}
+    train = next(loop for loop in script.step_loops.values() if loop.role is LoopRole.TRAIN)
+    assert [f.name for f in train.step_functions] == ["train_step"]
+    (shuffled,) = [loader.node for loader in train.loaders]
+    assert any(arg.keyword and arg.keyword.value == "shuffle" for arg in shuffled.args)
+    assert script.models == {"net"} and script.criteria == {"criterion"}
+    (epoch,) = script.epoch_loops  # around the call of the function that holds the step
+    assert epoch.target.value == "epoch"  # type: ignore[union-attr]
+
+
+def test_a_loop_over_chunks_of_the_batch_is_a_micro_step():
+    script = model_of(
+        """
+        for x, y in DataLoader(ds):
+            for part in x.chunk(4):
+                model(part).sum().backward()
+            optimizer.step()
+        """
+    )
+    (step,) = script.step_loops.values()
+    (micro,) = script.micro_loops
+    assert isinstance(step.node.iter, cst.Call) and step.micro_loops == (micro,)

@@ -367,6 +367,8 @@ def _fill(model: ScriptModel) -> ScriptModel:
     own = module.scope
     for (owner, name), objects in program.values.items():
         if isinstance(owner, Scope) and owner.module is own:
+            if name == "self":
+                continue  # the instance inside its own methods: not a name for the object
             key = name
         elif isinstance(owner, ClassInfo) and owner.module is module:
             key = f"self.{name}"

@@ -21,7 +21,9 @@ DISTRIBUTED_WRAPPERS = frozenset(
 def offers_distributed(rule: LintRule, module: cst.Module) -> bool:
     """Whether the script also wraps a model for multi-process training (DDP, apex's
     DDP, FSDP): then `nn.DataParallel` is its fallback for single-process runs."""
-    return any(rule.calls(call, *DISTRIBUTED_WRAPPERS) for call in find(module, cst.Call))
+    program = rule.script.program
+    calls = program.calls if program is not None else find(module, cst.Call)
+    return any(rule.calls(call, *DISTRIBUTED_WRAPPERS) for call in calls)
 
 
 class DataParallelModel(LintRule):
