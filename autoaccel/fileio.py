@@ -82,7 +82,9 @@ def read_source(path: Path) -> SourceFile:
     return SourceFile(text=raw.decode(encoding), encoding=encoding, raw=raw)
 
 
-def write_atomic(path: Path, text: str, encoding: str = "utf-8", original: bytes | None = None) -> None:
+def write_atomic(
+    path: Path, text: str, encoding: str = "utf-8", original: bytes | None = None
+) -> None:
     """Replace the file at `path` (through a symbolic link: the file it names) with
     `text` in one rename, keeping its permission bits and owner. `original`: the bytes
     `text` was made from; nothing is written when the file no longer holds them.
@@ -99,7 +101,9 @@ def write_atomic(path: Path, text: str, encoding: str = "utf-8", original: bytes
         _check_replaceable(target, existing)
     if not target.parent.is_dir():
         raise FileRefused(f"no such folder: {target.parent}")
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+    )
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(text.encode(encoding))
