@@ -96,7 +96,7 @@ def mutated_script(rng: random.Random) -> bytes:
         at = rng.randrange(len(lines) + 1)
         edit = rng.randrange(6)
         if edit == 0:
-            lines.insert(at, rng.choice(lines))
+            lines.insert(at, rng.choice(SCRIPT.splitlines(keepends=True)))
         elif edit == 1 and at < len(lines):
             del lines[at]
         elif edit == 2:
@@ -107,7 +107,7 @@ def mutated_script(rng: random.Random) -> bytes:
             lines = [line.replace("\n", rng.choice(["\r\n", "\r"])) for line in lines]
         else:
             text = "".join(lines)
-            spot = rng.randrange(len(text))
+            spot = rng.randrange(len(text) + 1)
             lines = [text[:spot] + rng.choice(PIECES) + text[spot:]]
     return "".join(lines).encode("utf-8", "surrogatepass")
 
