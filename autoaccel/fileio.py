@@ -122,11 +122,12 @@ def write_atomic(
 def _check_replaceable(target: Path, existing: os.stat_result) -> None:
     if not stat.S_ISREG(existing.st_mode):
         raise FileRefused(f"is {_kind(existing.st_mode)}; only regular files are replaced")
-    # Root may write anything, so the mode bits decide as well as access(2) (which
-    # also reports an immutable file).
-    if not existing.st_mode & 0o222 or not os.access(target, os.W_OK):
-        mode = stat.S_IMODE(existing.st_mode)
+    mode = stat.S_IMODE(existing.st_mode)
+    # Root may write anything, so the mode bits decide as well as access(2).
+    if not mode & 0o222:
         raise FileRefused(f"is read-only (mode {mode:04o}); not replaced")
+    if not os.access(target, os.W_OK):
+        raise FileRefused(f"may not be written (mode {mode:04o}, or immutable); not replaced")
 
 
 def _keep_owner(temporary: str, existing: os.stat_result) -> None:
