@@ -82,7 +82,9 @@ def read_source(path: Path) -> SourceFile:
     return SourceFile(text=raw.decode(encoding), encoding=encoding, raw=raw)
 
 
-def write_atomic(path: Path, text: str, encoding: str = "utf-8", original: bytes | None = None) -> None:
+def write_atomic(
+    path: Path, text: str, encoding: str = "utf-8", original: bytes | None = None
+) -> None:
     """Replace the file at `path` (through a symbolic link: the file it names) with
     `text` in one rename, keeping its permission bits and owner. `original`: the bytes
     `text` was made from; nothing is written when the file no longer holds them.
@@ -99,7 +101,9 @@ def write_atomic(path: Path, text: str, encoding: str = "utf-8", original: bytes
         _check_replaceable(target, existing)
     if not target.parent.is_dir():
         raise FileRefused(f"no such folder: {target.parent}")
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+    )
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(text.encode(encoding))
@@ -118,11 +122,12 @@ def write_atomic(path: Path, text: str, encoding: str = "utf-8", original: bytes
 def _check_replaceable(target: Path, existing: os.stat_result) -> None:
     if not stat.S_ISREG(existing.st_mode):
         raise FileRefused(f"is {_kind(existing.st_mode)}; only regular files are replaced")
-    # Root may write anything, so the mode bits decide as well as access(2) (which
-    # also reports an immutable file).
-    if not existing.st_mode & 0o222 or not os.access(target, os.W_OK):
-        mode = stat.S_IMODE(existing.st_mode)
+    mode = stat.S_IMODE(existing.st_mode)
+    # Root may write anything, so the mode bits decide as well as access(2).
+    if not mode & 0o222:
         raise FileRefused(f"is read-only (mode {mode:04o}); not replaced")
+    if not os.access(target, os.W_OK):
+        raise FileRefused(f"may not be written (mode {mode:04o}, or immutable); not replaced")
 
 
 def _keep_owner(temporary: str, existing: os.stat_result) -> None:

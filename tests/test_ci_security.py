@@ -29,7 +29,9 @@ TOUCH = "import pathlib\npathlib.Path(__file__).with_name('RAN-{}').touch()\n"
 
 
 def test_the_action_imports_nothing_from_the_checkout(repo):  # noqa: F811
-    commit(repo, {f"{name}.py": TOUCH.format(name) for name in ("json", "typer", "libcst")}, "shadow")
+    commit(
+        repo, {f"{name}.py": TOUCH.format(name) for name in ("json", "typer", "libcst")}, "shadow"
+    )
     run = Action(repo).run()
     assert run.returncode == 1, run.stderr  # the lint's findings, as without the modules
     assert "::error title=autoaccel (ACC101),file=train.py," in run.stdout
@@ -60,7 +62,9 @@ def test_the_base_input_cannot_pass_git_an_option(repo, tmp_path):  # noqa: F811
     written = tmp_path / "written-by-git"
     run = Action(repo).run(base=f"--output={written}")
     assert run.returncode == 2
-    assert f"autoaccel: error: git does not know the base revision '--output={written}'" in run.stderr
+    assert (
+        f"autoaccel: error: git does not know the base revision '--output={written}'" in run.stderr
+    )
     assert not written.exists()
 
 
@@ -134,7 +138,10 @@ def test_the_sbatch_file_quotes_the_script_name(tmp_path):
     stand_ins = 'srun() { printf "%s\\n" "$@"; }; scontrol() { :; }; export -f srun scontrol'
     run = subprocess.run(
         ["bash", "-c", f"{stand_ins}; bash ./{shlex.quote(name)}"],
-        cwd=tmp_path, capture_output=True, text=True, check=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert run.stdout.splitlines()[-1] == NAME
     assert not (tmp_path / "PWNED").exists()
@@ -145,7 +152,8 @@ def test_the_spawn_file_names_the_script_as_a_string(name):
     ((spawn, text),) = companion_files(name, "spawn").items()
     tree = ast.parse(text)
     (script,) = [
-        node.value for node in tree.body
+        node.value
+        for node in tree.body
         if isinstance(node, ast.Assign) and node.targets[0].id == "SCRIPT"
     ]
     assert script.args[1].value == name

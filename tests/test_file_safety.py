@@ -43,14 +43,20 @@ def test_a_fifo_named_like_a_script_is_refused_without_blocking(tmp_path):
     assert "x.py:1:1: error: is a FIFO; only regular files are read" in run.stderr
     assert "train.py:4:10: ACC101" in run.stdout
     convert = autoaccel("convert", "x.py", cwd=tmp_path, timeout=30)
-    assert (convert.returncode, convert.stderr) == (2, "x.py:1:1: error: is a FIFO; only regular files are read\n")
+    assert (convert.returncode, convert.stderr) == (
+        2,
+        "x.py:1:1: error: is a FIFO; only regular files are read\n",
+    )
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
 def test_a_link_to_an_endless_device_is_refused(tmp_path):
     (tmp_path / "x.py").symlink_to("/dev/zero")
     run = autoaccel("lint", "x.py", cwd=tmp_path, timeout=30)
-    assert (run.returncode, run.stderr) == (2, "x.py:1:1: error: is a device; only regular files are read\n")
+    assert (run.returncode, run.stderr) == (
+        2,
+        "x.py:1:1: error: is a device; only regular files are read\n",
+    )
 
 
 def test_a_file_over_the_size_limit_is_refused(tmp_path):
@@ -59,6 +65,14 @@ def test_a_file_over_the_size_limit_is_refused(tmp_path):
     with pytest.raises(fileio.FileRefused, match="larger than"):
         fileio.read_bytes(path, limit=59)
     assert fileio.read_bytes(path, limit=60) == b"x = 1\n" * 10
+
+
+def test_standard_input_over_the_size_limit_is_refused(cli, monkeypatch):
+    from autoaccel.lint import command
+
+    monkeypatch.setattr(command, "MAX_SOURCE_BYTES", 2**20)
+    run = cli("lint", "-", input="import torch\n" + "#" * 2**20)
+    assert (run.exit_code, run.stderr) == (2, "-:1:1: error: larger than 1 MiB; not read\n")
 
 
 def test_a_symlink_loop_is_an_error_for_lint_and_convert(cli, tmp_path):
@@ -90,10 +104,23 @@ def test_a_pyproject_that_is_not_utf8_is_named_in_the_error(cli, tmp_path):
         ({"cells": [], "metadata": {"kernelspec": []}}, "`metadata.kernelspec` is not an object"),
         ({"cells": ["import torch"]}, "cell 1 is not an object"),
         ({"cells": [{"cell_type": "code", "source": 3}]}, "the source of cell 1 is not text"),
-        ({"cells": [{"cell_type": "code", "source": ["x\n", None]}]}, "the source of cell 1 is not text"),
-        ('{"cells": [], "metadata": ' + "[" * 100_000 + "]" * 100_000 + "}", "JSON nested too deeply"),
+        (
+            {"cells": [{"cell_type": "code", "source": ["x\n", None]}]},
+            "the source of cell 1 is not text",
+        ),
+        (
+            '{"cells": [], "metadata": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            "JSON nested too deeply",
+        ),
     ],
-    ids=["metadata-string", "kernelspec-list", "cell-string", "source-int", "source-null", "deep-json"],
+    ids=[
+        "metadata-string",
+        "kernelspec-list",
+        "cell-string",
+        "source-int",
+        "source-null",
+        "deep-json",
+    ],
 )
 def test_a_malformed_notebook_is_an_error(cli, tmp_path, notebook, message):
     path = tmp_path / "bad.ipynb"
@@ -104,7 +131,10 @@ def test_a_malformed_notebook_is_an_error(cli, tmp_path, notebook, message):
     assert f"bad.ipynb:1:1: error: not a notebook: {message}\n" in run.stderr
     assert "train.py:4:10: ACC101" in run.stdout
     convert = cli("convert", "bad.ipynb")
-    assert (convert.exit_code, convert.stderr) == (2, f"bad.ipynb:1:1: error: not a notebook: {message}\n")
+    assert (convert.exit_code, convert.stderr) == (
+        2,
+        f"bad.ipynb:1:1: error: not a notebook: {message}\n",
+    )
 
 
 DEEP = {
@@ -190,7 +220,10 @@ def test_a_read_only_file_is_refused_and_the_others_fixed(cli, tmp_path):
     (tmp_path / "open.py").write_text(SCRIPT)
     run = cli("lint", *SELECT, "--fix", "locked.py", "open.py")
     assert run.exit_code == 2
-    assert "locked.py:1:1: error: fixes not written: is read-only (mode 0444); not replaced" in run.stderr
+    assert (
+        "locked.py:1:1: error: fixes not written: is read-only (mode 0444); not replaced"
+        in run.stderr
+    )
     assert locked.read_text() == SCRIPT
     assert stat.S_IMODE(locked.stat().st_mode) == 0o444
     assert (tmp_path / "open.py").read_text() == FIXED
@@ -227,7 +260,9 @@ def test_a_file_of_another_user_keeps_its_owner(cli, tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid"), reason="no file owners here")
-def test_a_file_of_another_user_is_refused_when_its_owner_cannot_be_kept(cli, tmp_path, monkeypatch):
+def test_a_file_of_another_user_is_refused_when_its_owner_cannot_be_kept(
+    cli, tmp_path, monkeypatch
+):
     path = tmp_path / "train.py"
     path.write_text(SCRIPT)
     monkeypatch.setattr(fileio.os, "geteuid", lambda: path.stat().st_uid + 1)

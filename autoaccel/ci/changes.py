@@ -90,7 +90,9 @@ def changed_lines(repo: Path, base: str) -> dict[Path, set[int]]:
 def _commit(repo: Path, revision: str) -> str:
     """The SHA of `revision`, an input of the workflow: read after --end-of-options it
     is a revision, never an option (`--output=FILE` would make git write a file)."""
-    found = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}", cwd=repo)
+    found = git(
+        "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}", cwd=repo
+    )
     if found.returncode != 0:
         raise RuntimeError(f"git does not know the base revision {revision!r}")
     return found.stdout.strip()

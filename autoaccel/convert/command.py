@@ -84,7 +84,8 @@ def run_convert(
         writes.append(_Write(path, converted, encoding, original))
     if output is not None or write:
         folder = (output or path).parent
-        launchers = [_Write(folder / name, text) for name, text in conversion.log.extra_files.items()]
+        extra = conversion.log.extra_files.items()
+        launchers = [_Write(folder / name, text) for name, text in extra]
         clashing = [item for item in launchers if item.path.exists() and not _written(item)]
         if clashing and not force:
             for item in clashing:

@@ -17,7 +17,7 @@ from autoaccel.convert.log import ConversionLog, ConvertOptions
 from autoaccel.convert.transform import Transform, new_context
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
-from autoaccel.lint.engine import parse
+from autoaccel.lint.engine import compile_quietly, parse
 
 if TYPE_CHECKING:
     from autoaccel.convert.transforms.rule_fixes import RuleFixes
@@ -123,7 +123,7 @@ def check_result(converted: str, path: str, rewrite_again: Callable[[str], str])
     the same rewrite run over it changes nothing. Raises `ConversionError` otherwise."""
     try:
         parse(converted)
-        compile(converted, path, "exec")
+        compile_quietly(converted, path)
     except (SyntaxError, Exception) as error:  # noqa: BLE001 - any failure blocks the write
         raise ConversionError(f"internal error: the converted code does not compile: {error}") from error
     again = rewrite_again(converted)

@@ -8,6 +8,7 @@ from pathlib import Path
 from autoaccel.config import ConfigError, check_selectors, settings_for
 from autoaccel.discovery import discover
 from autoaccel.diff import use_colour
+from autoaccel.fileio import MAX_SOURCE_BYTES
 from autoaccel.lint.output import FORMATTERS, format_text, statistics_text, summary_text
 from autoaccel.lint.output_format import OutputFormat
 from autoaccel.lint.runner import FileResult, Mode, Overrides, lint_files, lint_text
@@ -111,7 +112,10 @@ def _would_fix_text(results: list[FileResult]) -> str:
 def _lint_stdin(overrides: Overrides, mode: Mode) -> list[FileResult]:
     """`-`: lint standard input; with --fix, the fixed text goes to stdout (Ruff's way)."""
     settings = overrides.apply(settings_for(Path.cwd()))
-    text = sys.stdin.read()
+    text = sys.stdin.read(MAX_SOURCE_BYTES + 1)
+    if len(text) > MAX_SOURCE_BYTES:
+        limit = MAX_SOURCE_BYTES // 2**20
+        return [FileResult(path="-", error=f"1:1: error: larger than {limit} MiB; not read")]
     result = lint_text(text, "-", settings, mode)
     if mode is Mode.FIX:
         sys.stdout.write(result.fixed_source if result.fixed_source is not None else text)

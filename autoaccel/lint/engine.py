@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import libcst as cst
 from libcst.metadata import (
@@ -62,7 +64,7 @@ def _python_syntax_error(source: str) -> SourceError | None:
     """CPython's error for `source`, or a nesting past `MAX_NESTING`; None when CPython
     accepts it (or cannot say: null bytes, which LibCST then reports)."""
     try:
-        tree = compile(source, "<lint>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        tree = compile_quietly(source, "<lint>", ast.PyCF_ONLY_AST)
     except SyntaxError as error:
         return SourceError(f"SyntaxError: {error.msg}", error.lineno or 1, error.offset or 1)
     except (RecursionError, MemoryError):
@@ -78,6 +80,14 @@ def _python_syntax_error(source: str) -> SourceError | None:
             return SourceError(f"{TOO_DEEP}: over {MAX_NESTING} nested levels", line, column)
         stack.extend((child, depth) for child in ast.iter_child_nodes(node))
     return None
+
+
+def compile_quietly(source: str, filename: str, flags: int = 0) -> Any:
+    """`compile(source)` without the SyntaxWarnings CPython prints about the user's
+    code (`1if x else 2`, `"\\d"`): they are not autoaccel's to report."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile(source, filename, "exec", flags=flags, dont_inherit=True)
 
 
 def _libcst_levels(node: ast.AST) -> int:

@@ -174,7 +174,10 @@ def lint_files(paths: list[Path], overrides: Overrides, mode: Mode) -> list[File
         with ProcessPoolExecutor(max_workers=workers) as pool:
             chunk = max(1, len(paths) // (workers * 4))
             count = len(paths)
-            for result in pool.map(lint_file, paths, [overrides] * count, [mode] * count, chunksize=chunk):
+            linted = pool.map(
+                lint_file, paths, [overrides] * count, [mode] * count, chunksize=chunk
+            )
+            for result in linted:
                 results.append(result)
     except BrokenProcessPool:
         # A worker died (a crash in native code): the files not reported yet are linted
