@@ -166,6 +166,7 @@ def test_cudnn_benchmark_is_skipped_with_a_note_when_determinism_is_asked_for(de
         "import torch\nimport torch.nn as nn\n\n"
         f"{determinism}\n"
         "model = nn.Conv2d(3, 8, 3).cuda()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "for x in loader:\n"
         "    model(x.cuda()).sum().backward()\n"
     )
