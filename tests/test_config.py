@@ -75,11 +75,11 @@ def test_per_file_ignores_with_globs(cli, tmp_path):
         [tool.autoaccel.per-file-ignores]
         "experiments/*.py" = ["ACC101"]
         "legacy_*.py" = ["ACC1"]
-        "tests/**" = ["ACC102"]
+        "checks/**" = ["ACC102"]
         """,
     )
     for name in ("train.py", "experiments/run.py", "legacy_old.py", "lib/legacy_x.py",
-                 "tests/deep/t.py"):
+                 "checks/deep/t.py"):
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(SCRIPT)
@@ -91,7 +91,7 @@ def test_per_file_ignores_with_globs(cli, tmp_path):
     assert found == {
         "train.py": ["ACC101", "ACC102"],
         "experiments/run.py": ["ACC102"],
-        "tests/deep/t.py": ["ACC101"],
+        "checks/deep/t.py": ["ACC101"],
     }
 
 

@@ -1,12 +1,12 @@
-"""ACC504: an evaluation loop that records autograd graphs it never uses."""
+"""ACC504: a loop that calls a model, trains nothing, and records autograd graphs."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import LoopRole, StepLoop
-from autoaccel.analysis.shapes import find, is_false, method_calls
+from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import find, is_false
 from autoaccel.lint.rule import Invalid, LintRule
 
 _NO_GRAD = frozenset(

@@ -5,11 +5,12 @@ pick, with a fixed seed, up to N findings of every rule.
 
 CHECKOUTS_DIR holds one git checkout per repository, named `owner+name` (as
 `git clone` of the mirror gives them). The result is written to `labels.json` next to
-this script: the file references of the sampled findings (repository, commit, path,
-line, column, rule) and every rule's finding count. Labels already in the file are
-kept for the findings that are drawn again; new ones get `"label": null`, to be filled
-in by reading the code (`true`: the finding is right; `false`: a false alarm), with a
-one-line reason. Nothing of the repositories' code is stored.
+this script (or `--labels FILE`): the file references of the sampled findings
+(repository, commit, path, line, column, rule) and every rule's finding count. Labels
+already in the file are kept for the findings that are drawn again; new ones get
+`"label": null`, to be filled in by reading the code (`true`: the finding is right;
+`false`: a false alarm), with a one-line reason. Nothing of the repositories' code is
+stored.
 """
 
 from __future__ import annotations
@@ -61,14 +62,14 @@ def key(finding: dict) -> tuple:
 
 
 def draw(found: list[dict], per_rule: int, seed: int) -> list[dict]:
-    """Up to `per_rule` findings of each rule, chosen by a seeded shuffle."""
+    """Up to `per_rule` findings of each rule, chosen by a shuffle seeded per rule (so a
+    change in one rule's findings does not redraw the others)."""
     by_rule: dict[str, list[dict]] = defaultdict(list)
     for finding in sorted(found, key=key):
         by_rule[finding["code"]].append(finding)
-    rng = random.Random(seed)
     sample = []
-    for code in sorted(by_rule):
-        pool = by_rule[code]
+    for code, pool in sorted(by_rule.items()):
+        rng = random.Random(f"{seed}-{code}")
         sample.extend(rng.sample(pool, min(per_rule, len(pool))))
     return sorted(sample, key=key)
 
@@ -78,13 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkouts", type=Path)
     parser.add_argument("--per-rule", type=int, default=5)
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--labels", type=Path, default=LABELS, help="the file to write")
     parser.add_argument(
         "--findings", type=Path, help="the JSON that `autoaccel lint --format json .` printed "
         "in CHECKOUTS_DIR (saves linting again)",
     )
     args = parser.parse_args(argv)
 
-    previous = json.loads(LABELS.read_text()) if LABELS.exists() else {"sample": []}
+    previous = json.loads(args.labels.read_text()) if args.labels.exists() else {"sample": []}
     known = {key(f): f for f in previous["sample"] if f.get("label") is not None}
     linted = json.loads(args.findings.read_text()) if args.findings else lint(args.checkouts)
     found = findings(args.checkouts, linted)
@@ -97,14 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         }}
         for finding in draw(found, args.per_rule, args.seed)
     ]
-    LABELS.write_text(json.dumps({
+    args.labels.write_text(json.dumps({
         "seed": args.seed,
         "per_rule": args.per_rule,
         "findings_per_rule": dict(sorted(counts.items())),
         "sample": sample,
     }, indent=1) + "\n")
     unlabelled = sum(f["label"] is None for f in sample)
-    print(f"{len(found)} findings, {len(sample)} drawn, {unlabelled} to label -> {LABELS}")
+    print(f"{len(found)} findings, {len(sample)} drawn, {unlabelled} to label -> {args.labels}")
     return 0
 
 
