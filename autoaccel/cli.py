@@ -20,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -38,7 +39,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        False, "-V", "--version", callback=_version, is_eager=True,
+        help="Show the version and exit.",
     ),
 ) -> None:
     """Make PyTorch training scripts fast: lint slow patterns, convert scripts."""
@@ -61,6 +63,9 @@ def lint(
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even with findings."),
     statistics: bool = typer.Option(False, "--statistics", help="Count findings per rule."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print findings only, no summary."),
+    force_exclude: bool = typer.Option(
+        False, "--force-exclude", help="Apply `exclude` to the paths given too (for hooks)."
+    ),
 ) -> None:
     """Find slow patterns in PyTorch training scripts."""
     from autoaccel.lint.command import run_lint
@@ -77,6 +82,7 @@ def lint(
         exit_zero=exit_zero,
         statistics=statistics,
         quiet=quiet,
+        force_exclude=force_exclude,
     )
     raise typer.Exit(code)
 
@@ -138,7 +144,16 @@ def convert(
     write: bool = typer.Option(False, "--write", help="Rewrite the file in place."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the script would change."),
+    allow_partial: bool = typer.Option(
+        False,
+        "--allow-partial",
+        help="Write a --to ddp result even where a part the result needs to train correctly"
+        " could not be made (listed as errors).",
+    ),
     report_format: str = typer.Option("text", "--format", help="text | markdown | json"),
+    force: bool = typer.Option(
+        False, "--force", help="Replace launcher files (train.sbatch, spawn_train.py) that exist."
+    ),
 ) -> None:
     """Rewrite a single-GPU training script into a fast one (diff preview by default).
     Option defaults come from [tool.autoaccel.convert] in pyproject.toml."""
@@ -148,12 +163,17 @@ def convert(
     _choice("--format", report_format, ("text", "markdown", "json"))
     if write and output is not None:
         raise typer.BadParameter("use either --write or -o, not both")
+    if diff and (write or output is not None):
+        # Black's --diff never writes; a preview that also writes would surprise.
+        raise typer.BadParameter("--diff writes nothing: use it without --write and -o")
     try:
         options = convert_options(file, _convert_command_line(ctx.params))
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(run_convert(file, options, write, output, check, report_format))
+    raise typer.Exit(
+        run_convert(file, options, write, output, check, report_format, allow_partial, force)
+    )
 
 
 def _convert_command_line(params: dict[str, object]) -> dict[str, object]:
@@ -228,11 +248,18 @@ def bench(
     nproc: Optional[int] = typer.Option(
         None, "--nproc", min=1, help="ddp: processes [default: one per GPU, 2 without]."
     ),
+    repeats: int = typer.Option(
+        3, "--repeats", min=1, help="Runs of each side, alternated (3 or more to judge speed)."
+    ),
+    allow_slower: bool = typer.Option(
+        False, "--allow-slower", help="Exit 0 when the conversion is measurably slower."
+    ),
     report: Optional[Path] = typer.Option(None, "--report", help="Write bench.json, .png, .html here."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Run the script and its conversion for N steps each; compare speed, memory and
-    loss curves (exit 1 when they diverge)."""
+    """Run the script and its conversion for N steps each, alternately, --repeats times;
+    compare speed, memory and loss curves (exit 1 when they diverge or the conversion is
+    slower beyond the spread of the runs)."""
     from autoaccel.bench.command import run_bench
     from autoaccel.config import ConfigError, convert_options
 
@@ -244,7 +271,10 @@ def bench(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(
-        run_bench(script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc)
+        run_bench(
+            script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc,
+            repeats, allow_slower,
+        )
     )
 
 

@@ -6,6 +6,7 @@ defaults for `autoaccel convert`, one key per `ConvertOptions` field, kebab-case
 
 from __future__ import annotations
 
+import difflib
 import functools
 import sys
 from dataclasses import dataclass, fields, replace
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
 
 from autoaccel.convert.log import ConvertOptions
+from autoaccel.fileio import os_error_message, real_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,6 +27,11 @@ class ConfigError(Exception):
     """A pyproject.toml that cannot be used; the message names the file."""
 
 
+# Test code is not training code: its loaders, loops and models exercise the code
+# under test (`DataLoader(Mock())`). Ruff's pattern kinds: a name, or a path with `/`.
+DEFAULT_EXCLUDE = ("tests", "test_*.py", "*_test.py", "conftest.py")
+
+
 @dataclass(frozen=True)
 class LintSettings:
     """Which rules run on a file, Ruff-style: codes or prefixes."""
@@ -32,8 +39,15 @@ class LintSettings:
     select: tuple[str, ...] = ("ACC",)
     ignore: tuple[str, ...] = ()
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Files and folders that directory walks skip (Ruff's `exclude`, `extend-exclude`);
+    # with `force_exclude` also paths named on the command line.
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    extend_exclude: tuple[str, ...] = ()
+    force_exclude: bool = False
     root: Path | None = None  # folder of the pyproject.toml the settings came from
     unsafe_fixes: bool = False
+    # Ruff's `extend-safe-fixes`: codes or prefixes whose unsafe fixes count as safe.
+    extend_safe_fixes: tuple[str, ...] = ()
 
     def enabled(self, code: str, path: str | None = None) -> bool:
         """Whether `code` is selected, not ignored, and not ignored for `path`."""
@@ -49,12 +63,35 @@ class LintSettings:
         )
 
 
+    def excludes(self, path: Path, ancestors: bool = False) -> bool:
+        """Whether `path` (a file or a folder) is excluded: a pattern without `/` matches
+        its name, one with `/` its path from the settings' folder. With `ancestors`, a
+        match of any folder above it (up to that folder) counts too."""
+        root = self.root or Path.cwd().resolve()
+        relative = _relative(path, root)
+        inside = not Path(relative).is_absolute() and not relative.startswith("..")
+        candidates = [Path(relative)]
+        if ancestors and inside:
+            candidates += [parent for parent in Path(relative).parents if parent != Path(".")]
+        return any(
+            fnmatch(candidate.as_posix(), pattern.strip("/"))
+            if "/" in pattern.strip("/")
+            else fnmatch(candidate.name, pattern.strip("/"))
+            for pattern in self.exclude + self.extend_exclude
+            for candidate in candidates
+        )
+
+    def applies_unsafe_fixes(self, code: str) -> bool:
+        """Whether an unsafe fix of `code` is applied."""
+        return self.unsafe_fixes or _matches(code, self.extend_safe_fixes)
+
+
 def _matches(code: str, prefixes: tuple[str, ...]) -> bool:
     return any(code.startswith(prefix) for prefix in prefixes)
 
 
 def _relative(path: Path, root: Path | None) -> str:
-    resolved = path.resolve()
+    resolved = real_path(path)
     if root is not None and resolved.is_relative_to(root):
         return resolved.relative_to(root).as_posix()
     return path.as_posix()
@@ -63,17 +100,70 @@ def _relative(path: Path, root: Path | None) -> str:
 def _codes(value: Any, key: str, source: Path) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{source}: tool.autoaccel.{key} must be a list of rule codes")
-    return tuple(v.upper() for v in value)
+    codes = tuple(v.upper() for v in value)
+    check_selectors(codes, f"{source}: tool.autoaccel.{key}")
+    return codes
+
+
+def check_selectors(codes: tuple[str, ...], where: str) -> None:
+    """Raise `ConfigError` for the first of `codes` (codes or prefixes) that selects no
+    rule, as Ruff does, naming the closest rule code."""
+    if not codes:
+        return
+    from autoaccel.rules import all_rules
+
+    known = [rule.code for rule in all_rules()]
+    for code in codes:
+        if not any(known_code.startswith(code) for known_code in known):
+            raise ConfigError(f"{where}: unknown rule selector `{code}`{_suggestion(code, known)}")
+
+
+def _suggestion(word: str, known: list[str]) -> str:
+    """`, did you mean `x`?` naming the closest of `known`, or nothing."""
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.75)
+    return f", did you mean `{close[0]}`?" if close else ""
+
+
+def unknown_key_error(where: str, key: str, known: list[str]) -> ConfigError:
+    """The error for `key` of the table `where` (`file: tool.autoaccel`) that is not a
+    setting, naming the closest known key."""
+    return ConfigError(
+        f"{where}.{key}: unknown key{_suggestion(key, known)} (known: {', '.join(known)})"
+    )
+
+
+# The keys of [tool.autoaccel]: Ruff's lint selection, and the convert defaults table.
+TOOL_KEYS = [
+    "select", "extend-select", "ignore", "per-file-ignores", "exclude", "extend-exclude",
+    "force-exclude", "convert",
+]
+
+
+def _patterns(value: Any, key: str, source: Path) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{source}: tool.autoaccel.{key} must be a list of glob patterns")
+    return tuple(value)
 
 
 def read_tool_table(pyproject: Path) -> dict[str, Any] | None:
-    """The `[tool.autoaccel]` table of `pyproject`, or None when it has none."""
+    """The `[tool.autoaccel]` table of `pyproject`, or None when it has none. An unknown
+    key or rule code in it is an error for every command, as in Ruff."""
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise ConfigError(f"{pyproject}: {error}") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{pyproject}: not UTF-8 ({error.reason} at byte {error.start})") from None
+    except OSError as error:
+        raise ConfigError(f"{pyproject}: {os_error_message(error)}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{pyproject}: {error}") from None
     table = data.get("tool", {}).get("autoaccel")
-    return table if isinstance(table, dict) else None
+    if not isinstance(table, dict):
+        return None
+    for key in table:
+        if key not in TOOL_KEYS:
+            raise unknown_key_error(f"{pyproject}: tool.autoaccel", key, TOOL_KEYS)
+    settings_from_table(table, pyproject)
+    return table
 
 
 @functools.cache
@@ -97,6 +187,12 @@ def settings_from_table(table: dict[str, Any], source: Path) -> LintSettings:
         settings = replace(settings, select=settings.select + extra)
     if "ignore" in table:
         settings = replace(settings, ignore=_codes(table["ignore"], "ignore", source))
+    for key in ("exclude", "extend-exclude"):
+        if key in table:
+            settings = replace(settings, **{key.replace("-", "_"): _patterns(table[key], key, source)})
+    if "force-exclude" in table:
+        force = _checked(table["force-exclude"], bool, f"{source}: tool.autoaccel.force-exclude")
+        settings = replace(settings, force_exclude=force)
     per_file = table.get("per-file-ignores", {})
     if not isinstance(per_file, dict):
         raise ConfigError(f"{source}: tool.autoaccel.per-file-ignores must be a table")
@@ -134,7 +230,7 @@ class Sourced:
 
 def config_for(path: Path) -> tuple[Path, dict[str, Any]] | None:
     """The pyproject.toml that applies to `path` (a file or a folder) and its table."""
-    start = path.resolve()
+    start = real_path(path)
     return find_config(start if start.is_dir() else start.parent)
 
 
@@ -142,13 +238,14 @@ def lint_settings_with_sources(path: Path) -> dict[str, Sourced]:
     """The lint keys in effect for `path` (validated), each with its source."""
     found = config_for(path)
     table, source = (found[1], found[0]) if found else ({}, None)
-    if source is not None:
-        settings_from_table(table, source)  # raises ConfigError naming the file
     defaults = {
         "select": list(LintSettings().select),
         "extend-select": [],
         "ignore": [],
         "per-file-ignores": {},
+        "exclude": list(DEFAULT_EXCLUDE),
+        "extend-exclude": [],
+        "force-exclude": False,
     }
     return {
         key: Sourced(table[key], str(source)) if key in table else Sourced(default, DEFAULT)
@@ -179,8 +276,8 @@ def convert_settings(
             name = key.replace("-", "_")
             where = f"{source}: tool.autoaccel.convert.{key}"
             if name not in settings:
-                known = ", ".join(n.replace("_", "-") for n in settings)
-                raise ConfigError(f"{where} is not a convert setting (known: {known})")
+                known = [n.replace("_", "-") for n in settings]
+                raise unknown_key_error(f"{source}: tool.autoaccel.convert", key, known)
             settings[name] = Sourced(_checked(value, hints[name], where), str(source))
     for name, value in (command_line or {}).items():
         settings[name] = Sourced(_checked(value, hints[name], _flag(name)), COMMAND_LINE)

@@ -11,11 +11,13 @@ import os
 import sys
 from typing import TextIO
 
+from autoaccel.fileio import source_lines
+
 CONTEXT = 3
 
 
 def unified_diff(before: str, after: str, path: str) -> str:
-    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    a, b = source_lines(before, keepends=True), source_lines(after, keepends=True)
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     out: list[str] = []
     for group in matcher.get_grouped_opcodes(CONTEXT):
@@ -33,7 +35,10 @@ def unified_diff(before: str, after: str, path: str) -> str:
                 continue
             out += ["-" + line for line in a[i1:i2]]
             out += ["+" + line for line in b[j1:j2]]
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in out)
+    return "".join(
+        line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n"
+        for line in out
+    )
 
 
 def original_line(history: list[tuple[str, str]], line: int) -> int:
@@ -42,7 +47,7 @@ def original_line(history: list[tuple[str, str]], line: int) -> int:
     position in the old block."""
     for before, after in reversed(history):
         matcher = difflib.SequenceMatcher(
-            a=before.splitlines(), b=after.splitlines(), autojunk=False
+            a=source_lines(before), b=source_lines(after), autojunk=False
         )
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             if j1 < line <= j2 or j1 == j2 == line - 1:
@@ -55,15 +60,26 @@ def original_line(history: list[tuple[str, str]], line: int) -> int:
 
 
 def use_colour(stream: TextIO | None = None) -> bool:
-    """Colour only on a terminal (`stream`, default: the current stdout), and never
-    when NO_COLOR is set."""
-    return (stream or sys.stdout).isatty() and not os.environ.get("NO_COLOR")
+    """Colour on a terminal (`stream`, default: the current stdout) or with FORCE_COLOR
+    set, never with NO_COLOR set (it wins, as in pytest)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    return bool(os.environ.get("FORCE_COLOR")) or (stream or sys.stdout).isatty()
+
+
+# ANSI styles of terminal output.
+BOLD, RED, GREEN, CYAN = "1", "31", "32", "36"
+
+
+def paint(text: str, *styles: str) -> str:
+    """`text` in the ANSI `styles` (`paint("E1", BOLD, RED)`)."""
+    return f"\033[{';'.join(styles)}m{text}\033[0m"
 
 
 def colourize(diff: str) -> str:
-    colours = {"+": "\033[32m", "-": "\033[31m", "@": "\033[36m"}
+    colours = {"+": GREEN, "-": RED, "@": CYAN}
     lines = []
-    for line in diff.splitlines(keepends=True):
+    for line in source_lines(diff, keepends=True):
         colour = None if line.startswith(("+++", "---")) else colours.get(line[:1])
-        lines.append(f"{colour}{line.rstrip(chr(10))}\033[0m\n" if colour else line)
+        lines.append(paint(line.rstrip("\n"), colour) + "\n" if colour else line)
     return "".join(lines)

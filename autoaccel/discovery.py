@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
+
+from autoaccel.fileio import real_path
+from autoaccel.git import git
 
 SKIPPED_DIRECTORIES = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".eggs",
@@ -15,21 +18,24 @@ SKIPPED_DIRECTORIES = frozenset(
 SOURCE_SUFFIXES = (".py", ".ipynb")
 
 
-def discover(paths: Iterable[str]) -> list[Path]:
+def discover(
+    paths: Iterable[str], excluded: Callable[[Path], bool] = lambda path: False
+) -> list[Path]:
     """Files to lint, sorted and unique. Files named explicitly are always kept;
     directories are searched recursively, honouring `.gitignore` inside a git work
-    tree and skipping virtual environments and caches."""
+    tree, skipping virtual environments, caches and what `excluded` says (files and
+    folders met on the way, not the paths given)."""
     found: set[Path] = set()
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.update(_walk(path))
+            found.update(_walk(path, excluded))
         else:
             found.add(path)
     return sorted(found)
 
 
-def _walk(root: Path) -> Iterable[Path]:
+def _walk(root: Path, excluded: Callable[[Path], bool]) -> Iterable[Path]:
     ignored = _git_ignored(root)
     for directory, subdirectories, files in os.walk(root):
         here = Path(directory)
@@ -38,26 +44,29 @@ def _walk(root: Path) -> Iterable[Path]:
             for name in subdirectories
             if name not in SKIPPED_DIRECTORIES
             and not (here / name / "pyvenv.cfg").exists()
-            and (here / name).resolve() not in ignored
+            and real_path(here / name) not in ignored
+            and not excluded(here / name)
         )
         for name in files:
             candidate = here / name
-            if name.endswith(SOURCE_SUFFIXES) and candidate.resolve() not in ignored:
+            if (
+                name.endswith(SOURCE_SUFFIXES)
+                and real_path(candidate) not in ignored
+                and not excluded(candidate)
+            ):
                 yield candidate
 
 
 def _git_ignored(root: Path) -> frozenset[Path]:
     """Paths under `root` that git ignores (empty outside a work tree or without git)."""
     try:
-        result = subprocess.run(
-            ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory"],
+        result = git(
+            "ls-files", "--others", "--ignored", "--exclude-standard", "--directory",
             cwd=root,
-            capture_output=True,
-            text=True,
             timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return frozenset()
     if result.returncode != 0:
         return frozenset()
-    return frozenset((root / line.rstrip("/")).resolve() for line in result.stdout.splitlines())
+    return frozenset(real_path(root / line.rstrip("/")) for line in result.stdout.splitlines())

@@ -1,41 +1,158 @@
 """Reading and writing source files without losing anything: encoding, newlines,
-permissions; writes are atomic (temporary file + rename)."""
+permissions, owner; writes are atomic (temporary file + rename).
+
+Only regular files are read or replaced: a FIFO blocks a reader forever and a device
+such as /dev/zero never ends, and renaming over either would replace the node itself.
+A symbolic link is written through (the file it points to is replaced, as Black and
+Ruff do), and a file that changed since it was read is left alone: the edit made
+meanwhile would otherwise be lost.
+"""
 
 from __future__ import annotations
 
 import io
 import os
+import re
+import stat
 import tempfile
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
+
+# A source file larger than this is no hand-written training script; reading it whole
+# (and parsing it) would only exhaust memory.
+MAX_SOURCE_BYTES = 32 * 2**20
+
+
+class FileRefused(OSError):
+    """A file autoaccel will not read or replace; the message says why."""
 
 
 @dataclass(frozen=True)
 class SourceFile:
     text: str  # newlines exactly as in the file (CRLF kept)
     encoding: str
+    raw: bytes  # the bytes read: a write checks that the file still holds them
+
+
+def os_error_message(error: OSError) -> str:
+    """`error` without Python's `[Errno N]` prefix and file name."""
+    return error.strerror or str(error)
+
+
+def real_path(path: Path) -> Path:
+    """`path` with its symbolic links resolved; a link loop stays as it is (where
+    `Path.resolve` raises), for the read or write that follows to report."""
+    return Path(os.path.realpath(path))
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_bytes(path: Path, limit: int = MAX_SOURCE_BYTES) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them.
+    Raises `FileRefused` for anything else (a FIFO is opened without blocking)."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise FileRefused(f"is {_kind(mode)}; only regular files are read")
+        with os.fdopen(descriptor, "rb", closefd=False) as stream:
+            data = stream.read(limit + 1)
+    finally:
+        os.close(descriptor)
+    if len(data) > limit:
+        raise FileRefused(f"larger than {limit // 2**20} MiB; not read")
+    return data
 
 
 def read_source(path: Path) -> SourceFile:
     """Decode with the file's PEP 263 coding cookie (UTF-8 by default)."""
-    raw = path.read_bytes()
+    raw = read_bytes(path)
     encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
-    return SourceFile(text=raw.decode(encoding), encoding=encoding)
+    return SourceFile(text=raw.decode(encoding), encoding=encoding, raw=raw)
 
 
-def write_atomic(path: Path, text: str, encoding: str = "utf-8") -> None:
-    """Replace `path` with `text` in one rename, keeping its permission bits."""
-    data = text.encode(encoding)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else None
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def write_atomic(
+    path: Path, text: str, encoding: str = "utf-8", original: bytes | None = None
+) -> None:
+    """Replace the file at `path` (through a symbolic link: the file it names) with
+    `text` in one rename, keeping its permission bits and owner. `original`: the bytes
+    `text` was made from; nothing is written when the file no longer holds them.
+    Raises `FileRefused` for a target that is not a regular file, is read-only or
+    belongs to another user, and `OSError` when the folder cannot be written."""
+    target = real_path(path)
+    try:
+        existing = os.stat(target)
+    except FileNotFoundError:
+        existing = None
+    if existing is None and original is not None:
+        raise FileRefused("was removed while autoaccel worked on it; nothing written")
+    if existing is not None:
+        _check_replaceable(target, existing)
+    if not target.parent.is_dir():
+        raise FileRefused(f"no such folder: {target.parent}")
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+    )
     try:
         with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        if mode is not None:
-            os.chmod(temporary, mode)
-        os.replace(temporary, path)
+            stream.write(text.encode(encoding))
+        if existing is not None:
+            os.chmod(temporary, stat.S_IMODE(existing.st_mode))
+            _keep_owner(temporary, existing)
+        if original is not None and not _holds(target, original):
+            raise FileRefused("changed while autoaccel worked on it; nothing written (run again)")
+        os.replace(temporary, target)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _check_replaceable(target: Path, existing: os.stat_result) -> None:
+    if not stat.S_ISREG(existing.st_mode):
+        raise FileRefused(f"is {_kind(existing.st_mode)}; only regular files are replaced")
+    mode = stat.S_IMODE(existing.st_mode)
+    # Root may write anything, so the mode bits decide as well as access(2).
+    if not mode & 0o222:
+        raise FileRefused(f"is read-only (mode {mode:04o}); not replaced")
+    if not os.access(target, os.W_OK):
+        raise FileRefused(f"may not be written (mode {mode:04o}, or immutable); not replaced")
+
+
+def _keep_owner(temporary: str, existing: os.stat_result) -> None:
+    """Give the new file the old one's owner, or refuse: renaming a file we may not
+    chown over another user's would hand it to us."""
+    if not hasattr(os, "geteuid") or existing.st_uid == os.geteuid():
+        return
+    try:
+        os.chown(temporary, existing.st_uid, existing.st_gid)
+    except PermissionError:
+        raise FileRefused(
+            f"belongs to another user (uid {existing.st_uid}); replacing it would change its owner"
+        ) from None
+
+
+def _holds(target: Path, original: bytes) -> bool:
+    with open(target, "rb") as stream:
+        return stream.read(len(original) + 1) == original
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
+def source_lines(text: str, keepends: bool = False) -> list[str]:
+    """The lines of a source text as Python counts them: `\\n`, `\\r\\n` and `\\r`
+    end a line; a form feed or `\\u2028` does not (`str.splitlines` splits there)."""
+    lines = _LINE.findall(text)
+    return lines if keepends else [line.rstrip("\r\n") for line in lines]

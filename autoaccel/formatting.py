@@ -1,19 +1,22 @@
 """Black's style for inserted code only: a changed statement (or `with` header) that
-grew past the line length is re-formatted with black; every other byte stays as it was."""
+grew past the line length is re-formatted with black; every other byte stays as it was,
+and inserted lines end with the file's newline."""
 
 from __future__ import annotations
 
 import difflib
+import re
 
 import libcst as cst
 
 from autoaccel.analysis.positions import Positions
+from autoaccel.fileio import source_lines
 
 LINE_LENGTH = 88
 
 
 def _changed_long_lines(before: str, after: str) -> set[int]:
-    old, new = before.splitlines(), after.splitlines()
+    old, new = source_lines(before), source_lines(after)
     matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
     changed: set[int] = set()
     for tag, _, _, j1, j2 in matcher.get_opcodes():
@@ -82,9 +85,38 @@ class _FormatStatements(cst.CSTTransformer):
 
 
 def format_inserted_code(before: str, after: str) -> str:
-    """`after` with each changed statement longer than the line length black-formatted."""
+    """`after` (LibCST's code for a rewrite of `before`) with each changed statement
+    longer than the line length black-formatted, and its untouched lines as in `before`."""
     lines = _changed_long_lines(before, after)
-    if not lines:
+    if lines:
+        module = cst.parse_module(after)
+        after = module.visit(_FormatStatements(lines, Positions(module))).code
+    return _keep_untouched_bytes(before, after)
+
+
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+
+def _keep_untouched_bytes(before: str, after: str) -> str:
+    """Put back what LibCST's code generation changes outside the rewrite: a form feed
+    that starts a top-level statement's line (dropped), and in a file whose newline is
+    not `\\n`, that newline on inserted lines (a docstring brings `\\n`)."""
+    found = _NEWLINE.search(before)
+    newline = found.group() if found else "\n"
+    if newline == "\n" and "\f" not in before:
         return after
-    module = cst.parse_module(after)
-    return module.visit(_FormatStatements(lines, Positions(module))).code
+    old, new = source_lines(before, keepends=True), source_lines(after, keepends=True)
+
+    def key(line: str) -> tuple[str, bool]:
+        text = line.rstrip("\r\n")
+        statement = text.lstrip("\f")  # LibCST keeps a line of form feeds only
+        return statement if statement.strip() else text, len(text) < len(line)
+
+    matcher = difflib.SequenceMatcher(a=list(map(key, old)), b=list(map(key, new)), autojunk=False)
+    kept: list[str] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            kept += old[i1:i2]
+        else:
+            kept += [_NEWLINE.sub(newline, line) for line in new[j1:j2]]
+    return "".join(kept)

@@ -1,7 +1,7 @@
 """Run a training script unchanged and record every training step.
 
     python -m autoaccel.harness --losses-out PATH [--max-steps N] [--seed S]
-                                [--align-loader-rng] SCRIPT [script args...]
+                                [--align-loader-rng] [--progress PATH] SCRIPT [script args...]
 
 The script runs as ``__main__`` in this process (``runpy``). A training step is one
 ``Tensor.backward()`` on a scalar: the harness records its loss, the time it was called and
@@ -15,10 +15,21 @@ so recording adds no host sync to a step. ``--max-steps N`` stops the script aft
 seed from the global RNG for every new iterator, and a persistent one creates its iterator
 only once, so from the second epoch on the two would shuffle and drop out differently.
 
+``--progress PATH`` writes the number of steps done into PATH, at most five times a second
+(and at the last step).
+
+In a distributed run (``WORLD_SIZE`` > 1) each step also records which samples it trained on,
+``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
+DataLoader in the order the script starts them (the same order on every rank), or None when
+the loader has no indices (an ``IterableDataset``). Samples that two ranks both trained on
+in the same pass are then counted once (`autoaccel.bench.runner.merge_ranks`).
+
 The record (JSON, written on every exit path; ``{rank}`` in PATH becomes ``$RANK``):
 ``losses``, ``times`` (``perf_counter`` at each step), ``samples`` (cumulative samples at each
-step), ``end_time``, ``peak_rss_bytes``, ``peak_cuda_bytes``, ``device``, ``device_name``,
-``torch_version``, ``rank``, ``world_size`` and ``exit`` (``"ok"``, ``"max-steps"`` or ``"error: ..."``).
+step), ``sample_ids`` (distributed runs only), ``end_time``, ``peak_rss_bytes``,
+``peak_cuda_bytes``, ``device``, ``device_name``, ``torch_version``, ``threads`` (torch's
+intra-op threads), ``rank``, ``world_size`` and ``exit`` (``"ok"``, ``"max-steps"`` or
+``"error: ..."``).
 
 torch is imported only inside functions, so importing this module stays cheap.
 """
@@ -34,6 +45,7 @@ import runpy
 import sys
 import time
 import traceback
+from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +53,11 @@ from typing import Any, Callable, Iterator
 
 # Attribute set on tensors returned by GradScaler.scale: the scale tensor they carry.
 _SCALE_ATTR = "_autoaccel_loss_scale"
+# Attributes set on DataLoader iterators: the pass they serve, and the sample indices they
+# drew and have not yet handed out (a worker pool draws some batches ahead).
+_PASS_ATTR = "_autoaccel_pass"
+_INDICES_ATTR = "_autoaccel_indices"
+PROGRESS_INTERVAL = 0.2  # seconds between two writes of the progress file
 
 
 class StopScript(BaseException):
@@ -53,12 +70,14 @@ class StepRecord:
     losses: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
+    sample_ids: list[Any] | None = None  # per step: [pass, indices] or None (distributed runs)
     end_time: float | None = None
     peak_rss_bytes: int | None = None
     peak_cuda_bytes: int | None = None
     device: str = "cpu"
     device_name: str = ""
     torch_version: str = ""
+    threads: int = 0  # torch's intra-op threads
     rank: int = 0
     world_size: int = 1
     exit: str = "ok"
@@ -129,14 +148,20 @@ def batch_size(batch: Any) -> int:
 class _StepRecorder:
     """The patches that record steps; `finish()` turns what they kept into a `StepRecord`."""
 
-    def __init__(self, max_steps: int | None) -> None:
+    def __init__(self, max_steps: int | None, progress: Path | None = None) -> None:
         self.max_steps = max_steps
         self.record = StepRecord(
             rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1))
         )
+        self.progress = progress if self.record.rank == 0 else None
+        self.progress_written = 0.0
         self.loss_tensors: list[tuple[Any, Any]] = []  # (loss, scale or None), on the device
         self.samples_seen = 0
         self.last_batch = 0  # samples of the latest batch not yet counted by a step
+        self.last_ids: list[Any] | None = None  # [pass, indices] of that batch
+        self.passes = 0  # DataLoader passes started so far
+        if self.record.world_size > 1:
+            self.record.sample_ids = []
 
     def patches(self, align_loader_rng: bool) -> ExitStack:
         import torch
@@ -146,6 +171,11 @@ class _StepRecorder:
         stack.enter_context(patched(torch.Tensor, "backward", self._backward))
         stack.enter_context(patched(torch.amp.GradScaler, "scale", _marking_scale))
         stack.enter_context(patched(dataloader._BaseDataLoaderIter, "__next__", self._next))
+        if self.record.sample_ids is not None:
+            stack.enter_context(patched(DataLoader, "__iter__", self._numbered_pass))
+            stack.enter_context(
+                patched(dataloader._BaseDataLoaderIter, "_next_index", self._kept_index)
+            )
         if align_loader_rng:
             stack.enter_context(patched(DataLoader, "__iter__", _aligned_iter))
         return stack
@@ -168,22 +198,66 @@ class _StepRecorder:
         self.samples_seen += self.last_batch
         self.last_batch = 0
         self.loss_tensors.append((loss.detach().float().clone(), getattr(loss, _SCALE_ATTR, None)))
-        self.record.times.append(time.perf_counter())
+        now = time.perf_counter()
+        self.record.times.append(now)
         self.record.samples.append(self.samples_seen)
+        if self.record.sample_ids is not None:
+            self.record.sample_ids.append(self.last_ids)
+            self.last_ids = None
+        steps = len(self.record.times)
+        last = steps == self.max_steps
+        if self.progress is not None and (last or now - self.progress_written >= PROGRESS_INTERVAL):
+            self.progress.write_text(str(steps))
+            self.progress_written = now
 
     def _next(self, original: Callable) -> Callable:
         def next_batch(iterator):
             batch = original(iterator)
             self.last_batch = batch_size(batch)
+            drawn = vars(iterator).get(_INDICES_ATTR)
+            if drawn:
+                self.last_ids = drawn.popleft()
             return batch
 
         return next_batch
+
+    def _numbered_pass(self, original: Callable) -> Callable:
+        """Number every pass over a DataLoader, also one that reuses persistent workers."""
+
+        def iterate(loader):
+            self.passes += 1
+            reused = loader._iterator  # set only for persistent workers
+            if reused is not None:
+                vars(reused).pop(_INDICES_ATTR, None)  # drawn ahead for a pass cut short
+                setattr(reused, _PASS_ATTR, self.passes)
+            iterator = original(loader)
+            setattr(iterator, _PASS_ATTR, self.passes)
+            return iterator
+
+        return iterate
+
+    def _kept_index(self, original: Callable) -> Callable:
+        """Keep the indices a DataLoader iterator draws, in order, until `_next` hands
+        out their batch (a new worker pool draws ahead before its pass is numbered)."""
+
+        def next_index(iterator):
+            index = original(iterator)
+            indices = index if isinstance(index, list) else [index]
+            if all(isinstance(i, int) for i in indices):
+                ids = [getattr(iterator, _PASS_ATTR, self.passes), indices]
+            else:  # an IterableDataset's `None`, or a sampler of its own kind
+                ids = None
+            vars(iterator).setdefault(_INDICES_ATTR, deque()).append(ids)
+            return index
+
+        return next_index
 
     def finish(self, exit_status: str) -> StepRecord:
         import torch
 
         record = self.record
         record.torch_version = torch.__version__
+        record.threads = torch.get_num_threads()
         record.device_name = platform.processor() or platform.machine()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
@@ -241,11 +315,12 @@ def record_steps(
     max_steps: int | None = None,
     seed: int | None = None,
     align_loader_rng: bool = False,
+    progress: Path | None = None,
 ) -> StepRecord:
     """Run `script` as `__main__` with `args` and record its training steps."""
     if seed is not None:
         seed_everything(seed)
-    recorder = _StepRecorder(max_steps)
+    recorder = _StepRecorder(max_steps, progress)
     exit_status = run_as_main(script, args, recorder.patches(align_loader_rng))
     return recorder.finish(exit_status)
 
@@ -260,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--align-loader-rng", action="store_true", help="keep persistent loaders' RNG draws in step"
     )
+    parser.add_argument("--progress", type=Path, default=None, help="write the step count here")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
-    record = record_steps(ns.script, ns.args, ns.max_steps, ns.seed, ns.align_loader_rng)
+    record = record_steps(
+        ns.script, ns.args, ns.max_steps, ns.seed, ns.align_loader_rng, ns.progress
+    )
     out = Path(ns.losses_out.replace("{rank}", str(record.rank)))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(asdict(record)))

@@ -20,6 +20,8 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoaccel.fileio import read_bytes
+
 # A line IPython rewrites before Python sees it: `%magic`, `!cmd`, `?help`, `x = !cmd`,
 # `x = %magic`, `obj?`.
 _IPYTHON_LINE = re.compile(r"\s*(?:[%!?]|[\w.]+\s*=\s*[%!]|[\w.]+\?{1,2}\s*$)")
@@ -79,8 +81,9 @@ class Notebook:
             root = _scan(text, 0)
         except (ValueError, IndexError) as error:
             raise NotebookError(f"not a notebook: {error}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
-            raise NotebookError("not a notebook in nbformat 4 (no top-level `cells` list)")
+        except RecursionError:
+            raise NotebookError("not a notebook: JSON nested too deeply") from None
+        _check_structure(data)
         self.cells = _code_cells(data, root) if _is_python(data) else []
         self.ipython_lines: list[str] = []
         self.python = self._join()
@@ -178,7 +181,7 @@ class Notebook:
 
 def read_notebook(path: Path) -> Notebook:
     """Read a `.ipynb` file (UTF-8, as nbformat writes it)."""
-    return Notebook(path.read_bytes().decode("utf-8"))
+    return Notebook(read_bytes(path).decode("utf-8"))
 
 
 def is_notebook(path: Path) -> bool:
@@ -217,6 +220,27 @@ def _scan(text: str, position: int) -> _Span:
 
 
 _DECODER = json.JSONDecoder()
+
+
+def _check_structure(data: object) -> None:
+    """Raise `NotebookError` unless the values this module reads have nbformat 4's
+    types: `cells` a list of objects, a code cell's `source` a string or a list of
+    strings, `metadata` (and its `language_info`, `kernelspec`) objects."""
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise NotebookError("not a notebook in nbformat 4 (no top-level `cells` list)")
+    metadata = data.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise NotebookError("not a notebook: `metadata` is not an object")
+    for key in ("language_info", "kernelspec"):
+        if not isinstance(metadata.get(key, {}), dict):
+            raise NotebookError(f"not a notebook: `metadata.{key}` is not an object")
+    for number, cell in enumerate(data["cells"], 1):
+        if not isinstance(cell, dict):
+            raise NotebookError(f"not a notebook: cell {number} is not an object")
+        source = cell.get("source", "")
+        pieces = source if isinstance(source, list) else [source]
+        if not all(isinstance(piece, str) for piece in pieces):
+            raise NotebookError(f"not a notebook: the source of cell {number} is not text")
 
 
 def _is_python(data: dict) -> bool:

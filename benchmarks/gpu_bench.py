@@ -104,7 +104,8 @@ def summary(device: str, results: list[dict], expert: dict) -> str:
         lines.append(
             f"| {Path(result['script']).stem} | {result['command'].split(' --steps')[0]} "
             f"| {runs['original']['samples_per_s'] or 0:,.0f} | {runs['converted']['samples_per_s'] or 0:,.0f} "
-            f"| {result['speedup'] or 0:.2f}x | {'-' if difference is None else f'{difference:.2%}'} "
+            f"| {result['speedup'] or 0:.2f}x ({result['speed']}) "
+            f"| {'-' if difference is None else f'{difference:.2%}'} "
             f"| {'yes' if result['agree'] else 'NO'} |"
         )
     ratio = expert["converted_over_expert"]

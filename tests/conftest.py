@@ -20,6 +20,8 @@ SCRIPT = textwrap.dedent(
 
     loader = DataLoader(dataset, batch_size=32)
     model.cuda()
+    for x, y in loader:
+        model(x).sum().backward()
     """
 )
 CLEAN = textwrap.dedent(

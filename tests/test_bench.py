@@ -1,23 +1,39 @@
-"""`autoaccel bench`: every fixture against its conversion on CPU (a few steps each), the
-report files, the exit code on divergence, and the arithmetic behind the numbers."""
+"""`autoaccel bench`: every fixture against its conversion on CPU (a few steps, one run
+each), the report files, the exit code on divergence, and, on fake runs that need no
+torch, the alternation, the speed verdict and its exit code, and the arithmetic."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from functools import partial
 
 import pytest
 
+from autoaccel.bench import command, runner
 from autoaccel.bench.compare import (
     EXACT,
+    FASTER,
+    NOT_JUDGED,
+    SAME,
+    SLOWER,
+    SpeedUp,
     default_tolerance,
     max_relative_difference,
     summarise,
     throughput,
 )
-from autoaccel.bench.report import PLOT_HINT, write_report
-from autoaccel.bench.runner import merge_ranks
+from autoaccel.bench.report import (
+    PLOT_HINT,
+    figure,
+    loss_verdict,
+    rows,
+    speed_verdict,
+    write_report,
+)
+from autoaccel.bench.runner import Run, merge_ranks
 from autoaccel.convert.log import ConvertOptions
 from command_runs import autoaccel, runs_on_fixtures
 from running import FIXTURES_DIR, fixture_names
@@ -26,7 +42,9 @@ FIXTURES = fixture_names()
 # Written for PyTorch 0.3: the original crashes at its first step, so there is nothing to
 # compare with (its conversion is what makes it run; see test_convert_runs.py).
 BROKEN_ORIGINAL = "legacy_pytorch03.py"
-FEW_STEPS = ("--steps", "6", "--warmup", "2")
+# One run per side: these runs check that the curves agree; the speed verdict, which needs
+# three or more, is tested on fake runs below (a real run costs seconds on a shared box).
+FEW_STEPS = ("--steps", "6", "--warmup", "2", "--repeats", "1")
 
 
 bench = partial(autoaccel, "bench")
@@ -48,10 +66,12 @@ def test_conversion_trains_like_the_original(name, fixture_runs):
     assert result["agree"] is True
     assert result["compared_steps"] == 6
     assert result["max_rel_diff"] <= EXACT
+    assert (result["repeats"], result["speed"]) == (1, NOT_JUDGED)
     for run in result["runs"].values():
         assert run["exit"] == "max-steps"
         assert run["steps_per_s"] > 0
         assert run["peak_rss_bytes"] > 0
+        assert len(run["per_run"]) == 1
 
 
 @pytest.mark.runs
@@ -82,18 +102,43 @@ def test_divergence_exits_1(tmp_path):
 
 
 @pytest.mark.runs
-def test_ddp_conversion_runs_one_process_per_rank(tmp_path):
+def test_ddp_conversion_runs_one_process_per_rank_with_the_same_threads(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("autoaccel.convert.transforms.distributed")  # `--to ddp`
-    proc = bench(
-        FIXTURES_DIR / "linear_exact.py", "--to", "ddp", "--nproc", "2", "--amp", "off", "--json",
-        *FEW_STEPS, cwd=tmp_path,
+    # Without OMP_NUM_THREADS, torchrun would give each rank 1 thread and the original all.
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "autoaccel", "bench", str(FIXTURES_DIR / "linear_exact.py"),
+         "--to", "ddp", "--nproc", "2", "--amp", "off", "--json", *FEW_STEPS],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     # Unshuffled and sharded evenly: the mean of the ranks' losses is the original's loss.
     assert result["max_rel_diff"] <= EXACT
     assert result["runs"]["converted"]["steps"] == 6
+    # The ranks train on disjoint halves of each batch of 32: the job's samples per step
+    # are the original's.
+    assert samples_per_step(result["runs"]["converted"]) == pytest.approx(32)
+    threads = {run["threads"] for side in result["runs"].values() for run in side["per_run"]}
+    assert threads == {max(1, (os.cpu_count() or 1) // 2)}
+    assert result["threads"] == str(threads.pop())
+
+
+def samples_per_step(side: dict) -> float:
+    return side["samples_per_s"] / side["steps_per_s"]
+
+
+@pytest.mark.runs
+def test_ranks_training_on_the_same_samples_count_them_once(tmp_path):
+    """The original script under torchrun: each rank loads all the data, in the same order."""
+    pytest.importorskip("torch")
+    run = runner.run_script(
+        FIXTURES_DIR / "linear_exact.py", [], 4, tmp_path / "records", nproc=2,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert not run.failed, run.log[-3000:]
+    assert run.record["samples"] == [32, 64, 96, 128]
 
 
 # -- the numbers -------------------------------------------------------------------------
@@ -140,29 +185,180 @@ def test_ranks_are_merged():
     rank1 = dict(record([3.0, 4.0, 5.0], [0.0, 1.1, 2.0], [4, 8, 12]), rank=1, peak_rss_bytes=2**31)
     merged = merge_ranks([rank1, rank0])
     assert merged["losses"] == [2.0, 3.0]
-    assert merged["samples"] == [8, 16]
+    assert merged["samples"] == [8, 16]  # no sample indices recorded: every batch counts
     assert merged["times"] == [0.0, 1.0]
     assert merged["peak_rss_bytes"] == 2**31
 
 
-def summary() -> dict:
-    original = record([2.0, 1.5, 1.2], [0.0, 1.0, 2.0], [4, 8, 12], end_time=3.0)
-    converted = record([2.0, 1.5, 1.25], [0.0, 0.5, 1.0], [4, 8, 12], end_time=1.5)
-    result = summarise(original, converted, ConvertOptions(), warmup=1, tolerance=0.05)
-    return {"script": "train.py", "command": "--to single --amp bf16 --steps 3", **result}
+@pytest.mark.parametrize(
+    ("ids1", "samples"),
+    [
+        ([[1, [4, 5]], [1, [6, 7]]], [4, 8]),  # disjoint shards: all count
+        ([[1, [0, 1]], [1, [2, 3]]], [2, 4]),  # the same samples as rank 0: once
+        ([[1, [2, 3]], [1, [0, 1]]], [4, 4]),  # another order, same pass: once overall
+        ([[2, [0, 1]], [2, [2, 3]]], [4, 8]),  # the same indices in another pass: all count
+    ],
+)
+def test_samples_two_ranks_train_on_in_one_pass_count_once(ids1, samples):
+    rank0 = dict(record([1.0, 1.0], [0.0, 1.0], [2, 4]), rank=0,
+                 sample_ids=[[1, [0, 1]], [1, [2, 3]]])
+    rank1 = dict(record([1.0, 1.0], [0.0, 1.0], [2, 4]), rank=1, sample_ids=ids1)
+    assert merge_ranks([rank0, rank1])["samples"] == samples
 
 
-def test_summary_numbers():
-    result = summary()
-    assert result["speedup"] == 2.0
-    assert result["max_rel_diff"] == pytest.approx(0.05 / 1.2)
-    assert result["agree"] is True
+@pytest.mark.parametrize(
+    ("ratios", "verdict"),
+    [
+        ((1.49, 0.88, 0.90), SAME),  # the issue's three identical runs
+        ((1.2, 1.1, 1.3), FASTER),
+        ((0.9, 0.8, 0.95), SLOWER),
+        ((0.9, 0.8), NOT_JUDGED),  # two pairs are too few
+    ],
+)
+def test_speed_verdict_needs_every_pair_to_agree(ratios, verdict):
+    assert SpeedUp(ratios).verdict == verdict
+
+
+def timed(seconds_per_step: float, steps: int = 4, batch: int = 8) -> dict:
+    times = [i * seconds_per_step for i in range(steps)]
+    samples = [batch * (i + 1) for i in range(steps)]
+    return record([2.0 - 0.1 * i for i in range(steps)], times, samples, end_time=times[-1])
+
+
+def summary(original_seconds=(1.0,), converted_seconds=(0.5,), options=ConvertOptions()) -> dict:
+    result = summarise(
+        [timed(s, steps=10) for s in original_seconds],
+        [timed(s, steps=10) for s in converted_seconds],
+        options, warmup=1, tolerance=0.05,
+    )
+    return {"script": "train.py", "command": "--to single --amp bf16 --steps 4", **result}
+
+
+def test_summary_medians_ranges_and_per_run_figures():
+    result = summary((1.0, 1.2, 0.8), (0.5, 0.4, 0.5))
+    assert result["repeats"] == 3
+    assert result["speedup_per_run"] == pytest.approx([2.0, 3.0, 1.6])
+    assert result["speedup"] == pytest.approx(2.0)
+    assert result["speedup_range"] == pytest.approx([1.6, 3.0])
+    assert result["speed"] == FASTER
+    original = result["runs"]["original"]
+    assert original["samples_per_s"] == pytest.approx(8.0)  # median of 8, 6.67, 10
+    assert original["samples_per_s_range"] == pytest.approx([8 / 1.2, 10.0])
+    assert [run["seconds"] for run in original["per_run"]] == pytest.approx([9.0, 10.8, 7.2])
+    assert result["max_rel_diff"] == 0.0 and result["agree"] is True
+    assert rows(result)[1] == ["original", "1.00", "8.00", "6.67 - 10.0", "1,024 MiB RSS", "1.1000"]
+
+
+def test_speed_verdict_text():
+    assert speed_verdict(summary((1.0, 1.0, 1.0), (0.9, 1.1, 1.0))) == (
+        "speed-up 1.00x (pairs of runs 0.91x-1.11x): no measurable difference over "
+        "3 runs each (the pairs' spread covers 1.00x)"
+    )
+    assert speed_verdict(summary((1.0,) * 3, (1.2, 1.1, 1.3))).endswith(
+        "SLOWER in every pair of runs (3 runs each)"
+    )
+    assert speed_verdict(summary()) == (
+        "speed-up 2.00x: not judged, 1 run each; --repeats 3 or more to judge"
+    )
+
+
+class FakeRuns:
+    """Stands in for `runner.run_script`: hands out records timed by `seconds[side]`, one
+    per call, and remembers the order of the calls."""
+
+    def __init__(self, original: list[float], converted: list[float]) -> None:
+        self.seconds = {"original": list(original), "converted": list(converted)}
+        self.calls: list[str] = []
+
+    def __call__(self, path, args, steps, records, processes, **kwargs) -> Run:
+        side = "converted" if path.parent.name == "converted" else "original"
+        self.calls.append(side)
+        assert kwargs["env"] == {} and callable(kwargs["on_step"])
+        return Run(timed(self.seconds[side].pop(0), steps), 0, "")
+
+
+@pytest.mark.parametrize(
+    ("converted", "options", "code", "speed"),
+    [
+        ([0.5, 0.5, 0.5], [], 0, FASTER),
+        ([1.1, 0.9, 1.0], [], 0, SAME),
+        ([1.2, 1.3, 1.25], [], 1, SLOWER),  # slower beyond the spread fails ...
+        ([1.2, 1.3, 1.25], ["--allow-slower"], 0, SLOWER),  # ... unless allowed
+    ],
+)
+def test_runs_alternate_and_a_slower_conversion_exits_1(
+    cli, tmp_path, monkeypatch, converted, options, code, speed
+):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    fake = FakeRuns([1.0, 1.0, 1.0], converted)
+    monkeypatch.setattr(command, "run_script", fake)
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES_DIR / "linear_exact.py").read_text())
+    run = cli("bench", "train.py", "--steps", "4", "--warmup", "1", "--amp", "off", "--json",
+              *options)
+    assert run.exit_code == code, run.stderr
+    assert fake.calls == ["original", "converted"] * 3
+    result = json.loads(run.stdout)
+    assert (result["repeats"], result["speed"]) == (3, speed)
+    assert len(result["runs"]["converted"]["per_run"]) == 3
+    assert "--repeats 3" in result["command"]
+
+
+def test_slower_conversion_is_said_in_the_text(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(command, "run_script", FakeRuns([1.0] * 3, [2.0] * 3))
+    (tmp_path / "train.py").write_text((FIXTURES_DIR / "linear_exact.py").read_text())
+    run = cli("bench", "train.py", "--steps", "4", "--warmup", "1", "--amp", "off")
+    assert run.exit_code == 1
+    assert "speed-up 0.50x (pairs of runs 0.50x-0.50x): SLOWER in every pair" in run.stdout
+    assert "loss curves agree" in run.stdout
+
+
+def test_progress_reaches_the_caller_step_by_step(tmp_path, monkeypatch):
+    """`run_script` passes on the step count the harness writes (a stand-in here)."""
+    def fake_harness(record_path, steps, nproc, progress):
+        code = (
+            "import json, pathlib, sys, time\n"
+            f"for step in range(1, {steps} + 1):\n"
+            f"    pathlib.Path({str(progress)!r}).write_text(str(step)); time.sleep(0.3)\n"
+            f"pathlib.Path({str(record_path).replace('{rank}', '0')!r}).write_text(json.dumps("
+            "{'losses': [], 'times': [], 'samples': [], 'exit': 'ok'}))\n"
+            "sys.exit(0)\n"
+        )
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(runner, "harness_command", fake_harness)
+    seen: list[int] = []
+    run = runner.run_script(tmp_path / "train.py", [], 3, tmp_path / "records", on_step=seen.append)
+    assert run.returncode == 0, run.log
+    assert seen == sorted(seen) and seen[-1] == 3 and len(set(seen)) >= 2
+
+
+def test_plot_marks_the_warmup_and_counts_steps_in_whole_numbers():
+    pytest.importorskip("matplotlib")
+    result = summary((1.0, 1.2, 0.8), (0.5, 0.4, 0.5))
+    curves, bars = figure(result).axes
+    assert "warm-up (not timed)" in curves.get_legend_handles_labels()[1]
+    ticks = [tick for tick in curves.get_xticks() if 1 <= tick <= 4]
+    assert ticks and all(float(tick).is_integer() for tick in ticks)
+    assert bars.get_title() == "Throughput: 2.00x\nfaster"
+    assert [line.get_label() for line in curves.get_lines()] == ["original", "converted"]
+
+
+def test_ddp_curves_are_judged_and_drawn_as_moving_averages():
+    pytest.importorskip("matplotlib")
+    result = summary(options=ConvertOptions(target="ddp", amp="off"))
+    assert result["smoothing_window"] == 2  # a fifth of 10 steps
+    assert "difference of the 2-step moving averages 0.000%" in loss_verdict(result)
+    labels = [line.get_label() for line in figure(result).axes[0].get_lines()]
+    assert labels == ["original", "original, 2-step mean", "converted", "converted, 2-step mean"]
 
 
 def test_report_without_matplotlib_says_how_to_get_the_picture(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
     assert write_report(summary(), tmp_path) == [PLOT_HINT]
-    assert json.loads((tmp_path / "bench.json").read_text())["speedup"] == 2.0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["speedup"] == 2.0 and report["repeats"] == 1
+    assert len(report["runs"]["original"]["per_run"]) == 1
     assert not (tmp_path / "bench.png").exists()
     page = (tmp_path / "index.html").read_text()
     assert "pip install &#x27;autoaccel[plot]&#x27;" in page and "<table>" in page

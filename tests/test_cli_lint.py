@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from conftest import CLEAN, SCRIPT, SELECT
 
 from autoaccel import __version__
 from autoaccel.config import LintSettings
+from autoaccel.diff import use_colour
 from autoaccel.lint import runner
 from autoaccel.lint.fixer import fix_source
 from autoaccel.lint.runner import Mode, Overrides, lint_files
@@ -90,15 +93,15 @@ def test_syntax_error_is_located_others_checked_file_untouched(cli, tmp_path):
 
 
 def test_output_is_sorted_by_file_line_column(cli, tmp_path):
-    two_loaders = SCRIPT + "other = DataLoader(dataset)\n"
+    two_loaders = SCRIPT + "other = DataLoader(dataset)\nfor x, y in other:\n    model(x).backward()\n"
     for name in ("b.py", "a.py", "sub/c.py"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(two_loaders)
     run = cli("lint", "--select", "ACC101", "b.py", "sub", "a.py")
     locations = [line.split(": ")[0] for line in run.stdout.splitlines()]
     assert locations == [
-        "a.py:4:10", "a.py:6:9", "b.py:4:10", "b.py:6:9",
-        f"sub{os.sep}c.py:4:10", f"sub{os.sep}c.py:6:9",
+        "a.py:4:10", "a.py:8:9", "b.py:4:10", "b.py:8:9",
+        f"sub{os.sep}c.py:4:10", f"sub{os.sep}c.py:8:9",
     ]
 
 
@@ -201,7 +204,10 @@ def test_file_without_torch_is_not_parsed(cli, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("mode", [Mode.CHECK, Mode.DIFF])
 def test_parallel_results_equal_sequential(tmp_path, monkeypatch, mode):
-    variants = [SCRIPT, CLEAN, SCRIPT + "x = DataLoader(ds, num_workers=0)\n", "print('hi')\n"]
+    variants = [
+        SCRIPT, CLEAN, SCRIPT + "x = DataLoader(ds, num_workers=0)\nfor b in x:\n    b.backward()\n",
+        "print('hi')\n",
+    ]
     paths = []
     for index in range(8):
         path = tmp_path / f"f{index}.py"
@@ -252,7 +258,7 @@ def test_fix_is_never_applied_to_a_line_that_suppresses_it_after_reformatting():
     source = (
         "import torch\nfrom torch.utils.data import DataLoader\n\n"
         "train_loader = DataLoader(train_dataset, batch_size=64, shuffle=True, drop_last=True)"
-        "  # noqa: ACC101\nmodel.cuda()\n"
+        "  # noqa: ACC101\nmodel.cuda()\nfor x, y in train_loader:\n    model(x).backward()\n"
     )
     result = fix_source(source, LintSettings(select=("ACC101", "ACC102"), unsafe_fixes=True))
     assert "pin_memory=torch.cuda.is_available()" in result.source
@@ -283,9 +289,68 @@ def test_rules_unknown_code_exits_two(cli):
     assert "unknown rule code" in run.stderr
 
 
-def test_version(cli):
-    run = cli("--version")
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(cli, flag):
+    run = cli(flag)
     assert (run.exit_code, run.stdout) == (0, f"autoaccel {__version__}\n")
+
+
+@pytest.mark.parametrize("args", [["-h"], ["lint", "-h"], ["convert", "-h"], ["bench", "-h"]])
+def test_short_help(cli, args):
+    run = cli(*args)
+    assert run.exit_code == 0
+    assert run.stdout.startswith("Usage: autoaccel")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--select", "FOO", "error: --select: unknown rule selector `FOO`\n"),
+        ("--ignore", "ACC1O1", "error: --ignore: unknown rule selector `ACC1O1`, did you mean `ACC101`"),
+        ("--extend-select", "ACC9", "error: --extend-select: unknown rule selector `ACC9`\n"),
+    ],
+)
+def test_unknown_rule_selector_exits_two(cli, tmp_path, option, value, message):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    run = cli("lint", option, value, "train.py")
+    assert (run.exit_code, run.stdout) == (2, "")
+    assert run.stderr.startswith(message)
+    assert "All checks passed!" not in run.stderr
+
+
+def test_only_missing_paths_is_an_error_not_a_pass(cli):
+    run = cli("lint", "missing.py")
+    assert run.exit_code == 2
+    assert run.stderr == "missing.py:1:1: error: no such file or directory\n"
+
+
+@pytest.mark.parametrize(
+    ("env", "coloured"),
+    [({}, False), ({"FORCE_COLOR": "1"}, True), ({"FORCE_COLOR": "1", "NO_COLOR": "1"}, False)],
+)
+def test_text_colour_follows_force_color_and_no_color(tmp_path, env, coloured):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    clean = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR")}
+    run = subprocess.run(
+        [sys.executable, "-m", "autoaccel", "lint", *SELECT, "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, env={**clean, **env},
+    )
+    plain = f"train.py:4:10: {ACC101}\ntrain.py:4:10: {ACC102}\n"
+    if coloured:
+        assert run.stdout.startswith("\033[1mtrain.py\033[0m:4:10: \033[1;31mACC101\033[0m `Data")
+        assert " \033[36m[*]\033[0m " in run.stdout
+        assert re.sub("\033\\[[0-9;]*m", "", run.stdout) == plain
+    else:
+        assert run.stdout == plain  # piped: no colour
+
+
+def test_text_is_coloured_on_a_terminal(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    terminal = io.StringIO()
+    terminal.isatty = lambda: True
+    assert use_colour(terminal)
+    assert not use_colour(io.StringIO())
 
 
 PLAIN_CALLS = [(), ("--quiet",), ("--fix",), ("--diff", "-q"), ("--unsafe-fixes", "--exit-zero")]

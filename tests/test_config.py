@@ -70,15 +70,16 @@ def test_per_file_ignores_with_globs(cli, tmp_path):
         """\
         [tool.autoaccel]
         select = ["ACC101", "ACC102"]
+        exclude = []  # lint tests/ too
 
         [tool.autoaccel.per-file-ignores]
         "experiments/*.py" = ["ACC101"]
         "legacy_*.py" = ["ACC1"]
-        "tests/**" = ["ACC102"]
+        "checks/**" = ["ACC102"]
         """,
     )
     for name in ("train.py", "experiments/run.py", "legacy_old.py", "lib/legacy_x.py",
-                 "tests/deep/t.py"):
+                 "checks/deep/t.py"):
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(SCRIPT)
@@ -90,7 +91,7 @@ def test_per_file_ignores_with_globs(cli, tmp_path):
     assert found == {
         "train.py": ["ACC101", "ACC102"],
         "experiments/run.py": ["ACC102"],
-        "tests/deep/t.py": ["ACC101"],
+        "checks/deep/t.py": ["ACC101"],
     }
 
 
@@ -131,6 +132,32 @@ def test_bad_config_is_an_error_naming_the_file(cli, tmp_path, body):
     assert "pyproject.toml" in run.stderr
     with pytest.raises(ConfigError):
         settings_for(tmp_path / "train.py")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('ignor = ["ACC101"]', "tool.autoaccel.ignor: unknown key, did you mean `ignore`? (known: "),
+        (
+            'extend_select = ["ACC1"]',
+            "tool.autoaccel.extend_select: unknown key, did you mean `extend-select`?",
+        ),
+        ("colour = true", "tool.autoaccel.colour: unknown key (known: select, extend-select,"),
+        (
+            'ignore = ["ACC1O1"]',
+            "tool.autoaccel.ignore: unknown rule selector `ACC1O1`, did you mean `ACC101`?",
+        ),
+    ],
+)
+def test_unknown_key_or_code_in_the_table_is_an_error(cli, tmp_path, body, message):
+    write_config(tmp_path, f"[tool.autoaccel]\n{body}\n")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "other.py").write_text(SCRIPT)
+    run = cli("lint", "train.py", "other.py")
+    assert (run.exit_code, run.stdout) == (2, "")
+    assert run.stderr.startswith(f"error: {tmp_path / 'pyproject.toml'}: {message}")
+    assert run.stderr.count("\n") == 1  # said once, not once per file
+    assert cli("convert", "train.py").exit_code == 2  # every command reads the table
 
 
 def test_enabled_matches_prefixes():

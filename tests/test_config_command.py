@@ -67,7 +67,10 @@ def test_pyproject_sets_convert_defaults_and_the_command_line_wins(tmp_path):
     [
         ('amp = "fp8"', "tool.autoaccel.convert.amp: 'fp8' is not one of bf16, fp16, off"),
         ('compile = "yes"', "tool.autoaccel.convert.compile: 'yes' is not true or false"),
-        ("worker = 4", "tool.autoaccel.convert.worker is not a convert setting (known: target,"),
+        (
+            "worker = 4",
+            "tool.autoaccel.convert.worker: unknown key, did you mean `workers`? (known: target,",
+        ),
     ],
 )
 def test_invalid_convert_settings_name_the_file_and_key(tmp_path, body, message):
@@ -116,10 +119,13 @@ def test_config_prints_values_and_their_sources(cli, project):
         f"# from {pyproject}",
         "",
         "[tool.autoaccel]",
-        'select = ["ACC"]                               # default',
-        "extend-select = []                             # default",
-        f'ignore = ["ACC505"]                            # {pyproject}',
-        f'per-file-ignores = {{"legacy_*.py" = ["ACC5"]}}  # {pyproject}',
+        'select = ["ACC"]                                              # default',
+        "extend-select = []                                            # default",
+        f'ignore = ["ACC505"]                                           # {pyproject}',
+        f'per-file-ignores = {{"legacy_*.py" = ["ACC5"]}}                 # {pyproject}',
+        'exclude = ["tests", "test_*.py", "*_test.py", "conftest.py"]  # default',
+        "extend-exclude = []                                           # default",
+        "force-exclude = false                                         # default",
         "",
         "[tool.autoaccel.convert]",
         'target = "ddp"             # command line',

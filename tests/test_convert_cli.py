@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from autoaccel.convert import command
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import ConversionError
+
 SCRIPT = """\
 import torch
 from torch.utils.data import DataLoader
@@ -59,6 +63,15 @@ def test_write_rewrites_in_place_and_keeps_everything_else(script, tmp_path):
     assert "non_blocking=True" in converted
     assert "# keep this comment\n" in converted
     assert converted.startswith("import os\n\nimport torch\n")
+
+
+@pytest.mark.parametrize("writing", [["--write"], ["-o", "fast.py"]])
+def test_diff_never_writes_so_it_excludes_write_and_output(script, tmp_path, writing):
+    result = convert(str(script), "--diff", *writing, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--diff writes nothing: use it without --write and -o" in result.stderr
+    assert script.read_text() == SCRIPT
+    assert not (tmp_path / "fast.py").exists()
 
 
 def test_check_exits_1_when_the_script_would_change_and_0_after(script, tmp_path):
@@ -162,6 +175,7 @@ def test_cudnn_benchmark_is_skipped_with_a_note_when_determinism_is_asked_for(de
         "import torch\nimport torch.nn as nn\n\n"
         f"{determinism}\n"
         "model = nn.Conv2d(3, 8, 3).cuda()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "for x in loader:\n"
         "    model(x.cuda()).sum().backward()\n"
     )
@@ -173,6 +187,33 @@ def test_cudnn_benchmark_is_skipped_with_a_note_when_determinism_is_asked_for(de
 
 
 def test_ddp_launch_commands_name_the_written_script(script, tmp_path):
-    run = convert("train.py", "--to", "ddp", "-o", "train_ddp.py", cwd=tmp_path)
+    # `model` is never trained by an optimizer here: ddp refuses unless told to write
+    run = convert("train.py", "--to", "ddp", "--allow-partial", "-o", "train_ddp.py", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(AttributeError("'NoneType' object has no attribute 'x'\nmore"), id="bug"),
+        pytest.param(
+            ConversionError("internal error: a step is not idempotent", details="--- first\n"),
+            id="not-idempotent",
+        ),
+    ],
+)
+def test_internal_error_is_one_line_and_exit_2(script, monkeypatch, capsys, failure):
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(command, "convert_source", fail)
+    code = command.run_convert(script, ConvertOptions(), write=True)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"{script}: internal error: ")
+    log = Path(err.rstrip().rsplit("(details: ", 1)[1].rstrip(")"))
+    assert log.read_text()  # the traceback or the diff, for a bug report
+    log.unlink()
+    assert script.read_text() == SCRIPT

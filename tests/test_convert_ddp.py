@@ -8,6 +8,7 @@ whole target where the steps meet.
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -42,6 +43,7 @@ from autoaccel.convert.transforms.distributed.init_process_group import (
 from autoaccel.formatting import format_inserted_code
 
 DDP = ConvertOptions(target="ddp", amp="off")
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 IMPORTS = "import os\n\nimport torch\nimport torch.distributed as dist\n"
 SETUP = IMPORTS + SETUP_BLOCK
 
@@ -482,6 +484,17 @@ def test_no_accumulation_no_no_sync():
     assert "no_sync" not in code and not log.changes
 
 
+def test_an_update_in_either_branch_is_no_accumulation():
+    """word_language_model: `optimizer.step()` or a manual SGD update, every step."""
+    source = "from torch.nn.parallel import DistributedDataParallel as DDP\n" + ACCUMULATION.replace(
+        "            optimizer.zero_grad()\n",
+        "            optimizer.zero_grad()\n        else:\n            for p in model.parameters():\n"
+        "                p.data.add_(p.grad, alpha=-0.1)\n",
+    ).replace("(step + 1) % accum_steps == 0", "use_optimizer")
+    code, log = run_step(NoSyncAccumulation, source)
+    assert "else:" in code and "no_sync" not in code and not log.changes
+
+
 # -- rank 0 only -----------------------------------------------------------------------------
 def test_adjacent_prints_and_saves_share_one_rank_zero_guard():
     code, log = run_step(
@@ -820,3 +833,40 @@ def test_a_summed_training_loss_is_reported():
 def test_averaged_losses_keep_their_scale(reduction, options):
     _, log = run_step(ReportSummedLoss, SUMMED.format(reduction=reduction), options)
     assert log.skipped == []
+
+
+# -- the ddp-tutorial shape ------------------------------------------------------------------
+def test_trainer_methods_gets_what_the_tutorials_own_ddp_version_has():
+    """fixtures/trainer_methods.py has the shape of pytorch/examples' ddp-tutorial-series
+    `single_gpu.py`; the maintainers' `multigpu_torchrun.py` is what a person makes of it.
+    Point by point (their version / this conversion, `tests/snapshots/trainer_methods.ddp.py`):
+
+    1. `ddp_setup()`: `init_process_group(backend="nccl")` and `set_device(LOCAL_RANK)` in
+       `main` / a set-up block after the imports: gloo or nccl by device, `set_device` on CUDA,
+       and nothing at all under plain `python`.
+    2. `self.model = DDP(self.model, device_ids=[gpu_id])` in `Trainer.__init__` / the same
+       place, as `self.ddp_model`, which the forward pass in `_run_batch` calls;
+       `self.model` stays the bare module.
+    3. `DataLoader(..., shuffle=False, sampler=DistributedSampler(dataset))` in
+       `prepare_dataloader` / the same, the shuffle moved into the sampler, the global batch
+       kept (`per_process_batch_size`).
+    4. `self.train_data.sampler.set_epoch(epoch)` in `_run_epoch` / at the top of the epoch
+       loop in `train`, before `_run_epoch(epoch)`: the same call, once per epoch.
+    5. `if self.gpu_id == 0 and epoch % save_every == 0: self._save_checkpoint(epoch)` with
+       `self.model.module.state_dict()` / `_save_checkpoint` returns early on ranks other than
+       0 and saves `self.model.state_dict()`: the same keys, no `module.` prefix.
+    6. `destroy_process_group()` at the end of `main` / at the end of the script.
+    Beyond theirs: prints on rank 0 only, each rank re-seeded with seed + RANK before training.
+    """
+    code = (SNAPSHOTS / "trainer_methods.ddp.py").read_text(encoding="utf-8")
+    init = code[code.index("    def __init__(self, model, train_data"):code.index("    def _run_batch")]
+    assert "self.ddp_model = DDP(\n                self.model," in init
+    assert "output = self.ddp_model(source)" in code
+    loader = code[code.index("def prepare_dataloader"):code.index("def main")]
+    assert "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None" in loader
+    assert "shuffle=sampler is None," in loader and "sampler=sampler," in loader
+    train = code[code.index("    def train(self, max_epochs)"):code.index("def load_train_objs")]
+    assert train.index("self.train_data.sampler.set_epoch(epoch)") < train.index("self._run_epoch(epoch)")
+    save = code[code.index("    def _save_checkpoint"):code.index("    def train(")]
+    assert save.index("if RANK != 0:") < save.index("torch.save(self.model.state_dict()")
+    assert code.rstrip().endswith("if DISTRIBUTED:\n        dist.destroy_process_group()")

@@ -37,18 +37,23 @@ pytestmark = pytest.mark.runs
 
 WORLD_SIZE = 2
 DDP_OPTIONS = ("--to", "ddp", "--amp", "off")
-# Fixtures without a DataLoader: the conversion cannot shard their data (it says so).
+# Fixtures without a DataLoader: the conversion cannot shard their data, so it refuses;
+# `--allow-partial` writes it (every rank then trains on all the data).
 UNSHARDED = {"lstm_lm.py"}
 # Final-loss gap allowed between two ranks' mean (last epoch) and the original's: the
 # DistributedSampler shuffles with its own generator, and from the start of training each
 # rank draws its own random numbers (re-seeded with seed + RANK), so a fixture sees other
 # batches and dropout masks, as with another seed. Measured gaps (2 epochs, 2-core CPU,
 # torch 2.13): cnn_toplevel 1.47 %, dataparallel_existing 3.98 %, gan 0.16 %, resnet_cifar
-# 5.39 %, trainer_class 0.43 %, transformer_accum 5.31 %, transformer_lm 0.04 %;
+# 5.39 %, trainer_class 0.43 %, transformer_accum 5.31 %, transformer_lm 0.04 %, trainer_methods 6.71 %;
 # mnist_main 12.7 % (dropout + Adadelta at lr 1.0: its second epoch falls steeply, so a
 # step's noise moves the mean a lot); linear_exact and lstm_lm 0.
 DDP_TOL = {name: 0.15 for name in CASES}
-DDP_TOL.update({"mnist_main.py": 0.3, "linear_exact.py": 1e-4, "lstm_lm.py": 1e-4})
+# step_functions 14.1 %: each rank's loss is the focal loss (~0.06 by epoch 2) of a
+# 16-sample half batch, so one batch's noise moves the rank's mean by tens of percent.
+DDP_TOL.update(
+    {"mnist_main.py": 0.3, "step_functions.py": 0.35, "linear_exact.py": 1e-4, "lstm_lm.py": 1e-4}
+)
 
 PROBE = textwrap.dedent(
     """\
@@ -112,7 +117,8 @@ def run_torchrun(script: Path, args: tuple[str, ...], cwd: Path) -> list[dict]:
 
 def _job(name: str, tmp: Path, shared: SessionRuns) -> dict:
     args = CASES[name].args
-    converted = shared.convert(name, *DDP_OPTIONS)
+    partial = ("--allow-partial",) if name in UNSHARDED else ()
+    converted = shared.convert(name, *DDP_OPTIONS, *partial)
     return {
         "orig": shared.run(FIXTURES_DIR / name, args).losses,
         "python": shared.run(converted, args).losses,

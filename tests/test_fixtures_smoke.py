@@ -29,6 +29,8 @@ FIXTURES = {
     "linear_exact.py": (["--save-params", "params.pt"], ["params.pt"]),
     "resnet_cifar.py": ([], ["resnet_cifar.pt"]),
     "transformer_lm.py": ([], ["transformer_lm.pt"]),
+    "trainer_methods.py": ([], ["trainer_methods.pt"]),
+    "step_functions.py": ([], ["step_functions.pt"]),
 }
 
 EXPECTED_FAILURES = {

@@ -15,15 +15,17 @@ from pathlib import Path
 
 import pytest
 import yaml  # a dependency of libcst, so always installed with autoaccel
-from conftest import CLEAN, SCRIPT
+from conftest import CLEAN
 
-from autoaccel.ci.changes import NO_COMMIT, base_revision, changed_files
+from autoaccel.ci.changes import NO_COMMIT, base_revision, changed_files, changed_lines
 from autoaccel.ci.github import COMMENT_MARKER, Inputs
 from autoaccel.diff import use_colour
 
 ROOT = Path(__file__).resolve().parent.parent
 ACTION = yaml.safe_load((ROOT / "action.yml").read_text())
 NOTEBOOK = ROOT / "fixtures" / "notebooks" / "train.ipynb"
+# A finding (a CPU tensor moved to the GPU) but no training loop.
+DATA_MODULE = "import torch\n\nMEAN = torch.zeros(3).cuda()\n"
 TRAIN = """\
 import torch
 from torch.utils.data import DataLoader
@@ -74,7 +76,7 @@ def repo(tmp_path):
         {
             "train.py": TRAIN,
             "notebooks/explore.ipynb": NOTEBOOK.read_text(),
-            "src/data.py": SCRIPT,
+            "src/data.py": DATA_MODULE,
             "src/clean.py": CLEAN,
             "notes.md": "DataLoader(ds)\n",
         },
@@ -108,6 +110,7 @@ class Action:
             GITHUB_STEP_SUMMARY=str(self.summary),
             GITHUB_OUTPUT=str(self.outputs_file),
             RUNNER_TEMP=str(self.home),
+            GITHUB_REPOSITORY="o/r",
             HOME=os.environ.get("HOME", str(self.home)),
         )
         return subprocess.run(
@@ -135,8 +138,15 @@ def test_pull_request_annotations_summary_comment_and_outputs(action):
 
     summary = action.summary.read_text()
     assert summary.startswith(f"{COMMENT_MARKER}\n## autoaccel\n")
-    assert f"**Lint**: {len(annotations)} findings in 3 of 4 changed files" in summary
-    assert "| [ACC101](https://github.com/autoaccel/autoaccel/blob/main/rules/" in summary
+    assert (
+        f"**Lint**: {len(annotations)} findings on the lines this change touches, in 3 of 4 "
+        "changed files (annotations on the diff)." in summary
+    )
+    head = git(action.repo, "rev-parse", "HEAD")
+    assert (
+        f"| [`train.py:4`](https://github.com/o/r/blob/{head}/train.py#L4) "
+        "| [ACC101](https://github.com/autoaccel/autoaccel/blob/main/rules/" in summary
+    )
     # Previews for the changed training scripts only: not the module without a loop.
     assert "### autoaccel convert: `train.py`" in summary
     assert "### autoaccel convert: `notebooks/explore.ipynb`" in summary
@@ -147,10 +157,51 @@ def test_pull_request_annotations_summary_comment_and_outputs(action):
     outputs = action.outputs()
     assert Path(outputs["comment-file"]).read_text() == summary
     assert outputs["changed-files"] == "4"
-    assert outputs["findings"] == str(len(annotations))
+    assert outputs["findings"] == outputs["findings-in-changed-files"] == str(len(annotations))
     assert json.loads(outputs["training-scripts"]) == ["notebooks/explore.ipynb", "train.py"]
     # Nothing in the repository was written by the previews.
     assert git(action.repo, "status", "--porcelain") == ""
+
+
+def test_only_findings_on_changed_lines_are_annotated_and_fail(action, repo, tmp_path):
+    """A pull request that edits old_train.py (whose DataLoader finding on line 4 was
+    already there) and adds a loader on a new last line: only that one counts."""
+    base = git(repo, "rev-parse", "HEAD")
+    added = "other = DataLoader(dataset)\nfor x, y in other:\n    model(x).sum().backward()\n"
+    head = commit(repo, {"old_train.py": TRAIN + added}, "new training loader")
+    (tmp_path / "event.json").write_text(json.dumps({"pull_request": {"base": {"sha": base}}}))
+    run = action.run(lint_args="--select ACC101")
+    assert run.returncode == 1, run.stderr
+    assert run.stdout.splitlines() == [
+        "::error title=autoaccel (ACC101),file=old_train.py,line=13,col=9,endLine=13,"
+        "endColumn=28::ACC101 `DataLoader` loads batches in the main process (`num_workers=0`)"
+    ]
+    summary = action.summary.read_text()
+    assert "**Lint**: 1 finding on the lines this change touches, in 1 of 1 changed file" in summary
+    assert "2 findings in all: 1 on lines this change did not touch" in summary
+    # Linked to the line at the commit that was linted; the comment ends with the command.
+    assert f"[`old_train.py:13`](https://github.com/o/r/blob/{head}/old_train.py#L13)" in summary
+    assert summary.endswith("```bash\nautoaccel lint --select ACC101 old_train.py\n```\n")
+    outputs = action.outputs()
+    assert (outputs["findings"], outputs["findings-in-changed-files"]) == ("1", "2")
+
+
+def test_findings_only_on_untouched_lines_pass(action, repo, tmp_path):
+    base = git(repo, "rev-parse", "HEAD")
+    commit(repo, {"old_train.py": TRAIN + "# a comment\n"}, "comment")
+    (tmp_path / "event.json").write_text(json.dumps({"pull_request": {"base": {"sha": base}}}))
+    run = action.run()
+    assert (run.returncode, run.stdout) == (0, ""), run.stderr
+    assert "**Lint**: 0 findings on the lines this change touches" in action.summary.read_text()
+
+
+def test_changed_lines_of_the_diff(repo):
+    base = git(repo, "rev-parse", "HEAD")
+    edited = TRAIN.replace("lr=0.1", "lr=0.2").replace("    optimizer.step()\n", "")
+    commit(repo, {"train.py": "+++ b/not-a-header\n" + edited, "new.py": "a\nb\n"}, "edit")
+    git(repo, "rm", "-q", "src/clean.py")
+    commit(repo, {}, "delete")
+    assert changed_lines(repo, base) == {Path("train.py"): {1, 7}, Path("new.py"): {1, 2}}
 
 
 def test_inputs_select_rules_keep_the_step_green_and_place_the_comment(action, tmp_path):
@@ -179,7 +230,7 @@ def test_no_changed_python_files(action, repo):
 def test_action_definition_passes_every_input_to_the_entry_point():
     assert ACTION["runs"]["using"] == "composite"
     (step,) = [step for step in ACTION["runs"]["steps"] if step.get("id") == "autoaccel"]
-    assert step["run"] == "python -m autoaccel.ci.github"
+    assert step["run"] == "python -I -m autoaccel.ci.github"
     assert all(s["shell"] == "bash" for s in ACTION["runs"]["steps"] if "run" in s)
     # Inputs reach the script through the environment only (no `${{ }}` in scripts).
     assert not any("${{" in s.get("run", "") for s in ACTION["runs"]["steps"])

@@ -132,6 +132,39 @@ def test_aligned_loader_rng_keeps_persistent_workers_in_step(tmp_path, capsys):
     assert outputs[True, "persistent"] == outputs[True, "fresh"]
 
 
+def test_progress_file_counts_the_steps_up_to_the_last(tmp_path):
+    progress = tmp_path / "progress"
+    record = harness.record_steps(write(tmp_path, TRAIN), [], max_steps=5, progress=progress)
+    assert record.exit == "max-steps"
+    assert progress.read_text() == "5"
+    assert record.threads == torch.get_num_threads()
+
+
+def test_a_distributed_rank_records_the_samples_of_each_step_by_pass(tmp_path, monkeypatch):
+    """Passes are numbered in the order the script starts them (evaluation too), also
+    when persistent workers are reused; indices drawn ahead go to their own batch."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    script = write(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = TensorDataset(torch.randn(8, 3), torch.randn(8, 1))
+        model = torch.nn.Linear(3, 1)
+        train = DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True)
+        for epoch in range(2):
+            for x, y in train:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            for x, y in DataLoader(data, batch_size=8):
+                pass
+        """)
+    record = harness.record_steps(script, [])
+    assert record.sample_ids == [
+        [1, [0, 1, 2, 3]], [1, [4, 5, 6, 7]], [3, [0, 1, 2, 3]], [3, [4, 5, 6, 7]]
+    ]
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert harness.record_steps(write(tmp_path, TRAIN, "one.py"), []).sample_ids is None
+
+
 def test_main_writes_the_record_and_reports_errors(tmp_path):
     out = tmp_path / "record-{rank}.json"
     assert harness.main(["--losses-out", str(out), "--max-steps", "2", write(tmp_path, TRAIN)]) == 0

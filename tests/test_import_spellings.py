@@ -15,27 +15,33 @@ def codes(source: str) -> list[str]:
     return [d.code for d in lint_source(source, ACC101)]
 
 
+# ACC101 reports loaders that feed a training loop: each spelling builds one.
+TRAIN = "for x, y in loader:\n    model(x).sum().backward()\n"
+
+
 @pytest.mark.parametrize(
     "source",
     [
-        pytest.param("from torch.utils.data import DataLoader\nDataLoader(ds)\n", id="from-import"),
-        pytest.param("from torch.utils.data import DataLoader as DL\nDL(ds)\n", id="from-import-as"),
-        pytest.param("import torch\ntorch.utils.data.DataLoader(ds)\n", id="import-torch"),
-        pytest.param("import torch.utils.data\ntorch.utils.data.DataLoader(ds)\n", id="import-dotted"),
-        pytest.param("import torch.utils.data as tud\ntud.DataLoader(ds)\n", id="import-as"),
-        pytest.param("from torch.utils import data\ndata.DataLoader(ds)\n", id="from-package"),
+        pytest.param("from torch.utils.data import DataLoader\nloader = DataLoader(ds)\n" + TRAIN, id="from-import"),
+        pytest.param("from torch.utils.data import DataLoader as DL\nloader = DL(ds)\n" + TRAIN, id="from-import-as"),
+        pytest.param("import torch\nloader = torch.utils.data.DataLoader(ds)\n" + TRAIN, id="import-torch"),
+        pytest.param("import torch.utils.data\nloader = torch.utils.data.DataLoader(ds)\n" + TRAIN, id="import-dotted"),
+        pytest.param("import torch.utils.data as tud\nloader = tud.DataLoader(ds)\n" + TRAIN, id="import-as"),
+        pytest.param("from torch.utils import data\nloader = data.DataLoader(ds)\n" + TRAIN, id="from-package"),
         pytest.param(
-            "from torch.utils.data.dataloader import DataLoader\nDataLoader(ds)\n",
+            "from torch.utils.data.dataloader import DataLoader\nloader = DataLoader(ds)\n" + TRAIN,
             id="defining-module",
         ),
-        pytest.param("import torch as th\nth.utils.data.DataLoader(ds)\n", id="torch-as"),
+        pytest.param("import torch as th\nloader = th.utils.data.DataLoader(ds)\n" + TRAIN, id="torch-as"),
         pytest.param(
-            "def main():\n    from torch.utils.data import DataLoader\n    return DataLoader(ds)\n",
+            "def main():\n    from torch.utils.data import DataLoader\n    loader = DataLoader(ds)\n"
+            "    for x, y in loader:\n        model(x).sum().backward()\n",
             id="local-import",
         ),
         pytest.param(
             "from torch.utils.data import DataLoader\n\n\nclass Trainer:\n"
-            "    def __init__(self, ds):\n        self.loader = DataLoader(ds)\n",
+            "    def __init__(self, ds):\n        self.loader = DataLoader(ds)\n"
+            "    def fit(self):\n        for x, y in self.loader:\n            model(x).sum().backward()\n",
             id="in-a-method",
         ),
     ],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import libcst as cst
 import pytest
 from libcst.metadata import (
@@ -21,13 +23,19 @@ def _resolved(value):
     return value() if callable(value) else value
 
 
+@cache
+def _parsed(source: str) -> tuple[cst.Module, MetadataWrapper, ModuleIndex]:
+    """One parse, LibCST's providers and the index per source, shared by the tests
+    (the providers' results are computed once per wrapper)."""
+    module = cst.parse_module(source)
+    return module, MetadataWrapper(module, unsafe_skip_copy=True), ModuleIndex(module)
+
+
 @pytest.mark.parametrize("source", list(sources()))
 def test_names_and_parents_match_libcst(source):
-    module = cst.parse_module(source)
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    module, wrapper, index = _parsed(source)
     expected = wrapper.resolve(QualifiedNameProvider)
     parents = wrapper.resolve(ParentNodeProvider)
-    index = ModuleIndex(module)
     for node in set(expected) | set(index.scopes):
         if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
             continue  # string annotations are not resolved
@@ -55,9 +63,8 @@ def test_global_statement_at_module_level_names_the_module_binding():
 
 @pytest.mark.parametrize("source", list(sources()))
 def test_bindings_and_reads_match_libcst_scopes(source):
-    module = cst.parse_module(source)
-    scopes = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
-    index = ModuleIndex(module)
+    module, wrapper, index = _parsed(source)
+    scopes = wrapper.resolve(ScopeProvider)
     for node, scope in scopes.items():
         if not isinstance(node, cst.Name) or scope is None or node not in index.scopes:
             continue

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not 
 
 def test_hook_definitions():
     assert set(HOOKS) == {"autoaccel", "autoaccel-fix"}
-    assert HOOKS["autoaccel"]["entry"] == "autoaccel lint"
-    assert HOOKS["autoaccel-fix"]["entry"] == "autoaccel lint --fix"
+    assert HOOKS["autoaccel"]["entry"] == "autoaccel lint --force-exclude"
+    assert HOOKS["autoaccel-fix"]["entry"] == "autoaccel lint --fix --force-exclude"
     for hook in HOOKS.values():
         assert hook["language"] == "python"
         assert hook["types_or"] == ["python", "jupyter"]
@@ -83,6 +83,15 @@ def test_lint_hook_fails_on_findings_in_staged_files(repo):
     assert "explore.ipynb:cell 1, line 4, col 10: ACC101" in run.stdout
     assert "unstaged.py" not in run.stdout
     assert (repo / "train.py").read_text() == SCRIPT
+
+
+def test_lint_hook_skips_staged_test_code(repo):
+    git(repo, "rm", "-q", "--cached", "train.py", "explore.ipynb")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_data.py").write_text(SCRIPT)
+    git(repo, "add", "tests/test_data.py")
+    run = run_hook("autoaccel", repo)
+    assert (run.returncode, run.stdout) == (0, ""), run.stderr
 
 
 def test_lint_hook_passes_on_clean_files(repo):

@@ -73,6 +73,35 @@ def test_readme_shows_the_set_up_commands():
     )
 
 
+def _git_tags() -> set[str]:
+    tags = subprocess.run(["git", "tag"], cwd=ROOT, capture_output=True, text=True).stdout
+    return set(tags.split())
+
+
+def test_snippets_point_at_refs_that_exist():
+    """No `rev: v0.1.0` / `@v0.1.0` for a tag that was never made: a branch, a commit sha
+    or an existing tag."""
+    text = README.read_text(encoding="utf-8")
+    refs = re.findall(r"^\s*rev: (\S+)", text, flags=re.M)
+    refs += re.findall(r"uses: autoaccel/autoaccel@(\S+)", text)
+    assert refs
+    for ref in refs:
+        assert ref == "main" or re.fullmatch(r"[0-9a-f]{40}", ref) or ref in _git_tags(), ref
+
+
+def test_bf16_claims_are_the_tests_tolerances_and_measurements():
+    """README states the range of the bf16 tolerances of tests/test_convert_runs.py and the
+    largest gap measured there (noted beside each case)."""
+    cases = (ROOT / "tests" / "test_convert_runs.py").read_text(encoding="utf-8")
+    rows = re.findall(r"Case\(.*, ([\d.]+), ([\d.]+)\),  # .* / ([\d.]+) %", cases)
+    tolerances = [float(bf16) for _, bf16, _ in rows]
+    gaps = [float(gap) for _, _, gap in rows]
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    assert len(rows) >= 10
+    assert f"the tests allow {min(tolerances):.1%} to {max(tolerances):.0%} per fixture" in text
+    assert f"and {max(gaps):.1f}% (mnist_main" in text
+
+
 if __name__ == "__main__":
     text = README.read_text(encoding="utf-8")
     start, end = text.index(START) + len(START), text.index(END)

@@ -28,14 +28,16 @@ def fixed(source: str, code: str, unsafe: bool = True) -> str:
 TRAINER = """\
 import torch
 import torch.nn as nn
+from torch.utils.data import DataLoader
 
 class Trainer:
     def __init__(self):
         self.device = torch.device("cuda")
         self.model = nn.Linear(2, 2).to(self.device)
+        self.loader = DataLoader(ds, pin_memory=True)
 
-    def fit(self, loader):
-        for batch in loader:
+    def fit(self):
+        for batch in self.loader:
             inputs, labels = batch
             inputs = inputs.to(self.device)
             labels = batch[1].to(self.device)
@@ -47,7 +49,7 @@ class Trainer:
 
 
 def test_acc103_follows_names_assigned_from_the_batch_in_a_method():
-    assert lines(TRAINER, "ACC103") == [12, 13]
+    assert lines(TRAINER, "ACC103") == [14, 15]
 
 
 def test_acc103_fix_adds_non_blocking_only_to_batch_copies():
@@ -75,12 +77,14 @@ def test_acc103_fix_is_unsafe():
 def test_acc103_reports(copy):
     source = f"""\
     import torch
+    from torch.utils.data import DataLoader
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = DataLoader(ds)
     for step, (x, y) in enumerate(loader):
         {copy}
         model(x).sum().backward()
     """
-    assert lines(source, "ACC103") == [4]
+    assert lines(source, "ACC103") == [6]
 
 
 @pytest.mark.parametrize(
@@ -101,8 +105,10 @@ def test_acc103_reports(copy):
 def test_acc103_does_nothing(copy):
     source = f"""\
     import torch
+    from torch.utils.data import DataLoader
     device = torch.device("cuda")
     host = torch.device("cpu")
+    loader = DataLoader(ds)
     for x, y in loader:
         {copy}
         model(x).sum().backward()
@@ -110,11 +116,11 @@ def test_acc103_does_nothing(copy):
     assert lines(source, "ACC103") == []
 
 
-def test_acc103_eval_loop_is_a_step_loop_too():
+def test_acc103_eval_loop_over_a_pinned_loader_is_reported_too():
     source = """\
     import torch
     from torch.utils.data import DataLoader
-    loader = DataLoader(ds)
+    loader = DataLoader(ds, pin_memory=True)
     with torch.no_grad():
         for x, y in loader:
             pred = model(x.cuda())
@@ -231,9 +237,24 @@ def test_acc104_does_nothing_when_shuffle_may_be_false():
     ],
 )
 def test_acc105_every_import_spelling(imports, sampler):
-    source = f"{imports}\ntrain_sampler = {sampler}(ds, num_replicas=2, rank=0)\n"
-    assert lines(source, "ACC105") == [2]
-    assert lines(source + "train_sampler.set_epoch(1)\n", "ACC105") == []
+    source = (
+        f"import torch\n{imports}\ntrain_sampler = {sampler}(ds, num_replicas=2, rank=0)\n"
+        "loader = torch.utils.data.DataLoader(ds, sampler=train_sampler)\n"
+    )
+    train = "for x in loader:\n    model(x).backward()\n"
+    assert lines(source + train, "ACC105") == [3]
+    assert lines(source + "train_sampler.set_epoch(1)\n" + train, "ACC105") == []
+
+
+def test_acc105_loader_trained_by_another_module_is_not_reported():
+    source = """\
+    from torch.utils.data import DataLoader, DistributedSampler
+    def loaders(ds):
+        sampler = DistributedSampler(ds)
+        train_loader = DataLoader(ds, sampler=sampler)
+        return train_loader
+    """
+    assert lines(source, "ACC105") == []
 
 
 def test_acc105_set_epoch_in_another_method():
@@ -246,6 +267,8 @@ def test_acc105_set_epoch_in_another_method():
             self.loader = DataLoader(ds, sampler=self.sampler)
         def epoch(self, n):
             self.sampler.set_epoch(n)
+            for x in self.loader:
+                model(x).backward()
     """
     assert lines(source, "ACC105") == []
     assert lines(source.replace("self.sampler.set_epoch", "print"), "ACC105") == [5]
@@ -259,6 +282,8 @@ def test_acc105_inline_sampler_set_through_the_loader():
             self.loader = DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds))
         def epoch(self, n):
             self.loader.sampler.set_epoch(n)
+            for x in self.loader:
+                model(x).backward()
     """
     assert lines(source, "ACC105") == []
     assert lines(source.replace("self.loader.sampler.set_epoch", "print"), "ACC105") == [4]
@@ -266,8 +291,11 @@ def test_acc105_inline_sampler_set_through_the_loader():
 
 def test_acc105_conditional_sampler_is_reported_without_fix():
     source = """\
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import DataLoader, DistributedSampler
     sampler = DistributedSampler(ds) if distributed else None
+    loader = DataLoader(ds, sampler=sampler)
+    for x in loader:
+        model(x).backward()
     """
     (diagnostic,) = lint_source(textwrap.dedent(source), settings("ACC105"))
     assert (diagnostic.line, diagnostic.fix_title) == (2, None)
@@ -313,6 +341,7 @@ class Net(torch.nn.Module):
 
 
 def train(model, loader):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in loader:
         F.cross_entropy(model(x.cuda()), y.cuda()).backward()
 """
@@ -352,20 +381,38 @@ def test_acc201_functional_convolution_counts():
     source = """\
     import torch
     import torch.nn.functional as F
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for x in loader:
-        F.conv1d(x.cuda(), weight).sum().backward()
+        F.conv1d(x.cuda(), model.weight).sum().backward()
     """
-    assert lines(source, "ACC201") == [4]
+    assert lines(source, "ACC201") == [5]
 
 
 def test_acc201_without_a_leading_import_block_reports_without_fix():
-    source = "x = 1\nimport torch\nm = torch.nn.Conv2d(1, 1, 1).cuda()\nm(x).backward()\n"
+    source = (
+        "x = 1\nimport torch\nm = torch.nn.Conv2d(1, 1, 1).cuda()\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nm(x).backward()\n"
+    )
     (diagnostic,) = lint_source(source, settings("ACC201"))
     assert diagnostic.fix_title is None
 
 
 def test_acc201_does_nothing_without_training():
     source = "import torch\nm = torch.nn.Conv2d(1, 1, 1).cuda()\nprint(m(x))\n"
+    assert lines(source, "ACC201") == []
+
+
+def test_acc201_does_nothing_for_guidance_gradients_in_a_pipeline():
+    # Gradients of the image (a blur, a convolution, a backward) but no model trains.
+    source = """\
+    import torch
+    blur = torch.nn.Conv2d(3, 3, 5, groups=3).cuda()
+    for t in timesteps:
+        image = image.detach().requires_grad_()
+        loss = (blur(image) - target).pow(2).sum()
+        loss.backward()
+        image = image - image.grad
+    """
     assert lines(source, "ACC201") == []
 
 
@@ -453,6 +500,8 @@ def test_acc103_device_defined_after_use_and_through_or():
                 model(x).sum().backward()
         def __init__(self, device=None):
             self.device = device or torch.device("cuda")
+    loader = torch.utils.data.DataLoader(ds)
+    Trainer().fit(loader)
     """
     assert lines(source, "ACC103") == [5]
     assert lines(source.replace('torch.device("cuda")', 'pick("cuda")'), "ACC103") == []

@@ -251,6 +251,7 @@ def test_zero_dim_index_noop(source):
 # -- ACC504 eval-without-no-grad ------------------------------------------------------------
 EVAL_LOADER = (
     "import torch\nfrom torch.utils.data import DataLoader\ntest_loader = DataLoader(ds)\n"
+    "model = torch.nn.Linear(4, 2)\n"
 )
 
 
@@ -281,6 +282,7 @@ def test_eval_method_called_under_no_grad_is_not_reported():
         class Runner:
             def __init__(self):
                 self.loader = DataLoader(ds)
+                self.model = torch.nn.Linear(4, 2)
             def evaluate(self):
                 for x, y in self.loader:
                     self.model(x)

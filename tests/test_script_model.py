@@ -50,10 +50,29 @@ def test_aliases_and_arguments_carry_the_facts():
         class Trainer:
             def __init__(self, model):
                 self.model = model
+        trainer = Trainer(net)
         """
     )
     assert {"net", "model", "self.model"} <= script.models
     assert "data" in script.loaders
+
+
+def test_names_are_scoped_not_spelled():
+    # `fit`'s `model` parameter is bound only by its call sites; a class that is never
+    # built gets nothing from a same-named parameter elsewhere.
+    script = model_of(
+        """
+        net = nn.Linear(4, 2)
+        def fit(model):
+            pass
+        fit(net)
+        class Report:
+            def __init__(self, model):
+                self.model = model
+        """
+    )
+    assert "model" in script.models
+    assert "self.model" not in script.models
 
 
 def test_models_optimizers_criteria():
@@ -63,6 +82,7 @@ def test_models_optimizers_criteria():
             pass
         model = Net().to(device)
         backbone = nn.Conv2d(3, 8, 3)
+        head = nn.Linear(8, 2)
         opt = torch.optim.SGD(head.parameters(), lr=0.1)
         criterion = nn.CrossEntropyLoss()
         """
@@ -94,6 +114,8 @@ def test_uses_cuda():
     assert model_of("x = y.cuda()\n").uses_cuda
     assert model_of("x = y.to('cuda:1')\n").uses_cuda
     assert not model_of("x = y.to('cpu')\n").uses_cuda
+    # a checkpoint saved on a GPU, loaded where the script runs: no use of CUDA
+    assert not model_of("state = torch.load(p, map_location={'cuda:0': 'cpu'})\n").uses_cuda
 
 
 def test_train_and_eval_step_loops_and_epochs():
@@ -229,3 +251,64 @@ def test_accelerator_api_devices(assignment):
     script = model_of(assignment + "\n")
     assert "device" in script.devices
     assert script.uses_cuda
+
+
+def test_step_through_functions_evaluation_first_and_a_loss_module():
+    """The shapes of fixtures/step_functions.py, reduced: the loader loop that reaches
+    backward() through `train_step` trains; `evaluate`'s loop, run first, evaluates; the
+    script's own `FocalLoss` is a criterion, not a model; loaders come from a helper."""
+    script = model_of(
+        """
+        class FocalLoss(nn.Module):
+            def forward(self, logits, targets):
+                return logits.sum() * 0 + targets.sum()
+
+        def make_loaders():
+            return DataLoader(train_ds, shuffle=True), DataLoader(val_ds)
+
+        def train_step(net, optimizer, criterion, x, y):
+            loss = criterion(net(x), y)
+            loss.backward()
+            optimizer.step()
+
+        def evaluate(net, loader):
+            for x, y in loader:
+                net(x)
+
+        def train_epoch(net, optimizer, criterion, loader):
+            batches = loader
+            for x, y in batches:
+                train_step(net, optimizer, criterion, x, y)
+
+        net = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        criterion = FocalLoss()
+        train_loader, val_loader = make_loaders()
+        evaluate(net, val_loader)
+        for epoch in range(2):
+            train_epoch(net, optimizer, criterion, train_loader)
+        """
+    )
+    roles = {loop.loader: loop.role for loop in script.step_loops.values()}
+    assert roles == {"batches": LoopRole.TRAIN, "loader": LoopRole.EVAL}
+    train = next(loop for loop in script.step_loops.values() if loop.role is LoopRole.TRAIN)
+    assert [f.name for f in train.step_functions] == ["train_step"]
+    (shuffled,) = [loader.node for loader in train.loaders]
+    assert any(arg.keyword and arg.keyword.value == "shuffle" for arg in shuffled.args)
+    assert script.models == {"net"} and script.criteria == {"criterion"}
+    (epoch,) = script.epoch_loops  # around the call of the function that holds the step
+    assert epoch.target.value == "epoch"  # type: ignore[union-attr]
+
+
+def test_a_loop_over_chunks_of_the_batch_is_a_micro_step():
+    script = model_of(
+        """
+        for x, y in DataLoader(ds):
+            for part in x.chunk(4):
+                model(part).sum().backward()
+            optimizer.step()
+        """
+    )
+    (step,) = script.step_loops.values()
+    (micro,) = script.micro_loops
+    assert isinstance(step.node.iter, cst.Call) and step.micro_loops == (micro,)

@@ -1,9 +1,15 @@
-"""The script model: what a training script is made of, found once per file.
+"""The script model: what one module of a training program is made of.
 
-Rules and convert transforms share it instead of each re-discovering which names
-are DataLoaders, models, optimizers, criteria and devices, and which loops train
-or evaluate. Objects are tracked by `name_key` (`loader`, `self.loader`), so
-top-level code, functions that receive them as arguments and classes are alike.
+Rules and convert transforms share it instead of each re-discovering which names are
+DataLoaders, models, optimizers, criteria and devices, and which loops train or
+evaluate. It is a view of one module onto the whole-program analysis
+(`autoaccel.analysis.program`, `autoaccel.analysis.training`): objects are followed
+through calls, returns, `self.x` and local modules; loops are classified by what they
+reach. Two kinds of questions are answered:
+
+- by node (`values`, `holds`, `is_model_call`, `step_of`): exact, scope-aware;
+- by spelling (`models`, `loaders`, ...: sets of `name_key`s such as `model`,
+  `self.loader`), for code that matches names as written in this module.
 """
 
 from __future__ import annotations
@@ -15,42 +21,42 @@ from enum import Enum
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from autoaccel.analysis.index import ModuleIndex, descendants, run_visitors
+from autoaccel.analysis.index import ModuleIndex, Scope, descendants, run_visitors
 from autoaccel.analysis.losses import is_functional_loss
-from autoaccel.analysis.shapes import BindingVisitor, bound_names, is_name
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import (
+    DATA_PARALLEL,
+    DATALOADER,
+    DISTRIBUTED_DATA_PARALLEL,
+    ClassInfo,
+    FunctionInfo,
+    Kind,
+    Obj,
+    Program,
+    ProgramCollector,
+    SourceModule,
+    Values,
+    argument,
+    is_device_string,
+)
+from autoaccel.analysis.shapes import is_name
+from autoaccel.analysis.training import LoopRole, StepLoop, Training, find_training, trains
 
-DATALOADER = "torch.utils.data.DataLoader"
-# `torch.nn.parallel.DataParallel` and its module-internal path canonicalise to this.
-DATA_PARALLEL = "torch.nn.DataParallel"
-DISTRIBUTED_DATA_PARALLEL = "torch.nn.parallel.DistributedDataParallel"
+__all__ = [
+    "CONVOLUTIONS", "DATALOADER", "DATA_PARALLEL", "DISTRIBUTED_DATA_PARALLEL",
+    "DISTRIBUTED_SAMPLER", "KeywordDict", "KeywordValue", "LoopRole", "Missing",
+    "ScriptModel", "StepLoop", "Unknown", "build_script_model", "device_leaves",
+    "is_device_string", "script_models", "strip_device_moves",
+]  # fmt: skip
+
 DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
 CONVOLUTIONS = frozenset(
     f"torch.nn.{kind}{dims}d"
     for kind in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose")
     for dims in (1, 2, 3)
 ) | frozenset(f"torch.nn.functional.conv{dims}d" for dims in (1, 2, 3))
-_MODEL_FACTORIES = ("torch.nn.", "torchvision.models.", "timm.create_model")
 # Statements whose body may not run.
 _BRANCHES = (cst.If, cst.For, cst.While, cst.Try, cst.Match)
-# Calls that return a device object (`torch.accelerator` is the device-generic API).
-_DEVICE_CALLS = frozenset({"torch.device", "torch.accelerator.current_accelerator"})
-_DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
-
-
-class LoopRole(Enum):
-    TRAIN = "train"
-    EVAL = "eval"
-
-
-@dataclass
-class StepLoop:
-    """A loop over batches: one iteration is one training or evaluation step."""
-
-    node: cst.For | cst.While
-    role: LoopRole
-    loader: str | None  # name_key of the DataLoader it reads, when known
-    batch_names: frozenset[str]  # names bound by the loop target
 
 
 @dataclass
@@ -84,30 +90,111 @@ KeywordValue = cst.BaseExpression | Missing | Unknown
 
 @dataclass
 class ScriptModel:
-    """Facts about one script, computed by `build_script_model`."""
+    """Facts about one module of a program, computed by `build_script_model`."""
 
+    # -- by spelling (name_keys of this module) ------------------------------------
     loaders: dict[str, list[cst.Call]] = field(default_factory=dict)
-    loader_calls: list[cst.Call] = field(default_factory=list)
+    loader_calls: list[cst.Call] = field(default_factory=list)  # DataLoader calls written here
     models: set[str] = field(default_factory=set)
     optimizers: set[str] = field(default_factory=set)
     criteria: set[str] = field(default_factory=set)
     devices: set[str] = field(default_factory=set)
-    step_loops: dict[cst.CSTNode, StepLoop] = field(default_factory=dict)
-    epoch_loops: set[cst.CSTNode] = field(default_factory=set)  # loops around a training step loop
-    keyword_dicts: dict[str, KeywordDict] = field(default_factory=dict)
-    uses_cuda: bool = False
-    has_convolutions: bool = False
     # `nn.DataParallel` models, aliases included (`self.model = model`).
     data_parallel: set[str] = field(default_factory=set)
     # Names whose `.parameters()` an optimizer receives, as written (no aliases): the
     # models that train, not their layers nor a wrapper around them.
     trained: set[str] = field(default_factory=set)
-    # (target, source) of `a = b` (device moves stripped) and of arguments
-    # passed to parameters of functions defined in the script.
-    aliases: list[tuple[str, str]] = field(default_factory=list)
-    # Parents, scopes and qualified names of the module (None for an empty model).
+    keyword_dicts: dict[str, KeywordDict] = field(default_factory=dict)
+    # -- loops of this module --------------------------------------------------------
+    step_loops: dict[cst.CSTNode, StepLoop] = field(default_factory=dict)
+    epoch_loops: set[cst.CSTNode] = field(default_factory=set)  # loops around a step loop
+    micro_loops: set[cst.CSTNode] = field(default_factory=set)  # loops inside a step loop
+    uses_cuda: bool = False
+    has_convolutions: bool = False
+    # -- the whole program -----------------------------------------------------------
     index: ModuleIndex | None = field(default=None, repr=False, compare=False)
+    program: Program | None = field(default=None, repr=False, compare=False)
+    module: SourceModule | None = field(default=None, repr=False, compare=False)
+    training: Training = field(default_factory=Training, repr=False, compare=False)
+    _trainers: set[FunctionInfo] | None = field(default=None, repr=False, compare=False)
 
+    # -- by node ---------------------------------------------------------------------
+    def values(self, node: cst.BaseExpression) -> Values:
+        """What `node`, an expression of this module, may hold."""
+        if self.program is None or self.module is None:
+            return frozenset()
+        return self.program.values_of(node, self.module)
+
+    def holds(self, node: cst.BaseExpression, *kinds: Kind) -> bool:
+        return any(obj.kind in kinds for obj in self.values(node))
+
+    def trains(self, obj: Obj) -> bool:
+        """Whether an optimizer updates the parameters of `obj`."""
+        return trains(self.training, obj)
+
+    def is_model(self, node: cst.BaseExpression) -> bool:
+        """Whether `node` holds a model: an `nn.Module` that is no criterion, or an
+        object made by code the analysis cannot read whose parameters train."""
+        return any(self._is_model(obj) for obj in self.values(node))
+
+    def _is_model(self, obj: Obj) -> bool:
+        if obj in self.training.criteria:
+            return False
+        return obj.kind is Kind.MODULE or (obj.kind is Kind.EXTERNAL and self.trains(obj))
+
+    def is_model_call(self, call: cst.Call) -> bool:
+        return self.is_model(call.func)
+
+    def step_of(self, node: cst.CSTNode) -> StepLoop | None:
+        """The step loop `node` runs in: around it in this module, or one from which its
+        function is called (a `train_step()` helper, a Trainer's `_run_batch`)."""
+        assert self.index is not None
+        for ancestor in self.index.ancestors(node):
+            if ancestor in self.step_loops:
+                return self.step_loops[ancestor]
+            if isinstance(ancestor, cst.FunctionDef) and self.program is not None:
+                function = self.program.functions.get(ancestor)
+                for step in self.training.step_loops.values():
+                    if function in step.step_functions:
+                        return step
+        return None
+
+    def runs_training(self, node: cst.CSTNode) -> bool:
+        """Whether `node` (a statement of this module) holds a training step loop or calls
+        a function that runs one, directly or through other calls."""
+        if self.program is None:
+            return False
+        trains = self._training_functions()
+        for child in descendants(node):
+            if child in self.training.step_loops and self.training.step_loops[child].role is LoopRole.TRAIN:
+                return True
+            if isinstance(child, cst.Call) and self.program.callees.get(child, set()) & trains:
+                return True
+        return False
+
+    def _training_functions(self) -> set[FunctionInfo]:
+        """The functions that hold a training step loop, and their callers."""
+        if self._trainers is None:
+            program = self.program
+            assert program is not None
+            found = {
+                step.function
+                for step in self.training.step_loops.values()
+                if step.role is LoopRole.TRAIN and step.function is not None
+            }
+            grew = bool(found)
+            while grew:
+                callers = {
+                    program.function_of[call]
+                    for call, callees in program.callees.items()
+                    if callees & found
+                } - {None} - found
+                found |= callers  # type: ignore[arg-type]
+                grew = bool(callers)
+            self._trainers = found
+        return self._trainers
+
+    # -- keyword arguments -------------------------------------------------------------
     def keyword(self, call: cst.Call, name: str) -> KeywordValue:
         """The value `call` passes for keyword `name`, following `**dict` arguments."""
         found: KeywordValue = Missing.MISSING
@@ -137,103 +224,64 @@ class ScriptModel:
         return None
 
     def is_loss_call(self, node: cst.CSTNode | None) -> bool:
-        """`criterion(...)` of a loss module built in the script, or a call of a
-        `torch.nn.functional` loss."""
+        """`criterion(...)` of a loss module, or a call of a `torch.nn.functional` loss."""
         if not isinstance(node, cst.Call) or self.index is None:
             return False
+        if any(obj in self.training.criteria for obj in self.values(node.func)):
+            return True
         return name_key(node.func) in self.criteria or is_functional_loss(
             self.index.qualified_names(node.func)
         )
 
 
-class _Collector(BindingVisitor, cst.CSTVisitor):
-    """Gathers the facts in one walk (see `run_visitors`); `finish` closes them."""
+class _Syntax(cst.CSTVisitor):
+    """What this module says in so many words: `**kwargs` dicts, CUDA, convolutions."""
 
-    def __init__(self, index: ModuleIndex) -> None:
+    def __init__(self, index: ModuleIndex, model: ScriptModel) -> None:
         super().__init__()
         self.index = index
-        self.model = ScriptModel(index=index)
-        self.aliases = self.model.aliases
-        self.module_classes: set[str] = set()
-        self.loop_stack: list[cst.For | cst.While] = []
-        self.training_loops: set[cst.CSTNode] = set()  # bodies call `.backward()`
-        self.parameters: dict[str, list[str]] = {}  # function name -> parameter names
-        self.calls: list[tuple[str, cst.Call]] = []  # calls of functions defined here
+        self.model = model
 
-    # -- names bound by assignments ------------------------------------------------
-    def bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value)
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         key = name_key(target)
         if key is None:
             return
         if isinstance(value, cst.Dict):
             self._record_dict(key, value)
         elif isinstance(value, cst.Call) and is_name(value.func, "dict"):
-            self._record_dict_call(key, value)
-        self._alias(key, value)
-        if self._is_device_value(value):
-            self.model.devices.add(key)
-        if any(
-            DATA_PARALLEL in self.index.qualified_names(call.func)
-            for call in _possible_calls(value)
-        ):
-            self.model.data_parallel.add(key)
-        call = strip_device_moves(value)
-        if not isinstance(call, cst.Call):
-            return
-        names = self.index.qualified_names(call.func)
-        if DATALOADER in names:
-            self.model.loaders.setdefault(key, []).append(call)
-        elif any(n.startswith("torch.optim.") and n.count(".") == 2 for n in names):
-            self.model.optimizers.add(key)
-        elif any(n.startswith("torch.nn.") and n.endswith("Loss") for n in names):
-            self.model.criteria.add(key)
-        elif names & _DEVICE_CALLS:
-            self.model.devices.add(key)
-        elif _is_model_factory(names) or (
-            isinstance(call.func, cst.Name) and call.func.value in self.module_classes
-        ):
-            self.model.models.add(key)
-
-    def _is_device_value(self, value: cst.BaseExpression) -> bool:
-        """`"cuda"`, `"cuda" if c else "cpu"`, `args.device or "cuda:0"`: a device
-        written as a string (plain, or as one of the values the expression may take)."""
-        if isinstance(value, cst.IfExp) and _mentions_cuda_string(value):
-            return True
-        return any(
-            _is_device_string(leaf)
-            or (isinstance(leaf, cst.Call) and self.index.qualified_names(leaf.func) & _DEVICE_CALLS)
-            for leaf in device_leaves(value)
-        )
+            kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict())
+            for arg in value.args:
+                if arg.keyword is not None:
+                    kwargs.values[arg.keyword.value].append(arg.value)
+                else:
+                    kwargs.opaque = True
 
     def _record_dict(self, key: str, value: cst.Dict) -> None:
         kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict(display=value))
         for element in value.elements:
-            if isinstance(element, cst.DictElement) and isinstance(
-                element.key, cst.SimpleString
-            ):
-                kwargs.values[element.key.evaluated_value].append(element.value)  # type: ignore[index]
-            elif isinstance(element, cst.StarredDictElement):
+            if isinstance(element, cst.StarredDictElement):
                 self._merge_dict(kwargs, element.value)
             else:
-                kwargs.opaque = True
+                self._merge_element(kwargs, element)
 
-    def _record_dict_call(self, key: str, value: cst.Call) -> None:
-        kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict())
-        for arg in value.args:
-            if arg.keyword is not None:
-                kwargs.values[arg.keyword.value].append(arg.value)
-            else:
-                kwargs.opaque = True
+    def _merge_element(self, kwargs: KeywordDict, element: cst.BaseDictElement) -> None:
+        if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+            kwargs.values[element.key.evaluated_value].append(element.value)  # type: ignore[index]
+        else:
+            kwargs.opaque = True
 
     def _merge_dict(self, kwargs: KeywordDict, source: cst.BaseExpression) -> None:
         if isinstance(source, cst.Dict):
             for element in source.elements:
-                if isinstance(element, cst.DictElement) and isinstance(
-                    element.key, cst.SimpleString
-                ):
-                    kwargs.values[element.key.evaluated_value].append(element.value)  # type: ignore[index]
-                else:
-                    kwargs.opaque = True
+                self._merge_element(kwargs, element)
             return
         key = name_key(source)
         other = self.model.keyword_dicts.get(key) if key else None
@@ -278,23 +326,19 @@ class _Collector(BindingVisitor, cst.CSTVisitor):
             kwargs.sometimes |= added
 
     def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        names = self.index.qualified_names(func)
+        names = self.index.qualified_names(node.func)
         if DATALOADER in names:
             self.model.loader_calls.append(node)
-        self._record_local_call(node)
         if names & CONVOLUTIONS:
             self.model.has_convolutions = True
         if any(n.startswith(("torch.cuda.", "torch.accelerator.")) for n in names):
             self.model.uses_cuda = True
+        func = node.func
         if not isinstance(func, cst.Attribute):
             return
-        method = func.attr.value
-        if method == "backward":
-            self._mark_training_loops(node)
-        elif method == "cuda":
+        if func.attr.value == "cuda":
             self.model.uses_cuda = True
-        elif method == "update":
+        elif func.attr.value == "update":
             key = name_key(func.value)
             if key in self.model.keyword_dicts:
                 kwargs = self.model.keyword_dicts[key]  # type: ignore[index]
@@ -305,130 +349,92 @@ class _Collector(BindingVisitor, cst.CSTVisitor):
                     else:
                         self._merge_dict(kwargs, arg.value)
                 self._note_conditional_keys(kwargs, known, node)
-        elif method == "parameters":
-            if self._is_optimizer_argument(node):
-                key = name_key(func.value)
-                if key is not None:
-                    self.model.models.add(key)
-                    self.model.trained.add(key)
-
-    def _mark_training_loops(self, backward: cst.Call) -> None:
-        """Every loop whose body holds this `.backward()` call trains."""
-        child: cst.CSTNode = backward
-        for ancestor in self.index.ancestors(backward):
-            if isinstance(ancestor, (cst.For, cst.While)) and child is ancestor.body:
-                self.training_loops.add(ancestor)
-            child = ancestor
-
-    def _is_optimizer_argument(self, node: cst.Call) -> bool:
-        parent = self.index.parent(node)
-        while isinstance(parent, (cst.Arg, cst.Element, cst.List, cst.Tuple, cst.DictElement, cst.Dict)):
-            parent = self.index.parent(parent)
-        if not isinstance(parent, cst.Call):
-            return False
-        names = self.index.qualified_names(parent.func)
-        return any(n.startswith("torch.optim.") for n in names)
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         value = node.evaluated_value
-        if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
-            self.model.uses_cuda = True
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        for base in node.bases:
-            if "torch.nn.Module" in self.index.qualified_names(base.value):
-                self.module_classes.add(node.name.value)
-
-    # -- loops ---------------------------------------------------------------------
-    def visit_For(self, node: cst.For) -> None:
-        self.loop_stack.append(node)
-
-    def leave_For(self, original_node: cst.For) -> None:
-        self.loop_stack.pop()
-        self._classify_loop(original_node, _loaded_object(original_node.iter))
-
-    def visit_While(self, node: cst.While) -> None:
-        self.loop_stack.append(node)
-
-    def leave_While(self, original_node: cst.While) -> None:
-        self.loop_stack.pop()
-        self._classify_loop(original_node, None)
-
-    def _classify_loop(self, node: cst.For | cst.While, source: str | None) -> None:
-        if node in self.model.epoch_loops:
+        if not isinstance(value, str) or not (value == "cuda" or value.startswith("cuda:")):
             return
-        trains = node in self.training_loops
-        if not trains and source is None:
-            return
-        if trains:
-            self.model.epoch_loops.update(self.loop_stack)
-        batch_names = (
-            frozenset(bound_names(node.target)) if isinstance(node, cst.For) else frozenset()
-        )
-        self.model.step_loops[node] = StepLoop(
-            node=node,
-            role=LoopRole.TRAIN if trains else LoopRole.EVAL,
-            loader=source,
-            batch_names=batch_names,
-        )
+        parent = self.index.parent(node)
+        if isinstance(parent, cst.DictElement) and parent.key is node:
+            return  # `map_location={"cuda:0": ...}` maps where a checkpoint was saved
+        self.model.uses_cuda = True
 
-    # -- functions: arguments passed at call sites alias their parameters ----------
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        params = [p.name.value for p in node.params.params]
-        if params and params[0] == "self":
-            params = params[1:]
-        self.parameters[node.name.value] = params + [
-            p.name.value for p in node.params.kwonly_params
-        ]
 
-    def _record_local_call(self, node: cst.Call) -> None:
-        key = name_key(node.func)
-        if key is not None:
-            self.calls.append((key.removeprefix("self."), node))
+def _fill(model: ScriptModel) -> ScriptModel:
+    """The facts of `model.module` that come from the program: spellings and loops."""
+    program, module, training = model.program, model.module, model.training
+    assert program is not None and module is not None
+    own = module.scope
+    for (owner, name), objects in program.values.items():
+        if isinstance(owner, Scope) and owner.module is own:
+            if name == "self":
+                continue  # the instance inside its own methods: not a name for the object
+            key = name
+        elif isinstance(owner, ClassInfo) and owner.module is module:
+            key = f"self.{name}"
+        else:
+            continue
+        for obj in objects:
+            _file(model, key, obj)
+    for node, loop in training.step_loops.items():
+        if loop.module is module:
+            model.step_loops[node] = loop
+    model.epoch_loops = {n for n in training.epoch_loops if program.module_of[n] is module}
+    model.micro_loops = {n for n in training.micro_loops if program.module_of[n] is module}
+    for optimizer in program.objects(Kind.OPTIMIZER):
+        params = argument(optimizer.node, 0, "params")  # type: ignore[arg-type]
+        for obj in program.flat_values_of(params, optimizer.module) if params is not None else ():
+            if obj.kind is Kind.PARAMETERS and obj.module is module:
+                key = name_key(obj.node.func.value)  # type: ignore[attr-defined]
+                if key is not None:
+                    model.trained.add(key)
+    return model
 
-    def _alias_arguments(self) -> None:
-        for function, call in self.calls:
-            params = self.parameters.get(function)
-            if params is None:
-                continue
-            positional = [a for a in call.args if a.keyword is None and not a.star]
-            for param, arg in zip(params, positional):
-                self._alias(param, arg.value)
-            for arg in call.args:
-                if arg.keyword is not None:
-                    self._alias(arg.keyword.value, arg.value)
 
-    def _alias(self, target: str, value: cst.BaseExpression) -> None:
-        source = name_key(strip_device_moves(value))
-        if source is not None and source != target:
-            self.aliases.append((target, source))
+def _file(model: ScriptModel, key: str, obj: Obj) -> None:
+    kind = obj.kind
+    if kind is Kind.LOADER:
+        calls = model.loaders.setdefault(key, [])
+        if obj.node not in calls:
+            calls.append(obj.node)  # type: ignore[arg-type]
+    elif kind is Kind.OPTIMIZER:
+        model.optimizers.add(key)
+    elif kind is Kind.DEVICE:
+        model.devices.add(key)
+    elif obj in model.training.criteria or kind is Kind.CRITERION:
+        model.criteria.add(key)
+    elif kind is Kind.MODULE or (kind is Kind.EXTERNAL and model.trains(obj)):
+        model.models.add(key)
+        if obj.parallel == "dp":
+            model.data_parallel.add(key)
 
-    def finish(self) -> ScriptModel:
-        """Resolve aliases (`self.loader = loader`, arguments) and drop loops over non-loaders."""
-        self._alias_arguments()
-        changed = True
-        while changed:
-            changed = False
-            for target, source in self.aliases:
-                for group in (
-                    self.model.models,
-                    self.model.optimizers,
-                    self.model.criteria,
-                    self.model.devices,
-                ):
-                    if source in group and target not in group:
-                        group.add(target)
-                        changed = True
-                if source in self.model.data_parallel and target not in self.model.data_parallel:
-                    self.model.data_parallel.add(target)
-                    changed = True
-                if source in self.model.loaders and target not in self.model.loaders:
-                    self.model.loaders[target] = self.model.loaders[source]
-                    changed = True
-        for loop in list(self.model.step_loops.values()):
-            if loop.role is LoopRole.EVAL and loop.loader not in self.model.loaders:
-                del self.model.step_loops[loop.node]
-        return self.model
+
+def build_script_model(wrapper: MetadataWrapper, index: ModuleIndex | None = None) -> ScriptModel:
+    """Analyse the module held by `wrapper` on its own (pass the module's `index` when
+    built already): one walk collects both the syntax and the program's constraints."""
+    tree = wrapper.module
+    index = index or ModuleIndex(tree)
+    module = SourceModule("__main__", tree, index)
+    program = Program([module])
+    model = ScriptModel(index=index, program=program, module=module)
+    run_visitors(tree, [_Syntax(index, model), ProgramCollector(program, module)])
+    program.solve()
+    model.training = find_training(program)
+    return _fill(model)
+
+
+def script_models(program: Program) -> dict[str, ScriptModel]:
+    """The script model of every module of a solved multi-module `program`, by name."""
+    training = find_training(program)
+    models: dict[str, ScriptModel] = {}
+    for module in program.modules:
+        model = ScriptModel(index=module.index, program=program, module=module, training=training)
+        run_visitors(module.tree, [_Syntax(module.index, model)])
+        models[module.name] = _fill(model)
+    uses_cuda = any(m.uses_cuda for m in models.values())
+    for model in models.values():
+        model.uses_cuda = uses_cuda
+    return models
 
 
 def strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:
@@ -442,21 +448,6 @@ def strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     return value
 
 
-def _possible_calls(value: cst.BaseExpression) -> list[cst.Call]:
-    """The calls an assigned value may be: both branches of `a if c else b`."""
-    if isinstance(value, cst.IfExp):
-        return _possible_calls(value.body) + _possible_calls(value.orelse)
-    value = strip_device_moves(value)
-    return [value] if isinstance(value, cst.Call) else []
-
-
-def _is_model_factory(names: frozenset[str]) -> bool:
-    """`nn.Linear(...)`, `torchvision.models.resnet50()`: not `torch.nn.functional.relu`."""
-    return any(
-        n.startswith(_MODEL_FACTORIES) and not n.startswith("torch.nn.functional.") for n in names
-    )
-
-
 def device_leaves(value: cst.BaseExpression) -> list[cst.BaseExpression]:
     """The values `a or b` / `a if c else b` may take."""
     if isinstance(value, cst.BooleanOperation):
@@ -465,31 +456,3 @@ def device_leaves(value: cst.BaseExpression) -> list[cst.BaseExpression]:
         return [*device_leaves(value.body), *device_leaves(value.orelse)]
     return [value]
 
-
-def _is_device_string(value: cst.BaseExpression) -> bool:
-    """`"cuda"`, `"cuda:0"`, `"cpu"`, `"mps"`."""
-    if not isinstance(value, cst.SimpleString):
-        return False
-    text = value.evaluated_value
-    return isinstance(text, str) and text.split(":")[0] in _DEVICE_STRINGS
-
-
-def _mentions_cuda_string(node: cst.CSTNode) -> bool:
-    return any(
-        isinstance(n, cst.SimpleString) and "cuda" in n.value for n in descendants(node)
-    )
-
-
-def _loaded_object(iterable: cst.BaseExpression) -> str | None:
-    """The loader a `for` reads: `loader`, `enumerate(loader)`, `tqdm(loader, ...)`."""
-    while isinstance(iterable, cst.Call) and iterable.args:
-        iterable = iterable.args[0].value
-    return name_key(iterable)
-
-
-def build_script_model(wrapper: MetadataWrapper, index: ModuleIndex | None = None) -> ScriptModel:
-    """Analyse the module held by `wrapper` (pass the module's `index` when built already)."""
-    module = wrapper.module
-    collector = _Collector(index or ModuleIndex(module))
-    run_visitors(module, [collector])
-    return collector.finish()

@@ -1,32 +1,34 @@
 """`autoaccel bench`: convert a script, run the original and the conversion for the same
-number of steps in separate processes, and compare speed, memory and loss curves.
+number of steps in separate processes, alternately (A B A B ...), and compare speed, memory
+and loss curves.
 
 The converted script is written under the same name into a temporary folder, with the
 original's folder on its module search path, so that it imports the same sibling modules
-(a path built from its own `__file__` points into the temporary folder). Both runs start
-in the current directory with the same arguments, seed and hash seed.
+(a path built from its own `__file__` points into the temporary folder). Every run starts
+in the current directory with the same arguments, seed, hash seed and thread settings.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import os
 import shlex
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
 
-from autoaccel.bench.compare import default_tolerance, summarise
+from autoaccel.bench.compare import SLOWER, default_tolerance, summarise
 from autoaccel.bench.report import print_result, write_report
 from autoaccel.bench.runner import Run, run_script
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import ConversionError, convert_source
-from autoaccel.fileio import read_source, write_atomic
+from autoaccel.fileio import os_error_message, read_source, write_atomic
 from autoaccel.lint.engine import SourceError
 
-EXIT_OK, EXIT_DIVERGED, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
 
 def convert_options_text(options: ConvertOptions) -> str:
@@ -46,35 +48,70 @@ def run_bench(
     report: Path | None = None,
     as_json: bool = False,
     nproc: int | None = None,
+    repeats: int = 3,
+    allow_slower: bool = False,
 ) -> int:
-    """Bench `script` against its conversion; 1 when the loss curves diverge."""
+    """Bench `script` against its conversion; 1 when the loss curves diverge, the
+    conversion crashes, or it is slower beyond the spread of the runs (unless
+    `allow_slower`); 2 when the original cannot run or be converted."""
     err = Console(stderr=True)
+    if report is not None and report.exists() and not report.is_dir():
+        err.print(f"{report}: error: --report names a folder to write into; this is a file", markup=False)
+        return EXIT_ERROR
     converted = _converted(script, options, err)
     if converted is None:
         return EXIT_ERROR
-    runs = _run_both(script, converted, script_args, steps, _ranks(options, nproc), err)
-    if runs["original"].failed:
+    ranks = _ranks(options, nproc)
+    threads = _threads(ranks)
+    runs = _alternate(script, converted, script_args, steps, ranks, repeats, threads, err)
+    if runs is None:
         return EXIT_ERROR
+    originals, converteds = runs
     if tolerance is None:
         tolerance = default_tolerance(options)
     args = " ".join(shlex.quote(a) for a in script_args)
     result = {
         "script": str(script),
-        "command": f"{convert_options_text(options)} --steps {steps}" + (f" -- {args}" if args else ""),
+        "command": (
+            f"{convert_options_text(options)} --steps {steps} --repeats {repeats}"
+            + (f" -- {args}" if args else "")
+        ),
         "options": asdict(options),
         "steps": steps,
-        **summarise(runs["original"].record, runs["converted"].record, options, warmup, tolerance),
+        "threads": threads,
+        **summarise(
+            [run.record for run in originals], [run.record for run in converteds],
+            options, warmup, tolerance,
+        ),
     }
-    result["agree"] = result["agree"] and not runs["converted"].failed
+    crashed = any(run.failed for run in converteds)
+    result["agree"] = result["agree"] and not crashed
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
-        print_result(result, Console())
+        print_result(result, Console(), allow_slower)
     if report is not None:
-        for warning in write_report(result, report):
+        try:
+            warnings = write_report(result, report)
+        except OSError as error:
+            err.print(f"{report}: error: report not written: {os_error_message(error)}", markup=False)
+            return EXIT_ERROR
+        for warning in warnings:
             err.print(f"warning: {warning}", markup=False)
         err.print(f"report written to {report}", markup=False)
-    return EXIT_OK if result["agree"] else EXIT_DIVERGED
+    if not result["agree"] or (result["speed"] == SLOWER and not allow_slower):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _threads(ranks: int | None) -> str | None:
+    """OMP_NUM_THREADS for both sides: yours, else for ddp the cores shared out over the
+    ranks (torchrun would give each rank one thread while the original had them all)."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return os.environ["OMP_NUM_THREADS"]
+    if ranks is None:
+        return None
+    return str(max(1, (os.cpu_count() or 1) // ranks))
 
 
 def _ranks(options: ConvertOptions, nproc: int | None) -> int | None:
@@ -92,10 +129,13 @@ def _converted(script: Path, options: ConvertOptions, err: Console) -> str | Non
     """The converted source, or None (with the reason printed) when there is none."""
     try:
         conversion = convert_source(read_source(script).text, options, str(script))
-    except (OSError, UnicodeDecodeError) as error:
-        err.print(f"error: {script}: {error}", markup=False)
+    except OSError as error:
+        err.print(f"{script}: error: {os_error_message(error)}", markup=False)
         return None
-    except (SourceError, ConversionError) as error:
+    except UnicodeDecodeError as error:
+        err.print(f"{script}: error: {error}", markup=False)
+        return None
+    except (SourceError, ConversionError, RecursionError) as error:
         err.print(f"{script}: cannot convert: {error}", markup=False)
         return None
     if not conversion.changed:
@@ -103,23 +143,41 @@ def _converted(script: Path, options: ConvertOptions, err: Console) -> str | Non
     return conversion.converted
 
 
-def _run_both(
-    script: Path, converted: str, args: list[str], steps: int, nproc: int | None, err: Console
-) -> dict[str, Run]:
-    """Run the original, then the conversion (one process per rank with `nproc`)."""
-    runs: dict[str, Run] = {}
+def _alternate(
+    script: Path,
+    converted: str,
+    args: list[str],
+    steps: int,
+    nproc: int | None,
+    repeats: int,
+    threads: str | None,
+    err: Console,
+) -> tuple[list[Run], list[Run]] | None:
+    """Run the original and the conversion (one process per rank with `nproc`) in turn,
+    `repeats` times each, so that a drift of the machine's speed touches both alike.
+    Stops at the first failure; None when the original failed."""
+    originals: list[Run] = []
+    converteds: list[Run] = []
+    env = {"OMP_NUM_THREADS": threads} if threads else {}
     with tempfile.TemporaryDirectory(prefix="autoaccel-bench-") as folder:
         copy = Path(folder) / "converted" / script.name
         copy.parent.mkdir()
         write_atomic(copy, converted)
-        for name, path, processes in (("original", script, None), ("converted", copy, nproc)):
-            with err.status(f"running the {name} script for {steps} steps"):
-                runs[name] = run_script(
-                    path, args, steps, Path(folder) / f"records-{name}", processes,
-                    import_from=script.resolve().parent,
-                )
-    for name, run in runs.items():
-        if run.failed:
-            err.print(f"{script}: the {name} script failed ({run.record['exit']})", markup=False)
-            err.print(run.log[-3000:], markup=False, highlight=False)
-    return runs
+        sides = (("original", script, None, originals), ("converted", copy, nproc, converteds))
+        with err.status("") as status:
+            for repeat in range(1, repeats + 1):
+                for name, path, processes, done in sides:
+                    label = f"run {repeat}/{repeats}, {name} script"
+                    status.update(f"{label}: starting")
+                    run = run_script(
+                        path, args, steps, Path(folder) / f"records-{name}-{repeat}", processes,
+                        import_from=script.resolve().parent, env=env,
+                        on_step=lambda step: status.update(f"{label}: step {step}/{steps}"),
+                    )
+                    done.append(run)
+                    if run.failed:
+                        err.print(f"{script}: the {name} script failed ({run.record['exit']})",
+                                  markup=False)
+                        err.print(run.log[-3000:], markup=False, highlight=False)
+                        return None if name == "original" else (originals, converteds)
+    return originals, converteds

@@ -1,8 +1,9 @@
-"""Numbers from two harness records: throughput, peak memory and how well the loss
-curves agree."""
+"""Numbers from the harness records of the alternated runs: throughput and its spread,
+the speed-up and whether it is measurable, peak memory, and how well the loss curves agree."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,7 @@ def throughput(record: dict[str, Any], warmup: int) -> Throughput | None:
     return Throughput(len(times) - start, end - times[start - 1], samples or None)
 
 
-def _moving_average(values: list[float], window: int) -> list[float]:
+def moving_average(values: list[float], window: int) -> list[float]:
     if window <= 1:
         return values
     return [sum(values[i:i + window]) / window for i in range(len(values) - window + 1)]
@@ -78,8 +79,8 @@ def max_relative_difference(reference: list[float], other: list[float], window: 
     steps = min(len(reference), len(other))
     if steps == 0 or steps < window:
         return float("inf")
-    a = _moving_average(reference[:steps], window)
-    b = _moving_average(other[:steps], window)
+    a = moving_average(reference[:steps], window)
+    b = moving_average(other[:steps], window)
     worst = 0.0
     for x, y in zip(a, b):
         gap = abs(y - x) / max(abs(x), 1e-12)
@@ -89,49 +90,126 @@ def max_relative_difference(reference: list[float], other: list[float], window: 
     return worst
 
 
-def _run_summary(record: dict[str, Any], warmup: int) -> dict[str, Any]:
+# The speed-up is judged from the ratios of the runs taken side by side (A B, A B, ...):
+# with n pairs, the range of the n ratios covers the true median ratio with probability
+# 1 - 2**(1 - n) (75 % at 3, 94 % at 5), whatever the noise's distribution (a sign test).
+MIN_JUDGED_REPEATS = 3
+FASTER, SLOWER, SAME, NOT_JUDGED = "faster", "slower", "no measurable difference", "not judged"
+
+
+@dataclass(frozen=True)
+class SpeedUp:
+    """The paired throughput ratios (converted over original) of the repeated runs."""
+
+    ratios: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def verdict(self) -> str:
+        """`faster` / `slower` when every pair says so, else no measurable difference;
+        not judged with fewer than `MIN_JUDGED_REPEATS` pairs."""
+        if len(self.ratios) < MIN_JUDGED_REPEATS:
+            return NOT_JUDGED
+        if min(self.ratios) > 1:
+            return FASTER
+        if max(self.ratios) < 1:
+            return SLOWER
+        return SAME
+
+
+def _metric(original: Throughput | None, converted: Throughput | None) -> str | None:
+    """samples/s when both runs saw batches, else steps/s; None without a timing."""
+    if original is None or converted is None:
+        return None
+    return "samples_per_s" if original.samples and converted.samples else "steps_per_s"
+
+
+def speedup(
+    originals: list[dict[str, Any]], converteds: list[dict[str, Any]], warmup: int
+) -> SpeedUp | None:
+    """The ratio of each pair of runs (samples/s, else steps/s); None when a run has
+    no timing."""
+    ratios = []
+    for original, converted in zip(originals, converteds):
+        before, after = throughput(original, warmup), throughput(converted, warmup)
+        metric = _metric(before, after)
+        if metric is None:
+            return None
+        ratios.append(getattr(after, metric) / getattr(before, metric))
+    return SpeedUp(tuple(ratios)) if ratios else None
+
+
+def _run_figures(record: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """One run's numbers, as bench.json lists them under `per_run`."""
     speed = throughput(record, warmup)
     return {
-        "steps": len(record["losses"]),
         "exit": record["exit"],
+        "steps": len(record["losses"]),
+        "seconds": speed.seconds if speed else None,
         "steps_per_s": speed.steps_per_s if speed else None,
         "samples_per_s": speed.samples_per_s if speed else None,
         "peak_rss_bytes": record.get("peak_rss_bytes"),
         "peak_cuda_bytes": record.get("peak_cuda_bytes"),
-        "losses": record["losses"],
+        "threads": record.get("threads"),
     }
 
 
+def _median_and_range(values: list[float | None]) -> tuple[float | None, list[float] | None]:
+    if not values or any(value is None for value in values):
+        return None, None
+    return statistics.median(values), [min(values), max(values)]
+
+
+def _side_summary(records: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """A side's medians over its runs, their ranges, every run's figures, and the loss
+    curve of its first run."""
+    per_run = [_run_figures(record, warmup) for record in records]
+    summary: dict[str, Any] = {"steps": per_run[0]["steps"], "exit": per_run[0]["exit"]}
+    for key in ("steps_per_s", "samples_per_s"):
+        summary[key], summary[f"{key}_range"] = _median_and_range([run[key] for run in per_run])
+    for peak in ("peak_rss_bytes", "peak_cuda_bytes"):
+        values = [run[peak] for run in per_run if run[peak] is not None]
+        summary[peak] = max(values) if values else None
+    summary["losses"] = records[0]["losses"]
+    summary["per_run"] = per_run
+    return summary
+
+
 def summarise(
-    original: dict[str, Any],
-    converted: dict[str, Any],
+    originals: list[dict[str, Any]],
+    converteds: list[dict[str, Any]],
     options: ConvertOptions,
     warmup: int,
     tolerance: float,
 ) -> dict[str, Any]:
-    """What `autoaccel bench` reports (and writes as bench.json) for two records."""
-    runs = {"original": _run_summary(original, warmup), "converted": _run_summary(converted, warmup)}
+    """What `autoaccel bench` reports (and writes as bench.json) for the records of the
+    alternated runs; the loss curves compared are the first run's of each side."""
+    original, converted = originals[0], converteds[0]
+    runs = {
+        "original": _side_summary(originals, warmup),
+        "converted": _side_summary(converteds, warmup),
+    }
     steps = min(len(original["losses"]), len(converted["losses"]))
-    difference = max_relative_difference(
-        original["losses"], converted["losses"], smoothing_window(options, steps)
-    )
+    window = smoothing_window(options, steps)
+    difference = max_relative_difference(original["losses"], converted["losses"], window)
+    ratio = speedup(originals, converteds, warmup)
     return {
         "device": original.get("device"),
         "device_name": original.get("device_name"),
         "torch_version": original.get("torch_version"),
         "warmup": warmup,
+        "repeats": len(originals),
         "runs": runs,
-        "speedup": _speedup(runs["original"], runs["converted"]),
+        "speedup": ratio.median if ratio else None,
+        "speedup_range": [min(ratio.ratios), max(ratio.ratios)] if ratio else None,
+        "speedup_per_run": list(ratio.ratios) if ratio else None,
+        "speed": ratio.verdict if ratio else NOT_JUDGED,
         "compared_steps": steps,
+        "smoothing_window": window,
         "max_rel_diff": difference if difference != float("inf") else None,
         "tolerance": tolerance,
         "agree": difference <= tolerance,
     }
-
-
-def _speedup(original: dict[str, Any], converted: dict[str, Any]) -> float | None:
-    """Ratio of samples/s (steps/s when no batch was seen)."""
-    for key in ("samples_per_s", "steps_per_s"):
-        if original[key] and converted[key]:
-            return converted[key] / original[key]
-    return None

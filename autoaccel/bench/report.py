@@ -13,12 +13,28 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from autoaccel.bench.compare import (
+    FASTER,
+    MIN_JUDGED_REPEATS,
+    NOT_JUDGED,
+    SAME,
+    SLOWER,
+    moving_average,
+)
+
 PLOT_HINT = "bench.png needs matplotlib: pip install 'autoaccel[plot]'"
 _RUNS = ("original", "converted")
 
 
 def _number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _rate(value: float | None) -> str:
+    """A throughput to three significant digits or more: `0.123`, `12.3`, `1,234`."""
+    if value is None:
+        return "-"
+    return _number(value, 2 if value < 9.995 else 1 if value < 99.95 else 0)  # as rounded
 
 
 def _mib(value: int | None) -> str:
@@ -30,31 +46,61 @@ def _peak(run: dict[str, Any]) -> str:
     return f"{_mib(cuda)} CUDA" if cuda is not None else f"{_mib(run['peak_rss_bytes'])} RSS"
 
 
+def _metric(result: dict[str, Any]) -> str:
+    """The throughput the speed-up is the ratio of: samples/s, else steps/s."""
+    runs = result["runs"]
+    return "samples_per_s" if all(runs[n]["samples_per_s"] for n in _RUNS) else "steps_per_s"
+
+
 def rows(result: dict[str, Any]) -> list[list[str]]:
-    """The comparison table: a header row, then one row per run."""
-    table = [["", "steps", "steps/s", "samples/s", "peak memory", "last loss"]]
+    """The comparison table: a header row, then one row per side: medians over the runs,
+    and the range of the runs for the throughput the speed-up compares."""
+    metric = _metric(result)
+    header = ["", "steps/s", "samples/s", f"{metric.replace('_per_s', '/s')} range"]
+    table = [header + ["peak memory", "last loss"]]
     for name in _RUNS:
         run = result["runs"][name]
+        spread = run[f"{metric}_range"]
+        shown = "-" if spread is None else " - ".join(_rate(value) for value in spread)
         last = run["losses"][-1] if run["losses"] else None
         table.append([
-            name, str(run["steps"]), _number(run["steps_per_s"], 2),
-            _number(run["samples_per_s"]), _peak(run), _number(last, 4),
+            name, _rate(run["steps_per_s"]), _rate(run["samples_per_s"]), shown,
+            _peak(run), _number(last, 4),
         ])
     return table
 
 
-def verdict(result: dict[str, Any]) -> str:
-    speedup = result["speedup"]
+def speed_verdict(result: dict[str, Any]) -> str:
+    """`speed-up 1.02x (pairs of runs 0.95x-1.10x): no measurable difference ...`."""
+    speedup, spread = result["speedup"], result["speedup_range"]
+    runs = f"{result['repeats']} run{'s' * (result['repeats'] != 1)} each"
+    if speedup is None:
+        return f"speed-up not measured ({runs})"
+    text = f"speed-up {_number(speedup, 2)}x"
+    if spread is not None and result["repeats"] > 1:
+        text += f" (pairs of runs {_number(spread[0], 2)}x-{_number(spread[1], 2)}x)"
+    if result["speed"] == NOT_JUDGED:
+        return f"{text}: not judged, {runs}; --repeats {MIN_JUDGED_REPEATS} or more to judge"
+    if result["speed"] == SAME:
+        return f"{text}: no measurable difference over {runs} (the pairs' spread covers 1.00x)"
+    if result["speed"] == SLOWER:
+        return f"{text}: SLOWER in every pair of runs ({runs})"
+    return f"{text}: faster in every pair of runs ({runs})"
+
+
+def loss_verdict(result: dict[str, Any]) -> str:
     difference = result["max_rel_diff"]
     shown = "not comparable" if difference is None else f"{difference:.3%}"
     agreement = "agree" if result["agree"] else "DIVERGE"
+    window = result["smoothing_window"]
+    averaged = f" of the {window}-step moving averages" if window > 1 else ""
     return (
-        f"speed-up {_number(speedup, 2)}x; loss curves {agreement}: max relative difference "
-        f"{shown} over {result['compared_steps']} steps (tolerance {result['tolerance']:.3%})"
+        f"loss curves {agreement}: max relative difference{averaged} {shown} over "
+        f"{result['compared_steps']} steps (tolerance {result['tolerance']:.3%})"
     )
 
 
-def print_result(result: dict[str, Any], console: Console) -> None:
+def print_result(result: dict[str, Any], console: Console, allow_slower: bool = False) -> None:
     console.print(f"{result['script']}: {result['command']}", markup=False, highlight=False)
     header, *body = rows(result)
     table = Table(box=box.SIMPLE_HEAD)
@@ -63,8 +109,16 @@ def print_result(result: dict[str, Any], console: Console) -> None:
     for row in body:
         table.add_row(*row)
     console.print(table)
-    style = "green" if result["agree"] else "bold red"
-    console.print(verdict(result), style=style, markup=False, highlight=False)
+    speed_style = {FASTER: "green", SLOWER: "yellow" if allow_slower else "bold red"}
+    console.print(
+        speed_verdict(result), style=speed_style.get(result["speed"]), markup=False, highlight=False
+    )
+    console.print(
+        loss_verdict(result), style="green" if result["agree"] else "bold red",
+        markup=False, highlight=False,
+    )
+    if result.get("threads"):
+        console.print(f"both sides ran with OMP_NUM_THREADS={result['threads']}", markup=False)
 
 
 def write_report(result: dict[str, Any], folder: Path) -> list[str]:
@@ -82,30 +136,61 @@ def write_report(result: dict[str, Any], folder: Path) -> list[str]:
 
 
 def plot(result: dict[str, Any], path: Path) -> bytes:
-    """Draw the loss curves and the throughput bars into `path`; return the PNG bytes."""
+    """Draw `figure(result)` into `path`; return the PNG bytes."""
+    import matplotlib.pyplot as plt
+
+    drawn = figure(result)
+    drawn.savefig(path, dpi=100)
+    plt.close(drawn)
+    return path.read_bytes()
+
+
+def figure(result: dict[str, Any]) -> Any:
+    """The loss curves (warm-up steps shaded, integer step ticks) and the throughput bars
+    (median, whiskers over the runs' range, a dot per run), as a matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     runs = result["runs"]
-    figure, (curves, bars) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
+    picture, (curves, bars) = plt.subplots(
+        1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]}
+    )
+    if result["warmup"]:
+        curves.axvspan(0.5, result["warmup"] + 0.5, color="0.9", label="warm-up (not timed)")
+    window = result["smoothing_window"]
     for name, style in zip(_RUNS, ("-", "--")):
         losses = runs[name]["losses"]
-        curves.plot(range(1, len(losses) + 1), losses, style, label=name)
-    curves.set(xlabel="training step", ylabel="loss", title="Loss per step")
+        thin = {"alpha": 0.35} if window > 1 else {}
+        curves.plot(range(1, len(losses) + 1), losses, style, label=name, **thin)
+        if window > 1:  # what the agreement is judged on (ddp)
+            averaged = moving_average(losses, window)
+            curves.plot(range(window, len(losses) + 1), averaged, style, linewidth=2,
+                        label=f"{name}, {window}-step mean")
+    curves.xaxis.set_major_locator(MaxNLocator(integer=True))
+    curves.set(xlabel="training step", ylabel="loss", title="Loss per step (first run)")
     curves.legend()
-    metric = "samples_per_s" if all(runs[n]["samples_per_s"] for n in _RUNS) else "steps_per_s"
+    metric = _metric(result)
     values = [runs[name][metric] or 0.0 for name in _RUNS]
-    drawn = bars.bar(_RUNS, values, color=["tab:gray", "tab:green"])
-    bars.bar_label(drawn, fmt="%.1f")
+    colour = {FASTER: "tab:green", SLOWER: "tab:red"}.get(result["speed"], "tab:gray")
+    drawn = bars.bar(_RUNS, values, color=["tab:gray", colour])
+    for position, name in enumerate(_RUNS):
+        per_run = [run[metric] for run in runs[name]["per_run"] if run[metric] is not None]
+        if len(per_run) > 1:
+            low, high = min(per_run), max(per_run)
+            median = runs[name][metric]
+            whiskers = [[median - low], [high - median]]
+            bars.errorbar(position, median, yerr=whiskers, color="black", capsize=6)
+            bars.plot([position] * len(per_run), per_run, "k.", alpha=0.6)
+    bars.bar_label(drawn, labels=[_rate(value) for value in values], label_type="center")
     bars.margins(y=0.15)
-    bars.set(ylabel=metric.replace("_per_s", "/s"), title=f"Throughput ({_number(result['speedup'], 2)}x)")
-    figure.suptitle(f"{result['script']}: {result['command']}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path.read_bytes()
+    title = f"Throughput: {_number(result['speedup'], 2)}x\n{result['speed']}"
+    bars.set(ylabel=metric.replace("_per_s", "/s") + " (median)", title=title)
+    picture.suptitle(f"{result['script']}: {result['command']}")
+    picture.tight_layout()
+    return picture
 
 
 def page(result: dict[str, Any], picture: bytes | None) -> str:
@@ -129,7 +214,8 @@ td:first-child{{text-align:left}}table{{border-collapse:collapse}}tr:nth-child(e
 <h1>autoaccel bench</h1>
 <p><code>{html.escape(result['command'])}</code> on {device}</p>
 <table>{''.join(lines)}</table>
-<p>{html.escape(verdict(result))}</p>
+<p>{html.escape(speed_verdict(result))}</p>
+<p>{html.escape(loss_verdict(result))}</p>
 {image}
 </body></html>
 """

@@ -7,11 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SEED = 0
+POLL_INTERVAL = 0.25  # seconds between two looks at the progress file
 
 
 @dataclass
@@ -25,7 +28,9 @@ class Run:
         return self.returncode != 0 or self.record["exit"].startswith("error")
 
 
-def harness_command(record_path: Path, steps: int, nproc: int | None) -> list[str]:
+def harness_command(
+    record_path: Path, steps: int, nproc: int | None, progress: Path | None = None
+) -> list[str]:
     """The command that starts the harness; with `nproc`, one process per rank."""
     launcher = [sys.executable]
     if nproc is not None:
@@ -33,6 +38,7 @@ def harness_command(record_path: Path, steps: int, nproc: int | None) -> list[st
     return [
         *launcher, "-m", "autoaccel.harness", "--losses-out", str(record_path),
         "--max-steps", str(steps), "--seed", str(SEED), "--align-loader-rng",
+        *(["--progress", str(progress)] if progress else []),
     ]
 
 
@@ -43,37 +49,76 @@ def run_script(
     records: Path,
     nproc: int | None = None,
     import_from: Path | None = None,
+    env: dict[str, str] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> Run:
     """Run `script args` for at most `steps` training steps, its records written into the
-    empty folder `records`; `import_from` goes on the module search path (PYTHONPATH)."""
-    env = {**os.environ, "PYTHONHASHSEED": str(SEED)}
+    empty folder `records`; `import_from` goes on the module search path (PYTHONPATH),
+    `env` is added to the environment, and `on_step` is told the steps done as they go."""
+    env = {**os.environ, **(env or {}), "PYTHONHASHSEED": str(SEED)}
     if import_from is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_from), env.get("PYTHONPATH")]))
     records.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [*harness_command(records / "record-{rank}.json", steps, nproc), str(script), *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-    )
+    progress = records / "progress" if on_step else None
+    command = harness_command(records / "record-{rank}.json", steps, nproc, progress)
+    with tempfile.TemporaryFile("w+", errors="replace") as log:
+        proc = subprocess.Popen(
+            [*command, str(script), *args], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+        )
+        while True:
+            finished = proc.poll() is not None
+            if on_step is not None and progress is not None and progress.is_file():
+                done = progress.read_text()
+                if done.isdigit():
+                    on_step(int(done))
+            if finished:
+                break
+            time.sleep(POLL_INTERVAL)
+        log.seek(0)
+        output = log.read()
     ranks = [json.loads(path.read_text()) for path in sorted(records.glob("record-*.json"))]
     if not ranks:
         ranks = [{"losses": [], "times": [], "samples": [], "exit": f"error: exit code {proc.returncode}"}]
-    return Run(merge_ranks(ranks), proc.returncode, proc.stdout)
+    return Run(merge_ranks(ranks), proc.returncode, output)
 
 
 def merge_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """One record for a distributed run: losses averaged over the ranks (each rank's loss
-    is the mean over its share of the batch), samples summed, peaks the largest, times
-    and device from rank 0, and the first error of any rank."""
+    is the mean over its share of the batch), samples counted once across the ranks (see
+    `distinct_samples`), peaks the largest, times and device from rank 0, and the first
+    error of any rank."""
     ranks = sorted(ranks, key=lambda r: r.get("rank", 0))
     merged = dict(ranks[0])
     if len(ranks) == 1:
         return merged
     steps = min(len(r["losses"]) for r in ranks)
     merged["losses"] = [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(steps)]
-    merged["samples"] = [sum(r["samples"][i] for r in ranks) for i in range(steps)]
+    merged["samples"] = distinct_samples(ranks, steps)
     merged["times"] = merged["times"][:steps]
     for peak in ("peak_rss_bytes", "peak_cuda_bytes"):
         values = [r[peak] for r in ranks if r.get(peak) is not None]
         merged[peak] = max(values) if values else None
     merged["exit"] = next((r["exit"] for r in ranks if r["exit"].startswith("error")), merged["exit"])
     return merged
+
+
+def distinct_samples(ranks: list[dict[str, Any]], steps: int) -> list[int]:
+    """Cumulative samples of the whole job at each step, a sample that several ranks
+    trained on in the same pass counted once: a script whose data is not sharded trains
+    every rank on the same samples, which is no more throughput than one rank's. Steps
+    without sample indices (an `IterableDataset`) count every rank's batch."""
+    seen: set[tuple[int, int]] = set()
+    total, cumulative = 0, []
+    for step in range(steps):
+        for rank in ranks:
+            ids = (rank.get("sample_ids") or [None] * steps)[step]
+            if ids is None:
+                previous = rank["samples"][step - 1] if step else 0
+                total += rank["samples"][step] - previous
+                continue
+            pass_number, indices = ids
+            fresh = {(pass_number, index) for index in indices} - seen
+            seen |= fresh
+            total += len(fresh)
+        cumulative.append(total)
+    return cumulative

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import re
 from pathlib import Path
 from typing import Mapping
 
+from autoaccel.git import git
+
 NO_COMMIT = "0" * 40  # `before` of a push that created the branch
-
-
-def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def base_revision(env: Mapping[str, str], explicit: str = "") -> str | None:
@@ -37,16 +35,64 @@ def base_revision(env: Mapping[str, str], explicit: str = "") -> str | None:
     return None
 
 
+def _since(repo: Path, base: str) -> str:
+    """The merge base of `base` and HEAD (what a pull request's diff starts from)."""
+    commit = _commit(repo, base)
+    merge_base = git("merge-base", commit, "HEAD", cwd=repo)
+    return merge_base.stdout.strip() if merge_base.returncode == 0 else commit
+
+
 def changed_files(repo: Path, base: str | None, suffixes: tuple[str, ...]) -> list[Path]:
     """Files with one of `suffixes` that were added, copied, modified or renamed since
     the merge base of `base` and HEAD (every tracked file when `base` is None), sorted."""
     if base is None:
-        listing = _git("ls-files", "-z", cwd=repo)
+        listing = git("ls-files", "-z", cwd=repo)
     else:
-        merge_base = _git("merge-base", base, "HEAD", cwd=repo)
-        since = merge_base.stdout.strip() if merge_base.returncode == 0 else base
-        listing = _git("diff", "-z", "--name-only", "--diff-filter=ACMR", since, "HEAD", cwd=repo)
+        listing = git(
+            "diff", "-z", "--name-only", "--no-ext-diff", "--diff-filter=ACMR",
+            _since(repo, base), "HEAD", cwd=repo,
+        )
     if listing.returncode != 0:
         raise RuntimeError(f"git could not list the changed files: {listing.stderr.strip()}")
     names = [name for name in listing.stdout.split("\0") if name.endswith(suffixes)]
     return sorted(Path(name) for name in names if (repo / name).is_file())
+
+
+_NEW_FILE = re.compile(r"^\+\+\+ b/(?P<path>.*)$")
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(?P<start>\d+)(?:,(?P<count>\d+))? @@")
+
+
+def changed_lines(repo: Path, base: str) -> dict[Path, set[int]]:
+    """The lines (1-based, in HEAD) that each file added or changed since the merge base
+    of `base` and HEAD; a file missing from the result could not be read from the diff."""
+    diff = git(
+        "-c", "core.quotePath=false", "diff", "--no-color", "--no-ext-diff", "-U0",
+        "--diff-filter=ACMR", _since(repo, base), "HEAD", cwd=repo,
+    )
+    if diff.returncode != 0:
+        raise RuntimeError(f"git could not diff against {base}: {diff.stderr.strip()}")
+    lines: dict[Path, set[int]] = {}
+    current: set[int] | None = None
+    in_header = False  # between `diff --git` and the first hunk; lines in hunks start +, -, ' '
+    for text in diff.stdout.splitlines():
+        if text.startswith("diff --git "):
+            in_header, current = True, None
+        elif in_header and (new_file := _NEW_FILE.match(text)):
+            current = lines.setdefault(Path(new_file["path"]), set())
+        elif hunk := _HUNK.match(text):
+            in_header = False
+            if current is not None:
+                start, count = int(hunk["start"]), int(hunk["count"] or 1)
+                current.update(range(start, start + count))
+    return lines
+
+
+def _commit(repo: Path, revision: str) -> str:
+    """The SHA of `revision`, an input of the workflow: read after --end-of-options it
+    is a revision, never an option (`--output=FILE` would make git write a file)."""
+    found = git(
+        "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}", cwd=repo
+    )
+    if found.returncode != 0:
+        raise RuntimeError(f"git does not know the base revision {revision!r}")
+    return found.stdout.strip()

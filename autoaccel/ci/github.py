@@ -1,11 +1,16 @@
 """The GitHub Action (`action.yml`): lint the Python files a pull request or push
-changes, with annotations on the diff, and preview what `autoaccel convert` would do
-to the changed training scripts in the job summary and a PR comment file.
+changes, with annotations on the lines it changed, and preview what `autoaccel convert`
+would do to the changed training scripts in the job summary and a PR comment file.
 
-Run as `python -m autoaccel.ci.github` in the repository root. Inputs come from the
+Only findings on the lines the change added or modified are annotated and fail the step
+(the diff filter of reviewdog and of Ruff's own pre-commit use): a finding that was
+there before is the change's context, counted but not held against it.
+
+Run as `python -I -m autoaccel.ci.github` in the repository root (isolated: the
+checkout's own modules are never imported). Inputs come from the
 environment (`AUTOACCEL_*`, set by action.yml) besides GitHub's own `GITHUB_*`.
-Exit code: the lint's (0 clean, 1 findings, 2 errors); 1 becomes 0 when
-`AUTOACCEL_FAIL_ON_FINDINGS` is `false`.
+Exit code: 2 when the lint reported errors, else 1 for findings on changed lines (0 when
+`AUTOACCEL_FAIL_ON_FINDINGS` is `false`), else 0.
 """
 
 from __future__ import annotations
@@ -13,20 +18,26 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import quote
 
-from autoaccel.ci.changes import base_revision, changed_files
+from autoaccel.ci.changes import base_revision, changed_files, changed_lines
 from autoaccel.discovery import SOURCE_SUFFIXES
+from autoaccel.markdown import code_block, inline_code
 
 COMMENT_MARKER = "<!-- autoaccel -->"  # lets a workflow find and update its own comment
 COMMENT_LIMIT = 65_000  # GitHub rejects comments over 65,536 characters
-_ANNOTATION = re.compile(r"::error title=autoaccel \((?P<code>[A-Z]+\d+)\),file=(?P<file>[^,]*),")
+LISTED_FINDINGS = 50  # rows of the comment's table of findings
+_ANNOTATION = re.compile(
+    r"::error title=autoaccel \((?P<code>[A-Z]+\d+)\),file=(?P<file>[^,]*),line=(?P<line>\d+),"
+    r".*::(?P<message>.*)$"
+)
 
 
 @dataclass(frozen=True)
@@ -50,11 +61,23 @@ class Inputs:
         )
 
 
-def _autoaccel(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
+def _autoaccel(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run autoaccel in isolated mode (`-I`): the working directory is the pull
+    request's checkout, and a `typer.py` or `json.py` there must not be imported."""
     env = {**os.environ, "NO_COLOR": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "autoaccel", *args], capture_output=capture, text=True, env=env
+        [sys.executable, "-I", "-m", "autoaccel", *args], capture_output=True, text=True, env=env
     )
+
+
+def _log_untrusted(text: str) -> None:
+    """Copy `text` (it quotes the pull request's file names and code) to the log with
+    workflow commands off, so that a line `::error ...` in it is no annotation and
+    `::add-mask::` or `::stop-commands::` change nothing. The token is unguessable."""
+    if not text:
+        return
+    token = secrets.token_hex(16)
+    sys.stderr.write(f"::stop-commands::{token}\n{text.rstrip(chr(10))}\n::{token}::\n")
 
 
 def is_training_script(path: Path) -> bool:
@@ -78,41 +101,123 @@ def is_training_script(path: Path) -> bool:
 
 
 @dataclass(frozen=True)
+class Finding:
+    code: str
+    file: str  # as the annotation has it (`%2C`-style escapes undone)
+    line: int
+    message: str
+    annotation: str  # the workflow command that puts it on the diff
+
+
+def _unescape(value: str) -> str:
+    for escaped, raw in (("%2C", ","), ("%3A", ":"), ("%0A", "\n"), ("%0D", "\r"), ("%25", "%")):
+        value = value.replace(escaped, raw)
+    return value
+
+
+def parse_annotations(text: str) -> list[Finding]:
+    """The findings of `autoaccel lint --format github` output."""
+    findings = []
+    for line in text.splitlines():
+        match = _ANNOTATION.match(line)
+        if match:
+            findings.append(Finding(
+                match["code"], _unescape(match["file"]), int(match["line"]),
+                _unescape(match["message"]), line,
+            ))
+    return findings
+
+
+@dataclass(frozen=True)
+class LineLinks:
+    """Links to lines of the files at the commit that was linted."""
+
+    server: str  # https://github.com
+    repository: str  # owner/name
+    commit: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], repo: Path) -> LineLinks | None:
+        if not env.get("GITHUB_REPOSITORY"):
+            return None
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip()
+        server = env.get("GITHUB_SERVER_URL", "https://github.com")
+        return cls(server, env["GITHUB_REPOSITORY"], head or env.get("GITHUB_SHA", "HEAD"))
+
+    def url(self, finding: Finding) -> str:
+        path = "/".join(quote(part) for part in Path(finding.file).parts)
+        return f"{self.server}/{self.repository}/blob/{self.commit}/{path}#L{finding.line}"
+
+
+@dataclass(frozen=True)
 class LintSummary:
-    exit_code: int
-    findings: int
+    exit_code: int  # 2 for lint errors, 1 for findings on changed lines, else 0
+    findings: int  # on changed lines
+    findings_in_files: int  # anywhere in the changed files
     markdown: str
 
 
-def lint_section(files: list[Path], lint_args: str) -> LintSummary:
-    """Run `autoaccel lint --format github` (annotations go to the log) and sum up
-    its findings per rule in Markdown."""
+def lint_section(
+    files: list[Path],
+    lint_args: str,
+    changed: dict[Path, set[int]] | None = None,
+    links: LineLinks | None = None,
+) -> LintSummary:
+    """Run `autoaccel lint --format github` on `files`; annotate (print to the log) the
+    findings on `changed` lines (all findings when `changed` is None) and sum them up in
+    Markdown, each linked to its line."""
     from autoaccel.lint.output import DOCS_URL
     from autoaccel.rules import all_rules
 
-    run = _autoaccel("lint", "--format", "github", *shlex.split(lint_args), "--", *map(str, files))
-    sys.stdout.write(run.stdout)
-    sys.stderr.write(run.stderr)
-    found = [
-        match.groupdict() for match in map(_ANNOTATION.match, run.stdout.splitlines()) if match
-    ]
-    counts = Counter(finding["code"] for finding in found)
-    with_findings = len({finding["file"] for finding in found})
+    run = _autoaccel(
+        "lint", "--format", "github", "--force-exclude", *shlex.split(lint_args), "--", *map(str, files)
+    )
+    _log_untrusted(run.stderr)
+    found = parse_annotations(run.stdout)
+    new = [f for f in found if changed is None or f.line in changed.get(Path(f.file), {f.line})]
+    sys.stdout.writelines(finding.annotation + "\n" for finding in new)
+    plural = "s" * (len(new) != 1)
+    where = "on the lines this change touches" if changed is not None else "in the linted files"
+    with_findings = len({finding.file for finding in new})
     lines = [
-        f"**Lint**: {len(found)} finding{'s' * (len(found) != 1)} in {with_findings} of "
-        f"{len(files)} changed file{'s' * (len(files) != 1)}"
-        + (" (annotations on the diff)." if found else ".")
+        f"**Lint**: {len(new)} finding{plural} {where}, in {with_findings} of {len(files)} "
+        f"changed file{'s' * (len(files) != 1)}" + (" (annotations on the diff)." if new else ".")
     ]
+    if len(found) > len(new):
+        older = len(found) - len(new)
+        lines.append(
+            f"The changed files have {len(found)} findings in all: {older} on lines this "
+            f"change did not touch, neither annotated nor failing the check."
+        )
     if run.returncode == 2:
-        lines.append(f"\n`autoaccel lint` reported errors:\n\n```\n{run.stderr.strip()}\n```")
+        lines.append(f"\n`autoaccel lint` reported errors:\n\n{code_block(run.stderr.strip())}")
     names = {rule.code: rule.name for rule in all_rules()}
-    if counts:
-        lines += ["", "| Rule | Findings |", "| --- | ---: |"]
-        lines += [
-            f"| [{code}]({DOCS_URL}{code}-{names.get(code, '')}.md) `{names.get(code, '')}` | {n} |"
-            for code, n in sorted(counts.items())
-        ]
-    return LintSummary(run.returncode, len(found), "\n".join(lines) + "\n")
+    if new:
+        lines += ["", "| Where | Rule | Finding |", "| --- | --- | --- |"]
+        for finding in new[:LISTED_FINDINGS]:
+            name = names.get(finding.code, "")
+            place = f"{finding.file}:{finding.line}"
+            where_link = f"[`{place}`]({links.url(finding)})" if links else f"`{place}`"
+            message = finding.message.removeprefix(f"{finding.code} ").replace("|", "\\|")
+            lines.append(
+                f"| {where_link} | [{finding.code}]({DOCS_URL}{finding.code}-{name}.md) "
+                f"`{name}` | {message} |"
+            )
+        if len(new) > LISTED_FINDINGS:
+            lines.append(f"\n… and {len(new) - LISTED_FINDINGS} more (annotations on the diff).")
+    exit_code = 2 if run.returncode == 2 else 1 if new else 0
+    return LintSummary(exit_code, len(new), len(found), "\n".join(lines) + "\n")
+
+
+def reproduce_section(files: list[Path], lint_args: str) -> str:
+    """How to see the same findings locally (all of them, also on untouched lines)."""
+    words = ["autoaccel", "lint", *shlex.split(lint_args), *map(str, files)]
+    return (
+        "To reproduce locally (every finding in the changed files, also on lines this "
+        f"change did not touch):\n\n```bash\n{shlex.join(words)}\n```\n"
+    )
 
 
 def convert_section(scripts: list[Path], convert_args: str) -> str:
@@ -129,9 +234,8 @@ def convert_section(scripts: list[Path], convert_args: str) -> str:
         if run.returncode == 0:
             parts.append(run.stdout)
         else:
-            parts.append(
-                f"`autoaccel convert {script}` failed:\n\n```\n{run.stderr.strip()}\n```\n"
-            )
+            command = inline_code(f"autoaccel convert {script}")
+            parts.append(f"{command} failed:\n\n{code_block(run.stderr.strip())}\n")
     return "\n".join(parts)
 
 
@@ -157,13 +261,19 @@ def _comment_path(inputs: Inputs, env: Mapping[str, str]) -> Path:
 def run_action(repo: Path, env: Mapping[str, str]) -> int:
     """Everything the action does, for the repository at `repo` (the working directory)."""
     inputs = Inputs.from_env(env)
-    files = changed_files(repo, base_revision(env, inputs.base), SOURCE_SUFFIXES)
+    base = base_revision(env, inputs.base)
+    files = changed_files(repo, base, SOURCE_SUFFIXES)
     body = [COMMENT_MARKER, "## autoaccel", ""]
-    lint, scripts = LintSummary(0, 0, ""), []
+    lint, scripts = LintSummary(0, 0, 0, ""), []
     if files:
-        lint = lint_section(files, inputs.lint_args)
+        changed = changed_lines(repo, base) if base is not None else None
+        lint = lint_section(files, inputs.lint_args, changed, LineLinks.from_env(env, repo))
         scripts = [path for path in files if is_training_script(path)]
-        body += [lint.markdown, convert_section(scripts, inputs.convert_args)]
+        body += [
+            lint.markdown,
+            convert_section(scripts, inputs.convert_args),
+            reproduce_section(files, inputs.lint_args),
+        ]
     else:
         body.append("No Python files or notebooks changed.\n")
     text = "\n".join(body)
@@ -184,6 +294,7 @@ def run_action(repo: Path, env: Mapping[str, str]) -> int:
             "comment-file": str(comment_path),
             "changed-files": str(len(files)),
             "findings": str(lint.findings),
+            "findings-in-changed-files": str(lint.findings_in_files),
             "training-scripts": json.dumps([path.as_posix() for path in scripts]),
         },
     )
@@ -191,7 +302,11 @@ def run_action(repo: Path, env: Mapping[str, str]) -> int:
 
 
 def main() -> int:
-    return run_action(Path.cwd(), os.environ)
+    try:
+        return run_action(Path.cwd(), os.environ)
+    except RuntimeError as error:  # git could not list the changes
+        print(f"autoaccel: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

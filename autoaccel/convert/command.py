@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
-from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.log import ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.report import json_report, markdown_report, text_report
 from autoaccel.diff import use_colour
-from autoaccel.fileio import read_source, write_atomic
-from autoaccel.lint.engine import SourceError
+from autoaccel.fileio import os_error_message, read_bytes, read_source, write_atomic
+from autoaccel.lint.engine import TOO_DEEP, SourceError
 from autoaccel.notebook import Notebook, NotebookError, is_notebook, read_notebook
 
-EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2  # EXIT_CHANGED also: refused
 
 
 def run_convert(
@@ -23,25 +26,32 @@ def run_convert(
     output: Path | None = None,
     check: bool = False,
     report_format: str = "text",
+    allow_partial: bool = False,
+    force: bool = False,
 ) -> int:
     """Convert one file (a script, or a notebook's code cells); nothing is written
-    unless every safety check passed."""
+    unless every safety check passed, nor a result that would train wrongly (unless
+    `allow_partial`). Launcher files that exist with other contents are kept unless
+    `force`."""
     notebook: Notebook | None = None
     try:
         if is_notebook(path):
             if options.target != "single":
                 raise NotebookError("notebooks convert with `--to single` only")
             notebook = read_notebook(path)
-            text, encoding = notebook.python, "utf-8"
+            text, encoding, original = notebook.python, "utf-8", notebook.text.encode("utf-8")
         else:
             source = read_source(path)
-            text, encoding = source.text, source.encoding
-    except (OSError, UnicodeDecodeError, SyntaxError, NotebookError) as error:
+            text, encoding, original = source.text, source.encoding, source.raw
+    except OSError as error:
+        print(f"{path}:1:1: error: {os_error_message(error)}", file=sys.stderr)
+        return EXIT_ERROR
+    except (UnicodeDecodeError, SyntaxError, NotebookError) as error:
         print(f"{path}:1:1: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     try:
         # The launch commands of `--to ddp` name the script that will run.
-        conversion = convert_source(text, options, str(output or path))
+        conversion = convert_source(text, options, str(output or path), str(path))
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
     except SourceError as error:
         where = f"{error.line}:{error.column}"
@@ -49,22 +59,99 @@ def run_convert(
             where = str(notebook.cell_range(error.line, error.column, error.line, error.column))
         print(f"{path}:{where}: {error.message}", file=sys.stderr)
         return EXIT_ERROR
-    except (ConversionError, NotebookError) as error:
+    except ConversionError as error:
+        print(f"{path}: {error}{_details_saved(error.details)}", file=sys.stderr)
+        return EXIT_ERROR
+    except NotebookError as error:
         print(f"{path}: {error}", file=sys.stderr)
         return EXIT_ERROR
+    except RecursionError:
+        print(f"{path}: error: {TOO_DEEP}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:  # noqa: BLE001 - a bug in a step: one line, never a traceback
+        first_line = (str(error).splitlines() or [""])[0]
+        details = _details_saved(traceback.format_exc())
+        print(f"{path}: internal error: {type(error).__name__}: {first_line}{details}", file=sys.stderr)
+        return EXIT_ERROR
 
-    _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
-    if output is not None:
-        write_atomic(output, converted, encoding)
-    elif write and conversion.changed:
-        write_atomic(path, converted, encoding)
+    wrong = [s for s in conversion.log.skipped if s.wrong]
+    if wrong and not allow_partial:
+        _print_report(_readable(conversion, notebook), str(path), report_format, False)
+        _print_refusal(path, options, wrong, "error")
+        return EXIT_CHANGED
+    writes = [_Write(output, converted, encoding)] if output is not None else []
+    if write and conversion.changed:
+        writes.append(_Write(path, converted, encoding, original))
     if output is not None or write:
         folder = (output or path).parent
-        for name, text in conversion.log.extra_files.items():
-            write_atomic(folder / name, text, "utf-8")
+        extra = conversion.log.extra_files.items()
+        launchers = [_Write(folder / name, text) for name, text in extra]
+        clashing = [item for item in launchers if item.path.exists() and not _written(item)]
+        if clashing and not force:
+            for item in clashing:
+                print(
+                    f"{item.path}: error: exists with other contents; not replaced, and"
+                    " nothing written (--force replaces it)",
+                    file=sys.stderr,
+                )
+            return EXIT_ERROR
+        writes += [item for item in launchers if not _written(item)]
+    _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
+    _print_refusal(path, options, wrong, "warning")
+    for item in writes:
+        try:
+            write_atomic(item.path, item.text, item.encoding, item.original)
+        except OSError as error:
+            print(f"{item.path}: error: not written: {os_error_message(error)}", file=sys.stderr)
+            return EXIT_ERROR
     if check and conversion.changed:
         return EXIT_CHANGED
     return EXIT_OK
+
+
+def _print_refusal(path: Path, options: ConvertOptions, wrong: list[Skipped], level: str) -> None:
+    """Each rewrite the result needs to train like the original and lacks, as an error
+    (the conversion is refused) or a warning (`--allow-partial`)."""
+    for item in wrong:
+        where = f"{path}:{item.line}:1" if item.line else str(path)
+        print(f"{where}: {level}: {item.what} not applied: {item.reason}", file=sys.stderr)
+    if wrong and level == "error":
+        print(
+            f"{path}: error: --to {options.target} refused: the result would not train like the"
+            " original (see above); nothing written. `--allow-partial` writes it anyway.",
+            file=sys.stderr,
+        )
+
+
+def _details_saved(details: str) -> str:
+    """Black's way with an internal error: the long part goes to a log file, the
+    message says where (empty when there is nothing to save or no file to save it in)."""
+    if not details:
+        return ""
+    try:
+        with tempfile.NamedTemporaryFile(
+            "w", prefix="autoaccel-convert-", suffix=".log", delete=False, encoding="utf-8"
+        ) as log:
+            log.write(details)
+    except OSError:
+        return ""
+    return f" (details: {log.name})"
+
+
+@dataclass(frozen=True)
+class _Write:
+    path: Path
+    text: str
+    encoding: str = "utf-8"
+    original: bytes | None = None  # what the file held when it was read
+
+
+def _written(item: _Write) -> bool:
+    """Whether the file at `item.path` holds `item.text` already."""
+    try:
+        return read_bytes(item.path) == item.text.encode(item.encoding)
+    except OSError:
+        return False
 
 
 def _readable(conversion: Conversion, notebook: Notebook | None) -> Conversion:

@@ -7,16 +7,19 @@ spawn file) sets `RANK`, `LOCAL_RANK` and `WORLD_SIZE`, which its set-up block r
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import PurePath
 
 from autoaccel.convert.log import Launcher
 
 RENDEZVOUS_PORT = 29500
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 _SBATCH = """\
 #!/bin/bash
-# Multi-node training of {script} with SLURM: one torchrun per node, one process per GPU.
-#SBATCH --job-name={stem}
+# Multi-node training of {shown} with SLURM: one torchrun per node, one process per GPU.
+#SBATCH --job-name={job}
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
@@ -32,13 +35,13 @@ srun torchrun \\
     --rdzv_id="$SLURM_JOB_ID" \\
     --rdzv_backend=c10d \\
     --rdzv_endpoint="$head_node:{port}" \\
-    {script} "$@"
+    {quoted} "$@"
 """
 
 _SPAWN = '''\
-"""Start {script} once per GPU of this machine with torch.multiprocessing.spawn.
+"""Start {shown} once per GPU of this machine with torch.multiprocessing.spawn.
 
-    python {spawn} [--nproc N] [{script}'s arguments]
+    python {spawn} [--nproc N] [{shown}'s arguments]
 
 Each process gets RANK, LOCAL_RANK and WORLD_SIZE in its environment, as under torchrun.
 """
@@ -51,7 +54,7 @@ import sys
 import torch
 import torch.multiprocessing as mp
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "{script}")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), {literal})
 
 
 def run(local_rank, world_size, start_method, argv):
@@ -80,38 +83,61 @@ if __name__ == "__main__":
 
 
 def companion_files(script: str, launcher: Launcher) -> dict[str, str]:
-    """Files to write beside the converted script: name -> text."""
+    """Files to write beside the converted script: name -> text. The script's name
+    is quoted for the shell and as a Python string (a file `$(touch X).py` is a name,
+    not a command)."""
     name, stem = PurePath(script).name, PurePath(script).stem
     if launcher == "slurm":
-        return {f"{stem}.sbatch": _SBATCH.format(script=name, stem=stem, port=RENDEZVOUS_PORT)}
+        job = re.sub(r"[^\w.-]", "_", stem)
+        text = _SBATCH.format(
+            shown=_shown(name), job=job, quoted=shlex.quote(name), port=RENDEZVOUS_PORT
+        )
+        return {f"{stem}.sbatch": text}
     if launcher == "spawn":
         spawn = f"spawn_{name}"
-        return {spawn: _SPAWN.format(script=name, spawn=spawn, port=RENDEZVOUS_PORT)}
+        text = _SPAWN.format(
+            shown=_in_docstring(name), spawn=_in_docstring(spawn), literal=repr(name),
+            port=RENDEZVOUS_PORT,
+        )
+        return {spawn: text}
     return {}
+
+
+def _shown(name: str) -> str:
+    """`name` for a comment: a newline in it would end the comment."""
+    return _CONTROL.sub("?", name)
+
+
+def _in_docstring(name: str) -> str:
+    """`name` inside a triple-quoted string, which a quote or backslash could end."""
+    return _shown(name).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def launch_lines(script: str, launcher: Launcher) -> list[str]:
     """Shell lines that start the converted script, with a comment line before each."""
     name, stem = PurePath(script).name, PurePath(script).stem
-    single = ["# one process, as before:", f"python {name}"]
+    quoted = shlex.quote(name)
+    single = ["# one process, as before:", f"python {quoted}"]
     if launcher == "slurm":
+        sbatch = f"{stem}.sbatch"
         return [
-            f"# several nodes with SLURM (edit the #SBATCH lines of {stem}.sbatch first):",
-            f"sbatch {stem}.sbatch",
+            f"# several nodes with SLURM (edit the #SBATCH lines of {_shown(sbatch)} first):",
+            f"sbatch {shlex.quote(sbatch)}",
             *single,
         ]
     if launcher == "spawn":
+        spawn = shlex.quote(f"spawn_{name}")
         return [
             "# this machine, one process per GPU (torch.multiprocessing.spawn):",
-            f"python spawn_{name}",
+            f"python {spawn}",
             "# without GPUs (gloo), e.g. 2 processes:",
-            f"python spawn_{name} --nproc 2",
+            f"python {spawn} --nproc 2",
             *single,
         ]
     return [
         "# this machine, one process per GPU:",
-        f"torchrun --standalone --nproc_per_node=gpu {name}",
+        f"torchrun --standalone --nproc_per_node=gpu {quoted}",
         "# without GPUs (gloo), e.g. 2 processes:",
-        f"torchrun --standalone --nproc_per_node=2 {name}",
+        f"torchrun --standalone --nproc_per_node=2 {quoted}",
         *single,
     ]

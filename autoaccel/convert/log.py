@@ -41,6 +41,9 @@ class Skipped:
     what: str
     line: int | None
     reason: str
+    # The result would train wrongly (or not at all) without it: `--to ddp` refuses to
+    # write unless `--allow-partial`.
+    wrong: bool = False
 
 
 @dataclass

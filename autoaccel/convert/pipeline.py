@@ -17,14 +17,19 @@ from autoaccel.convert.log import ConversionLog, ConvertOptions
 from autoaccel.convert.transform import Transform, new_context
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
-from autoaccel.lint.engine import parse
+from autoaccel.lint.engine import compile_quietly, parse
 
 if TYPE_CHECKING:
     from autoaccel.convert.transforms.rule_fixes import RuleFixes
 
 
 class ConversionError(Exception):
-    """The conversion cannot be trusted; nothing may be written."""
+    """The conversion cannot be trusted; nothing may be written. `details` (a diff)
+    is too long for the one-line message."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
 
 
 @dataclass
@@ -63,14 +68,16 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
     return steps
 
 
-def _run(source: str, options: ConvertOptions, log: ConversionLog, path: str | None) -> str:
+def _run(
+    source: str, options: ConvertOptions, log: ConversionLog, path: str | None, origin: str | None = None
+) -> str:
     tree, text = parse(source), source  # `text` is always `tree.code`: codegen once a step
     history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
     for step in transforms_for(options):
         if not step.enabled(options):
             continue
         logged = (len(log.changes), len(log.skipped))
-        transformed = step(new_context(options, log, path, text)).transform_module(tree)
+        transformed = step(new_context(options, log, path, text, origin)).transform_module(tree)
         if transformed is tree:
             continue  # the step had nothing to do
         generated = transformed.code
@@ -97,12 +104,15 @@ def _map_lines_to_original(
                 entries[index] = replace(entry, line=original_line(history, entry.line))
 
 
-def convert_source(source: str, options: ConvertOptions, path: str = "<string>") -> Conversion:
-    """Convert `source`. Raises `SourceError` when it does not parse and
-    `ConversionError` when the result fails a safety check."""
+def convert_source(
+    source: str, options: ConvertOptions, path: str = "<string>", origin: str | None = None
+) -> Conversion:
+    """Convert `source` (read from the file `origin`, if any; `path` names the result).
+    Raises `SourceError` when it does not parse and `ConversionError` when the result
+    fails a safety check."""
     log = ConversionLog()
     script = None if path.startswith("<") else path
-    converted = _run(source, options, log, script)
+    converted = _run(source, options, log, script, origin)
     if converted != source:
         check_result(converted, path, lambda text: _run(text, options, ConversionLog(), script))
     return Conversion(source, converted, log)
@@ -113,7 +123,7 @@ def check_result(converted: str, path: str, rewrite_again: Callable[[str], str])
     the same rewrite run over it changes nothing. Raises `ConversionError` otherwise."""
     try:
         parse(converted)
-        compile(converted, path, "exec")
+        compile_quietly(converted, path)
     except (SyntaxError, Exception) as error:  # noqa: BLE001 - any failure blocks the write
         raise ConversionError(f"internal error: the converted code does not compile: {error}") from error
     again = rewrite_again(converted)
@@ -125,5 +135,6 @@ def check_result(converted: str, path: str, rewrite_again: Callable[[str], str])
         )
         raise ConversionError(
             "internal error: converting the output again changes it (a step is not"
-            f" idempotent); nothing was written.\n{diff}"
+            " idempotent); nothing was written",
+            details=diff,
         )

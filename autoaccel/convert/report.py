@@ -6,6 +6,7 @@ import json
 
 from autoaccel.convert.pipeline import Conversion
 from autoaccel.diff import colourize, unified_diff
+from autoaccel.markdown import code_block, inline_code
 
 COLLAPSE_AFTER = 40  # diff lines; longer diffs fold into <details> in markdown
 
@@ -47,7 +48,7 @@ def text_report(conversion: Conversion, path: str, colour: bool) -> str:
 
 def markdown_report(conversion: Conversion, path: str) -> str:
     diff = unified_diff(conversion.original, conversion.converted, path)
-    lines = [f"### autoaccel convert: `{path}`", ""]
+    lines = [f"### autoaccel convert: {inline_code(path)}", ""]
     changes = _change_lines(conversion)
     lines += [f"- {line}" for line in changes] or ["No changes: the script is already fast."]
     skipped = _skipped_lines(conversion)
@@ -55,9 +56,9 @@ def markdown_report(conversion: Conversion, path: str) -> str:
         lines += ["", "**Not changed**", ""] + [f"- {line}" for line in skipped]
     launch = _launch_lines(conversion)
     if launch:
-        lines += ["", "**Run it**", "", "```sh", *launch, "```"]
+        lines += ["", "**Run it**", "", code_block("\n".join(launch), "sh")]
     if diff:
-        block = ["```diff", diff.rstrip("\n"), "```"]
+        block = [code_block(diff.rstrip("\n"), "diff")]
         if diff.count("\n") > COLLAPSE_AFTER:
             block = ["<details><summary>Diff</summary>", ""] + block + ["", "</details>"]
         lines += [""] + block

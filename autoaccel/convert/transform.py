@@ -21,6 +21,7 @@ from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
 SOURCE_KEY = "autoaccel.source"
+ORIGIN_KEY = "autoaccel.origin"
 
 
 def new_context(
@@ -28,10 +29,12 @@ def new_context(
     log: ConversionLog,
     path: str | None = None,
     source: str | None = None,
+    origin: str | None = None,
 ) -> CodemodContext:
     """The context of one step; `path` names the script (launch commands use it),
-    `source` is the code of the tree the step gets, when the caller has it."""
-    scratch = {OPTIONS_KEY: options, LOG_KEY: log, SOURCE_KEY: source}
+    `source` is the code of the tree the step gets, when the caller has it, `origin`
+    the file it was read from (its project's modules are found from there)."""
+    scratch = {OPTIONS_KEY: options, LOG_KEY: log, SOURCE_KEY: source, ORIGIN_KEY: origin}
     return CodemodContext(filename=path, scratch=scratch)
 
 
@@ -116,9 +119,12 @@ class Transform(VisitorBasedCodemodCommand):
     def changed(self, node: cst.CSTNode, description: str, code: str | None = None) -> None:
         self.log.changes.append(Change(code or self.code, self.line_of(node), description))
 
-    def skipped(self, what: str, reason: str, node: cst.CSTNode | None = None) -> None:
+    def skipped(
+        self, what: str, reason: str, node: cst.CSTNode | None = None, *, wrong: bool = False
+    ) -> None:
+        """Log a rewrite not made; `wrong`: the result trains wrongly without it."""
         line = self.line_of(node) if node is not None else None
-        self.log.skipped.append(Skipped(what, line, reason))
+        self.log.skipped.append(Skipped(what, line, reason, wrong))
 
 
 class StatementRewrite(Transform):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autoaccel.config import ConfigError, settings_for
+from autoaccel.config import ConfigError, check_selectors, settings_for
 from autoaccel.discovery import discover
-from autoaccel.lint.output import FORMATTERS, statistics_text, summary_text
+from autoaccel.diff import use_colour
+from autoaccel.fileio import MAX_SOURCE_BYTES
+from autoaccel.lint.output import FORMATTERS, format_text, statistics_text, summary_text
 from autoaccel.lint.output_format import OutputFormat
 from autoaccel.lint.runner import FileResult, Mode, Overrides, lint_files, lint_text
 
@@ -26,20 +28,28 @@ def run_lint(
     exit_zero: bool = False,
     statistics: bool = False,
     quiet: bool = False,
+    force_exclude: bool = False,
 ) -> int:
     """Lint `paths` and print the report; returns Ruff's exit code."""
-    overrides = Overrides(select, extend_select, ignore, unsafe_fixes)
+    overrides = Overrides(select, extend_select, ignore, unsafe_fixes, force_exclude)
     mode = Mode.DIFF if diff else Mode.FIX if fix else Mode.CHECK
     missing = [p for p in paths if p != "-" and not Path(p).exists()]
-    for path in missing:
-        print(f"{path}:1:1: error: no such file or directory", file=sys.stderr)
     try:
-        results = _lint_stdin(overrides, mode) if paths == ["-"] else lint_files(
-            discover(p for p in paths if p not in missing and p != "-"), overrides, mode
-        )
+        for option, codes in (("--select", select), ("--extend-select", extend_select),
+                              ("--ignore", ignore)):
+            check_selectors(codes or (), option)
+        if paths == ["-"]:
+            results = _lint_stdin(overrides, mode)
+        else:
+            files = _files(paths, missing, overrides)
+            for path in files:  # a bad configuration stops the run before any file is read
+                settings_for(path)
+            results = lint_files(files, overrides, mode)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    missing_results = [FileResult(p, error="1:1: error: no such file or directory") for p in missing]
+    results = missing_results + results
 
     for result in results:
         if result.error:
@@ -50,6 +60,8 @@ def run_lint(
         report.write("".join(r.diff for r in results))
     elif statistics:
         report.write(statistics_text(results))
+    elif output_format is OutputFormat.text:
+        report.write(format_text(results, unsafe_fixes, use_colour(report)))
     else:
         report.write(FORMATTERS[output_format](results, unsafe_fixes))
     if quiet:
@@ -61,13 +73,32 @@ def run_lint(
         if closing:
             print(closing, file=sys.stderr)
 
-    if missing or any(r.error for r in results):
+    if any(r.error for r in results):
         return EXIT_ERROR
     if exit_zero:
         return EXIT_CLEAN
     if mode is Mode.DIFF:
         return EXIT_FINDINGS if any(r.diff for r in results) else EXIT_CLEAN
     return EXIT_FINDINGS if any(r.diagnostics for r in results) else EXIT_CLEAN
+
+
+def _files(paths: list[str], missing: list[str], overrides: Overrides) -> list[Path]:
+    """The files to lint: what `discover` finds, less the excluded ones (Ruff's way:
+    a path named on the command line is linted unless `force-exclude` is set)."""
+    given = [Path(p) for p in paths if p not in missing and p != "-"]
+
+    def walked_and_excluded(path: Path) -> bool:
+        return overrides.apply(settings_for(path)).excludes(path)
+
+    def given_and_excluded(path: Path) -> bool:
+        settings = overrides.apply(settings_for(path))
+        return settings.force_exclude and settings.excludes(path, ancestors=True)
+
+    return [
+        path
+        for path in discover(map(str, given), walked_and_excluded)
+        if path not in given or not given_and_excluded(path)
+    ]
 
 
 def _would_fix_text(results: list[FileResult]) -> str:
@@ -81,7 +112,10 @@ def _would_fix_text(results: list[FileResult]) -> str:
 def _lint_stdin(overrides: Overrides, mode: Mode) -> list[FileResult]:
     """`-`: lint standard input; with --fix, the fixed text goes to stdout (Ruff's way)."""
     settings = overrides.apply(settings_for(Path.cwd()))
-    text = sys.stdin.read()
+    text = sys.stdin.read(MAX_SOURCE_BYTES + 1)
+    if len(text) > MAX_SOURCE_BYTES:
+        limit = MAX_SOURCE_BYTES // 2**20
+        return [FileResult(path="-", error=f"1:1: error: larger than {limit} MiB; not read")]
     result = lint_text(text, "-", settings, mode)
     if mode is Mode.FIX:
         sys.stdout.write(result.fixed_source if result.fixed_source is not None else text)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import libcst as cst
 from libcst.metadata import (
@@ -33,14 +35,24 @@ class SourceError(Exception):
         self.column = column
 
 
+# LibCST's parser is native code: about 1,500 nested brackets, or 10,000 `and`s or
+# dotted names in one expression, overflow its C stack and kill the process (a
+# segfault: no traceback, no other file reported). A source nested deeper than this
+# is refused before LibCST sees it; real scripts stay under 30.
+MAX_NESTING = 500
+TOO_DEEP = "too deeply nested for autoaccel"
+
+
 def parse(source: str) -> cst.Module:
-    """Parse `source`, turning LibCST's error into a located `SourceError`."""
+    """Parse `source`, turning a syntax error into a located `SourceError`. CPython's
+    parser reads it first: its messages and positions are the ones users know (LibCST's
+    point past the error), and it measures the nesting LibCST would crash on."""
+    error = _python_syntax_error(source)
+    if error is not None:
+        raise error
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as error:
-        located = _python_syntax_error(source)
-        if located is not None:
-            raise located from None
         message = error.message.strip().splitlines()[0] if error.message else "invalid syntax"
         raise SourceError(
             f"SyntaxError: {message}", error.raw_line, error.raw_column + 1
@@ -48,15 +60,45 @@ def parse(source: str) -> cst.Module:
 
 
 def _python_syntax_error(source: str) -> SourceError | None:
-    """CPython's own message and position (LibCST's parser points past the error,
-    e.g. at the next line); None when CPython accepts what LibCST rejected."""
+    """CPython's error for `source`, or a nesting past `MAX_NESTING`; None when CPython
+    accepts it (or cannot say: null bytes, which LibCST then reports)."""
     try:
-        compile(source, "<lint>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        tree = compile_quietly(source, "<lint>", ast.PyCF_ONLY_AST)
     except SyntaxError as error:
         return SourceError(f"SyntaxError: {error.msg}", error.lineno or 1, error.offset or 1)
-    except (ValueError, MemoryError, RecursionError):
+    except (RecursionError, MemoryError):
+        return SourceError(f"{TOO_DEEP} (Python's own parser gave up)", 1, 1)
+    except ValueError:
         return None
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        depth += _libcst_levels(node)
+        if depth > MAX_NESTING:
+            line, column = getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1
+            return SourceError(f"{TOO_DEEP}: over {MAX_NESTING} nested levels", line, column)
+        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
     return None
+
+
+def compile_quietly(source: str, filename: str, flags: int = 0) -> Any:
+    """`compile(source)` without the SyntaxWarnings CPython prints about the user's
+    code (`1if x else 2`, `"\\d"`): they are not autoaccel's to report."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile(source, filename, "exec", flags=flags, dont_inherit=True)
+
+
+def _libcst_levels(node: ast.AST) -> int:
+    """How many levels LibCST nests `node` in: `a and b and c` is one `ast.BoolOp` but
+    nested `BooleanOperation`s, and the dotted name of an import nested `Attribute`s."""
+    if isinstance(node, ast.BoolOp):
+        return len(node.values) - 1
+    if isinstance(node, ast.alias):
+        return node.name.count(".") + 1
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").count(".") + 1
+    return 1
 
 
 def might_use_torch(source: str) -> bool:

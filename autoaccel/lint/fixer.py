@@ -25,9 +25,10 @@ class FixResult:
     notes: list[Note]  # lines of the original source
 
 
-def is_applicable(fix: Fix | None, settings: LintSettings) -> bool:
+def is_applicable(diagnostic: Diagnostic, settings: LintSettings) -> bool:
+    fix = diagnostic.fix
     return fix is not None and (
-        fix.applicability is Applicability.SAFE or settings.unsafe_fixes
+        fix.applicability is Applicability.SAFE or settings.applies_unsafe_fixes(diagnostic.code)
     )
 
 
@@ -40,7 +41,7 @@ def fix_source(source: str, settings: LintSettings, path: str | None = None) -> 
         chosen = _non_overlapping(analysis, settings)
         if not chosen:
             break
-        new_source = _apply(analysis.module, [d.fix for d in chosen])  # type: ignore[misc]
+        new_source = _apply(source, analysis.module, [d.fix for d in chosen])  # type: ignore[misc]
         if new_source == source:
             break
         try:
@@ -60,7 +61,7 @@ def _non_overlapping(analysis: Analysis, settings: LintSettings) -> list[Diagnos
     taken: list[CodeRange] = []
     chosen = []
     for diagnostic in analysis.diagnostics:
-        if not is_applicable(diagnostic.fix, settings):
+        if not is_applicable(diagnostic, settings):
             continue
         ranges = [positions[node] for node in diagnostic.fix.edits]  # type: ignore[union-attr]
         if any(_overlaps(r, t) for r in ranges for t in taken):
@@ -88,7 +89,8 @@ class _ApplyEdits(cst.CSTTransformer):
         return self.edits.get(original_node, updated_node)
 
 
-def _apply(module: cst.Module, fixes: list[Fix]) -> str:
+def _apply(source: str, module: cst.Module, fixes: list[Fix]) -> str:
+    """`source` (parsed as `module`) with `fixes` applied."""
     edits: dict[cst.CSTNode, Replacement] = {}
     imports: list[str] = []
     for fix in fixes:
@@ -97,4 +99,4 @@ def _apply(module: cst.Module, fixes: list[Fix]) -> str:
     new_module = module.visit(_ApplyEdits(edits))
     if imports:
         new_module = add_imports(new_module, tuple(imports))
-    return format_inserted_code(module.code, new_module.code)
+    return format_inserted_code(source, new_module.code)

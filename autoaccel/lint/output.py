@@ -9,6 +9,7 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from autoaccel import __version__
+from autoaccel.diff import BOLD, CYAN, RED, paint
 from autoaccel.lint.output_format import OutputFormat
 from autoaccel.lint.rule import Applicability, Diagnostic, LintRule
 from autoaccel.lint.runner import FileResult
@@ -34,13 +35,20 @@ def _message(result: FileResult, diagnostic: Diagnostic) -> str:
     return f"{diagnostic.message} ({cell})" if cell else diagnostic.message
 
 
-def format_text(results: list[FileResult], unsafe_fixes: bool = False) -> str:
+def _unstyled(text: str, *styles: str) -> str:
+    return text
+
+
+def format_text(results: list[FileResult], unsafe_fixes: bool = False, colour: bool = False) -> str:
+    """One line per finding; with `colour`, Ruff's colours (bold path, red code, cyan `[*]`)."""
+    style = paint if colour else _unstyled
     lines = []
     for result in results:
         for d in result.diagnostics:
-            marker = " [*]" if _fixable(d, unsafe_fixes) else ""
+            marker = " " + style("[*]", CYAN) if _fixable(d, unsafe_fixes) else ""
             where = _cell(result, d) or f"{d.line}:{d.column}"
-            lines.append(f"{result.path}:{where}: {d.code}{marker} {d.message}")
+            code = style(d.code, BOLD, RED)
+            lines.append(f"{style(result.path, BOLD)}:{where}: {code}{marker} {d.message}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 

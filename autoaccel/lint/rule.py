@@ -9,6 +9,10 @@ from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import method_calls
+
 if TYPE_CHECKING:
     from autoaccel.analysis.index import ModuleIndex
     from autoaccel.analysis.script_model import ScriptModel, StepLoop
@@ -125,6 +129,28 @@ class LintRule(cst.BatchableCSTVisitor):
             if ancestor in self.script.step_loops:
                 return self.script.step_loops[ancestor]
         return None
+
+    def feeds_training_loop(self, loader: cst.Call) -> bool:
+        """Whether the `DataLoader(...)` call `loader` is read by a training step loop
+        of the script (under any of its names); False when nothing says so."""
+        return any(
+            loop.role is LoopRole.TRAIN and loader in self.script.loaders.get(loop.loader, ())
+            for loop in self.script.step_loops.values()
+            if loop.loader is not None
+        )
+
+    def trains_a_model(self) -> bool:
+        """Whether a model's parameters are trained: passed to a `torch.optim`
+        optimizer, or read in a training step loop (a manual update, clipping).
+        Gradients of an input alone (guidance while sampling) train no model."""
+        if self.script.trained:
+            return True
+        return any(
+            name_key(call.func.value) in self.script.models  # type: ignore[attr-defined]
+            for loop in self.script.step_loops.values()
+            if loop.role is LoopRole.TRAIN
+            for call in method_calls(loop.node, "parameters")
+        )
 
     def note(self, node: cst.CSTNode, reason: str) -> None:
         """Say why this rule leaves `node`'s pattern alone (shown by `convert`)."""

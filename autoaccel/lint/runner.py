@@ -13,8 +13,8 @@ from typing import Callable
 
 from autoaccel.diff import unified_diff
 from autoaccel.config import ConfigError, LintSettings, settings_for
-from autoaccel.fileio import read_source, write_atomic
-from autoaccel.lint.engine import SourceError, analyse
+from autoaccel.fileio import os_error_message, read_source, write_atomic
+from autoaccel.lint.engine import TOO_DEEP, SourceError, analyse
 from autoaccel.lint.fixer import fix_source
 from autoaccel.lint.rule import Diagnostic
 from autoaccel.notebook import CellRange, Notebook, NotebookError, is_notebook, read_notebook
@@ -36,6 +36,7 @@ class Overrides:
     extend_select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
+    force_exclude: bool = False
 
     def apply(self, settings: LintSettings) -> LintSettings:
         select = self.select if self.select is not None else settings.select
@@ -44,6 +45,7 @@ class Overrides:
             select=select + self.extend_select,
             ignore=settings.ignore + self.ignore,
             unsafe_fixes=self.unsafe_fixes,
+            force_exclude=self.force_exclude or settings.force_exclude,
         )
 
 
@@ -82,6 +84,9 @@ def lint_text(
     except SourceError as error:
         result.error = f"{describe(error.line, error.column)}: {error.message}"
         return result
+    except RecursionError:
+        result.error = f"1:1: error: {TOO_DEEP}"
+        return result
     except Exception as error:  # noqa: BLE001 - one file's crash must not stop the run
         # A bug in a rule or the analysis: report it like Ruff does (exit 2) and go on
         # with the other files instead of losing the whole (possibly parallel) run.
@@ -109,13 +114,25 @@ def lint_file(path: Path, overrides: Overrides, mode: Mode) -> FileResult:
         if is_notebook(path):
             return _lint_notebook(path, settings, mode)
         source = read_source(path)
-    except (OSError, UnicodeDecodeError, SyntaxError, ConfigError, NotebookError) as error:
-        return FileResult(path=display, error=f"1:1: {error}")
+    except OSError as error:
+        return FileResult(path=display, error=f"1:1: error: {os_error_message(error)}")
+    except (UnicodeDecodeError, SyntaxError, ConfigError, NotebookError) as error:
+        return FileResult(path=display, error=f"1:1: error: {error}")
     result = lint_text(source.text, display, settings, mode)
     if mode is Mode.FIX and result.fixed_source is not None:
-        write_atomic(path, result.fixed_source, source.encoding)
+        _write_fixes(result, path, result.fixed_source, source.encoding, source.raw)
     result.fixed_source = None
     return result
+
+
+def _write_fixes(result: FileResult, path: Path, text: str, encoding: str, original: bytes) -> None:
+    """Write the fixed text; a file that cannot be written is an error of its own
+    (the other files of the run are still linted and fixed)."""
+    try:
+        write_atomic(path, text, encoding, original)
+    except OSError as error:
+        result.error = f"1:1: error: fixes not written: {os_error_message(error)}"
+        result.fixed = 0
 
 
 def _lint_notebook(path: Path, settings: LintSettings, mode: Mode) -> FileResult:
@@ -132,7 +149,7 @@ def _lint_notebook(path: Path, settings: LintSettings, mode: Mode) -> FileResult
             before, after = notebook.render(notebook.python), fixed.render(fixed.python)
             result.diff = unified_diff(before, after, str(path))
         elif mode is Mode.FIX:
-            write_atomic(path, fixed.text, "utf-8")
+            _write_fixes(result, path, fixed.text, "utf-8", notebook.text.encode("utf-8"))
         notebook, result.fixed_source = fixed, None  # what remains is found in the fixed text
     result.cells = {}
     for index, d in enumerate(result.diagnostics):
@@ -149,16 +166,32 @@ def lint_files(paths: list[Path], overrides: Overrides, mode: Mode) -> list[File
     if len(paths) < PARALLEL_THRESHOLD:
         return [lint_file(path, overrides, mode) for path in paths]
     from concurrent.futures import ProcessPoolExecutor  # ~10 ms a one-file run skips
+    from concurrent.futures.process import BrokenProcessPool
 
     workers = min(os.cpu_count() or 1, len(paths))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        chunk = max(1, len(paths) // (workers * 4))
-        return list(
-            pool.map(
-                lint_file,
-                paths,
-                [overrides] * len(paths),
-                [mode] * len(paths),
-                chunksize=chunk,
+    results: list[FileResult] = []
+    try:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            chunk = max(1, len(paths) // (workers * 4))
+            count = len(paths)
+            linted = pool.map(
+                lint_file, paths, [overrides] * count, [mode] * count, chunksize=chunk
             )
-        )
+            for result in linted:
+                results.append(result)
+    except BrokenProcessPool:
+        # A worker died (a crash in native code): the files not reported yet are linted
+        # one process each, so that the one to blame is named and the others reported.
+        results += [_lint_in_own_process(path, overrides, mode) for path in paths[len(results) :]]
+    return results
+
+
+def _lint_in_own_process(path: Path, overrides: Overrides, mode: Mode) -> FileResult:
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        try:
+            return pool.submit(lint_file, path, overrides, mode).result()
+        except BrokenProcessPool:
+            return FileResult(str(path), error="1:1: internal error: the process linting it died")

@@ -9,6 +9,7 @@ from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
 WORKERS = "min(8, os.cpu_count() or 1)"
+_TRAIN = "for x, y in loader:\n    model(x).sum().backward()\n"
 
 
 class DataLoaderWithoutWorkers(LintRule):
@@ -21,30 +22,43 @@ class DataLoaderWithoutWorkers(LintRule):
     applicability = Applicability.UNSAFE
 
     VALID = [
-        "from torch.utils.data import DataLoader\nDataLoader(ds, num_workers=4)\n",
+        "from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=4)\n" + _TRAIN,
         # A value we cannot see is not reported.
-        "from torch.utils.data import DataLoader\nDataLoader(ds, **options)\n",
-        "from torch.utils.data import DataLoader\nkw = {'num_workers': 2}\nDataLoader(ds, **kw)\n",
-        "from mylib import DataLoader\nDataLoader(ds)\n",
+        "from torch.utils.data import DataLoader\nloader = DataLoader(ds, **options)\n" + _TRAIN,
+        "from torch.utils.data import DataLoader\nkw = {'num_workers': 2}\n"
+        "loader = DataLoader(ds, **kw)\n" + _TRAIN,
+        "from mylib import DataLoader\nloader = DataLoader(ds)\n" + _TRAIN,
+        # No training loop reads it (evaluation, a test, a framework's `fit`).
+        "from torch.utils.data import DataLoader\nloader = DataLoader(ds)\n"
+        "for x, y in loader:\n    model(x)\n",
+        "from torch.utils.data import DataLoader\nloader = DataLoader(ds)\ntrainer.fit(model, loader)\n",
     ]
     INVALID = [
         # Workers only on the CUDA path: the CPU path gets a default the update overrides.
         Invalid(
             "from torch.utils.data import DataLoader\nkw = {'batch_size': 8}\n"
-            "if cuda:\n    kw.update({'num_workers': 1})\nDataLoader(ds, **kw)\n",
+            "if cuda:\n    kw.update({'num_workers': 1})\nloader = DataLoader(ds, **kw)\n" + _TRAIN,
             fixed="import os\n\nfrom torch.utils.data import DataLoader\nkw = {\n"
             f"    'batch_size': 8,\n    'num_workers': {WORKERS},\n    'persistent_workers': True,\n}}\n"
-            "if cuda:\n    kw.update({'num_workers': 1})\nDataLoader(ds, **kw)\n",
+            "if cuda:\n    kw.update({'num_workers': 1})\nloader = DataLoader(ds, **kw)\n" + _TRAIN,
         ),
         Invalid(
-            "from torch.utils.data import DataLoader\nDataLoader(ds, num_workers=0)\n",
+            "from torch.utils.data import DataLoader\ndl = DataLoader(ds, num_workers=0)\n"
+            + _TRAIN.replace("loader", "dl"),
             fixed="import os\n\nfrom torch.utils.data import DataLoader\n"
-            f"DataLoader(ds, num_workers={WORKERS}, persistent_workers=True)\n",
+            f"dl = DataLoader(ds, num_workers={WORKERS}, persistent_workers=True)\n"
+            + _TRAIN.replace("loader", "dl"),
+        ),
+        # The loader reaches the training loop through a function's parameter.
+        Invalid(
+            "from torch.utils.data import DataLoader\ndef fit(data):\n"
+            "    for x, y in data:\n        model(x).sum().backward()\n"
+            "loader = DataLoader(ds)\nfit(loader)\n"
         ),
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not self.calls(node, DATALOADER):
+        if not self.calls(node, DATALOADER) or not self.feeds_training_loop(node):
             return
         display = self.script.sometimes_missing(node, "num_workers")
         if display is not None and not _has_key(display, "num_workers"):

@@ -10,6 +10,8 @@ from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Invalid, LintRule
 
 PIN_MEMORY = "torch.cuda.is_available()"
+_HEAD = "import torch\nfrom torch.utils.data import DataLoader\n"
+_TRAIN = "for x, y in loader:\n    model(x).sum().backward()\n"
 
 
 class DataLoaderWithoutPinMemory(LintRule):
@@ -20,22 +22,25 @@ class DataLoaderWithoutPinMemory(LintRule):
 
     VALID = [
         # A CPU-only script gains nothing from pinned memory.
-        "import torch\nfrom torch.utils.data import DataLoader\nDataLoader(ds)\n",
-        "import torch\nfrom torch.utils.data import DataLoader\n"
-        "DataLoader(ds, pin_memory=True)\nmodel.cuda()\n",
-        "import torch\nfrom torch.utils.data import DataLoader\n"
-        "DataLoader(ds, **kwargs)\nmodel.cuda()\n",
+        _HEAD + "loader = DataLoader(ds)\n" + _TRAIN,
+        _HEAD + "loader = DataLoader(ds, pin_memory=True)\nmodel.cuda()\n" + _TRAIN,
+        _HEAD + "loader = DataLoader(ds, **kwargs)\nmodel.cuda()\n" + _TRAIN,
+        # No training loop reads it.
+        _HEAD + "loader = DataLoader(Mock())\nmodel.cuda()\nassert len(loader) == 1\n",
     ]
     INVALID = [
         Invalid(
-            "import torch\nfrom torch.utils.data import DataLoader\nDataLoader(ds)\nmodel.cuda()\n",
-            fixed="import torch\nfrom torch.utils.data import DataLoader\n"
-            f"DataLoader(ds, pin_memory={PIN_MEMORY})\nmodel.cuda()\n",
+            _HEAD + "loader = DataLoader(ds)\nmodel.cuda()\n" + _TRAIN,
+            fixed=_HEAD + f"loader = DataLoader(ds, pin_memory={PIN_MEMORY})\nmodel.cuda()\n" + _TRAIN,
         ),
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not self.script.uses_cuda or not self.calls(node, DATALOADER):
+        if (
+            not self.script.uses_cuda
+            or not self.calls(node, DATALOADER)
+            or not self.feeds_training_loop(node)
+        ):
             return
         pinned = self.script.keyword(node, "pin_memory")
         if isinstance(pinned, Unknown):

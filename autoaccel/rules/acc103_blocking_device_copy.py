@@ -5,14 +5,16 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import device_leaves
-from autoaccel.analysis.shapes import bound_names, find, is_attribute
+from autoaccel.analysis.script_model import LoopRole, StepLoop, device_leaves
+from autoaccel.analysis.shapes import bound_names, find, is_attribute, is_false
 from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
 _LOOP = (
     "import torch\n"
+    "from torch.utils.data import DataLoader\n"
     "device = torch.device('cuda')\n"
+    "loader = DataLoader(ds)\n"
     "for x, y in loader:\n"
     "    {}\n"
     "    loss = criterion(model(x), y)\n"
@@ -50,8 +52,14 @@ class BlockingDeviceCopy(LintRule):
         # Outside a step loop.
         "import torch\ndevice = torch.device('cuda')\nx = x.to(device)\n",
         # A CPU-only script.
-        "import torch\ndevice = torch.device('cpu')\n"
-        "for x, y in loader:\n    x = x.to(device)\n    loss = model(x)\n    loss.backward()\n",
+        _LOOP.replace("'cuda'", "'cpu'").format("x = x.to(device)"),
+        # An evaluation loop over pageable batches: `non_blocking` alone gains nothing
+        # (ACC102 pins only training loaders).
+        "import torch\nfrom torch.utils.data import DataLoader\ndevice = torch.device('cuda')\n"
+        "loader = DataLoader(ds)\nwith torch.no_grad():\n    for x, y in loader:\n"
+        "        out = model(x.to(device))\n",
+        # Batches from a loader we cannot see (pinned or not).
+        _LOOP.replace("loader = DataLoader(ds)\n", "").format("x = x.to(device)"),
     ]
     INVALID = [
         Invalid(
@@ -114,7 +122,7 @@ class BlockingDeviceCopy(LintRule):
             if len(positional) > 2 or target is None:
                 return
         loop = self.enclosing_step_loop(node)
-        if loop is None:
+        if loop is None or not self._pinned_batches(loop):
             return
         if not _derives(node.func.value, self._batch_names(loop)):  # type: ignore[attr-defined]
             return
@@ -128,6 +136,20 @@ class BlockingDeviceCopy(LintRule):
         for node, key in self._pending:
             if key in self._devices or (key in self.script.devices and key not in self._cpu):
                 self._report(node)
+
+    def _pinned_batches(self, loop: StepLoop) -> bool:
+        """Whether the loop reads a loader whose batches are page-locked, or will be once
+        ACC102 pins the loaders of training loops: from pageable memory the copy stays
+        synchronous whatever `non_blocking` says."""
+        calls = self.script.loaders.get(loop.loader) if loop.loader is not None else None
+        if not calls:
+            return False
+        for call in calls:
+            pinned = self.script.keyword(call, "pin_memory")
+            written = isinstance(pinned, cst.BaseExpression) and not is_false(pinned)
+            if not written and loop.role is not LoopRole.TRAIN:
+                return False
+        return True
 
     def _report(self, node: cst.Call) -> None:
         self.report(node, edits={node: set_keyword(node, "non_blocking", "True")})

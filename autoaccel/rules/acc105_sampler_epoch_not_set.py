@@ -55,6 +55,12 @@ class SamplerEpochNotSet(LintRule):
         _HEADER + "sampler = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=sampler)\n"
         "for x, y in loader:\n    out = model(x)\n",
         "from mylib import DistributedSampler\nimport torch\nsampler = DistributedSampler(ds)\n",
+        # The loader leaves for a training loop of another module.
+        _HEADER + "def make_loader(ds):\n    sampler = DistributedSampler(ds)\n"
+        "    loader = DataLoader(ds, sampler=sampler)\n    return loader\n",
+        # The sampler goes to a function of another module, which may set its epoch.
+        _HEADER + "from utils import train\nsampler = DistributedSampler(ds)\n"
+        "loader = DataLoader(ds, sampler=sampler)\n" + _TRAIN.format("train(loader, sampler)"),
     ]
     INVALID = [
         Invalid(
@@ -65,6 +71,8 @@ class SamplerEpochNotSet(LintRule):
         Invalid(
             "import torch\nclass Trainer:\n    def __init__(self, ds):\n"
             "        self.sampler = torch.utils.data.DistributedSampler(ds, shuffle=True)\n"
+            "        self.loader = torch.utils.data.DataLoader(ds, sampler=self.sampler)\n"
+            "    def fit(self):\n        for x in self.loader:\n            model(x).backward()\n"
         ),
         # Inline: nothing can reach it but `loader.sampler`.
         Invalid(
@@ -85,8 +93,10 @@ class SamplerEpochNotSet(LintRule):
         self._inline: dict[cst.Call, cst.Call] = {}  # sampler call -> DataLoader call
         self._receivers: set[str] = set()  # `x` of `x.set_epoch(...)`
         self._opaque = False  # a `set_epoch` on something we cannot name
+        self._calls: list[cst.Call] = []
 
     def visit_Call(self, node: cst.Call) -> None:
+        self._calls.append(node)
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value == "set_epoch":
             receiver = _receiver_key(func.value)
@@ -159,13 +169,26 @@ class SamplerEpochNotSet(LintRule):
                 f"{loader}.sampler" in self._receivers for loader in loaders
             ):
                 continue
-            if loaders and self._only_evaluates(loaders):
-                continue
-            self.report(sampler)
+            # The epochs must run here: a loader (or sampler) that leaves for another
+            # module's training loop may get its `set_epoch` there.
+            if self._trains_here(loaders) and not self._handed_on(sampler):
+                self.report(sampler)
 
-    def _only_evaluates(self, loaders: set[str]) -> bool:
-        roles = {loop.role for loop in self.script.step_loops.values() if loop.loader in loaders}
-        return roles == {LoopRole.EVAL}
+    def _trains_here(self, loaders: set[str]) -> bool:
+        """Whether a training step loop of this file reads one of `loaders`."""
+        return any(
+            loop.role is LoopRole.TRAIN and loop.loader in loaders
+            for loop in self.script.step_loops.values()
+        )
+
+    def _handed_on(self, sampler: cst.Call) -> bool:
+        """Whether the sampler's name is passed to a call other than a DataLoader."""
+        name = self._named.get(sampler)
+        return name is not None and any(
+            name_key(arg.value) == name and not self.calls(call, DATALOADER)
+            for call in self._calls
+            for arg in call.args
+        )
 
 
 def _receiver_key(value: cst.BaseExpression) -> str | None:

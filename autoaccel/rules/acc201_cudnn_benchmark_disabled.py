@@ -29,6 +29,7 @@ _SCRIPT = (
     "\n"
     "{}"
     "model = nn.Conv2d(3, 8, 3).cuda()\n"
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
     "for x in loader:\n"
     "    model(x.cuda()).sum().backward()\n"
 )
@@ -61,6 +62,9 @@ class CudnnBenchmarkDisabled(LintRule):
         # A user's own class of that name.
         "import torch\nclass Conv2d:\n    pass\n"
         "model = Conv2d(3, 8, 3).cuda()\nmodel(x).sum().backward()\n",
+        # Gradients of an input, not of a model's parameters (guidance in a pipeline).
+        _SCRIPT.format("").replace("optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n", ""),
+        _SCRIPT.format("").replace("model.parameters()", "[latents]"),
     ]
     INVALID = [
         Invalid(
@@ -69,11 +73,12 @@ class CudnnBenchmarkDisabled(LintRule):
         ),
         # `torch` is not bound: it is imported.
         Invalid(
-            '"""Train."""\nfrom torch import nn\nmodel = nn.Conv2d(3, 8, 3).cuda()\n'
-            "model(x).sum().backward()\n",
-            fixed='"""Train."""\nfrom torch import nn\nimport torch\n\n'
+            '"""Train."""\nfrom torch import nn, optim\nmodel = nn.Conv2d(3, 8, 3).cuda()\n'
+            "opt = optim.Adam(model.parameters())\nmodel(x).sum().backward()\n",
+            fixed='"""Train."""\nfrom torch import nn, optim\nimport torch\n\n'
             "torch.backends.cudnn.benchmark = True\n"
-            "model = nn.Conv2d(3, 8, 3).cuda()\nmodel(x).sum().backward()\n",
+            "model = nn.Conv2d(3, 8, 3).cuda()\nopt = optim.Adam(model.parameters())\n"
+            "model(x).sum().backward()\n",
         ),
         # Explicitly not deterministic: nothing to protect.
         Invalid(
@@ -115,8 +120,11 @@ class CudnnBenchmarkDisabled(LintRule):
         self._chosen = True
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        trains = self._backward or any(
-            loop.role is LoopRole.TRAIN for loop in self.script.step_loops.values()
+        # Gradients of an input (guidance in an inference pipeline) or of a latent
+        # tensor train no convolution.
+        trains = self.trains_a_model() and (
+            self._backward
+            or any(loop.role is LoopRole.TRAIN for loop in self.script.step_loops.values())
         )
         if self._first_convolution is None or not (
             trains and self.script.uses_cuda and self.script.has_convolutions

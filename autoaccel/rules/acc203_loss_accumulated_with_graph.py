@@ -6,6 +6,7 @@ from enum import Enum
 
 import libcst as cst
 
+from autoaccel.analysis.index import descendants
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.losses import is_detached
 from autoaccel.analysis.shapes import find, is_attribute, is_binary, is_method_call, is_name, method_calls
@@ -49,7 +50,9 @@ class LossAccumulatedWithGraph(LintRule):
     fix_title = (
         "Accumulate `loss.detach()`, or `loss.item()` where only a number is used"
     )
-    # Per finding: `.detach()` is safe; `.item()` adds a host sync every step (unsafe).
+    # Unsafe: if the sum reaches a backward the rule cannot see (another module, a
+    # helper), `.detach()` removes the term from the gradient; `.item()` also adds a
+    # host sync every step.
     applicability = Applicability.UNSAFE
 
     VALID = [
@@ -141,19 +144,12 @@ class LossAccumulatedWithGraph(LintRule):
         ):
             return
         loss = self._graph_loss(value, loop)
-        if loss is None or _reset_every_step(loop, key):
+        if loss is None or _bound_earlier_in_step(loop, node, key):
             return
         use = self._accumulator_use(node, key)
         method = "item" if use is _Use.NUMBER else "detach"
         replacement = cst.Call(func=cst.Attribute(value=loss, attr=cst.Name(method)))
-        # `.detach()` changes nothing but the graph; `.item()` turns the value into
-        # a Python float with a sync per step.
-        self.report(
-            node,
-            edits={loss: replacement},
-            fix_title=f"Accumulate `.{method}()` of the loss",
-            applicability=Applicability.UNSAFE if method == "item" else Applicability.SAFE,
-        )
+        self.report(node, edits={loss: replacement}, fix_title=f"Accumulate `.{method}()` of the loss")
 
     def _graph_loss(
         self, value: cst.BaseExpression, loop: StepLoop
@@ -310,34 +306,28 @@ def _spells(node: cst.CSTNode, key: str) -> bool:
 
 
 def _backward_keys(call: cst.Call) -> list[str]:
-    """What a `.backward()` call backpropagates: `loss.backward()`,
-    `scaler.scale(loss).backward()`."""
+    """What a `.backward()` call may backpropagate: `loss.backward()`,
+    `scaler.scale(loss).backward()`, `accelerator.backward(loss)` (its first argument
+    counts too: for a tensor's own `.backward(gradient)` that only silences more)."""
     receiver = call.func.value  # type: ignore[attr-defined]
-    if (
-        is_method_call(receiver, "scale")
-        and receiver.args
-    ):
+    if is_method_call(receiver, "scale") and receiver.args:
         receiver = receiver.args[0].value
-    key = name_key(receiver)
-    return [key] if key is not None else []
+    arguments = [arg.value for arg in call.args[:1] if arg.keyword is None and not arg.star]
+    return [key for key in map(name_key, [receiver, *arguments]) if key is not None]
 
 
-def _reset_every_step(loop: StepLoop, key: str) -> bool:
-    """`losses = []` / `total = 0` as a statement of the step itself."""
-    body = loop.node.body
-    if not isinstance(body, cst.IndentedBlock):
-        return False
-    for statement in body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if (
-                isinstance(small, cst.Assign)
-                and any(name_key(t.target) == key for t in small.targets)
-                and not any(
-                    name_key(n) == key
-                    for n in find(small.value, (cst.Name, cst.Attribute))
-                )
-            ):
-                return True
+def _bound_earlier_in_step(loop: StepLoop, accumulation: cst.CSTNode, key: str) -> bool:
+    """Whether the step may give `key` a fresh value (one that does not read `key`)
+    before `accumulation`: then `key = key + x` sums within one step (`loss = loss +
+    w * prior_loss`), and the value does not carry over from the previous step."""
+    for node in descendants(loop.node.body):  # in source order
+        if node is accumulation:
+            return False
+        if (
+            isinstance(node, (cst.Assign, cst.AnnAssign))
+            and node.value is not None
+            and any(name_key(t) == key for t in _targets(node))
+            and not any(name_key(n) == key for n in find(node.value, (cst.Name, cst.Attribute)))
+        ):
+            return True
     return False

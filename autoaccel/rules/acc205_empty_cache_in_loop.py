@@ -1,52 +1,60 @@
-"""ACC205: `torch.cuda.empty_cache()` called on every iteration of a loop."""
+"""ACC205: `torch.cuda.empty_cache()` called in every step of a training loop."""
 
 from __future__ import annotations
 
+from textwrap import indent
 from typing import Sequence
 
 import libcst as cst
 
+from autoaccel.analysis.script_model import LoopRole
 from autoaccel.lint.rule import Invalid, LintRule, Replacement
 
 EMPTY_CACHE = ("torch.cuda.empty_cache", "torch.cuda.memory.empty_cache")
+_STEP = "import torch\nfor x, y in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
 
 
 class EmptyCacheInLoop(LintRule):
     code = "ACC205"
     name = "empty-cache-in-loop"
     message = (
-        "`torch.cuda.empty_cache()` inside a loop hands cached GPU memory back to the driver, "
-        "so the next iteration allocates it again with synchronising `cudaMalloc` calls"
+        "`torch.cuda.empty_cache()` in every training step hands cached GPU memory back to the "
+        "driver, so the next step allocates it again with synchronising `cudaMalloc` calls"
     )
     fix_title = "Remove the `torch.cuda.empty_cache()` call"
 
     VALID = [
         # Once, outside any loop.
-        "import torch\nfor x in data:\n    step(x)\ntorch.cuda.empty_cache()\n",
+        _STEP + "torch.cuda.empty_cache()\n",
+        # Once per epoch, around the step loop.
+        "import torch\nfor epoch in range(3):\n" + indent(_STEP, "    ")
+        + "    torch.cuda.empty_cache()\n",
+        # A loop that does not train (exporting pipelines, evaluating).
+        "import torch\nfor name in names:\n    export(name)\n    torch.cuda.empty_cache()\n",
+        # Only on some steps: after a validation run, every N steps.
+        _STEP + "    if step % 100 == 0:\n        validate()\n        torch.cuda.empty_cache()\n",
         # Recovering from an out-of-memory error is what the call is for.
-        "import torch\nfor x in data:\n    try:\n        step(x)\n"
+        _STEP + "    try:\n        step(x)\n"
         "    except torch.cuda.OutOfMemoryError:\n        torch.cuda.empty_cache()\n",
         # A function defined in a loop does not run there.
-        "import torch\nfor name in names:\n    def free():\n        torch.cuda.empty_cache()\n",
+        _STEP + "    def free():\n        torch.cuda.empty_cache()\n",
         # A user's own function of the same name.
-        "def empty_cache():\n    pass\nfor x in data:\n    empty_cache()\n",
-        "from mylib import cuda\nfor x in data:\n    cuda.empty_cache()\n",
+        "def empty_cache():\n    pass\n" + _STEP + "    empty_cache()\n",
+        "from mylib import cuda\n" + _STEP + "    cuda.empty_cache()\n",
     ]
     INVALID = [
+        Invalid(_STEP + "    torch.cuda.empty_cache()\n", fixed=_STEP),
         Invalid(
-            "import torch\nfor x in data:\n    step(x)\n    torch.cuda.empty_cache()\n",
-            fixed="import torch\nfor x in data:\n    step(x)\n",
+            "from torch.cuda import empty_cache\nwhile True:\n    model(x).sum().backward()\n"
+            "    empty_cache()\n",
+            fixed="from torch.cuda import empty_cache\nwhile True:\n    model(x).sum().backward()\n",
         ),
         Invalid(
-            "from torch.cuda import empty_cache\nwhile True:\n    empty_cache()\n",
-            fixed="from torch.cuda import empty_cache\nwhile True:\n    pass\n",
-        ),
-        Invalid(
-            "import torch as t\nfor x in data:\n    step(x); t.cuda.empty_cache()\n",
-            fixed="import torch as t\nfor x in data:\n    step(x)\n",
+            "import torch as t\nfor x in data:\n    model(x).sum().backward(); t.cuda.empty_cache()\n",
+            fixed="import torch as t\nfor x in data:\n    model(x).sum().backward()\n",
         ),
         # Used as a value: reported, not removed.
-        Invalid("import torch\nfor x in data:\n    done = torch.cuda.empty_cache()\n"),
+        Invalid(_STEP + "    done = torch.cuda.empty_cache()\n"),
     ]
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -55,15 +63,19 @@ class EmptyCacheInLoop(LintRule):
         self.report(node, edits=self._removal(node))
 
     def _runs_every_iteration(self, node: cst.Call) -> bool:
+        """Whether `node` runs in every step of a training loop (not once per epoch,
+        per exported pipeline or per evaluation batch)."""
         for ancestor in self.ancestors(node):
-            if isinstance(ancestor, (cst.For, cst.While)):
-                return True
-            # An `except` block runs after a failure (freeing memory after an
-            # out-of-memory error is legitimate); a nested function or class only
-            # defines code.
+            loop = self.script.step_loops.get(ancestor)
+            if loop is not None:
+                return loop.role is LoopRole.TRAIN
+            # An `if` runs it on some steps only (after a validation, every N steps);
+            # an `except` block after a failure (freeing memory after an out-of-memory
+            # error is legitimate); a nested function or class only defines code.
             if isinstance(
                 ancestor,
                 (
+                    cst.If,
                     cst.ExceptHandler,
                     cst.ExceptStarHandler,
                     cst.FunctionDef,

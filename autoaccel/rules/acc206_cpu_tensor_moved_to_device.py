@@ -21,16 +21,11 @@ DETERMINISTIC = frozenset(
         "linspace",
         "logspace",
         "eye",
-        "tensor",
-        "zeros_like",
-        "ones_like",
-        "empty_like",
-        "full_like",
     }
 )
 # Factories that draw from a generator: CPU and CUDA generators give different numbers.
 RANDOM = frozenset(
-    {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like"}
+    {"rand", "randn", "randint", "randperm"}
 )
 FACTORIES = {f"torch.{name}": name for name in DETERMINISTIC | RANDOM}
 
@@ -53,6 +48,10 @@ class CpuTensorMovedToDevice(LintRule):
         "import torch\nx = torch.zeros(8, **options).cuda()\n",
         # Not a factory that takes `device=`.
         "import torch\nx = torch.from_numpy(a).cuda()\n",
+        # `*_like` builds on the device of its argument, which may already be the target.
+        "import torch\nu = torch.zeros_like(emb).to(emb.device)\n",
+        # Data from the host is copied from the host either way (`device=` copies too).
+        "import torch\nx = torch.tensor([0.5, 0.5]).cuda()\n",
         # A user's own function of the same name.
         "def zeros(n):\n    return [0] * n\nx = zeros(8).cuda()\n",
         "import torch\nfrom mylib import zeros\nx = zeros(8).cuda()\n",
@@ -67,8 +66,8 @@ class CpuTensorMovedToDevice(LintRule):
             fixed="import torch\ndevice = torch.device('cuda')\nx = torch.ones(2, 3, device=device)\n",
         ),
         Invalid(
-            "from torch import tensor\ny = tensor([1, 2]).to(device='cuda:0')\n",
-            fixed="from torch import tensor\ny = tensor([1, 2], device='cuda:0')\n",
+            "from torch import arange\ny = arange(8).to(device='cuda:0')\n",
+            fixed="from torch import arange\ny = arange(8, device='cuda:0')\n",
         ),
         Invalid(
             "import torch\nnoise = torch.randn(4, 100).to(x.device)\n",

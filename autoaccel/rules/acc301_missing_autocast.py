@@ -58,14 +58,19 @@ class MissingAutocast(LintRule):
         "    loss.backward()\n",
         # No training step.
         "import torch\nmodel = Net().cuda()\nwith torch.no_grad():\n    out = model(x)\n",
+        # Gradients of an input (guidance while sampling), no model's parameters trained.
+        "import torch\nunet = Net().cuda()\nfor t in timesteps:\n"
+        "    x = x.detach().requires_grad_()\n    loss = criterion(unet(x), y)\n"
+        "    loss.backward()\n    x = x - x.grad\n",
     ]
     INVALID = [
         Invalid(
-            "import torch\nmodel = Net().cuda()\nfor x, y in loader:\n"
-            "    loss = criterion(model(x), y)\n    loss.backward()\n"
+            "import torch\nmodel = Net().cuda()\nopt = torch.optim.SGD(model.parameters())\n"
+            "for x, y in loader:\n    loss = criterion(model(x), y)\n    loss.backward()\n"
         ),
         Invalid(
             "import torch\ndevice = torch.device('cuda')\nclass Trainer:\n"
+            "    def __init__(self, net):\n        self.opt = torch.optim.Adam(net.parameters())\n"
             "    def fit(self):\n        while True:\n"
             "            loss = self.compute(next(it))\n            loss.backward()\n"
         ),
@@ -79,7 +84,9 @@ class MissingAutocast(LintRule):
             self.chooses_precision = True
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        if self.chooses_precision or not self.script.uses_cuda:
+        # No model's parameters go to an optimizer: gradients of an input (guidance
+        # in a sampling loop) train nothing to speed up.
+        if self.chooses_precision or not self.script.uses_cuda or not self.trains_a_model():
             return
         loops = [
             loop.node

@@ -5,7 +5,25 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.script_model import DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL
+from autoaccel.analysis.shapes import find
 from autoaccel.lint.rule import Invalid, LintRule
+
+# Multi-process wrappers: a script that builds one already offers the fast path.
+DISTRIBUTED_WRAPPERS = frozenset(
+    {
+        DISTRIBUTED_DATA_PARALLEL,
+        "apex.parallel.DistributedDataParallel",
+        "torch.distributed.fsdp.FullyShardedDataParallel",
+    }
+)
+
+
+def offers_distributed(rule: LintRule, module: cst.Module) -> bool:
+    """Whether the script also wraps a model for multi-process training (DDP, apex's
+    DDP, FSDP): then `nn.DataParallel` is its fallback for single-process runs."""
+    program = rule.script.program
+    calls = program.calls if program is not None else find(module, cst.Call)
+    return any(rule.calls(call, *DISTRIBUTED_WRAPPERS) for call in calls)
 
 
 class DataParallelModel(LintRule):
@@ -24,6 +42,10 @@ class DataParallelModel(LintRule):
         # A user's own class of the same name.
         "import torch\n\n\nclass DataParallel:\n    pass\n\n\nmodel = DataParallel(model)\n",
         "import torch\nfrom mylib import DataParallel\nmodel = DataParallel(model)\n",
+        # The fallback of a script that trains with DDP when it is launched that way.
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "if distributed:\n    model = DDP(model)\nelif n_gpu > 1:\n"
+        "    model = torch.nn.DataParallel(model)\n",
     ]
     INVALID = [
         Invalid("import torch\nmodel = torch.nn.DataParallel(model)\n"),
@@ -38,6 +60,15 @@ class DataParallelModel(LintRule):
         ),
     ]
 
+    def __init__(self, script) -> None:
+        super().__init__(script)
+        self.wrappers: list[cst.Call] = []
+
     def visit_Call(self, node: cst.Call) -> None:
         if self.calls(node, DATA_PARALLEL):
-            self.report(node)
+            self.wrappers.append(node)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if self.wrappers and not offers_distributed(self, original_node):
+            for wrapper in self.wrappers:
+                self.report(wrapper)

@@ -11,6 +11,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import BindingVisitor, bound_names, find, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
+from autoaccel.rules.acc401_data_parallel import offers_distributed
 
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 
@@ -42,6 +43,10 @@ class DataParallelLossOutsideForward(BindingVisitor, LintRule):
     )
 
     VALID = [
+        # `DataParallel` is the fallback of a script that offers DDP.
+        _HEADER + "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "model = DDP(net) if distributed else nn.DataParallel(net)\n"
+        "for x, y in loader:\n    loss = F.cross_entropy(model(x), y)\n    loss.backward()\n",
         # The loss is computed inside forward on every replica: nothing gathered but it.
         _HEADER + "model = nn.DataParallel(ModelWithLoss(net))\n"
         "for x, y in loader:\n    loss = model(x, y).mean()\n    loss.backward()\n",
@@ -114,6 +119,8 @@ class DataParallelLossOutsideForward(BindingVisitor, LintRule):
         self.losses.append(_Loss(node, self._scope(node), frozenset(names), frozenset(models)))
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        if offers_distributed(self, original_node):
+            return  # `DataParallel` is the fallback; DDP computes each loss on its GPU
         wrapped = self.script.data_parallel  # aliases included
         for loss in self.losses:
             gathered = loss.called_models & wrapped or any(

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank, names_in, rank_guarded
+from autoaccel.analysis.shapes import find
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
 INIT_PROCESS_GROUP = frozenset({"torch.distributed.init_process_group"})
+_GET_RANK = ("torch.distributed.get_rank",)
+_RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})  # set by torchrun
 # Identifiers that say "which process am I": `rank`, `args.local_rank`,
 # `dist.get_rank()`, `is_main_process()`, `accelerator.is_main_process`, `is_master`.
 _DIST = "import torch\nimport torch.distributed as dist\n"
@@ -27,6 +31,23 @@ class UnguardedRankSave(LintRule):
     applicability = Applicability.UNSAFE
 
     VALID = [
+        # Only called under a guard on a rank read from torchrun's environment.
+        _DIST + "dist.init_process_group('nccl')\n\n\nclass Trainer:\n"
+        "    def __init__(self):\n        self.gpu_id = int(os.environ['LOCAL_RANK'])\n"
+        "    def save(self):\n        torch.save(self.model.state_dict(), 'snapshot.pt')\n"
+        "    def train(self):\n        if self.gpu_id == 0:\n            self.save()\n",
+        # The rank reaches the guard through a constructor (`mp.spawn` passes it).
+        _DIST + "class Trainer:\n    def __init__(self, model, gpu_id):\n"
+        "        self.gpu_id = gpu_id\n        self.model = DDP(model)\n"
+        "    def save(self):\n        torch.save(self.model.state_dict(), 'c.pt')\n"
+        "    def train(self):\n        if self.gpu_id == 0:\n            self.save()\n"
+        "def main(rank):\n    dist.init_process_group('nccl')\n    Trainer(net, rank).train()\n",
+        # Defined for another module, which may call it on rank 0 only.
+        _DIST + "dist.init_process_group('nccl')\n\n\ndef save_checkpoint(model, path):\n"
+        "    torch.save(model.state_dict(), path)\n",
+        # One file per item: the ranks share the items out.
+        _DIST + "dist.init_process_group('nccl')\nfor path in tqdm(paths):\n"
+        "    torch.save(features(path), path + '.pt')\n",
         # Not a distributed script: one process, one writer.
         "import torch\ntorch.save(model.state_dict(), 'model.pt')\n",
         "import torch\nimport torch.nn as nn\nmodel = nn.DataParallel(model)\n"
@@ -89,6 +110,11 @@ class UnguardedRankSave(LintRule):
         self.dist_prefix: str | None = None  # how the script spells `torch.distributed`
         self.saves: list[tuple[cst.Call, cst.FunctionDef | None]] = []
         self.call_sites: dict[str, list[cst.Call]] = {}
+        self.rank_names: set[str] = set()  # names bound to the process's rank
+        self.referenced: set[str] = set()  # names used other than by a `def`
+        self.parameters: dict[str, list[str]] = {}  # function -> its parameters
+        self.constructors: dict[str, cst.FunctionDef] = {}  # class -> its `__init__`
+        self.copies: list[tuple[list[str], str]] = []  # `a = b`: (targets, b)
 
     # -- facts ---------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
@@ -102,7 +128,7 @@ class UnguardedRankSave(LintRule):
         ):
             self.dist_prefix = cst.Module(body=[]).code_for_node(node.func.value)
         if "torch.save" in names:
-            if not self._guarded(node) and not mentions_rank(node):
+            if not mentions_rank(node):
                 self.saves.append((node, self._function(node)))
             return
         if isinstance(node.func, cst.Name):
@@ -110,20 +136,96 @@ class UnguardedRankSave(LintRule):
         elif isinstance(node.func, cst.Attribute):
             self.call_sites.setdefault(node.func.attr.value, []).append(node)
 
+    def visit_Name(self, node: cst.Name) -> None:
+        if not isinstance(self.parent(node), cst.FunctionDef):
+            self.referenced.add(node.value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        # `self.gpu_id = int(os.environ["LOCAL_RANK"])`, `r = dist.get_rank()`: a rank
+        # under a name the rank test of `rank_guarded` does not know.
+        targets = [key for target in node.targets if (key := name_key(target.target)) is not None]
+        if any(
+            isinstance(leaf, cst.SimpleString) and leaf.evaluated_value in _RANK_VARIABLES
+            or isinstance(leaf, cst.Call) and self.calls(leaf, *_GET_RANK)
+            for leaf in find(node.value, (cst.SimpleString, cst.Call))
+        ):
+            self.rank_names.update(targets)
+        elif isinstance(node.value, cst.Name):
+            self.copies.append((targets, node.value.value))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.parameters[node.name.value] = _parameters(node)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        # `Trainer(model, rank)` passes its arguments to `__init__`.
+        for statement in node.body.body:
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
+                self.constructors[node.name.value] = statement
+
+    def _rank_parameters(self) -> None:
+        """`self.gpu_id = gpu_id` where a call passes the rank as `gpu_id`
+        (`Trainer(model, rank)` under `mp.spawn`): `self.gpu_id` is a rank too."""
+        ranks: set[str] = set()
+        callables = [*self.parameters.items()] + [
+            (cls, _parameters(init)) for cls, init in self.constructors.items()
+        ]
+        for function, params in callables:
+            for call in self.call_sites.get(function, []):
+                positional = [a for a in call.args if a.keyword is None and not a.star]
+                passed = list(zip(params, (a.value for a in positional)))
+                passed += [(a.keyword.value, a.value) for a in call.args if a.keyword is not None]
+                ranks.update(
+                    param for param, value in passed
+                    if mentions_rank(value) or name_key(value) in self.rank_names
+                )
+        for targets, source in self.copies:
+            if source in ranks:
+                self.rank_names.update(targets)
+
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self.distributed:
             return
+        self._rank_parameters()
         guarded_functions: dict[cst.FunctionDef, bool] = {}
         for call, function in self.saves:
+            if self._guarded(call) or self._writes_per_item(call):
+                continue
             if function is not None and self._only_called_guarded(function, guarded_functions):
                 continue
             edits, imports = self._fix(call)
             self.report(call, edits=edits, imports=imports)
 
+    def _writes_per_item(self, call: cst.Call) -> bool:
+        """A save in a loop over items (not over a `range`, nor an epoch or step loop):
+        one file per item, and the ranks may share the items out."""
+        for ancestor in self.ancestors(call):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+                return False
+            if (
+                isinstance(ancestor, cst.For)
+                and ancestor not in self.script.epoch_loops
+                and ancestor not in self.script.step_loops
+                and not _over_range(self, ancestor.iter)
+            ):
+                return True
+        return False
+
     # -- guards --------------------------------------------------------------------
     def _guarded(self, node: cst.CSTNode) -> bool:
         """Inside an `if` about the rank, or after `if <rank test>: return`."""
-        return rank_guarded(node, self.ancestors(node))
+        if rank_guarded(node, self.ancestors(node)):
+            return True
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+            if isinstance(ancestor, cst.If) and child is not ancestor.test and any(
+                name_key(name) in self.rank_names
+                for name in find(ancestor.test, (cst.Name, cst.Attribute))
+            ):
+                return True
+            child = ancestor
+        return False
 
     def _only_called_guarded(
         self, function: cst.FunctionDef, memo: dict[cst.FunctionDef, bool]
@@ -134,6 +236,9 @@ class UnguardedRankSave(LintRule):
             return memo[function]
         memo[function] = False  # recursion: not proven guarded
         sites = self.call_sites.get(function.name.value, [])
+        if not sites and function.name.value not in self.referenced:
+            memo[function] = True  # used by another module, which may guard the call
+            return True
         result = bool(sites) and all(
             self._guarded(site)
             or (
@@ -184,3 +289,20 @@ class UnguardedRankSave(LintRule):
             leading_lines=line.leading_lines,
         )
         return {line: guard}, () if self.dist_prefix else ("torch",)
+
+
+def _over_range(rule: LintRule, iterable: cst.BaseExpression) -> bool:
+    """`range(n)`, also wrapped: `tqdm(range(n))`, `enumerate(range(n))`."""
+    while isinstance(iterable, cst.Call):
+        if rule.calls(iterable, "builtins.range"):
+            return True
+        if not iterable.args:
+            return False
+        iterable = iterable.args[0].value
+    return False
+
+
+def _parameters(function: cst.FunctionDef) -> list[str]:
+    """The parameters a call fills, in order (`self` left out)."""
+    params = [p.name.value for p in (*function.params.params, *function.params.kwonly_params)]
+    return params[1:] if params[:1] == ["self"] else params

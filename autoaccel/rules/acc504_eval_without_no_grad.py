@@ -1,14 +1,12 @@
-"""ACC504: an evaluation loop that records autograd graphs it never uses."""
+"""ACC504: a loop that calls a model, trains nothing, and records autograd graphs."""
 
 from __future__ import annotations
-
-import re
 
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import LoopRole, StepLoop
-from autoaccel.analysis.shapes import find, is_false, method_calls
+from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import find, is_false
 from autoaccel.lint.rule import Invalid, LintRule
 
 _NO_GRAD = frozenset(
@@ -33,10 +31,10 @@ _NEEDS_GRAD_METHODS = ("backward", "step", "zero_grad", "requires_grad_", "retai
 _NEEDS_GRAD_FUNCTIONS = frozenset(
     {"torch.autograd.grad", "torch.autograd.backward", "torch.enable_grad"}
 ) | _SET_GRAD_ENABLED
-_EVAL_NAME = re.compile(
-    r"(^|_)(eval|evaluate|evaluation|test|testing|valid|validate|validation|val|predict|"
-    r"prediction|infer|inference)(_|$)",
-    re.IGNORECASE,
+
+_SETUP = (
+    "import torch\nfrom torch.utils.data import DataLoader\n"
+    "model = torch.nn.Linear(4, 2)\nloader = DataLoader(ds)\n"
 )
 
 
@@ -50,57 +48,48 @@ class EvalWithoutNoGrad(LintRule):
     fix_title = "Wrap the loop in `with torch.no_grad():`"
 
     VALID = [
-        "import torch\nfrom torch.utils.data import DataLoader\n"
-        "test_loader = DataLoader(ds)\n"
-        "def test():\n    model.eval()\n    with torch.no_grad():\n"
-        "        for x, y in test_loader:\n            out = model(x)\n",
-        "import torch\nfrom torch.utils.data import DataLoader\n"
-        "test_loader = DataLoader(ds)\n"
-        "@torch.no_grad()\ndef test():\n    model.eval()\n"
-        "    for x, y in test_loader:\n        out = model(x)\n",
-        "from torch import inference_mode\nfrom torch.utils.data import DataLoader\n"
-        "test_loader = DataLoader(ds)\n"
-        "def test():\n    model.eval()\n    with inference_mode():\n"
-        "        for x, y in test_loader:\n            out = model(x)\n",
+        _SETUP + "def test():\n    model.eval()\n    with torch.no_grad():\n"
+        "        for x, y in loader:\n            out = model(x)\n",
+        _SETUP + "@torch.no_grad()\ndef test():\n    for x, y in loader:\n        out = model(x)\n",
+        _SETUP + "def test():\n    with torch.inference_mode():\n"
+        "        for x, y in loader:\n            out = model(x)\n",
         # The caller turns autograd off.
-        "import torch\nfrom torch.utils.data import DataLoader\n"
-        "test_loader = DataLoader(ds)\n"
-        "def test():\n    model.eval()\n    for x, y in test_loader:\n        out = model(x)\n"
+        _SETUP + "def test():\n    for x, y in loader:\n        out = model(x)\n"
         "with torch.set_grad_enabled(False):\n    test()\n",
         # Gradients on or off depending on a flag we cannot read.
-        "import torch\nfrom torch.utils.data import DataLoader\n"
-        "test_loader = DataLoader(ds)\n"
-        "def run(train):\n    model.eval()\n    with torch.set_grad_enabled(train):\n"
-        "        for x, y in test_loader:\n            out = model(x)\n",
-        # Nothing says this loop evaluates (it may train through a helper).
-        "import torch\nfrom torch.utils.data import DataLoader\n"
-        "loader = DataLoader(ds)\n"
-        "def run():\n    for x, y in loader:\n        out = step(model, x, y)\n",
+        _SETUP + "def run(train):\n    with torch.set_grad_enabled(train):\n"
+        "        for x, y in loader:\n            out = model(x)\n",
+        # The forward already runs under no_grad inside the loop.
+        _SETUP + "for x, y in loader:\n    x = x.float()\n    with torch.no_grad():\n"
+        "        out = model(x)\n",
+        # The loop calls no model.
+        _SETUP + "for x, y in loader:\n    stats.update(x.mean())\n",
+        # The model goes to a function of another module, which may train it.
+        _SETUP + "from steps import train_step\n"
+        "for x, y in loader:\n    out = model(x)\n    train_step(model, x, y)\n",
         # A helper called in the loop needs gradients.
-        "import torch\nfrom torch.utils.data import DataLoader\n"
-        "test_loader = DataLoader(ds)\n"
-        "def attack(x):\n    x.requires_grad_()\n    model(x).sum().backward()\n"
-        "def test():\n    model.eval()\n    for x, y in test_loader:\n        attack(x)\n",
+        _SETUP + "def attack(x):\n    x.requires_grad_()\n    model(x).sum().backward()\n"
+        "def test():\n    for x, y in loader:\n        attack(x)\n",
+        # The outputs are backpropagated after the loop.
+        _SETUP + "outs = []\nfor x, y in loader:\n    outs.append(model(x))\n"
+        "torch.cat(outs).sum().backward()\n",
     ]
     INVALID = [
         Invalid(
-            "import torch\nfrom torch.utils.data import DataLoader\n"
-            "test_loader = DataLoader(ds)\n"
-            "def test():\n    model.eval()\n"
-            "    # every batch\n    for x, y in test_loader:\n        out = model(x)  # forward\n",
-            fixed="import torch\nfrom torch.utils.data import DataLoader\n"
-            "test_loader = DataLoader(ds)\n"
-            "def test():\n    model.eval()\n"
-            "    # every batch\n    with torch.no_grad():\n        for x, y in test_loader:\n"
+            _SETUP + "def test():\n    model.eval()\n"
+            "    # every batch\n    for x, y in loader:\n        out = model(x)  # forward\n",
+            fixed=_SETUP + "def test():\n    model.eval()\n"
+            "    # every batch\n    with torch.no_grad():\n        for x, y in loader:\n"
             "            out = model(x)  # forward\n",
         ),
+        # Found by what the loop does, whatever the loader is called.
         Invalid(
             "from torch import nn\nfrom torch.utils.data import DataLoader\n"
-            "val_loader = DataLoader(ds)\n"
-            "for x, y in val_loader:\n    out = model(x)\n",
+            "net = nn.Linear(4, 2)\ntrain_loader = DataLoader(ds)\n"
+            "for x, y in train_loader:\n    out = net(x)\n",
             fixed="from torch import nn\nfrom torch.utils.data import DataLoader\nimport torch\n"
-            "val_loader = DataLoader(ds)\n"
-            "with torch.no_grad():\n    for x, y in val_loader:\n        out = model(x)\n",
+            "net = nn.Linear(4, 2)\ntrain_loader = DataLoader(ds)\n"
+            "with torch.no_grad():\n    for x, y in train_loader:\n        out = net(x)\n",
         ),
     ]
 
@@ -109,7 +98,6 @@ class EvalWithoutNoGrad(LintRule):
         self.functions: dict[str, list[cst.FunctionDef]] = {}
         self.no_grad_functions: set[str] = set()  # decorated with `@torch.no_grad()`
         self.callers: dict[str, list[cst.Call]] = {}  # function name -> its call sites
-        self.function_of: dict[cst.CSTNode, cst.FunctionDef | None] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.setdefault(node.name.value, []).append(node)
@@ -174,30 +162,83 @@ class EvalWithoutNoGrad(LintRule):
                     return True
         return False
 
-    def _evaluates(self, loop: StepLoop) -> bool:
-        """Positive evidence that the loop evaluates: an eval/test name, or `model.eval()`."""
-        if loop.loader is not None and re.search(
-            r"test|val|eval", loop.loader, re.IGNORECASE
-        ):
+    def _may_train(self, node: cst.CSTNode, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether `node` may train: it (or a function of this file it calls) needs
+        gradients, or it hands a model or an optimizer to a function we cannot read."""
+        if self._needs_grad(node):
             return True
-        function = next(
-            (a for a in self.ancestors(loop.node) if isinstance(a, cst.FunctionDef)), None
-        )
-        if function is not None and _EVAL_NAME.search(function.name.value):
-            return True
-        scope = function if function is not None else loop.node
-        return any(not call.args for call in method_calls(scope, "eval"))
+        trainable = self.script.models | self.script.optimizers
+        for call in find(node, cst.Call):
+            key = name_key(call.func)
+            callee = key.removeprefix("self.") if key else None
+            if callee in self.functions:
+                if callee not in seen and any(
+                    self._may_train(f.body, seen | {callee}) for f in self.functions[callee]
+                ):
+                    return True
+            elif (
+                key not in self.script.models
+                and not _is_builtin(self.qualified_names(call.func))
+                and any(_root_key(arg.value) in trainable for arg in call.args)
+            ):
+                return True
+        return False
+
+    def _forwards(self, node: cst.CSTNode, seen: frozenset[str] = frozenset()) -> list[cst.Call]:
+        """Calls of a model of the script in `node`, and in the functions of this file
+        it calls: `model(x)`, `self.net(x)`, `model.forward(x)`."""
+        found = []
+        for call in find(node, cst.Call):
+            func = call.func
+            target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
+            if name_key(target) in self.script.models:  # type: ignore[arg-type]
+                found.append(call)
+                continue
+            key = name_key(func)
+            callee = key.removeprefix("self.") if key else None
+            if callee in self.functions and callee not in seen:
+                for function in self.functions[callee]:
+                    found.extend(self._forwards(function.body, seen | {callee}))
+        return found
+
+    def _graph_used_elsewhere(self, loop: cst.For) -> bool:
+        """A backward pass in the loop's function (or module), outside the loop and
+        outside the training loops beside it, may differentiate through what the loop
+        computed (`outputs.append(model(x))`, then `torch.cat(outputs).sum().backward()`)."""
+        scope = self._function_of(loop)
+        for call in find(scope if scope is not None else self.module, cst.Call):
+            ancestors = list(self.ancestors(call))
+            if loop in ancestors or self._function_of(call) is not scope:
+                continue
+            beside = any(
+                ancestor in self.script.step_loops
+                and self.script.step_loops[ancestor].role is LoopRole.TRAIN
+                and loop not in self.ancestors(ancestor)
+                for ancestor in ancestors
+            )
+            if not beside and self._needs_grad(call):
+                return True
+        return False
+
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
 
     # -- report ----------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self.module = node
+
     def leave_Module(self, original_node: cst.Module) -> None:
         for loop in self.script.step_loops.values():
             if loop.role is not LoopRole.EVAL or not isinstance(loop.node, cst.For):
                 continue
-            if loop.node.asynchronous is not None:
+            if loop.node.asynchronous is not None or self._without_grad(loop.node):
                 continue
-            if self._without_grad(loop.node) or self._needs_grad(loop.node):
+            forwards = self._forwards(loop.node.body)
+            # A loop that calls no model records nothing worth reporting; one that
+            # already runs a forward under no_grad chose what to record.
+            if not forwards or any(self._without_grad(call) for call in forwards):
                 continue
-            if not self._evaluates(loop):
+            if self._may_train(loop.node) or self._graph_used_elsewhere(loop.node):
                 continue
             self.report(loop.node, edits={loop.node: _wrapped(loop.node)}, imports=("torch",))
 
@@ -219,3 +260,21 @@ def _grad_may_be_off(rule: LintRule, expression: cst.BaseExpression) -> bool:
         return False
     flag = expression.args[0].value
     return not (isinstance(flag, cst.Name) and flag.value in ("True", "False"))
+
+
+def _root_key(value: cst.BaseExpression) -> str | None:
+    """The object an argument hands over: `model`, `model.module`, `model.parameters()`
+    -> `model` (a call's result, `model(x)`, is not the model)."""
+    while (key := name_key(value)) is None:
+        if isinstance(value, cst.Attribute):
+            value = value.value
+        elif isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+            value = value.func.value
+        else:
+            return None
+    return key
+
+
+def _is_builtin(names: frozenset[str]) -> bool:
+    """`print(model)`, `len(loader)`: Python's own functions train nothing."""
+    return bool(names) and all(n.startswith("builtins.") for n in names)

@@ -170,7 +170,7 @@ def _keywords(loader: dict[str, Any]) -> dict[str, str | None]:
 
 def _write(script: Path, loaders: list[dict[str, Any]], err: Console) -> int:
     from autoaccel.convert.pipeline import ConversionError
-    from autoaccel.fileio import read_source, write_atomic
+    from autoaccel.fileio import os_error_message, read_source, write_atomic
     from autoaccel.lint.engine import SourceError
     from autoaccel.tune.set_loader_arguments import set_loader_arguments
 
@@ -182,10 +182,13 @@ def _write(script: Path, loaders: list[dict[str, Any]], err: Console) -> int:
     if not wanted:
         err.print(f"{script}: nothing to write", markup=False)
         return EXIT_OK
-    source = read_source(script)
     try:
+        source = read_source(script)
         rewrite = set_loader_arguments(source.text, wanted, str(script))
-    except (SourceError, ConversionError) as error:
+    except OSError as error:
+        err.print(f"{script}: error: {os_error_message(error)}", markup=False)
+        return EXIT_ERROR
+    except (SourceError, ConversionError, UnicodeDecodeError) as error:
         err.print(f"{script}: {error}", markup=False)
         return EXIT_ERROR
     for change in rewrite.log.changes:
@@ -194,5 +197,9 @@ def _write(script: Path, loaders: list[dict[str, Any]], err: Console) -> int:
         where = f"{script}:{skipped.line}" if skipped.line else str(script)
         err.print(f"{where}: not written: {skipped.what}: {skipped.reason}", markup=False)
     if rewrite.changed:
-        write_atomic(script, rewrite.converted, source.encoding)
+        try:
+            write_atomic(script, rewrite.converted, source.encoding, source.raw)
+        except OSError as error:
+            err.print(f"{script}: error: not written: {os_error_message(error)}", markup=False)
+            return EXIT_ERROR
     return EXIT_OK

@@ -76,14 +76,7 @@ train_loader = DataLoader(
     pin_memory=torch.cuda.is_available(),
     sampler=train_sampler,
 )
-test_loader = DataLoader(
-    test_set,
-    batch_size=32,
-    shuffle=False,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
-    pin_memory=torch.cuda.is_available(),
-)
+test_loader = DataLoader(test_set, batch_size=32, shuffle=False)
 
 # ---- model ----
 model = nn.Sequential(
@@ -150,8 +143,8 @@ class_correct = torch.zeros(num_classes, device=device)
 class_total = torch.zeros(num_classes, device=device)
 with torch.no_grad():
     for images, labels in test_loader:
-        images = images.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
+        images = images.to(device)
+        labels = labels.to(device)
         outputs = model(images)
         _, predicted = torch.max(outputs.data, 1)
         total += labels.size(0)

@@ -107,14 +107,7 @@ train_loader = DataLoader(
     pin_memory=torch.cuda.is_available(),
     sampler=train_sampler,
 )
-val_loader = DataLoader(
-    val_dataset,
-    batch_size=args.batch_size,
-    shuffle=False,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
-    pin_memory=torch.cuda.is_available(),
-)
+val_loader = DataLoader(val_dataset, batch_size=args.batch_size, shuffle=False)
 
 model = SignalNet(num_classes=4)
 model.to(device)
@@ -163,9 +156,7 @@ for epoch in range(args.epochs):
     total = 0
     with torch.no_grad():
         for inputs, labels in val_loader:
-            inputs, labels = inputs.to(device, non_blocking=True), labels.to(
-                device, non_blocking=True
-            )
+            inputs, labels = inputs.to(device), labels.to(device)
             outputs = model(inputs)
             _, predicted = outputs.max(1)
             total += labels.size(0)

@@ -124,9 +124,7 @@ def test():
     with torch.no_grad():
         for data, target in test_loader:
             if args.cuda:
-                data, target = data.cuda(non_blocking=True), target.cuda(
-                    non_blocking=True
-                )
+                data, target = data.cuda(), target.cuda()
             with torch.autocast(
                 device_type="cuda" if torch.cuda.is_available() else "cpu",
                 dtype=torch.bfloat16,

@@ -140,11 +140,7 @@ def main():
         'num_workers': min(8, os.cpu_count() or 1),
         'persistent_workers': True,
     }
-    test_kwargs = {
-        'batch_size': args.test_batch_size,
-        'num_workers': min(8, os.cpu_count() or 1),
-        'persistent_workers': True,
-    }
+    test_kwargs = {'batch_size': args.test_batch_size}
     if use_cuda:
         cuda_kwargs = {'num_workers': 1,
                        'pin_memory': True,

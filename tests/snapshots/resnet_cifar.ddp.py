@@ -156,13 +156,7 @@ def main():
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )
-    test_loader = DataLoader(
-        test_set,
-        batch_size=batch_size,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
-        pin_memory=torch.cuda.is_available(),
-    )
+    test_loader = DataLoader(test_set, batch_size=batch_size)
 
     model = ResNet(width, blocks).to(device)
     # trained through DDP when distributed: gradients are averaged in backward()
@@ -209,9 +203,7 @@ def main():
         correct = 0
         with torch.no_grad():
             for images, labels in test_loader:
-                images, labels = images.to(device, non_blocking=True), labels.to(
-                    device, non_blocking=True
-                )
+                images, labels = images.to(device), labels.to(device)
                 correct += (model(images).argmax(1) == labels).sum().item()
         if RANK == 0:
             print(

@@ -109,7 +109,7 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
 
-            total_loss += loss.detach()
+            total_loss += loss
         return total_loss.item() / len(self.train_loader)
 
     def validate(self):
@@ -119,8 +119,8 @@ class Trainer:
         total = 0
         with torch.no_grad():
             for inputs, targets in self.val_loader:
-                inputs = inputs.to(self.device, non_blocking=True)
-                targets = targets.to(self.device, non_blocking=True)
+                inputs = inputs.to(self.device)
+                targets = targets.to(self.device)
                 outputs = self.model(inputs)
                 loss = self.criterion(outputs, targets)
                 val_loss += loss.item()
@@ -190,17 +190,15 @@ if __name__ == "__main__":
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )
-    val_loader = DataLoader(
-        val_ds,
-        batch_size=args.batch_size,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
-        pin_memory=torch.cuda.is_available(),
-    )
+    val_loader = DataLoader(val_ds, batch_size=args.batch_size)
 
     model = MLP(20, args.hidden, 3)
     trainer = Trainer(model, train_loader, val_loader, lr=args.lr,
                       weight_decay=args.weight_decay, checkpoint_dir=args.checkpoint_dir)
+    # Same model and data on every process so far; from here each draws its own random
+    # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+    if DISTRIBUTED:
+        torch.manual_seed(torch.initial_seed() + RANK)
     history = trainer.fit(args.epochs)
     if RANK == 0:
         print(f"Best val acc: {trainer.best_val_acc:.4f}")

@@ -91,7 +91,7 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
 
-            total_loss += loss.detach()
+            total_loss += loss
         return total_loss.item() / len(self.train_loader)
 
     def validate(self):
@@ -101,8 +101,8 @@ class Trainer:
         total = 0
         with torch.no_grad():
             for inputs, targets in self.val_loader:
-                inputs = inputs.to(self.device, non_blocking=True)
-                targets = targets.to(self.device, non_blocking=True)
+                inputs = inputs.to(self.device)
+                targets = targets.to(self.device)
                 outputs = self.model(inputs)
                 loss = self.criterion(outputs, targets)
                 val_loss += loss.item()
@@ -165,13 +165,7 @@ if __name__ == "__main__":
         persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
     )
-    val_loader = DataLoader(
-        val_ds,
-        batch_size=args.batch_size,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
-        pin_memory=torch.cuda.is_available(),
-    )
+    val_loader = DataLoader(val_ds, batch_size=args.batch_size)
 
     model = MLP(20, args.hidden, 3)
     trainer = Trainer(model, train_loader, val_loader, lr=args.lr,

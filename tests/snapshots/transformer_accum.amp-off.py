@@ -91,13 +91,7 @@ def main():
         persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
     )
-    val_loader = DataLoader(
-        val_ds,
-        batch_size=args.batch_size * 2,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
-        pin_memory=torch.cuda.is_available(),
-    )
+    val_loader = DataLoader(val_ds, batch_size=args.batch_size * 2)
 
     model = TransformerClassifier(vocab_size, n_classes).to(device)
     criterion = nn.CrossEntropyLoss()
@@ -135,9 +129,7 @@ def main():
         correct, seen, val_loss = 0, 0, 0.0
         with torch.no_grad():
             for tokens, labels in val_loader:
-                tokens, labels = tokens.to(device, non_blocking=True), labels.to(
-                    device, non_blocking=True
-                )
+                tokens, labels = tokens.to(device), labels.to(device)
                 logits = model(tokens)
                 val_loss += criterion(logits, labels).item() * labels.size(0)
                 correct += (logits.argmax(-1) == labels).sum().item()

@@ -160,13 +160,7 @@ def main():
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )
-    val_loader = DataLoader(
-        val_set,
-        batch_size=batch_size,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
-        pin_memory=torch.cuda.is_available(),
-    )
+    val_loader = DataLoader(val_set, batch_size=batch_size)
 
     model = GPT(vocab_size, block, d_model, n_heads, n_layers).to(device)
     # trained through DDP when distributed: gradients are averaged in backward()
@@ -205,9 +199,7 @@ def main():
         val_loss = 0.0
         with torch.no_grad():
             for x, y in val_loader:
-                val_loss += model(
-                    x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                ).item()
+                val_loss += model(x.to(device), y.to(device)).item()
         if RANK == 0:
             print(f"epoch {epoch}: val loss {val_loss / len(val_loader):.4f}")
 

@@ -130,13 +130,7 @@ def main():
         persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
     )
-    val_loader = DataLoader(
-        val_set,
-        batch_size=batch_size,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
-        pin_memory=torch.cuda.is_available(),
-    )
+    val_loader = DataLoader(val_set, batch_size=batch_size)
 
     model = GPT(vocab_size, block, d_model, n_heads, n_layers).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -162,9 +156,7 @@ def main():
         val_loss = 0.0
         with torch.no_grad():
             for x, y in val_loader:
-                val_loss += model(
-                    x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                ).item()
+                val_loss += model(x.to(device), y.to(device)).item()
         print(f"epoch {epoch}: val loss {val_loss / len(val_loader):.4f}")
 
     torch.save(model.state_dict(), "transformer_lm.pt")

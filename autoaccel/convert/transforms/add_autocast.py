@@ -238,10 +238,39 @@ class AddAutocast(Transform):
         if not isinstance(body, cst.IndentedBlock):
             self.skipped("autocast", "the loop body is on the `for` line; wrap it by hand", node)
             return
-        device = self._device_expression(node)
         if loop.role is LoopRole.EVAL:
-            self._plan_eval(node, body, device)
-            return
+            self._plan_eval(node, body, self._device_expression(node))
+        elif loop.step_functions:
+            self._plan_step_functions(loop)
+        else:
+            self._plan_train(node, body, self._device_expression(node))
+
+    def _plan_step_functions(self, loop: StepLoop) -> None:
+        """Autocast in the functions the loop calls that run `backward()` (`train_step`)."""
+        for function in loop.step_functions:
+            node = function.node
+            if function.module is not loop.module or not isinstance(node.body, cst.IndentedBlock):
+                self.skipped(
+                    "autocast",
+                    f"the training step `{function.name}()` is in another module; wrap its"
+                    f" forward pass and loss in `with torch.autocast(device_type=...,"
+                    f" dtype={self.dtype})` by hand",
+                    loop.node,
+                )
+            elif self.options.amp == "fp16":
+                self.skipped(
+                    "autocast",
+                    f"fp16 needs a GradScaler that lives across calls of `{function.name}()`;"
+                    " use `--amp bf16`, or add autocast and a scaler by hand",
+                    node,
+                )
+            elif node.body not in self.edits.blocks and not any(
+                _is_autocast_with(w) for w in find(node, cst.With)
+            ):
+                self._plan_train(node, node.body, self._device_expression(node.body.body[0]))
+
+    def _plan_train(self, node: cst.CSTNode, body: cst.IndentedBlock, device: str) -> None:
+        """Autocast the forward passes and losses before each `backward()` of `body`."""
         statements = list(body.body)
         backwards = [i for i, s in enumerate(statements) if _backward_target(s) is not None]
         nested = [

@@ -9,13 +9,17 @@ from autoaccel.config import LintSettings
 from autoaccel.convert.log import Change, ConvertOptions, Skipped
 from autoaccel.convert.transform import LOG_KEY, OPTIONS_KEY, source_of
 from autoaccel.lint.fixer import fix_source
+from autoaccel.lint.rule import Applicability, Diagnostic
 
 
 class RuleFixes(Codemod):
-    """Apply the fixes of `codes` (unsafe ones included: the user asked for them)."""
+    """Apply the safe fixes of `codes`, and the unsafe ones of `speed_ups` (converting
+    asks for them); other unsafe fixes may change what trains, so they are listed as
+    not changed."""
 
     DESCRIPTION = "Apply lint-rule fixes."
     codes: tuple[str, ...] = ()  # set by subclasses
+    speed_ups: tuple[str, ...] = ()
 
     @classmethod
     def enabled(cls, options: ConvertOptions) -> bool:
@@ -27,7 +31,7 @@ class RuleFixes(Codemod):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         codes = self.selected_codes(self.context.scratch[OPTIONS_KEY])
-        settings = LintSettings(select=codes, unsafe_fixes=True)
+        settings = LintSettings(select=codes, extend_safe_fixes=self.speed_ups)
         source = source_of(self.context, tree)
         result = fix_source(source, settings)
         log = self.context.scratch[LOG_KEY]
@@ -35,7 +39,7 @@ class RuleFixes(Codemod):
             log.changes.append(Change(diagnostic.code, diagnostic.line, diagnostic.fix_title or ""))
         for diagnostic in result.remaining:
             log.skipped.append(
-                Skipped(f"{diagnostic.code} ({diagnostic.name})", diagnostic.line, diagnostic.message)
+                Skipped(f"{diagnostic.code} ({diagnostic.name})", diagnostic.line, _reason(diagnostic))
             )
         for note in result.notes:
             log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
@@ -60,8 +64,20 @@ class SingleProcessFixes(RuleFixes):
         "ACC103",  # non_blocking batch copies
         "ACC206",  # tensors created on the CPU then moved
     )
+    # Unsafe for memory, synchronisation or determinism, never for what is computed.
+    speed_ups = ("ACC101", "ACC103", "ACC201")
 
     def selected_codes(self, options: ConvertOptions) -> tuple[str, ...]:
         if options.workers == "keep":
             return tuple(code for code in self.codes if code != "ACC101")
         return self.codes
+
+
+def _reason(diagnostic: Diagnostic) -> str:
+    """Why a finding is left: the problem, and for an unsafe fix how to apply it."""
+    if diagnostic.fix_applicability is not Applicability.UNSAFE:
+        return diagnostic.message
+    return (
+        f"{diagnostic.message}. The fix may change what trains; review it, then apply it with"
+        f" `autoaccel lint --fix --unsafe-fixes --select {diagnostic.code}`"
+    )

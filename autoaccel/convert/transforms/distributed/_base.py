@@ -189,6 +189,22 @@ class DistributedStep(StatementRewrite):
             loop.node for loop in self.script.step_loops.values() if loop.role is LoopRole.TRAIN
         ]
 
+    def train_code(self) -> list[cst.CSTNode]:
+        """Where training steps run in this module: the training step loops and the
+        functions they call (`train_step()`, a Trainer's `_run_batch`), models' own
+        methods (`forward`) excepted."""
+        code: list[cst.CSTNode] = []
+        for step in self.script.step_loops.values():
+            if step.role is not LoopRole.TRAIN:
+                continue
+            code.append(step.node)
+            code += [
+                function.node
+                for function in step.reached
+                if function.module is step.module and not (function.cls and function.cls.is_module)
+            ]
+        return list(dict.fromkeys(code))
+
     def training_functions(self, module: cst.Module) -> set[str]:
         """Names of the functions that train: they hold a training step loop or call one
         that does (methods by their bare name)."""
@@ -258,8 +274,8 @@ class DistributedStep(StatementRewrite):
         keys = sorted(
             {
                 key
-                for loop in self.train_loops()
-                for call in find(loop, cst.Call)
+                for code in self.train_code()
+                for call in find(code, cst.Call)
                 if (key := name_key(call.func)) in self.script.models
             }
             - self.ddp_wrappers(module)

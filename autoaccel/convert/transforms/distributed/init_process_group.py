@@ -8,10 +8,13 @@ module-level so that every function and class of the script can read them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 
+from autoaccel.analysis.project import training_elsewhere
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole
-from autoaccel.convert.transform import Transform
+from autoaccel.convert.transform import ORIGIN_KEY, Transform
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
     INIT_PROCESS_GROUP,
@@ -56,10 +59,11 @@ class InitProcessGroup(Transform):
                 "--to ddp",
                 "the script already sets up torch.distributed; convert it by hand",
                 self.already_distributed,
+                wrong=True,
             )
             return tree
         if not any(loop.role is LoopRole.TRAIN for loop in self.script.step_loops.values()):
-            self.skipped("--to ddp", "no training loop (a loop that calls `.backward()`) found")
+            self.skipped("--to ddp", self._no_training_loop(tree), wrong=True)
             return tree
         _, end = leading_import_block(tree)
         body = list(tree.body)
@@ -73,6 +77,19 @@ class InitProcessGroup(Transform):
         for statement in ("import os", "import torch", DIST_IMPORT):
             module = add_import(module, statement)
         return module
+
+    def _no_training_loop(self, tree: cst.Module) -> str:
+        """Why there is nothing to convert: no training loop, or one in another file."""
+        origin = self.context.scratch.get(ORIGIN_KEY)
+        elsewhere = training_elsewhere(Path(origin), tree) if origin else []
+        if not elsewhere:
+            return "no training loop (a loop that calls `.backward()`) found"
+        where = ", ".join(f"{path}:{line}" for path, line in elsewhere)
+        return (
+            f"the training loop this script runs is in another file ({where}); autoaccel"
+            " converts one file at a time and cannot yet make the changes that belong there"
+            " (DDP wrapper, sharded loader, set_epoch); convert by hand"
+        )
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.qualified_names(node.func)

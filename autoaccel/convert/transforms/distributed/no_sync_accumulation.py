@@ -38,7 +38,8 @@ class NoSyncAccumulation(DistributedStep):
     def _plan(self, loop: cst.CSTNode, body: Statements, wrappers: set[str]) -> None:
         steps = [
             i for i, s in enumerate(body)
-            if isinstance(s, cst.If) and any(
+            # `if use_optimizer: optimizer.step() else: <manual update>` updates every step
+            if isinstance(s, cst.If) and s.orelse is None and any(
                 name_key(c.func.value) in self.script.optimizers  # type: ignore[attr-defined]
                 for c in method_calls(s.body, "step")
             )

@@ -30,6 +30,7 @@ class ReportRankDependentStop(DistributedStep):
                         " backward(); stop on a value all processes share (e.g. the loss"
                         " averaged with dist.all_reduce) by hand",
                         test,
+                        wrong=True,
                     )
 
 

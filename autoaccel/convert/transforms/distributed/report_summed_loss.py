@@ -47,6 +47,7 @@ class ReportSummedLoss(DistributedStep):
                         f" 1/{WORLD_SIZE} of the original's; multiply the loss by {WORLD_SIZE}"
                         " in backward() (or average it and rescale the learning rate) by hand",
                         call,
+                        wrong=True,
                     )
                     break
 

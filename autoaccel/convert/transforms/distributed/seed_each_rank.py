@@ -38,6 +38,11 @@ class SeedEachRank(DistributedStep):
         if not seeds or any(mentions_rank(arg.value) for call in seeds for arg in call.args):
             return  # unseeded processes already differ; or seeded per rank by the author
         start = next((m.training for m in self.trained_models(node) if m.training), None)
+        if start is None:  # the model is built elsewhere (a Trainer's `__init__`)
+            block = self.scope_block(seeds[0])
+            seeding = self.statement_of(seeds[0])
+            later = block.body[block.body.index(seeding) + 1:] if seeding in block.body else []
+            start = next((s for s in later if self.script.runs_training(s)), None)
         if start is None:
             self.skipped(
                 "per-process seed",

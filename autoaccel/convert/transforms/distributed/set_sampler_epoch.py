@@ -11,14 +11,13 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.shapes import find, is_attribute, is_name, method_calls
+from autoaccel.analysis.script_model import StepLoop
+from autoaccel.analysis.shapes import bound_names, find, is_attribute, is_name, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
-    parameters_of,
     parse_statements,
 )
-from autoaccel.cst_edit import code_of
 
 
 class SetSamplerEpoch(DistributedStep):
@@ -26,32 +25,34 @@ class SetSamplerEpoch(DistributedStep):
     code = "ACC105"
 
     def visit_Module(self, node: cst.Module) -> None:
-        sharded = {
-            key
-            for key, calls in self.script.loaders.items()
-            if any(self.shards(node, call) for call in calls)
-        }
         for loop in self.script.step_loops.values():
-            if loop.node in self.train_loops() and loop.loader in sharded:
-                self._set_epoch(node, loop.node, loop.loader)  # type: ignore[arg-type]
+            if loop.node in self.train_loops() and any(
+                loader.module is self.script.module and self.shards(node, loader.node)  # type: ignore[arg-type]
+                for loader in loop.loaders
+            ):
+                self._set_epoch(node, loop)
 
-    def _set_epoch(self, module: cst.Module, loop: cst.CSTNode, loader: str) -> None:
-        epochs = [a for a in self.ancestors(loop) if isinstance(a, cst.For)]
-        function = self.scope_of(loop)
+    def _set_epoch(self, module: cst.Module, loop: StepLoop) -> None:
+        epochs = [a for a in self.ancestors(loop.node) if isinstance(a, cst.For)]
+        function = self.scope_of(loop.node)
         if epochs and self.scope_of(epochs[0]) is function:
-            self._insert(epochs[0], loader, loop)
-            return
-        for site in self._call_sites(module, function):
-            outer = next((a for a in self.ancestors(site) if isinstance(a, cst.For)), None)
-            expression = self._loader_at(site, function, loader)  # type: ignore[arg-type]
-            if outer is not None and expression is not None:
-                self._insert(outer, expression, loop)
+            outers = [epochs[0]]
+        else:
+            outers = [
+                outer
+                for site in self._call_sites(module, function)
+                if (outer := next((a for a in self.ancestors(site) if isinstance(a, cst.For)), None))
+            ]
+        for outer in outers:
+            loader = self._holder(outer, loop)
+            if loader is not None:
+                self._insert(outer, loader, loop.node)
                 return
         self.skipped(
             "set_epoch",
-            f"no epoch loop found around this training loop; call `{loader}.sampler.set_epoch(epoch)`"
+            f"no epoch loop found around this training loop; call `{loop.loader}.sampler.set_epoch(epoch)`"
             " at the start of every epoch by hand",
-            loop,
+            loop.node,
         )
 
     def _call_sites(self, module: cst.Module, function: cst.FunctionDef | None) -> list[cst.Call]:
@@ -64,16 +65,39 @@ class SetSamplerEpoch(DistributedStep):
             if is_name(c.func, name) or (is_attribute(c.func, name) and is_name(c.func.value, "self"))
         ]
 
-    def _loader_at(self, site: cst.Call, function: cst.FunctionDef, loader: str) -> str | None:
-        """How the caller spells the loader the function reads."""
-        params = parameters_of(function)
-        if loader not in params:
-            return loader  # a global, or `self.loader` of the same object
-        index = params.index(loader)
-        keyword = next((a for a in site.args if a.keyword and a.keyword.value == loader), None)
-        positional = [a for a in site.args if a.keyword is None and not a.star]
-        arg = keyword or (positional[index] if index < len(positional) else None)
-        return name_key(arg.value) if arg is not None else None
+    def _holder(self, epoch_loop: cst.For, step: StepLoop) -> str | None:
+        """A name that holds the training loader when `epoch_loop` starts: a parameter
+        or earlier assignment of its function, an attribute of `self`, or a global (an
+        alias made inside the epoch loop does not exist yet at its top)."""
+        program, loaders = self.script.program, step.loaders
+        assert program is not None and self.script.module is not None
+        function = self.scope_of(epoch_loop)
+        info = program.functions.get(function) if function is not None else None
+        candidates: list[tuple[object, str, str]] = []  # (owner, name, spelling)
+        if info is not None:
+            start = self.line_of(epoch_loop)
+            local = [p.name.value for p in info.node.params.params] + [
+                name
+                for target in find(info.node.body, cst.AssignTarget)
+                if self.line_of(target) < start
+                for name in bound_names(target.target)
+            ]
+            candidates += [(info.scope.owner(name), name, name) for name in local]
+            if info.cls is not None:
+                candidates += [
+                    (info.cls.family, attr, f"self.{attr}")
+                    for (owner, attr) in program.values
+                    if owner is info.cls.family and isinstance(attr, str)
+                ]
+        scope = self.script.module.scope
+        candidates += [(scope, name, name) for name in scope.bindings]
+        holders = [
+            spelling for owner, name, spelling in candidates
+            if program.read((owner, name)) & loaders  # type: ignore[arg-type]
+        ]
+        if step.loader in holders:
+            return step.loader
+        return holders[0] if holders else None
 
     def _insert(self, epoch_loop: cst.For, loader: str, loop: cst.CSTNode) -> None:
         epoch = name_key(epoch_loop.target)

@@ -48,19 +48,21 @@ class ShardTrainLoader(DistributedStep):
         self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         self.helper_needed = False
         loaders = {
-            call
+            loader.node
             for loop in self.script.step_loops.values()
-            if loop.node in self.train_loops() and loop.loader in self.script.loaders
-            for call in self.script.loaders[loop.loader]
+            if loop.node in self.train_loops()
+            for loader in loop.loaders
+            if loader.module is self.script.module
         }
         for loop in self.script.step_loops.values():
-            if loop.node in self.train_loops() and loop.loader not in self.script.loaders:
+            if loop.node in self.train_loops() and not loop.loaders:
                 self.skipped(
                     "DistributedSampler",
                     "this training loop does not read a DataLoader, so every process trains on"
                     " all of its data; give each process its share by hand (e.g. indices"
                     f" `{RANK}::{WORLD_SIZE}`)",
                     loop.node,
+                    wrong=True,
                 )
         for call in sorted(loaders, key=self.line_of):
             if not self.shards(node, call):
@@ -78,6 +80,7 @@ class ShardTrainLoader(DistributedStep):
                 "DistributedSampler",
                 "the training DataLoader already has a sampler; make it shard by rank by hand",
                 call,
+                wrong=True,
             )
             return
         shuffle = keyword_value(call, "shuffle")
@@ -86,10 +89,10 @@ class ShardTrainLoader(DistributedStep):
             self._shard_through_kwargs(call)
             return
         statement = self.statement_of(call)
-        target = _assigned_name(statement)
+        target = _assigned_name(statement) or _returned(statement, call)
         dataset = call.args[0].value if call.args and call.args[0].keyword is None else keyword_value(call, "dataset")
         if target is None or dataset is None:
-            self.skipped("DistributedSampler", "give the training DataLoader a DistributedSampler by hand", call)
+            self.skipped("DistributedSampler", "give the training DataLoader a DistributedSampler by hand", call, wrong=True)
             return
         sampler = _sibling_name(target, "sampler")
         dataset_name = name_key(dataset)
@@ -141,6 +144,7 @@ class ShardTrainLoader(DistributedStep):
                 "the training DataLoader's keywords come from a shared or unknown `**dict`;"
                 " give it a DistributedSampler (shuffle moved into it) by hand",
                 call,
+                wrong=True,
             )
             return
         code = (
@@ -200,6 +204,13 @@ def _assigned_name(statement: cst.CSTNode) -> str | None:
     if m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])):
         key = name_key(statement.body[0].targets[0].target)  # type: ignore[attr-defined]
         return key.removeprefix("self.") if key else None
+    return None
+
+
+def _returned(statement: cst.CSTNode, call: cst.Call) -> str | None:
+    """`"loader"` for `return DataLoader(...)` (a loader made by a helper function)."""
+    if m.matches(statement, m.SimpleStatementLine(body=[m.Return()])):
+        return "loader" if statement.body[0].value is call else None  # type: ignore[attr-defined]
     return None
 
 

@@ -34,18 +34,20 @@ class WrapModel(DistributedStep):
     DESCRIPTION = "Wrap the trained model(s) in DistributedDataParallel."
 
     def visit_Module(self, node: cst.Module) -> None:
+        self.tree = node
         bound = {name_key(a.target) for a in find(node, cst.AssignTarget)}
         # model calls and arguments of training functions -> the wrapper they use
         self.rewrites: dict[cst.CSTNode, str] = {}
         models = self.trained_models(node)
         loops = self.train_loops()
-        if not models and loops:
+        if not models and loops and not self.ddp_wrappers(node):  # (none: converted before)
             self.skipped(
                 "DistributedDataParallel",
                 "no trained model was recognised in this training loop, so nothing is wrapped"
                 " and every process trains its own copy; wrap the model in"
                 " `DistributedDataParallel` by hand",
                 loops[0],
+                wrong=True,
             )
         for model in models:
             if ddp_name(model.key) not in bound:
@@ -54,8 +56,8 @@ class WrapModel(DistributedStep):
     def _wrap(self, model: TrainedModel) -> None:
         forwards = [
             call
-            for loop in self.train_loops()
-            for call in find(loop, cst.Call)
+            for code in self.train_code()
+            for call in find(code, cst.Call)
             if name_key(call.func) == model.key
         ]
         plan: dict[cst.CSTNode, str] = {}
@@ -68,6 +70,7 @@ class WrapModel(DistributedStep):
                     f" DDP({model.key}, ...)` once `{model.key}` is on its device and call it"
                     " here by hand",
                     call,
+                    wrong=True,
                 )
                 return
         self.rewrites.update(plan)
@@ -90,27 +93,46 @@ class WrapModel(DistributedStep):
 
     def _route(self, model: TrainedModel, call: cst.Call, plan: dict[cst.CSTNode, str]) -> bool:
         """Plan how `call` reaches the wrapper: call it directly, or receive it as the
-        argument of a training function. False when neither works."""
-        wrapper = ddp_name(model.key)
+        argument of a training function (through any number of calls). False when
+        neither works."""
         function = self.scope_of(call)
-        home = self.scope_of(model.anchor) if isinstance(model.block, cst.IndentedBlock) else None
-        params = parameters_of(function)
-        if model.key.startswith("self.") or function is home or (
-            isinstance(model.block, cst.Module) and model.key not in params and not _binds(function, model.key)
-        ):
-            plan[call] = wrapper
+        if self._holds(model, function):
+            plan[call] = ddp_name(model.key)
             return True
-        if function is None or model.key not in params or not _uses_like_ddp(function, model.key):
+        return self._route_through(model, function, plan, set())
+
+    def _holds(self, model: TrainedModel, function: cst.FunctionDef | None) -> bool:
+        """Whether code of `function` sees the model itself under `model.key`."""
+        home = self.scope_of(model.anchor) if isinstance(model.block, cst.IndentedBlock) else None
+        return model.key.startswith("self.") or function is home or (
+            isinstance(model.block, cst.Module)
+            and model.key not in parameters_of(function)
+            and not _binds(function, model.key)
+        )
+
+    def _route_through(
+        self, model: TrainedModel, function: cst.FunctionDef | None, plan: dict[cst.CSTNode, str], seen: set
+    ) -> bool:
+        """Pass the wrapper for `function`'s parameter `model.key` at every call site."""
+        params = parameters_of(function)
+        if function is None or function in seen or model.key not in params:
             return False
+        if not _uses_like_ddp(function, model.key):
+            return False
+        seen.add(function)
         index = params.index(model.key)
-        sites = name_calls(model.block, function.name.value)
+        sites = name_calls(self.tree, function.name.value)
         for site in sites:
             positional = [a for a in site.args if a.keyword is None and not a.star]
             arg = next((a for a in site.args if a.keyword and a.keyword.value == model.key), None)
             arg = arg or (positional[index] if index < len(positional) else None)
             if arg is None or name_key(arg.value) != model.key:
                 return False
-            plan[arg] = wrapper
+            caller = self.scope_of(site)
+            if self._holds(model, caller):
+                plan[arg] = ddp_name(model.key)
+            elif not self._route_through(model, caller, plan, seen):
+                return False
         return bool(sites)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:

@@ -1,0 +1,831 @@
+"""What the names of a program hold: one flow-insensitive value analysis over its modules.
+
+Every expression of interest evaluates to a set of abstract objects (`Obj`): a DataLoader,
+an optimizer, a loss module, an `nn.Module`, a device, an instance of a class of the
+project, a function or class of the project, a container of other objects. Objects are
+made at their allocation site (the call that builds them), so two `DataLoader(...)` calls
+are two objects. Variables are keyed by scope, not by spelling: `(scope, name)` for plain
+names (a function's `loader` is not the module's), `(class family, attr)` for `self.attr`
+and for attributes of instances of that class, `(function, "return")` for what a function
+returns.
+
+Values flow through assignments (tuple unpacking included), arguments bound per call site
+to the parameters of functions, methods and constructors of the project, `return`,
+`for` targets and comprehensions, `self.x` across the methods of a class, and wrappers
+(`tqdm(loader)`, `enumerate`, `zip`, `iter`, `.to(device)`, `torch.compile`). The solver
+re-runs only the constraints whose inputs grew (a worklist), so the cost stays close to
+one pass over the assignments and calls of the program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+import libcst as cst
+
+from autoaccel.analysis.index import ModuleIndex, Scope, run_visitors
+from autoaccel.analysis.losses import is_loss_module
+
+DATALOADER = "torch.utils.data.DataLoader"
+# `torch.nn.parallel.DataParallel` and its module-internal path canonicalise to this.
+DATA_PARALLEL = "torch.nn.DataParallel"
+DISTRIBUTED_DATA_PARALLEL = "torch.nn.parallel.DistributedDataParallel"
+_WRAPPERS = frozenset({DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL})
+_DEVICE_CALLS = frozenset({"torch.device", "torch.accelerator.current_accelerator"})
+_DEVICE_STRINGS = frozenset({"cuda", "cpu", "mps", "xpu"})
+_MODULE_BASES = ("torch.nn.", "lightning.", "pytorch_lightning.")
+# Calls whose result holds (or iterates over) what their positional arguments hold.
+_PASS_THROUGH = frozenset(
+    {
+        "builtins.enumerate", "builtins.iter", "builtins.zip", "builtins.reversed",
+        "builtins.list", "builtins.tuple", "builtins.sorted", "builtins.filter",
+        "torch.compile", "torch.nn.SyncBatchNorm.convert_sync_batchnorm", "copy.deepcopy",
+    }
+)  # fmt: skip
+_PASS_THROUGH_MODULES = ("itertools.", "tqdm.", "rich.progress.")
+# Methods of an `nn.Module` that return the module itself.
+_SELF_RETURNING = frozenset(
+    {
+        "to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
+        "requires_grad_", "apply", "share_memory", "to_empty", "type", "xpu", "mps",
+    }
+)  # fmt: skip
+PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
+
+
+class Kind(Enum):
+    LOADER = "DataLoader"
+    OPTIMIZER = "optimizer"
+    CRITERION = "loss module"
+    MODULE = "nn.Module"
+    DEVICE = "device"
+    INSTANCE = "instance"  # of a class of the project that is not an nn.Module
+    EXTERNAL = "external"  # made by an imported callable the analysis cannot read
+    FUNCTION = "function"
+    CLASS = "class"
+    SOURCE_MODULE = "module"  # a module of the project, as imported
+    PARAMETERS = "parameters"  # `model.parameters()`: `(obj, "of")` holds the model
+    CONTAINER = "container"  # tuple/list/dict display: `(obj, i)`, `(obj, "*")`
+
+
+@dataclass(eq=False)
+class SourceModule:
+    """One parsed module of the project."""
+
+    name: str  # dotted, as imported (`trainer`, `mingpt.model`); the script is `__main__`
+    tree: cst.Module
+    index: ModuleIndex
+    path: str | None = None
+    package: str = ""  # the package its relative imports start from
+
+    @property
+    def scope(self) -> Scope:
+        return self.index.scopes[self.tree]
+
+
+@dataclass(eq=False)
+class FunctionInfo:
+    """A function or method defined in the project."""
+
+    node: cst.FunctionDef
+    module: SourceModule
+    scope: Scope  # the function's own namespace
+    cls: ClassInfo | None  # the class whose body defines it (a method)
+
+    @property
+    def name(self) -> str:
+        return self.node.name.value
+
+    @property
+    def positional(self) -> list[str]:
+        """Positional parameter names, `self` of a method included."""
+        params = self.node.params
+        return [p.name.value for p in (*params.posonly_params, *params.params)]
+
+    @property
+    def is_method(self) -> bool:
+        """A method bound to its instance (not a static method)."""
+        return self.cls is not None and not any(
+            isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
+            for d in self.node.decorators
+        )
+
+
+@dataclass(eq=False)
+class ClassInfo:
+    """A class defined in the project."""
+
+    node: cst.ClassDef
+    module: SourceModule
+    bases: list[ClassInfo] = field(default_factory=list)  # those of the project
+    external_bases: frozenset[str] = frozenset()  # qualified names of the others
+    methods: dict[str, FunctionInfo] = field(default_factory=dict)
+    family: ClassInfo | None = None  # the root of its hierarchy in the project
+
+    @property
+    def name(self) -> str:
+        return self.node.name.value
+
+    def mro(self) -> Iterator[ClassInfo]:
+        """This class, then its project bases breadth-first (enough for method lookup)."""
+        seen: list[ClassInfo] = []
+        queue = [self]
+        while queue:
+            current = queue.pop(0)
+            if current not in seen:
+                seen.append(current)
+                yield current
+                queue.extend(current.bases)
+
+    def method(self, name: str) -> FunctionInfo | None:
+        return next((c.methods[name] for c in self.mro() if name in c.methods), None)
+
+    @property
+    def is_module(self) -> bool:
+        """Whether its instances are `torch.nn.Module`s."""
+        return any(q.startswith(_MODULE_BASES) for c in self.mro() for q in c.external_bases)
+
+
+@dataclass(eq=False)
+class Obj:
+    """An abstract object, made at `node` (a call, definition, display or module)."""
+
+    kind: Kind
+    node: cst.CSTNode
+    module: SourceModule
+    cls: ClassInfo | None = None
+    function: FunctionInfo | None = None
+    parallel: str | None = None  # "dp" / "ddp": a wrapper; `(obj, "wraps")` holds the model
+    source: SourceModule | None = None  # SOURCE_MODULE: the module it stands for
+
+    def __repr__(self) -> str:
+        named = self.cls or self.function
+        return f"<{self.kind.value}{' ' + named.name if named else ''}>"
+
+
+Var = tuple[object, object]
+Values = frozenset[Obj]
+ModuleResolver = Callable[[str, SourceModule], "SourceModule | None"]
+
+
+class Program:
+    """The modules of a project and what their names hold (see the module docstring)."""
+
+    def __init__(self, modules: list[SourceModule], resolve_module: ModuleResolver | None = None) -> None:
+        """`resolve_module(dotted, origin)` finds a module of the project by its import
+        name (default: among `modules`). Call `collect` for each module (or run its
+        `ProgramCollector` in a shared walk), then `solve`."""
+        self.modules = modules
+        by_name = {m.name: m for m in modules}
+        self._resolve_module = resolve_module or (lambda name, origin: by_name.get(name))
+        self.functions: dict[cst.FunctionDef, FunctionInfo] = {}
+        self.classes: dict[cst.ClassDef, ClassInfo] = {}
+        self.function_of: dict[cst.CSTNode, FunctionInfo | None] = {}  # calls and loops
+        self.module_of: dict[cst.CSTNode, SourceModule] = {}  # calls, loops, definitions
+        self.calls: list[cst.Call] = []
+        self.loops: list[cst.For | cst.While] = []
+        self.callees: dict[cst.Call, set[FunctionInfo]] = {}
+        self.values: dict[Var, set[Obj]] = {}
+        self._objects: dict[tuple[Kind, int], Obj] = {}
+        self._readers: dict[Var, set[int]] = {}
+        self._constraints: list[tuple] = []
+        self._pending: set[int] = set()
+        self._current: int | None = None
+        self._functions_by_scope: dict[int, FunctionInfo] = {}
+
+    @classmethod
+    def of(cls, modules: list[SourceModule], resolve_module: ModuleResolver | None = None) -> Program:
+        """Collect and solve `modules` in one go."""
+        program = cls(modules, resolve_module)
+        for module in modules:
+            run_visitors(module.tree, [ProgramCollector(program, module)])
+        program.solve()
+        return program
+
+    def solve(self) -> None:
+        for handler, *args in self._constraints:
+            if handler is Program._define:
+                handler(self, *args)  # classes are linked to their bases by name first
+        self._link_classes()
+        self._functions_by_scope = {id(f.scope): f for f in self.functions.values()}
+        self._pending = set(range(len(self._constraints)))
+        self._drain()
+        opened: set[FunctionInfo] = set()
+        while True:
+            # A function no code of the program calls (a library-style Trainer, a
+            # callback) receives arguments the analysis cannot see: objects of their own.
+            called = {f for functions in self.callees.values() for f in functions}
+            fresh = [f for f in self.functions.values() if f not in called and f not in opened]
+            if not fresh:
+                break
+            for function in fresh:
+                opened.add(function)
+                params = function.node.params
+                own = function.positional[:1] if function.is_method else []
+                for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+                    if param.name.value not in own:
+                        made = self.obj(Kind.EXTERNAL, param, function.module)
+                        self._store((function.scope, param.name.value), {made})
+            self._drain()
+
+    def _drain(self) -> None:
+        while self._pending:
+            batch = sorted(self._pending)
+            self._pending = set()
+            for number in batch:
+                self._current = number
+                handler, *args = self._constraints[number]
+                handler(self, *args)
+        self._current = None
+
+    # -- queries ---------------------------------------------------------------------
+    def values_of(self, node: cst.BaseExpression, module: SourceModule) -> Values:
+        """What `node`, an expression of `module`, may hold."""
+        self._current = None
+        return frozenset(self._eval(node, module))
+
+    def flat_values_of(self, node: cst.BaseExpression, module: SourceModule) -> Values:
+        """`values_of`, with containers replaced by what they hold (recursively)."""
+        self._current = None
+        return frozenset(self._flatten(self._eval(node, module)))
+
+    def read(self, var: Var) -> Values:
+        return frozenset(self.values.get(var, ()))
+
+    def wrapped(self, obj: Obj) -> Values:
+        """The models a DataParallel/DDP wrapper holds."""
+        return self.read((obj, "wraps"))
+
+    def parameters_of(self, obj: Obj) -> Values:
+        """The modules whose parameters a PARAMETERS object yields."""
+        return self.read((obj, "of"))
+
+    def objects(self, kind: Kind) -> list[Obj]:
+        return [o for o in self._objects.values() if o.kind is kind]
+
+    def function_holding(self, scope: Scope) -> FunctionInfo | None:
+        """The function whose own namespace `scope` is."""
+        return self._functions_by_scope.get(id(scope))
+
+    # -- objects, variables, constraints ----------------------------------------------
+    def obj(self, kind: Kind, node: cst.CSTNode, module: SourceModule, **extra: object) -> Obj:
+        key = (kind, id(node))
+        found = self._objects.get(key)
+        if found is None:
+            found = self._objects[key] = Obj(kind, node, module, **extra)  # type: ignore[arg-type]
+        return found
+
+    def add_constraint(self, handler: Callable[..., None], *args: object) -> None:
+        self._constraints.append((handler, *args))
+
+    def _read(self, var: Var) -> set[Obj]:
+        if self._current is not None:
+            self._readers.setdefault(var, set()).add(self._current)
+        return self.values.get(var, set())
+
+    def _store(self, var: Var, values: Iterable[Obj]) -> None:
+        current = self.values.setdefault(var, set())
+        before = len(current)
+        current.update(values)
+        if len(current) != before:
+            self._pending.update(self._readers.get(var, ()))
+
+    def _link_classes(self) -> None:
+        for info in self.classes.values():
+            external: set[str] = set()
+            for base in info.node.bases:
+                local = [o.cls for o in self._eval(base.value, info.module) if o.kind is Kind.CLASS]
+                info.bases.extend(c for c in local if c is not None)
+                if not local:
+                    external |= info.module.index.qualified_names(base.value)
+            info.external_bases = frozenset(external)
+        for info in self.classes.values():
+            root = info
+            while root.bases and root.bases[0] is not info:
+                root = root.bases[0]
+            info.family = root
+
+    # -- constraint handlers: `handler(self, *args)` -----------------------------------
+    def _define(self, node: cst.FunctionDef | cst.ClassDef, module: SourceModule) -> None:
+        scope = module.index.scopes[node]
+        if isinstance(node, cst.FunctionDef):
+            made = self.obj(Kind.FUNCTION, node, module, function=self.functions[node])
+        else:
+            made = self.obj(Kind.CLASS, node, module, cls=self.classes[node])
+        self._store((scope.owner(node.name.value), node.name.value), {made})
+
+    def _assign(self, targets: list[cst.BaseExpression], value: cst.BaseExpression, module: SourceModule) -> None:
+        values = self._eval(value, module)
+        for target in targets:
+            self._store_target(target, values, module)
+
+    def _iterate(self, target: cst.BaseExpression, iterable: cst.BaseExpression, module: SourceModule) -> None:
+        self._store_target(target, self._elements(self._eval(iterable, module)), module)
+
+    def _return(self, function: FunctionInfo, value: cst.BaseExpression) -> None:
+        self._store((function, "return"), self._eval(value, function.module))
+
+    def _display(self, node: cst.CSTNode, module: SourceModule) -> None:
+        """A tuple/list/set/dict display or comprehension: its elements, by position or key."""
+        container = self.obj(Kind.CONTAINER, node, module)
+        if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+            for position, element in enumerate(node.elements):
+                if isinstance(element, cst.StarredElement):
+                    self._store((container, "*"), self._elements(self._eval(element.value, module)))
+                    continue
+                values = self._eval(element.value, module)
+                self._store((container, position), values)
+                self._store((container, "*"), values)
+        elif isinstance(node, cst.Dict):
+            for element in node.elements:
+                if isinstance(element, cst.DictElement):
+                    values = self._eval(element.value, module)
+                    if isinstance(element.key, cst.SimpleString):
+                        self._store((container, element.key.evaluated_value), values)
+                    self._store((container, "*"), values)
+        elif isinstance(node, cst.DictComp):
+            self._store((container, "*"), self._eval(node.value, module))
+        else:  # ListComp, SetComp, GeneratorExp
+            self._store((container, "*"), self._eval(node.elt, module))  # type: ignore[attr-defined]
+
+    def _call_site(self, call: cst.Call, module: SourceModule) -> None:
+        """Bind the arguments of `call` to the parameters of what it runs."""
+        names = _library_names(call.func, module)
+        if names & _WRAPPERS:
+            model = argument(call, 0, "module")
+            if model is not None:
+                for obj in self._eval(call, module):
+                    self._store((obj, "wraps"), self._eval(model, module))
+            return
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in PARAMETER_METHODS:
+            for obj in self._eval(call, module):
+                self._store((obj, "of"), self._trained_part(call.func.value, module))
+            return
+        for function, bound in self._targets(call, module):
+            self.callees.setdefault(call, set()).add(function)
+            self._bind(function, call, bound, module)
+        for arg in call.args:
+            # a function of the project passed along is called back (`optimizer.step(closure)`)
+            for obj in self._eval(arg.value, module):
+                if obj.kind is Kind.FUNCTION and obj.function is not None:
+                    self.callees.setdefault(call, set()).add(obj.function)
+
+    def _bind(self, function: FunctionInfo, call: cst.Call, bound: set[Obj] | None, module: SourceModule) -> None:
+        params = function.positional
+        if bound is not None and params:
+            self._store((function.scope, params[0]), bound)
+            params = params[1:]
+        positional = [a for a in call.args if a.keyword is None]
+        for param, arg in zip(params, positional):
+            if arg.star:
+                break
+            self._store((function.scope, param), self._eval(arg.value, module))
+        for arg in call.args:
+            if arg.keyword is not None:
+                self._store((function.scope, arg.keyword.value), self._eval(arg.value, module))
+
+    # -- evaluation ------------------------------------------------------------------
+    def _eval(self, node: cst.CSTNode, module: SourceModule) -> set[Obj]:
+        kind = type(node)
+        if kind is cst.Name:
+            return self._name(node, module)  # type: ignore[arg-type]
+        if kind is cst.Attribute:
+            return self._attribute(node, module)  # type: ignore[arg-type]
+        if kind is cst.Call:
+            return self._call(node, module)  # type: ignore[arg-type]
+        if kind is cst.IfExp:
+            return self._eval(node.body, module) | self._eval(node.orelse, module)  # type: ignore[attr-defined]
+        if kind is cst.BooleanOperation:
+            return self._eval(node.left, module) | self._eval(node.right, module)  # type: ignore[attr-defined]
+        if kind is cst.NamedExpr:
+            return self._eval(node.value, module)  # type: ignore[attr-defined]
+        if kind in _DISPLAYS:
+            return {self.obj(Kind.CONTAINER, node, module)}
+        if kind is cst.Subscript:
+            return self._subscript(node, module)  # type: ignore[arg-type]
+        if kind is cst.SimpleString and is_device_string(node):  # type: ignore[arg-type]
+            return {self.obj(Kind.DEVICE, node, module)}
+        return set()
+
+    def _name(self, node: cst.Name, module: SourceModule) -> set[Obj]:
+        imported = self._imported(node, module)
+        if imported is not None:
+            return imported
+        scope = module.index.scopes.get(node)
+        owner = binding_scope(scope, node.value) if scope is not None else None
+        return self._read((owner, node.value)) if owner is not None else set()
+
+    def _imported(self, node: cst.CSTNode, module: SourceModule) -> set[Obj] | None:
+        """What a name bound by an import of one of the project's modules holds."""
+        for name in _library_names(node, module):
+            found = self._project_name(name, module)
+            if found is not None:
+                return found
+        return None
+
+    def _project_name(self, dotted: str, origin: SourceModule) -> set[Obj] | None:
+        if dotted.startswith("."):
+            level = len(dotted) - len(dotted.lstrip("."))
+            package = origin.package.split(".") if origin.package else []
+            package = package[: len(package) - level + 1]
+            dotted = ".".join([*package, dotted.lstrip(".")]).strip(".")
+        pieces = dotted.split(".")
+        for cut in range(len(pieces), 0, -1):
+            target = self._resolve_module(".".join(pieces[:cut]), origin)
+            if target is None:
+                continue
+            values = {self.obj(Kind.SOURCE_MODULE, target.tree, target, source=target)}
+            for attr in pieces[cut:]:
+                values = self._attribute_of(values, attr)
+            return values
+        return None
+
+    def _attribute(self, node: cst.Attribute, module: SourceModule) -> set[Obj]:
+        imported = self._imported(node, module)
+        if imported is not None:
+            return imported
+        own = self.class_of_self(node.value, module)
+        if own is not None:
+            return self._read((own.family, node.attr.value))
+        return self._attribute_of(self._eval(node.value, module), node.attr.value)
+
+    def _attribute_of(self, values: Iterable[Obj], attr: str) -> set[Obj]:
+        found: set[Obj] = set()
+        for obj in values:
+            if obj.parallel and attr == "module":
+                found |= self._read((obj, "wraps"))
+            elif obj.cls is not None and obj.kind in (Kind.MODULE, Kind.INSTANCE):
+                found |= self._read((obj.cls.family, attr))
+            elif obj.kind is Kind.SOURCE_MODULE and obj.source is not None:
+                found |= self._read((obj.source.scope, attr))
+                nested = self._resolve_module(f"{obj.source.name}.{attr}", obj.source)
+                if nested is not None:
+                    found.add(self.obj(Kind.SOURCE_MODULE, nested.tree, nested, source=nested))
+        return found
+
+    def _subscript(self, node: cst.Subscript, module: SourceModule) -> set[Obj]:
+        key = _literal_key(node)
+        found: set[Obj] = set()
+        for obj in self._eval(node.value, module):
+            if obj.kind is Kind.CONTAINER:
+                exact = self._read((obj, key)) if key is not None else set()
+                found |= exact or self._read((obj, "*"))
+        return found
+
+    def _call(self, node: cst.Call, module: SourceModule) -> set[Obj]:
+        built = self._library_call(node, _library_names(node.func, module), module)
+        if built is not None:
+            return built
+        if isinstance(node.func, cst.Attribute):
+            method = node.func.attr.value
+            if method in PARAMETER_METHODS:
+                return {self.obj(Kind.PARAMETERS, node, module)}
+            if method in _SELF_RETURNING:
+                receiver = self._eval(node.func.value, module)
+                kept = {o for o in receiver if o.kind in _MODEL_LIKE}
+                if kept:
+                    return kept
+        found = self._constructed(node, module)
+        for function, _ in self._targets(node, module):
+            if function.name != "__init__":
+                found |= self._read((function, "return"))
+        root = _dotted_root(node.func)
+        if not found and root is not None and self._unbound(root, module):
+            # `Net()` or `nn.Linear()` where the name comes from a star import or code
+            # the program lacks
+            return {self.obj(Kind.EXTERNAL, node, module)}
+        return found
+
+    def _unbound(self, node: cst.Name, module: SourceModule) -> bool:
+        scope = module.index.scopes.get(node)
+        return (
+            scope is not None
+            and binding_scope(scope, node.value) is None
+            and not module.index.qualified_names(node)
+        )
+
+    def _constructed(self, node: cst.Call, module: SourceModule) -> set[Obj]:
+        """The instance a call of a project class makes."""
+        made: set[Obj] = set()
+        for obj in self._eval(node.func, module):
+            if obj.kind is Kind.CLASS and obj.cls is not None:
+                kind = Kind.MODULE if obj.cls.is_module else Kind.INSTANCE
+                made.add(self.obj(kind, node, module, cls=obj.cls))
+        return made
+
+    def _library_call(self, node: cst.Call, names: frozenset[str], module: SourceModule) -> set[Obj] | None:
+        """What a call of torch (or a wrapper such as tqdm) returns; None for other calls."""
+        if not names:
+            return None
+        if DATALOADER in names:
+            return {self.obj(Kind.LOADER, node, module)}
+        if names & _WRAPPERS:
+            parallel = "dp" if DATA_PARALLEL in names else "ddp"
+            return {self.obj(Kind.MODULE, node, module, parallel=parallel)}
+        if any(n.startswith("torch.optim.") and n.count(".") == 2 for n in names):
+            return {self.obj(Kind.OPTIMIZER, node, module)}
+        if is_loss_module(names):
+            return {self.obj(Kind.CRITERION, node, module)}
+        if names & _DEVICE_CALLS:
+            return {self.obj(Kind.DEVICE, node, module)}
+        if any(_is_model_factory(n) for n in names):
+            return {self.obj(Kind.MODULE, node, module)}
+        if names & _PASS_THROUGH or any(n.startswith(_PASS_THROUGH_MODULES) for n in names):
+            found: set[Obj] = set()
+            for arg in node.args:
+                if arg.keyword is None and not arg.star:
+                    found |= self._eval(arg.value, module)
+            return found
+        if not any(n.startswith(("torch.", "builtins.")) for n in names) and self._imported(
+            node.func, module
+        ) is None:
+            # `Net()` of `from model import Net` when model.py is not part of the program
+            return {self.obj(Kind.EXTERNAL, node, module)}
+        return None
+
+    def _targets(self, call: cst.Call, module: SourceModule) -> list[tuple[FunctionInfo, set[Obj] | None]]:
+        """The project functions `call` runs, each with what its first parameter is bound
+        to (None when the call passes every argument itself, as for a plain function)."""
+        func = call.func
+        found: list[tuple[FunctionInfo, set[Obj] | None]] = []
+        if isinstance(func, cst.Attribute):
+            own = self.class_of_self(func.value, module)
+            if own is not None:
+                receiver = self._eval(func.value, module)
+                return [
+                    (info, receiver if info.is_method else None)
+                    for info in self._overrides(own, func.attr.value)
+                ]
+        for obj in self._eval(func, module):
+            if obj.kind is Kind.FUNCTION and obj.function is not None:
+                found.append((obj.function, None))
+            elif obj.kind is Kind.CLASS and obj.cls is not None:
+                init = obj.cls.method("__init__")
+                if init is not None:
+                    made = {o for o in self._constructed(call, module) if o.cls is obj.cls}
+                    found.append((init, made))
+            elif obj.kind is Kind.MODULE:
+                for model in self._read((obj, "wraps")) if obj.parallel else {obj}:
+                    forward = model.cls.method("forward") if model.cls is not None else None
+                    if forward is not None:
+                        found.append((forward, {model}))
+        if isinstance(func, cst.Attribute) and not found:
+            for obj in self._eval(func.value, module):
+                if obj.cls is not None and obj.kind in (Kind.MODULE, Kind.INSTANCE):
+                    info = obj.cls.method(func.attr.value)
+                    if info is not None:
+                        found.append((info, {obj} if info.is_method else None))
+        return found
+
+    def _overrides(self, own: ClassInfo, name: str) -> list[FunctionInfo]:
+        """`self.name(...)` in a method of `own`: the method `own` resolves, and the
+        overrides of its subclasses (the instance may be one of them)."""
+        found = [f] if (f := own.method(name)) is not None else []
+        for info in self.classes.values():
+            method = info.methods.get(name)
+            if method is not None and method not in found and own in info.mro():
+                found.append(method)
+        return found
+
+    # -- helpers ---------------------------------------------------------------------
+    def class_of_self(self, node: cst.BaseExpression, module: SourceModule) -> ClassInfo | None:
+        """The class whose method reads `node`, when `node` is that method's `self`."""
+        if not isinstance(node, cst.Name):
+            return None
+        scope = module.index.scopes.get(node)
+        owner = binding_scope(scope, node.value) if scope is not None else None
+        function = self._functions_by_scope.get(id(owner)) if owner is not None else None
+        if function is None or not function.is_method or function.positional[:1] != [node.value]:
+            return None
+        return function.cls
+
+    def _trained_part(self, receiver: cst.BaseExpression, module: SourceModule) -> set[Obj]:
+        """The model whose parameters `receiver.parameters()` yields: the root of an
+        attribute chain (`model.fc.parameters()` trains part of `model`)."""
+        root = receiver
+        while isinstance(root, cst.Attribute) and self.class_of_self(root.value, module) is None:
+            root = root.value
+        found = {o for o in self._eval(root, module) if o.kind in _MODEL_LIKE}
+        own = self.class_of_self(root, module)
+        if own is not None and own.is_module:
+            found.add(self.obj(Kind.MODULE, own.node, own.module, cls=own))
+        return found
+
+    def _elements(self, values: Iterable[Obj]) -> set[Obj]:
+        """What iterating over `values` yields (a loader yields batches: not tracked)."""
+        found: set[Obj] = set()
+        for obj in values:
+            if obj.kind is Kind.CONTAINER:
+                found |= self._read((obj, "*"))
+            elif obj.kind is Kind.PARAMETERS:
+                found.add(obj)
+        return found
+
+    def _flatten(self, values: Iterable[Obj]) -> set[Obj]:
+        found: set[Obj] = set()
+        stack = list(values)
+        while stack:
+            obj = stack.pop()
+            if obj in found:
+                continue
+            found.add(obj)
+            if obj.kind is Kind.CONTAINER:
+                stack.extend(self._read((obj, "*")))
+        return {o for o in found if o.kind is not Kind.CONTAINER}
+
+    def _store_target(self, target: cst.BaseExpression, values: set[Obj], module: SourceModule) -> None:
+        if isinstance(target, cst.Name):
+            scope = module.index.scopes.get(target)
+            if scope is not None:
+                self._store((scope.owner(target.value), target.value), values)
+        elif isinstance(target, cst.Attribute):
+            own = self.class_of_self(target.value, module)
+            if own is not None:
+                self._store((own.family, target.attr.value), values)
+                return
+            for obj in self._eval(target.value, module):
+                if obj.cls is not None and obj.kind in (Kind.MODULE, Kind.INSTANCE):
+                    self._store((obj.cls.family, target.attr.value), values)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            # unpacked by position from displays; anything else (the `(name, param)` pairs
+            # of `named_parameters()`) may end up in any of the names
+            containers = [o for o in values if o.kind is Kind.CONTAINER]
+            others = values.difference(containers)
+            for position, element in enumerate(target.elements):
+                if not isinstance(element, cst.StarredElement):
+                    part = set(others)
+                    for container in containers:
+                        part |= self._read((container, position))
+                    self._store_target(element.value, part, module)
+        elif isinstance(target, cst.Subscript):
+            key = _literal_key(target)
+            for obj in self._eval(target.value, module):
+                if obj.kind is Kind.CONTAINER:
+                    if key is not None:
+                        self._store((obj, key), values)
+                    self._store((obj, "*"), values)
+
+
+# What `.to(device)` returns itself and whose `.parameters()` may train.
+_MODEL_LIKE = frozenset({Kind.MODULE, Kind.CRITERION, Kind.EXTERNAL})
+_DISPLAYS = frozenset(
+    {cst.Tuple, cst.List, cst.Set, cst.Dict, cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp}
+)
+
+
+def _dotted_root(node: cst.BaseExpression) -> cst.Name | None:
+    """`a` of `a`, `a.b` or `a.b.c`; None for anything else (calls, subscripts)."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node if isinstance(node, cst.Name) else None
+
+
+def binding_scope(scope: Scope, name: str) -> Scope | None:
+    """The scope whose binding of `name` a read in `scope` sees (None: builtin/unknown)."""
+    current: Scope | None = scope
+    while current is not None:
+        redirect = current.redirects.get(name)
+        if redirect is not None and redirect is not current:
+            return redirect.owner(name)
+        if name in current.bindings:
+            return current
+        current = current._visible_parent()
+    return None
+
+
+def is_device_string(node: cst.BaseExpression) -> bool:
+    """`"cuda"`, `"cuda:0"`, `"cpu"`, `"mps"`, `"xpu"`."""
+    if not isinstance(node, cst.SimpleString):
+        return False
+    text = node.evaluated_value
+    return isinstance(text, str) and text.split(":")[0] in _DEVICE_STRINGS
+
+
+def _library_names(node: cst.CSTNode, module: SourceModule) -> frozenset[str]:
+    """Qualified names of `node` when it is a dotted name (`torch.optim.SGD`); none for
+    a call chain such as `nn.Linear(2, 2).to`, which names a method, not `torch.nn.Linear.to`."""
+    inner = node
+    while isinstance(inner, cst.Attribute):
+        inner = inner.value
+    return module.index.qualified_names(node) if isinstance(inner, cst.Name) else frozenset()
+
+
+def _is_model_factory(name: str) -> bool:
+    """`torch.nn.Linear`, `torchvision.models.resnet50`, `timm.create_model`, `X.from_pretrained`
+    (not `torch.nn.functional.relu`, `torch.nn.init.normal_`)."""
+    if name.startswith("torch.nn."):
+        last = name.rsplit(".", 1)[1]
+        return name.count(".") == 2 and last[:1].isupper()
+    return name.startswith(("torchvision.models.", "timm.create_model")) or name.endswith(
+        ".from_pretrained"
+    )
+
+
+def _literal_key(node: cst.Subscript) -> int | str | None:
+    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return None
+    value = node.slice[0].slice.value
+    if isinstance(value, cst.Integer):
+        return int(value.value)
+    if isinstance(value, cst.SimpleString):
+        text = value.evaluated_value
+        return text if isinstance(text, str) else None
+    return None
+
+
+def argument(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
+    """The argument `call` passes for a parameter, by keyword or by position."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[position].value if position < len(positional) else None
+
+
+class ProgramCollector:
+    """A visitor (see `run_visitors`) that records a module's definitions and a
+    constraint for every assignment, call, return, `for` target and display."""
+
+    def __init__(self, program: Program, module: SourceModule) -> None:
+        self.program = program
+        self.module = module
+        self.functions: list[FunctionInfo | None] = [None]
+        self.classes: list[ClassInfo | None] = [None]
+
+    def _add(self, handler: Callable[..., None], *args: object) -> None:
+        self.program.add_constraint(handler, *args)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        cls = self.classes[-1] if self.functions[-1] is None else None
+        info = FunctionInfo(node, self.module, self.module.index.scopes[node.body], cls)
+        self.program.functions[node] = info
+        self.program.module_of[node] = self.module
+        if cls is not None:
+            cls.methods.setdefault(info.name, info)
+        else:
+            self._add(Program._define, node, self.module)
+        self.functions.append(info)
+        self.classes.append(None)
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.pop()
+        self.classes.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        info = ClassInfo(node, self.module)
+        self.program.classes[node] = info
+        self.program.module_of[node] = self.module
+        if self.classes[-1] is None:
+            self._add(Program._define, node, self.module)
+        self.classes.append(info)
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.pop()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self._add(Program._assign, [t.target for t in node.targets], node.value, self.module)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._add(Program._assign, [node.target], node.value, self.module)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._add(Program._assign, [node.target], node.value, self.module)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._add(Program._assign, [node.asname.name], node.item, self.module)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._loop(node)
+        self._add(Program._iterate, node.target, node.iter, self.module)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._loop(node)
+
+    def _loop(self, node: cst.For | cst.While) -> None:
+        self.program.loops.append(node)
+        self.program.function_of[node] = self.functions[-1]
+        self.program.module_of[node] = self.module
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._add(Program._iterate, node.target, node.iter, self.module)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        function = self.functions[-1]
+        if function is not None and node.value is not None:
+            self._add(Program._return, function, node.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.program.calls.append(node)
+        self.program.function_of[node] = self.functions[-1]
+        self.program.module_of[node] = self.module
+        self._add(Program._call_site, node, self.module)
+
+    def _display(self, node: cst.CSTNode) -> None:
+        self._add(Program._display, node, self.module)
+
+    visit_Tuple = visit_List = visit_Set = visit_Dict = _display
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _display

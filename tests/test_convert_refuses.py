@@ -1,0 +1,86 @@
+"""`--to ddp` fails closed: a result that would train wrongly is not written."""
+
+from __future__ import annotations
+
+from textwrap import dedent
+
+NO_LOADER = dedent(
+    """\
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(64, 4)
+    for start in range(0, 64, 16):
+        loss = model(data[start:start + 16]).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """
+)
+
+
+def test_unsharded_training_data_is_refused_and_nothing_written(cli, tmp_path):
+    (tmp_path / "train.py").write_text(NO_LOADER)
+    run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
+    assert run.exit_code == 1
+    assert "train.py:6:1: error: DistributedSampler not applied: this training loop does not read" in run.stderr
+    assert "--to ddp refused" in run.stderr and "--allow-partial" in run.stderr
+    assert not (tmp_path / "ddp.py").exists()
+
+
+def test_allow_partial_writes_with_warnings(cli, tmp_path):
+    (tmp_path / "train.py").write_text(NO_LOADER)
+    run = cli("convert", "train.py", "--to", "ddp", "--allow-partial", "-o", "ddp.py")
+    assert run.exit_code == 0, run.stderr
+    assert "train.py:6:1: warning: DistributedSampler not applied" in run.stderr
+    assert "DISTRIBUTED" in (tmp_path / "ddp.py").read_text()
+
+
+def test_single_process_target_is_not_refused(cli, tmp_path):
+    (tmp_path / "train.py").write_text(NO_LOADER)
+    run = cli("convert", "train.py", "-o", "fast.py")
+    assert run.exit_code == 0, run.stderr
+    assert (tmp_path / "fast.py").exists()
+
+
+def test_training_loop_in_a_local_module_is_named_with_its_line(cli, tmp_path):
+    """minGPT's shape: the script builds the objects, `mingpt/trainer.py` trains."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "__init__.py").write_text("")
+    (tmp_path / "lib" / "trainer.py").write_text(
+        dedent(
+            """\
+            from torch.utils.data import DataLoader
+
+
+            class Trainer:
+                def __init__(self, model, optimizer, dataset):
+                    self.model, self.optimizer, self.dataset = model, optimizer, dataset
+
+                def run(self):
+                    for x, y in DataLoader(self.dataset, batch_size=8, shuffle=True):
+                        loss = (self.model(x) - y).pow(2).mean()
+                        self.optimizer.zero_grad()
+                        loss.backward()
+                        self.optimizer.step()
+            """
+        )
+    )
+    (tmp_path / "train.py").write_text(
+        dedent(
+            """\
+            import torch
+            from lib.trainer import Trainer
+
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            dataset = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+            Trainer(model, optimizer, dataset).run()
+            """
+        )
+    )
+    run = cli("convert", "train.py", "--to", "ddp", "--write")
+    assert run.exit_code == 1
+    assert "the training loop this script runs is in another file (lib/trainer.py:9)" in run.stderr
+    assert "import os" not in (tmp_path / "train.py").read_text()
