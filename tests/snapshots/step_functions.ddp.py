@@ -76,13 +76,7 @@ def make_loaders(batch_size):
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )
-    val_loader = DataLoader(
-        val,
-        batch_size=batch_size,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
-        pin_memory=torch.cuda.is_available(),
-    )
+    val_loader = DataLoader(val, batch_size=batch_size)
     return train_loader, val_loader
 
 
@@ -99,14 +93,7 @@ def evaluate(net, loader, device):
     correct = 0
     with torch.no_grad():
         for x, y in loader:
-            correct += (
-                (
-                    net(x.to(device, non_blocking=True)).argmax(1)
-                    == y.to(device, non_blocking=True)
-                )
-                .sum()
-                .item()
-            )
+            correct += (net(x.to(device)).argmax(1) == y.to(device)).sum().item()
     net.train()
     return correct / len(loader.dataset)
 
