@@ -49,10 +49,10 @@ UNSHARDED = {"lstm_lm.py"}
 # mnist_main 12.7 % (dropout + Adadelta at lr 1.0: its second epoch falls steeply, so a
 # step's noise moves the mean a lot); linear_exact and lstm_lm 0.
 DDP_TOL = {name: 0.15 for name in CASES}
-# step_functions 14.1 %: each rank's loss is the focal loss (~0.06 by epoch 2) of a
+# step_functions 11.1 %: each rank's loss is the focal loss (~0.06 by epoch 2) of a
 # 16-sample half batch, so one batch's noise moves the rank's mean by tens of percent.
 DDP_TOL.update(
-    {"mnist_main.py": 0.3, "step_functions.py": 0.35, "linear_exact.py": 1e-4, "lstm_lm.py": 1e-4}
+    {"mnist_main.py": 0.3, "step_functions.py": 0.3, "linear_exact.py": 1e-4, "lstm_lm.py": 1e-4}
 )
 
 PROBE = textwrap.dedent(
