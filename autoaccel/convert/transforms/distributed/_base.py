@@ -46,11 +46,13 @@ def parse_statements(code: str) -> Statements:
 
 
 def has_setup_block(module: cst.Module) -> bool:
-    """Whether the module defines `DISTRIBUTED = ...` at top level (the set-up block)."""
-    return any(
-        m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(DISTRIBUTED))])]))
-        for s in module.body
+    """Whether the module has the set-up block: `DISTRIBUTED = "LOCAL_RANK" in os.environ`
+    at top level (a `DISTRIBUTED` of the script's own is not one)."""
+    setup = m.Assign(
+        targets=[m.AssignTarget(m.Name(DISTRIBUTED))],
+        value=m.Comparison(left=m.SimpleString('"LOCAL_RANK"')),
     )
+    return any(m.matches(s, m.SimpleStatementLine(body=[setup])) for s in module.body)
 
 
 def rank_zero(statements: Statements) -> cst.If:

@@ -15,9 +15,14 @@ import libcst as cst
 from autoaccel.analysis.project import training_elsewhere
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole
 from autoaccel.convert.transform import ORIGIN_KEY, Transform
+from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
+    DISTRIBUTED,
     INIT_PROCESS_GROUP,
+    LOCAL_RANK,
+    RANK,
+    WORLD_SIZE,
     add_import,
     has_setup_block,
     parse_statements,
@@ -45,6 +50,22 @@ CPU_SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
 '''
 
 
+# Names the converted script defines, each with the module it imports it from (empty:
+# a variable of the set-up block or of a ddp step).
+INSERTED_NAMES = {
+    DISTRIBUTED: "", RANK: "", LOCAL_RANK: "", WORLD_SIZE: "", "backend": "",
+    "per_process_batch_size": "", "sync_gradients": "", "no_sync": "",
+    "dist": "torch.distributed", "DDP": "torch.nn.parallel", "DistributedSampler": "torch.utils.data",
+}  # fmt: skip
+
+
+def _imports(statement: cst.Import | cst.ImportFrom, module: str) -> bool:
+    """Whether the import `statement` imports from `module` (or a module below it)."""
+    code = cst.Module([]).code_for_node(statement)
+    words = code.replace(",", " ").split()
+    return any(word == module or word.startswith(module + ".") for word in words)
+
+
 class InitProcessGroup(Transform):
     DESCRIPTION = "Start the process group from torchrun's environment variables."
     code = "ddp"
@@ -59,6 +80,17 @@ class InitProcessGroup(Transform):
                 "--to ddp",
                 "the script already sets up torch.distributed; convert it by hand",
                 self.already_distributed,
+                wrong=True,
+            )
+            return tree
+        clash = self._name_clash(tree)
+        if clash is not None:
+            name, node = clash
+            self.skipped(
+                "--to ddp",
+                f"the script already uses the name `{name}`, which the converted script"
+                " defines for itself; rename it, then convert",
+                node,
                 wrong=True,
             )
             return tree
@@ -77,6 +109,26 @@ class InitProcessGroup(Transform):
         for statement in ("import os", "import torch", DIST_IMPORT):
             module = add_import(module, statement)
         return module
+
+    def _name_clash(self, tree: cst.Module) -> tuple[str, cst.CSTNode | None] | None:
+        """A name the conversion inserts that the script binds to something else (a
+        variable `RANK`, `import torch.distributions as dist`), with where."""
+        assert self.script.index is not None
+        for scope in set(self.script.index.scopes.values()):
+            for name, bindings in scope.bindings.items():
+                if name not in INSERTED_NAMES:
+                    continue
+                expected = INSERTED_NAMES[name]
+                statements = [statement for _, _, statement in bindings]
+                if expected and all(
+                    s is not None and _imports(s, expected) for s in statements
+                ):
+                    continue  # `import torch.distributed as dist` as the conversion writes it
+                where = next((s for s in statements if s is not None), None)
+                if where is None:
+                    where = next((n for n in find(tree, cst.Name) if n.value == name), None)
+                return name, where
+        return None
 
     def _no_training_loop(self, tree: cst.Module) -> str:
         """Why there is nothing to convert: no training loop, or one in another file."""

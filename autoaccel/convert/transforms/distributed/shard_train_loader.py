@@ -94,7 +94,7 @@ class ShardTrainLoader(DistributedStep):
         if target is None or dataset is None:
             self.skipped("DistributedSampler", "give the training DataLoader a DistributedSampler by hand", call, wrong=True)
             return
-        sampler = _sibling_name(target, "sampler")
+        sampler = self._fresh(_sibling_name(target, "sampler"))
         dataset_name = name_key(dataset)
         if dataset_name is None:
             dataset_name = self._fresh(_sibling_name(target, "dataset"))

@@ -50,7 +50,15 @@ class WrapModel(DistributedStep):
                 wrong=True,
             )
         for model in models:
-            if ddp_name(model.key) not in bound:
+            if ddp_name(model.key) in bound:
+                self.skipped(
+                    "DistributedDataParallel",
+                    f"the script already uses the name `{ddp_name(model.key)}` for something"
+                    f" else, which the wrapper of `{model.key}` would be called; rename it, then convert",
+                    model.anchor,
+                    wrong=True,
+                )
+            else:
                 self._wrap(model)
 
     def _wrap(self, model: TrainedModel) -> None:
