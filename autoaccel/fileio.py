@@ -110,6 +110,8 @@ def write_atomic(
         if existing is not None:
             os.chmod(temporary, stat.S_IMODE(existing.st_mode))
             _keep_owner(temporary, existing)
+        else:  # a new file gets the mode `open()` would give it, not mkstemp's 0600
+            os.chmod(temporary, 0o666 & ~_umask())
         if original is not None and not _holds(target, original):
             raise FileRefused("changed while autoaccel worked on it; nothing written (run again)")
         os.replace(temporary, target)
@@ -117,6 +119,12 @@ def write_atomic(
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _check_replaceable(target: Path, existing: os.stat_result) -> None:

@@ -48,7 +48,8 @@ class CellRange:
     end_column: int
 
     def __str__(self) -> str:
-        return f"cell {self.cell}, line {self.line}, col {self.column}"
+        """Ruff's notation, which editors and terminals can follow: `cell 3:3:10`."""
+        return f"cell {self.cell}:{self.line}:{self.column}"
 
 
 @dataclass

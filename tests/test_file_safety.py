@@ -362,3 +362,15 @@ def test_bench_report_naming_a_file_is_an_error_before_anything_runs(cli, tmp_pa
     assert run.exit_code == 2
     assert "report: error: --report names a folder to write into; this is a file" in run.stderr
     assert (tmp_path / "report").read_text() == "not a folder\n"
+
+
+def test_a_new_output_file_follows_the_umask(cli, tmp_path):
+    """mkstemp makes 0600 files; `-o` writes one as `open()` would (0644 under umask 022)."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    old = os.umask(0o022)
+    try:
+        run = cli("convert", "train.py", "-o", "fast.py")
+    finally:
+        os.umask(old)
+    assert run.exit_code == 0, run.stderr
+    assert stat.S_IMODE((tmp_path / "fast.py").stat().st_mode) == 0o644

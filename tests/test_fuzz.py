@@ -169,7 +169,7 @@ def random_notebook(rng: random.Random) -> bytes:
 
 
 GENERATORS = [random_bytes, mutated_script, deep_nesting, random_notebook]
-LINT_ERROR = re.compile(r"(\d+:\d+|cell \d+, line \d+, col \d+): ")
+LINT_ERROR = re.compile(r"(\d+:\d+|cell \d+:\d+:\d+): ")
 
 
 def run_case(seed: int, folder: Path) -> str | None:

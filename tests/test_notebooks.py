@@ -98,7 +98,7 @@ def test_positions_map_to_cells_and_into_the_ipynb_text():
         )
         + 1
     )
-    assert str(notebook.cell_range(line, 10, line, 58)) == f"cell {DATALOADER_CELL}, line 5, col 10"
+    assert str(notebook.cell_range(line, 10, line, 58)) == f"cell {DATALOADER_CELL}:5:10"
     file_line, file_column = notebook.file_position(line, 10)
     raw = FIXTURE.read_text().splitlines()[file_line - 1]
     assert raw[file_column - 1 :].startswith("DataLoader(dataset")
@@ -130,11 +130,11 @@ def test_lint_reports_cell_and_line(cli, notebook):
     run = cli("lint", "--select", "ACC101,ACC103", "train.ipynb")
     assert run.exit_code == 1
     assert run.stdout.splitlines() == [
-        f"train.ipynb:cell {DATALOADER_CELL}, line 5, col 10: ACC101 `DataLoader` loads batches"
+        f"train.ipynb:cell {DATALOADER_CELL}:5:10: ACC101 `DataLoader` loads batches"
         " in the main process (`num_workers=0`)",
-        f"train.ipynb:cell {TRAINING_CELL}, line 4, col 16: ACC103 Batch is copied to the GPU"
+        f"train.ipynb:cell {TRAINING_CELL}:4:16: ACC103 Batch is copied to the GPU"
         " synchronously (no `non_blocking=True`)",
-        f"train.ipynb:cell {TRAINING_CELL}, line 4, col 30: ACC103 Batch is copied to the GPU"
+        f"train.ipynb:cell {TRAINING_CELL}:4:30: ACC103 Batch is copied to the GPU"
         " synchronously (no `non_blocking=True`)",
     ]
 
@@ -161,7 +161,7 @@ def test_lint_github_annotation_is_on_the_ipynb_line(cli, notebook):
     assert run.stdout.startswith(
         f"::error title=autoaccel (ACC101),file=train.ipynb,line={raw_line},col=15,"
     )
-    assert run.stdout.rstrip().endswith(f"(cell {DATALOADER_CELL}, line 5, col 10)")
+    assert run.stdout.rstrip().endswith(f"(cell {DATALOADER_CELL}:5:10)")
 
 
 def test_noqa_in_a_cell_is_honoured(cli, tmp_path):
@@ -177,7 +177,7 @@ def test_syntax_error_is_located_in_its_cell(cli, tmp_path):
     (tmp_path / "nb.ipynb").write_text(notebook_text("import torch\n", "x = (1,\n"))
     run = cli("lint", "nb.ipynb")
     assert run.exit_code == 2
-    assert run.stderr.startswith("nb.ipynb:cell 3, line 1, col ")
+    assert run.stderr.startswith("nb.ipynb:cell 3:1:")
 
 
 def test_directories_include_notebooks_but_not_checkpoints(tmp_path):

@@ -80,7 +80,7 @@ def test_lint_hook_fails_on_findings_in_staged_files(repo):
     run = run_hook("autoaccel", repo)
     assert run.returncode == 1
     assert "train.py:4:10: ACC101" in run.stdout
-    assert "explore.ipynb:cell 1, line 4, col 10: ACC101" in run.stdout
+    assert "explore.ipynb:cell 1:4:10: ACC101" in run.stdout
     assert "unstaged.py" not in run.stdout
     assert (repo / "train.py").read_text() == SCRIPT
 
