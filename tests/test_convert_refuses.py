@@ -131,3 +131,39 @@ def test_the_sampler_gets_a_name_the_script_does_not_use(cli, tmp_path):
     assert run.exit_code == 0, run.stderr
     code = (tmp_path / "ddp.py").read_text()
     assert "sampler = 'mine'" in code and "sampler=sampler2" in code
+
+
+STREAM = dedent(
+    """\
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            for _ in range(16):
+                yield torch.randn(4)
+
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in DataLoader(Stream(), batch_size=4):
+        loss = model(x).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """
+)
+
+
+def test_a_stream_gets_no_workers_and_no_sampler(cli, tmp_path):
+    """Workers would each replay the whole stream (16 samples an epoch -> 16 x workers),
+    and DistributedSampler rejects an IterableDataset on every rank."""
+    (tmp_path / "train.py").write_text(STREAM)
+    single = cli("convert", "train.py", "-o", "fast.py")
+    assert single.exit_code == 0, single.stderr
+    assert "num_workers" not in (tmp_path / "fast.py").read_text()
+    assert "IterableDataset: every worker would yield the whole stream" in single.stdout
+    ddp = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
+    assert ddp.exit_code == 1
+    assert "train.py:13:1: error: DistributedSampler not applied: the training data is an IterableDataset" in ddp.stderr

@@ -178,7 +178,7 @@ def test_notebook_results_point_into_the_ipynb_text(cli, project):
         line = lines[region["startLine"] - 1]
         start, end = region["startColumn"] - 1, region["endColumn"] - 1
         assert line.lstrip().startswith('"')  # inside a source string of the notebook
-        assert re.search(r"\(cell \d+, line \d+, col \d+\)$", result["message"]["text"])
+        assert re.search(r"\(cell \d+:\d+:\d+\)$", result["message"]["text"])
         if result["ruleId"] == "ACC101":
             assert line[start:end] == "DataLoader(dataset, batch_size=32, shuffle=True)"
 

@@ -142,6 +142,10 @@ class ClassInfo:
     def method(self, name: str) -> FunctionInfo | None:
         return next((c.methods[name] for c in self.mro() if name in c.methods), None)
 
+    def derives_from(self, *qualified: str) -> bool:
+        """Whether a base outside the project is one of `qualified`."""
+        return any(q in qualified for c in self.mro() for q in c.external_bases)
+
     @property
     def is_module(self) -> bool:
         """Whether its instances are `torch.nn.Module`s."""

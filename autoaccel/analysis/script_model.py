@@ -50,6 +50,7 @@ __all__ = [
 ]  # fmt: skip
 
 DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
+ITERABLE_DATASETS = ("torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset")
 CONVOLUTIONS = frozenset(
     f"torch.nn.{kind}{dims}d"
     for kind in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose")
@@ -193,6 +194,15 @@ class ScriptModel:
                 grew = bool(callers)
             self._trainers = found
         return self._trainers
+
+    def streams(self, loader: cst.Call) -> bool:
+        """Whether the DataLoader call `loader` reads an `IterableDataset` of the project:
+        every worker (and every process) would replay the whole stream."""
+        dataset = argument(loader, 0, "dataset")
+        return dataset is not None and any(
+            obj.cls is not None and obj.cls.derives_from(*ITERABLE_DATASETS)
+            for obj in self.values(dataset)
+        )
 
     # -- keyword arguments -------------------------------------------------------------
     def keyword(self, call: cst.Call, name: str) -> KeywordValue:

@@ -134,9 +134,8 @@ class LintRule(cst.BatchableCSTVisitor):
         """Whether the `DataLoader(...)` call `loader` is read by a training step loop
         of the script (under any of its names); False when nothing says so."""
         return any(
-            loop.role is LoopRole.TRAIN and loader in self.script.loaders.get(loop.loader, ())
-            for loop in self.script.step_loops.values()
-            if loop.loader is not None
+            loop.role is LoopRole.TRAIN and any(obj.node is loader for obj in loop.loaders)
+            for loop in self.script.training.step_loops.values()
         )
 
     def trains_a_model(self) -> bool:

@@ -32,6 +32,10 @@ class DataLoaderWithoutWorkers(LintRule):
         "from torch.utils.data import DataLoader\nloader = DataLoader(ds)\n"
         "for x, y in loader:\n    model(x)\n",
         "from torch.utils.data import DataLoader\nloader = DataLoader(ds)\ntrainer.fit(model, loader)\n",
+        # A stream: each worker would replay all of it (the epoch would double, triple, ...).
+        "from torch.utils.data import DataLoader, IterableDataset\n"
+        "class Stream(IterableDataset):\n    def __iter__(self):\n        yield from range(8)\n"
+        "loader = DataLoader(Stream())\n" + _TRAIN,
     ]
     INVALID = [
         # Workers only on the CUDA path: the CPU path gets a default the update overrides.
@@ -59,6 +63,13 @@ class DataLoaderWithoutWorkers(LintRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self.calls(node, DATALOADER) or not self.feeds_training_loop(node):
+            return
+        if self.script.streams(node):
+            self.note(
+                node,
+                "the dataset is an IterableDataset: every worker would yield the whole stream;"
+                " split it per worker (`torch.utils.data.get_worker_info()`) before adding workers",
+            )
             return
         display = self.script.sometimes_missing(node, "num_workers")
         if display is not None and not _has_key(display, "num_workers"):

@@ -75,6 +75,16 @@ class ShardTrainLoader(DistributedStep):
             self.imports.append("import warnings")
 
     def _shard(self, call: cst.Call) -> None:
+        if self.script.streams(call):
+            self.skipped(
+                "DistributedSampler",
+                "the training data is an IterableDataset, which no sampler can shard: every"
+                f" process would train on the whole stream; split it by `{RANK}`/`{WORLD_SIZE}`"
+                " in its `__iter__` by hand",
+                call,
+                wrong=True,
+            )
+            return
         if keyword_value(call, "sampler") or keyword_value(call, "batch_sampler"):
             self.skipped(
                 "DistributedSampler",
