@@ -39,7 +39,7 @@ from autoaccel.analysis.program import (
     argument,
     is_device_string,
 )
-from autoaccel.analysis.shapes import is_name
+from autoaccel.analysis.shapes import BindingVisitor, is_name
 from autoaccel.analysis.training import LoopRole, StepLoop, Training, find_training, trains
 
 __all__ = [
@@ -244,7 +244,7 @@ class ScriptModel:
         )
 
 
-class _Syntax(cst.CSTVisitor):
+class _Syntax(BindingVisitor, cst.CSTVisitor):
     """What this module says in so many words: `**kwargs` dicts, CUDA, convolutions."""
 
     def __init__(self, index: ModuleIndex, model: ScriptModel) -> None:
@@ -252,15 +252,7 @@ class _Syntax(cst.CSTVisitor):
         self.index = index
         self.model = model
 
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._bind(target.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._bind(node.target, node.value)
-
-    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+    def bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         key = name_key(target)
         if key is None:
             return
