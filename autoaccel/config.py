@@ -49,6 +49,10 @@ class LintSettings:
     # Ruff's `extend-safe-fixes`: codes or prefixes whose unsafe fixes count as safe.
     extend_safe_fixes: tuple[str, ...] = ()
 
+    def names(self, code: str) -> bool:
+        """Whether `select` (with `extend-select`) names `code` in full."""
+        return code in self.select
+
     def enabled(self, code: str, path: str | None = None) -> bool:
         """Whether `code` is selected, not ignored, and not ignored for `path`."""
         if not _matches(code, self.select) or _matches(code, self.ignore):

@@ -166,3 +166,21 @@ def test_enabled_matches_prefixes():
     assert settings.enabled("ACC110")
     assert settings.enabled("ACC301")
     assert not settings.enabled("ACC302")
+
+
+ADAM = "import torch\nopt = torch.optim.Adam(model.parameters(), weight_decay=1e-4)\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "reported"),
+    [
+        ((), False),  # opt-in: the default `ACC` selection leaves it out
+        (("--select", "ACC5"), False),  # so does a prefix
+        (("--select", "ACC505"), True),
+        (("--extend-select", "ACC505"), True),
+    ],
+)
+def test_an_opt_in_rule_runs_only_when_named_in_full(cli, tmp_path, args, reported):
+    (tmp_path / "train.py").write_text(ADAM)
+    run = cli("lint", "train.py", *args)
+    assert ("ACC505" in run.stdout) is reported, run.stdout

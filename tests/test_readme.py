@@ -24,7 +24,7 @@ def rules_table() -> str:
             fix = "—"
         else:
             fix = "safe" if rule.applicability is Applicability.SAFE else "unsafe"
-        message = rule.message.replace("|", "\\|")
+        message = rule.message.replace("|", "\\|") + ("" if rule.default else " (opt-in)")
         rows.append(
             f"| [{rule.code}](rules/{rule.code}-{rule.name}.md) | `{rule.name}` | {message} | {fix} |"
         )

@@ -119,7 +119,11 @@ class Analysis:
 
 def analyse(source: str, settings: LintSettings, path: str | None = None) -> Analysis:
     """Run the enabled rules over `source`. Raises `SourceError` when it does not parse."""
-    rules = [rule for rule in all_rules() if settings.enabled(rule.code, path)]
+    rules = [
+        rule
+        for rule in all_rules()
+        if settings.enabled(rule.code, path) and (rule.default or settings.names(rule.code))
+    ]
     if not might_use_torch(source):
         empty = cst.Module(body=[])
         return Analysis(module=empty, wrapper=None, positions=Positions(empty))

@@ -96,6 +96,9 @@ class LintRule(cst.BatchableCSTVisitor):
     message: ClassVar[str]
     fix_title: ClassVar[str | None] = None
     applicability: ClassVar[Applicability] = Applicability.SAFE
+    # False: opt-in, as Ruff's opinionated rules; it runs only when `select` or
+    # `extend-select` names its code in full (a prefix such as `ACC` does not).
+    default: ClassVar[bool] = True
     VALID: ClassVar[list[str]] = []
     INVALID: ClassVar[list[Invalid]] = []
 

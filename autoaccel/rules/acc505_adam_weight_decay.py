@@ -24,6 +24,9 @@ class AdamWeightDecay(LintRule):
     # AdamW's decay is `lr * weight_decay * param` per step, a different regulariser:
     # the same number does not give the same model.
     applicability = Applicability.UNSAFE
+    # Opt-in: on real code 3 of 5 sampled findings were right; whether `weight_decay` is
+    # meant as L2 regularisation is in the author's head, not in the code.
+    default = False
 
     VALID = [
         "import torch\nopt = torch.optim.Adam(model.parameters(), lr=1e-3)\n",
