@@ -258,20 +258,12 @@ class Program:
     def read(self, var: Var) -> Values:
         return frozenset(self.values.get(var, ()))
 
-    def wrapped(self, obj: Obj) -> Values:
-        """The models a DataParallel/DDP wrapper holds."""
-        return self.read((obj, "wraps"))
-
     def parameters_of(self, obj: Obj) -> Values:
         """The modules whose parameters a PARAMETERS object yields."""
         return self.read((obj, "of"))
 
     def objects(self, kind: Kind) -> list[Obj]:
         return [o for o in self._objects.values() if o.kind is kind]
-
-    def function_holding(self, scope: Scope) -> FunctionInfo | None:
-        """The function whose own namespace `scope` is."""
-        return self._functions_by_scope.get(id(scope))
 
     # -- objects, variables, constraints ----------------------------------------------
     def obj(self, kind: Kind, node: cst.CSTNode, module: SourceModule, **extra: object) -> Obj:

@@ -55,10 +55,10 @@ def project_roots(script: Path) -> list[Path]:
     return roots
 
 
-def load_project(script: Path | None, tree: cst.Module, index: ModuleIndex | None = None) -> Project:
+def load_project(script: Path | None, tree: cst.Module) -> Project:
     """The project of `script` (already parsed as `tree`); a script without a path
     (standard input, a test string) is a project of one module."""
-    main = SourceModule(SCRIPT, tree, index or ModuleIndex(tree), str(script) if script else None)
+    main = SourceModule(SCRIPT, tree, ModuleIndex(tree), str(script) if script else None)
     project = Project(main, project_roots(script) if script is not None else [])
     if script is None:
         return project

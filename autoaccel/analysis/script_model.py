@@ -7,7 +7,7 @@ evaluate. It is a view of one module onto the whole-program analysis
 through calls, returns, `self.x` and local modules; loops are classified by what they
 reach. Two kinds of questions are answered:
 
-- by node (`values`, `holds`, `is_model_call`, `step_of`): exact, scope-aware;
+- by node (`values`, `streams`, `runs_training`): exact, scope-aware;
 - by spelling (`models`, `loaders`, ...: sets of `name_key`s such as `model`,
   `self.loader`), for code that matches names as written in this module.
 """
@@ -29,7 +29,6 @@ from autoaccel.analysis.program import (
     DATALOADER,
     DISTRIBUTED_DATA_PARALLEL,
     ClassInfo,
-    FunctionInfo,
     Kind,
     Obj,
     Program,
@@ -46,7 +45,7 @@ __all__ = [
     "CONVOLUTIONS", "DATALOADER", "DATA_PARALLEL", "DISTRIBUTED_DATA_PARALLEL",
     "DISTRIBUTED_SAMPLER", "KeywordDict", "KeywordValue", "LoopRole", "Missing",
     "ScriptModel", "StepLoop", "Unknown", "build_script_model", "device_leaves",
-    "is_device_string", "script_models", "strip_device_moves",
+    "is_device_string", "strip_device_moves",
 ]  # fmt: skip
 
 DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
@@ -117,7 +116,6 @@ class ScriptModel:
     program: Program | None = field(default=None, repr=False, compare=False)
     module: SourceModule | None = field(default=None, repr=False, compare=False)
     training: Training = field(default_factory=Training, repr=False, compare=False)
-    _trainers: set[FunctionInfo] | None = field(default=None, repr=False, compare=False)
 
     # -- by node ---------------------------------------------------------------------
     def values(self, node: cst.BaseExpression) -> Values:
@@ -126,74 +124,21 @@ class ScriptModel:
             return frozenset()
         return self.program.values_of(node, self.module)
 
-    def holds(self, node: cst.BaseExpression, *kinds: Kind) -> bool:
-        return any(obj.kind in kinds for obj in self.values(node))
-
     def trains(self, obj: Obj) -> bool:
         """Whether an optimizer updates the parameters of `obj`."""
         return trains(self.training, obj)
-
-    def is_model(self, node: cst.BaseExpression) -> bool:
-        """Whether `node` holds a model: an `nn.Module` that is no criterion, or an
-        object made by code the analysis cannot read whose parameters train."""
-        return any(self._is_model(obj) for obj in self.values(node))
-
-    def _is_model(self, obj: Obj) -> bool:
-        if obj in self.training.criteria:
-            return False
-        return obj.kind is Kind.MODULE or (obj.kind is Kind.EXTERNAL and self.trains(obj))
-
-    def is_model_call(self, call: cst.Call) -> bool:
-        return self.is_model(call.func)
-
-    def step_of(self, node: cst.CSTNode) -> StepLoop | None:
-        """The step loop `node` runs in: around it in this module, or one from which its
-        function is called (a `train_step()` helper, a Trainer's `_run_batch`)."""
-        assert self.index is not None
-        for ancestor in self.index.ancestors(node):
-            if ancestor in self.step_loops:
-                return self.step_loops[ancestor]
-            if isinstance(ancestor, cst.FunctionDef) and self.program is not None:
-                function = self.program.functions.get(ancestor)
-                for step in self.training.step_loops.values():
-                    if function in step.step_functions:
-                        return step
-        return None
 
     def runs_training(self, node: cst.CSTNode) -> bool:
         """Whether `node` (a statement of this module) holds a training step loop or calls
         a function that runs one, directly or through other calls."""
         if self.program is None:
             return False
-        trains = self._training_functions()
         for child in descendants(node):
             if child in self.training.step_loops and self.training.step_loops[child].role is LoopRole.TRAIN:
                 return True
-            if isinstance(child, cst.Call) and self.program.callees.get(child, set()) & trains:
+            if isinstance(child, cst.Call) and self.program.callees.get(child, set()) & self.training.trainers:
                 return True
         return False
-
-    def _training_functions(self) -> set[FunctionInfo]:
-        """The functions that hold a training step loop, and their callers."""
-        if self._trainers is None:
-            program = self.program
-            assert program is not None
-            found = {
-                step.function
-                for step in self.training.step_loops.values()
-                if step.role is LoopRole.TRAIN and step.function is not None
-            }
-            grew = bool(found)
-            while grew:
-                callers = {
-                    program.function_of[call]
-                    for call, callees in program.callees.items()
-                    if callees & found
-                } - {None} - found
-                found |= callers  # type: ignore[arg-type]
-                grew = bool(callers)
-            self._trainers = found
-        return self._trainers
 
     def streams(self, loader: cst.Call) -> bool:
         """Whether the DataLoader call `loader` reads an `IterableDataset` of the project:
@@ -423,20 +368,6 @@ def build_script_model(wrapper: MetadataWrapper, index: ModuleIndex | None = Non
     program.solve()
     model.training = find_training(program)
     return _fill(model)
-
-
-def script_models(program: Program) -> dict[str, ScriptModel]:
-    """The script model of every module of a solved multi-module `program`, by name."""
-    training = find_training(program)
-    models: dict[str, ScriptModel] = {}
-    for module in program.modules:
-        model = ScriptModel(index=module.index, program=program, module=module, training=training)
-        run_visitors(module.tree, [_Syntax(module.index, model)])
-        models[module.name] = _fill(model)
-    uses_cuda = any(m.uses_cuda for m in models.values())
-    for model in models.values():
-        model.uses_cuda = uses_cuda
-    return models
 
 
 def strip_device_moves(value: cst.BaseExpression) -> cst.BaseExpression:

@@ -63,6 +63,8 @@ class Training:
     step_loops: dict[cst.CSTNode, StepLoop] = field(default_factory=dict)
     epoch_loops: set[cst.CSTNode] = field(default_factory=set)
     micro_loops: set[cst.CSTNode] = field(default_factory=set)
+    # Functions that hold a training step loop or call one, directly or through others.
+    trainers: set[FunctionInfo] = field(default_factory=set)
     trained: set[Obj] = field(default_factory=set)  # models whose parameters an optimizer updates
     criteria: set[Obj] = field(default_factory=set)  # loss modules, built-in or the project's
     backward_calls: list[cst.Call] = field(default_factory=list)
@@ -110,6 +112,9 @@ class _Finder:
                 training.epoch_loops.add(loop)
         for loop in steps:
             self._record(loop, LoopRole.TRAIN, readers[loop])
+        training.trainers = self._with_callers(
+            {f for loop in steps if (f := self.program.function_of[loop]) is not None}
+        )
         for loop in loops:
             if readers[loop] and loop not in candidates:
                 self._record(loop, LoopRole.EVAL, readers[loop])
@@ -142,17 +147,22 @@ class _Finder:
         self.calls_of: dict[FunctionInfo | None, list[cst.Call]] = {}
         for call in program.calls:
             self.calls_of.setdefault(program.function_of[call], []).append(call)
-        reaching = {program.function_of[c] for c in backward} - {None}
+        return self._with_callers({program.function_of[c] for c in backward} - {None})  # type: ignore[arg-type]
+
+    def _with_callers(self, functions: set[FunctionInfo]) -> set[FunctionInfo]:
+        """`functions` and every project function that calls one of them, directly or
+        through others."""
+        found = set(functions)
         grew = True
         while grew:
             grew = False
             for function, calls in self.calls_of.items():
-                if function is None or function in reaching:
+                if function is None or function in found:
                     continue
-                if any(program.callees.get(c, set()) & reaching for c in calls):
-                    reaching.add(function)
+                if any(self.program.callees.get(c, set()) & found for c in calls):
+                    found.add(function)
                     grew = True
-        return reaching  # type: ignore[return-value]
+        return found
 
     def _reaches_backward(self, loop: cst.CSTNode) -> bool:
         return any(
