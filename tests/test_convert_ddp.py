@@ -21,6 +21,7 @@ from autoaccel.convert.transforms.distributed import (
     DDP_STEPS,
     ConvertSyncBatchNorm,
     DestroyProcessGroup,
+    FollowPerProcessBatch,
     GuardRankZero,
     InitProcessGroup,
     LaunchCommands,
@@ -28,11 +29,11 @@ from autoaccel.convert.transforms.distributed import (
     NoSyncAccumulation,
     PrintShardSizes,
     ReplaceDataParallel,
-    ReportRankDependentStop,
-    ReportSummedLoss,
+    ScaleSummedLoss,
     SeedEachRank,
     SetSamplerEpoch,
     ShardTrainLoader,
+    StopTogether,
     UseLocalGpu,
     WrapModel,
 )
@@ -720,19 +721,23 @@ for step in range(1000):
 
 
 @pytest.mark.parametrize("test", ["loss < 1e-3", "output.item() < 1e-3 and step > 10"])
-def test_a_loop_that_stops_on_its_own_loss_is_reported(test):
+def test_a_loop_that_stops_on_its_own_loss_stops_on_every_process_at_once(test):
     """pytorch/examples' regression stops when its loss is small: under torchrun each
-    process stopped at another step and the others never finished."""
-    code, log = run_step(ReportRankDependentStop, STOP_BODY.format(test=test))
-    assert code == STOP_BODY.format(test=test)
-    (skip,) = log.skipped
-    assert (skip.what, skip.line) == ("stopping together", SETUP.count("\n") + 9)
-    assert "dist.all_reduce" in skip.reason
-
-
-def test_a_loop_that_stops_on_a_shared_value_is_not_reported():
-    _, log = run_step(ReportRankDependentStop, STOP_BODY.format(test="step == max_steps"))
+    process stopped at another step and the others never finished. The condition is
+    all-reduced: when it holds on any process, all stop."""
+    code, log = run_step(StopTogether, STOP_BODY.format(test=test))
+    helper = code.split("\n\n\n")[0]
+    assert "def on_any_rank(condition):" in helper and "dist.ReduceOp.MAX" in helper
+    assert code.endswith(STOP_BODY.format(test=f"on_any_rank({test})"))
+    (change,) = log.changes
+    assert change.line == SETUP.count("\n") + 9 and "every process stops at the same step" in change.description
     assert log.skipped == []
+
+
+def test_a_loop_that_stops_on_a_shared_value_is_left_alone():
+    body = STOP_BODY.format(test="step == max_steps")
+    code, log = run_step(StopTogether, body)
+    assert (code, log.changes, log.skipped) == (body, [], [])
 
 
 # -- printed sizes -------------------------------------------------------------------------
@@ -814,15 +819,16 @@ for x, y in loader:
 """
 
 
-def test_a_summed_training_loss_is_reported():
+def test_a_summed_training_loss_is_multiplied_by_world_size():
     """DDP averages gradients, so with each process summing its share of the global batch
-    every update is 1/WORLD_SIZE of the original's (pytorch/examples' VAE sums)."""
+    every update would be 1/WORLD_SIZE of the original's (pytorch/examples' VAE sums)."""
     body = SUMMED.format(reduction='reduction="sum"')
-    code, log = run_step(ReportSummedLoss, body)
-    assert code == body
-    (skip,) = log.skipped
-    assert (skip.what, skip.line) == ("summed loss", SETUP.count("\n") + 5)
-    assert "1/WORLD_SIZE of the original's" in skip.reason
+    code, log = run_step(ScaleSummedLoss, body)
+    assert code == body.replace(
+        "loss.backward()", "(loss * WORLD_SIZE).backward()  # a sum: DDP averages over processes"
+    )
+    (change,) = log.changes
+    assert change.line == SETUP.count("\n") + 6 and "multiplied by WORLD_SIZE" in change.description
 
 
 @pytest.mark.parametrize(
@@ -831,8 +837,72 @@ def test_a_summed_training_loss_is_reported():
     ids=["default-mean", "mean", "sum-per-process-batch"],
 )
 def test_averaged_losses_keep_their_scale(reduction, options):
-    _, log = run_step(ReportSummedLoss, SUMMED.format(reduction=reduction), options)
-    assert log.skipped == []
+    body = SUMMED.format(reduction=reduction)
+    code, log = run_step(ScaleSummedLoss, body, options)
+    assert (code, log.changes, log.skipped) == (body, [], [])
+
+
+VAE_LOSS = """\
+import torch.nn.functional as F
+def loss_function(recon_x, x, mu, logvar):
+    bce = F.binary_cross_entropy(recon_x, x, reduction="sum")
+    kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    return {returned}
+for x, _ in loader:
+    recon, mu, logvar = model(x)
+    loss = loss_function(recon, x, mu, logvar)
+    optimizer.zero_grad()
+    {backward}
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "backward, scaled",
+    [
+        ("loss.backward()", "(loss * WORLD_SIZE).backward()"),
+        ("scaler.scale(loss).backward()", "scaler.scale(loss * WORLD_SIZE).backward()"),
+    ],
+)
+def test_a_sum_returned_by_a_loss_function_is_followed(backward, scaled):
+    """The VAE's loss: a summed BCE plus a KL term summed with `torch.sum`, returned by a
+    function of the script; also through `GradScaler.scale`."""
+    body = VAE_LOSS.format(returned="bce + kld", backward=backward)
+    code, log = run_step(ScaleSummedLoss, body)
+    assert code == body.replace(backward, scaled + "  # a sum: DDP averages over processes")
+
+
+@pytest.mark.parametrize(
+    "returned", ["bce + kld.mean()", "bce / args.batch_size", "bce + kld * bce"]
+)
+def test_a_sum_mixed_with_other_terms_is_refused(returned):
+    """A sum plus a mean, a sum divided by a constant that may be the global batch: no
+    single factor restores the original's gradient."""
+    body = VAE_LOSS.format(returned=returned, backward="loss.backward()")
+    code, log = run_step(ScaleSummedLoss, body)
+    assert code == body
+    (skip,) = log.skipped
+    assert skip.what == "summed loss" and skip.wrong and skip.line == SETUP.count("\n") + 10
+
+
+@pytest.mark.parametrize("returned", ["bce / len(x)", "bce / x.size(0)", "F.mse_loss(recon_x, x)"])
+def test_a_sum_divided_by_its_own_batch_is_a_mean(returned):
+    body = VAE_LOSS.format(returned=returned, backward="loss.backward()")
+    code, log = run_step(ScaleSummedLoss, body)
+    assert (code, log.changes, log.skipped) == (body, [], [])
+
+
+def test_a_summed_metric_that_is_not_the_loss_is_left_alone():
+    body = """\
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += F.mse_loss(model(x), y, reduction="sum").item()
+            correct += (model(x).argmax(1) == y).sum().item()
+        """
+    code, log = run_step(ScaleSummedLoss, body)
+    assert (code, log.changes, log.skipped) == (dedent(body), [], [])
 
 
 # -- the ddp-tutorial shape ------------------------------------------------------------------
@@ -870,3 +940,87 @@ def test_trainer_methods_gets_what_the_tutorials_own_ddp_version_has():
     save = code[code.index("    def _save_checkpoint"):code.index("    def train(")]
     assert save.index("if RANK != 0:") < save.index("torch.save(self.model.state_dict()")
     assert code.rstrip().endswith("if DISTRIBUTED:\n        dist.destroy_process_group()")
+
+
+# -- the batch size in the step ----------------------------------------------------------------
+BATCH_SHAPES = """\
+from torch.utils.data import DataLoader
+loader = DataLoader(dataset, batch_size=per_process_batch_size(batch_size))
+for images, _ in loader:
+    images = images.reshape(batch_size, -1)
+    labels = torch.ones(batch_size, 1)
+    noise = torch.randn((batch_size, 8))
+    loss = criterion(model(images) + noise.mean(), labels)
+    loss.backward()
+    optimizer.step()
+    print(f"{batch_size} images", batch_size)
+"""
+
+
+def test_shapes_built_from_the_batch_size_follow_the_per_process_batch():
+    """yunjey's GAN shaped images, labels and noise by the global `batch_size`: a shape
+    error on every process once the loader loads its share. Prints keep the variable."""
+    code, log = run_step(FollowPerProcessBatch, BATCH_SHAPES)
+    assert code == BATCH_SHAPES.replace("(batch_size, -1)", "(per_process_batch_size(batch_size), -1)").replace(
+        "(batch_size, 1)", "(per_process_batch_size(batch_size), 1)"
+    ).replace("((batch_size, 8))", "((per_process_batch_size(batch_size), 8))")
+    assert [c.line - SETUP.count("\n") for c in log.changes] == [4, 5, 6]
+    assert log.skipped == []
+
+
+def test_another_use_of_the_batch_size_in_the_step_is_refused():
+    body = BATCH_SHAPES.replace("    loss.backward()\n", "    loss = loss * 256 / batch_size\n    loss.backward()\n")
+    code, log = run_step(FollowPerProcessBatch, body)
+    (skip,) = log.skipped
+    assert skip.wrong and skip.what == "per-process batch" and skip.line == SETUP.count("\n") + 8
+
+
+def test_per_process_batch_keeps_the_batch_size():
+    body = BATCH_SHAPES.replace("per_process_batch_size(batch_size)", "batch_size")
+    code, log = run_step(FollowPerProcessBatch, body, ConvertOptions(target="ddp", amp="off", per_process_batch=True))
+    assert (code, log.changes, log.skipped) == (body, [], [])
+
+
+# -- fresh random batches ------------------------------------------------------------------------
+FRESH = """\
+torch.manual_seed(0)
+W = torch.randn(4, 1)
+
+
+def get_batch(batch_size=32):
+    x = torch.randn(batch_size, 4)
+    return x, x @ W
+
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(100):
+    x, y = get_batch()
+    loss = (model(x) - y).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "seeding, refused",
+    [("torch.manual_seed(0)", True), ("torch.manual_seed(RANK)", False), ("seed = None", False)],
+    ids=["seeded-alike", "seeded-per-rank", "unseeded"],
+)
+def test_fresh_random_batches_need_no_sampler_when_each_process_draws_its_own(seeding, refused):
+    """pytorch/examples' regression samples a new batch every step: with its own random
+    stream each process draws other batches, which is what a sampler would give."""
+    body = FRESH.replace("torch.manual_seed(0)", seeding)
+    code, log = run_step(ShardTrainLoader, body)
+    assert code == body
+    (skip,) = log.skipped
+    assert skip.wrong is refused and skip.line == SETUP.count("\n") + 12
+    assert ("seeds its generator alike" in skip.reason) is refused
+
+
+def test_a_loop_slicing_fixed_data_is_not_fresh_data():
+    body = FRESH.replace("    x, y = get_batch()\n", "    x, y = data[step:step + 8], targets[step:step + 8]\n    x = x + 0.1 * torch.randn_like(x)\n")
+    _, log = run_step(ShardTrainLoader, body.replace("torch.manual_seed(0)", "seed = None"))
+    (skip,) = log.skipped
+    assert skip.wrong and "does not read a DataLoader" in skip.reason

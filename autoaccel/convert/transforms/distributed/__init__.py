@@ -7,6 +7,7 @@ up is left alone as a whole.
 
 from autoaccel.convert.transforms.distributed.convert_sync_batchnorm import ConvertSyncBatchNorm
 from autoaccel.convert.transforms.distributed.destroy_process_group import DestroyProcessGroup
+from autoaccel.convert.transforms.distributed.follow_per_process_batch import FollowPerProcessBatch
 from autoaccel.convert.transforms.distributed.guard_rank_zero import GuardRankZero
 from autoaccel.convert.transforms.distributed.init_process_group import InitProcessGroup
 from autoaccel.convert.transforms.distributed.launch_commands import LaunchCommands
@@ -14,13 +15,11 @@ from autoaccel.convert.transforms.distributed.load_on_every_rank import LoadOnEv
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
 from autoaccel.convert.transforms.distributed.print_shard_sizes import PrintShardSizes
 from autoaccel.convert.transforms.distributed.replace_data_parallel import ReplaceDataParallel
-from autoaccel.convert.transforms.distributed.report_rank_dependent_stop import (
-    ReportRankDependentStop,
-)
-from autoaccel.convert.transforms.distributed.report_summed_loss import ReportSummedLoss
+from autoaccel.convert.transforms.distributed.scale_summed_loss import ScaleSummedLoss
 from autoaccel.convert.transforms.distributed.seed_each_rank import SeedEachRank
 from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
 from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
+from autoaccel.convert.transforms.distributed.stop_together import StopTogether
 from autoaccel.convert.transforms.distributed.use_local_gpu import UseLocalGpu
 from autoaccel.convert.transforms.distributed.wrap_model import WrapModel
 
@@ -32,11 +31,12 @@ DDP_STEPS = [
     SeedEachRank,
     WrapModel,
     ShardTrainLoader,
+    FollowPerProcessBatch,
     SetSamplerEpoch,
     PrintShardSizes,
     NoSyncAccumulation,
-    ReportRankDependentStop,
-    ReportSummedLoss,
+    StopTogether,
+    ScaleSummedLoss,
     GuardRankZero,
     LoadOnEveryRank,
     DestroyProcessGroup,

@@ -24,6 +24,7 @@ LOCAL_RANK = "LOCAL_RANK"
 WORLD_SIZE = "WORLD_SIZE"
 
 DIST_IMPORT = "import torch.distributed as dist"
+MANUAL_SEED = "torch.manual_seed"
 INIT_PROCESS_GROUP = frozenset(
     {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
 )
@@ -172,6 +173,15 @@ class DistributedStep(StatementRewrite):
         for statement in self.imports:
             module = add_import(module, statement)
         return module
+
+    def define_helper(self, module: cst.Module, name: str, code: str) -> None:
+        """Define the function `name` (its `code`) after the set-up block, unless the
+        module defines or binds that name already."""
+        bound = {name_key(t.target) for t in find(module, cst.AssignTarget)}
+        if name in bound or any(f.name.value == name for f in find(module, cst.FunctionDef)):
+            return
+        setup = next(s for s in module.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED))))
+        self.after.setdefault(setup, []).extend(parse_statements("\n\n" + code.lstrip("\n")))
 
     # -- where things are -------------------------------------------------------------
     def scope_of(self, node: cst.CSTNode) -> Scope:

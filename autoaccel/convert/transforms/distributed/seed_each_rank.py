@@ -16,6 +16,7 @@ from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
+    MANUAL_SEED,
     RANK,
     DistributedStep,
     parse_statements,
@@ -34,7 +35,7 @@ class SeedEachRank(DistributedStep):
     needs = ("manual_seed",)
 
     def visit_Module(self, node: cst.Module) -> None:
-        seeds = [c for c in find(node, cst.Call) if "torch.manual_seed" in self.qualified_names(c.func)]
+        seeds = [c for c in find(node, cst.Call) if MANUAL_SEED in self.qualified_names(c.func)]
         if not seeds or any(mentions_rank(arg.value) for call in seeds for arg in call.args):
             return  # unseeded processes already differ; or seeded per rank by the author
         start = next((m.training for m in self.trained_models(node) if m.training), None)

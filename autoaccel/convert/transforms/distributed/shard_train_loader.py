@@ -12,11 +12,14 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.fresh_data import draws_fresh_batches
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.script_model import Missing
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
+    MANUAL_SEED,
     RANK,
     WORLD_SIZE,
     DistributedStep,
@@ -27,7 +30,6 @@ from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
 BATCH_HELPER = "per_process_batch_size"
 _HELPER = f'''
-
 def {BATCH_HELPER}(global_batch_size):
     """Each process loads an equal share of the original (global) batch."""
     if global_batch_size % {WORLD_SIZE}:
@@ -55,7 +57,11 @@ class ShardTrainLoader(DistributedStep):
             if loader.module is self.script.module
         }
         for loop in self.script.step_loops.values():
-            if loop.node in self.train_loops() and not loop.loaders:
+            if loop.node not in self.train_loops() or loop.loaders:
+                continue
+            if draws_fresh_batches(loop):
+                self._draw_per_process(node, loop.node)
+            else:
                 self.skipped(
                     "DistributedSampler",
                     "this training loop does not read a DataLoader, so every process trains on"
@@ -67,12 +73,31 @@ class ShardTrainLoader(DistributedStep):
         for call in sorted(loaders, key=self.line_of):
             if not self.shards(node, call):
                 self._shard(call)
-        if self.helper_needed and BATCH_HELPER not in self.bound and not any(
-            f.name.value == BATCH_HELPER for f in find(node, cst.FunctionDef)
-        ):
-            setup = next(s for s in node.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED))))
-            self.after.setdefault(setup, []).extend(parse_statements(_HELPER))
+        if self.helper_needed:
+            self.define_helper(node, BATCH_HELPER, _HELPER)
             self.imports.append("import warnings")
+
+    def _draw_per_process(self, module: cst.Module, loop: cst.CSTNode) -> None:
+        """A loop that samples new random batches every step: each process draws its own,
+        unless every process seeds its generator alike (then they all draw the same)."""
+        seeds = [c for c in find(module, cst.Call) if MANUAL_SEED in self.qualified_names(c.func)]
+        if seeds and not any(mentions_rank(a.value) for c in seeds for a in c.args):
+            self.skipped(
+                "DistributedSampler",
+                "this training loop draws new random batches every step, but every process"
+                " seeds its generator alike and would draw the same ones; seed each process"
+                f" with `seed + {RANK}` by hand",
+                loop,
+                wrong=True,
+            )
+            return
+        self.skipped(
+            "DistributedSampler",
+            "this training loop draws new random batches every step, and each process"
+            " draws its own from its own random stream, which shards them; each draws a"
+            f" batch of the original size, so the global batch is {WORLD_SIZE} times larger",
+            loop,
+        )
 
     def _shard(self, call: cst.Call) -> None:
         if self.script.streams(call):

@@ -1,0 +1,126 @@
+"""Tensor shapes built from the batch-size variable follow the per-process batch.
+
+The training DataLoader of each process loads `per_process_batch_size(batch_size)`
+samples, but a step written for one process may still shape tensors by the global
+batch size: yunjey's GAN reshaped its images with `images.reshape(batch_size, -1)` and
+built its labels and noise with `torch.ones(batch_size, 1)` / `torch.randn(batch_size,
+z)`, a shape error on every process. In the training step, such shape arguments become
+the per-process batch; a print or log keeps the variable; any other use in the step
+(where the tool cannot tell which batch it means) is refused with its line.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import Missing, Unknown
+from autoaccel.analysis.shapes import find, is_method_call, is_name
+from autoaccel.convert.transforms.distributed._base import WORLD_SIZE, DistributedStep
+from autoaccel.convert.transforms.distributed.shard_train_loader import BATCH_HELPER
+
+# Calls whose positional arguments are a shape: torch's tensor factories and the
+# tensor methods that take sizes.
+SHAPE_FACTORIES = frozenset(
+    f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "rand", "randn", "randint")
+)
+SHAPE_METHODS = ("reshape", "view", "expand", "new_ones", "new_zeros", "new_empty", "new_full")
+# Calls that only show a value: a batch-size there is left as the script wrote it.
+SHOWING = frozenset({"builtins.print", "logging.info", "logging.debug", "logging.warning"})
+
+
+class FollowPerProcessBatch(DistributedStep):
+    DESCRIPTION = "Shape the step's tensors by the per-process batch, not the global one."
+    needs = (BATCH_HELPER,)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.per_process: set[cst.CSTNode] = set()
+        if self.options.per_process_batch:
+            return
+        sizes = self._batch_size_variables()
+        if not sizes:
+            return
+        for code in self.train_code():
+            for read in find(code, (cst.Name, cst.Attribute)):
+                if name_key(read) not in sizes or self._is_part_of_name(read):
+                    continue
+                self._follow(read)
+
+    def _batch_size_variables(self) -> set[str]:
+        """The variables (`batch_size`, `args.batch_size`) the sharded training loaders
+        take their batch size from."""
+        found: set[str] = set()
+        for step in self.script.step_loops.values():
+            if step.node not in self.train_loops():
+                continue
+            for loader in step.loaders:
+                if not isinstance(loader.node, cst.Call):
+                    continue
+                value = self.script.keyword(loader.node, "batch_size")
+                if isinstance(value, (Missing, Unknown)):
+                    continue
+                if isinstance(value, cst.Call) and is_name(value.func, BATCH_HELPER) and value.args:
+                    value = value.args[0].value
+                key = name_key(value)
+                if key is not None and not isinstance(value, cst.Subscript):
+                    found.add(key)
+        return found
+
+    def _is_part_of_name(self, read: cst.CSTNode) -> bool:
+        """`batch_size` as the `.batch_size` of `args.batch_size`, or inside the per-process
+        helper's call."""
+        parent = self.parent(read)
+        if isinstance(parent, cst.Attribute) and (parent.attr is read or name_key(parent) is not None):
+            return True
+        return any(
+            isinstance(a, cst.Call) and is_name(a.func, BATCH_HELPER) for a in self.ancestors(read)
+        )
+
+    def _follow(self, read: cst.BaseExpression) -> None:
+        ancestors = list(self.ancestors(read))
+        if any(
+            isinstance(a, cst.FormattedString)
+            or isinstance(a, cst.Call) and self.qualified_names(a.func) & SHOWING
+            for a in ancestors
+        ):
+            return
+        if self._is_shape_argument(read, ancestors):
+            self.per_process.add(read)
+            self.changed(
+                read,
+                f"`{name_key(read)}` shapes a tensor of the training step: it takes the"
+                f" per-process batch, `{BATCH_HELPER}({name_key(read)})`",
+            )
+            return
+        self.skipped(
+            "per-process batch",
+            f"the training step uses the global batch size `{name_key(read)}`, while each"
+            f" process loads `{name_key(read)} // {WORLD_SIZE}` samples; use the batch's own"
+            " size (`len(x)`) or the per-process one by hand",
+            read,
+            wrong=True,
+        )
+
+    def _is_shape_argument(self, read: cst.CSTNode, ancestors: list[cst.CSTNode]) -> bool:
+        """`read` is a positional argument (or an element of a tuple one) of a call that
+        takes a shape."""
+        arg = ancestors[0] if ancestors else None
+        if isinstance(arg, cst.Element):
+            arg = ancestors[2] if isinstance(ancestors[1], cst.Tuple) and len(ancestors) > 2 else None
+        if not isinstance(arg, cst.Arg) or arg.keyword is not None:
+            return False
+        call = self.parent(arg)
+        return isinstance(call, cst.Call) and (
+            bool(self.qualified_names(call.func) & SHAPE_FACTORIES) or is_method_call(call, *SHAPE_METHODS)
+        )
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self._per_process(original_node, updated_node)
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        return self._per_process(original_node, updated_node)
+
+    def _per_process(self, original: cst.CSTNode, updated: cst.BaseExpression) -> cst.BaseExpression:
+        if original not in self.per_process:
+            return updated
+        return cst.Call(cst.Name(BATCH_HELPER), [cst.Arg(updated)])

@@ -1,0 +1,93 @@
+"""A training loop that stops on a value each process computes from its own data
+(`if loss < 1e-3: break`) stops on every process at the same step.
+
+Under DDP the processes see different values and would stop at different steps, and
+those still training would wait forever in their next `backward()`. The condition goes
+through `on_any_rank()`, which all-reduces it (MAX) over the processes: when it holds on
+any process, every process takes the branch. Run with plain `python`, it is the
+condition itself.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import find, is_name, method_calls
+from autoaccel.convert.transforms.distributed._base import DISTRIBUTED, DistributedStep
+
+HELPER = "on_any_rank"
+_HELPER_CODE = f'''
+def {HELPER}(condition):
+    """Whether `condition` holds on any process: then every process takes the branch."""
+    if not {DISTRIBUTED}:
+        return condition
+    flag = torch.tensor(float(bool(condition)))
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+'''
+
+
+class StopTogether(DistributedStep):
+    DESCRIPTION = "Make training loops that stop on a loss stop together on every process."
+    needs = ("break",)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.tests: set[cst.BaseExpression] = set()
+        for loop in self.train_loops():
+            per_process = _loss_values(loop)
+            for branch in find(loop.body, cst.If):
+                if _agreed(branch.test) or not find(branch.body, cst.Break):
+                    continue
+                if _mentions(branch.test, per_process):
+                    self.tests.add(branch.test)
+                    self.changed(
+                        branch,
+                        "the loop stops on a loss each process computes from its own data:"
+                        f" `{HELPER}()` all-reduces the condition, so every process stops at"
+                        " the same step",
+                    )
+        if self.tests:
+            self.define_helper(node, HELPER, _HELPER_CODE)
+            self.imports.append("import torch.distributed as dist")
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node.test not in self.tests:
+            return updated_node
+        return updated_node.with_changes(
+            test=cst.Call(cst.Name(HELPER), [cst.Arg(updated_node.test)])
+        )
+
+
+def _agreed(test: cst.BaseExpression) -> bool:
+    """`on_any_rank(...)`: already the same on every process."""
+    return isinstance(test, cst.Call) and is_name(test.func, HELPER)
+
+
+def _mentions(node: cst.CSTNode, names: set[str]) -> bool:
+    """Whether `node` reads one of `names` (`loss`, `loss.item()`, `self.loss`)."""
+    return any(
+        key == name or key.startswith(name + ".")
+        for n in find(node, (cst.Name, cst.Attribute))
+        if (key := name_key(n))
+        for name in names
+    )
+
+
+def _loss_values(loop: cst.CSTNode) -> set[str]:
+    """Names of the tensors whose `.backward()` the loop calls, and of values computed
+    from them in the loop (`loss = output.item()`)."""
+    found = {key for c in method_calls(loop, "backward") if (key := name_key(c.func.value))}  # type: ignore[attr-defined]
+    assignments = find(loop, cst.Assign)
+    grew = True
+    while grew:
+        grew = False
+        for assign in assignments:
+            if not _mentions(assign.value, found):
+                continue
+            for target in assign.targets:
+                key = name_key(target.target)
+                if key and key not in found:
+                    found.add(key)
+                    grew = True
+    return found
