@@ -154,12 +154,25 @@ def convert(
     force: bool = typer.Option(
         False, "--force", help="Replace launcher files (train.sbatch, spawn_train.py) that exist."
     ),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="ddp: first run the result on 2 CPU processes (gloo) for a few steps and check"
+        " it trains like the original; nothing is written when a check fails.",
+    ),
+    verify_steps: int = typer.Option(20, "--verify-steps", min=1, help="Training steps --verify runs."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, help="The script's arguments for --verify, after `--`."
+    ),
 ) -> None:
     """Rewrite a single-GPU training script into a fast one (diff preview by default).
     Option defaults come from [tool.autoaccel.convert] in pyproject.toml."""
     from autoaccel.config import ConfigError, convert_options
     from autoaccel.convert.command import run_convert
+    from autoaccel.convert.verify import VerifyRequest
 
+    if script_args and not verify:
+        raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments go after `--verify --`)")
     _choice("--format", report_format, ("text", "markdown", "json"))
     if write and output is not None:
         raise typer.BadParameter("use either --write or -o, not both")
@@ -171,8 +184,11 @@ def convert(
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+    if verify and options.target != "ddp":
+        raise typer.BadParameter("--verify checks --to ddp conversions")
+    request = VerifyRequest(script_args or [], verify_steps) if verify else None
     raise typer.Exit(
-        run_convert(file, options, write, output, check, report_format, allow_partial, force)
+        run_convert(file, options, write, output, check, report_format, allow_partial, force, request)
     )
 
 

@@ -1,7 +1,8 @@
 """Run a training script unchanged and record every training step.
 
     python -m autoaccel.harness --losses-out PATH [--max-steps N] [--seed S]
-                                [--align-loader-rng] [--progress PATH] SCRIPT [script args...]
+                                [--align-loader-rng] [--progress PATH] [--scratch DIR]
+                                SCRIPT [script args...]
 
 The script runs as ``__main__`` in this process (``runpy``). A training step is one
 ``Tensor.backward()`` on a scalar: the harness records its loss, the time it was called and
@@ -18,7 +19,14 @@ only once, so from the second epoch on the two would shuffle and drop out differ
 ``--progress PATH`` writes the number of steps done into PATH, at most five times a second
 (and at the last step).
 
-In a distributed run (``WORLD_SIZE`` > 1) each step also records which samples it trained on,
+``--scratch DIR`` sends what ``torch.save`` writes into DIR (``torch.load`` of such a path
+reads it back from there), so that a trial run leaves the script's checkpoints alone.
+
+The record also has ``saves`` (the paths each ``torch.save`` call wrote) and
+``param_digest`` (per optimizer, the sum and the sum of absolute values of its parameters
+at the end, in float64: equal on every rank of a distributed run when the gradients were
+synchronised). In a distributed run (``WORLD_SIZE`` > 1) each step also records which
+samples it trained on,
 ``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
 DataLoader in the order the script starts them (the same order on every rank), or None when
 the loader has no indices (an ``IterableDataset``). Samples that two ranks both trained on
@@ -71,6 +79,8 @@ class StepRecord:
     times: list[float] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
     sample_ids: list[Any] | None = None  # per step: [pass, indices] or None (distributed runs)
+    saves: list[str] = field(default_factory=list)  # paths torch.save wrote
+    param_digest: list[list[float]] = field(default_factory=list)  # per optimizer: [sum, abs sum]
     end_time: float | None = None
     peak_rss_bytes: int | None = None
     peak_cuda_bytes: int | None = None
@@ -148,8 +158,12 @@ def batch_size(batch: Any) -> int:
 class _StepRecorder:
     """The patches that record steps; `finish()` turns what they kept into a `StepRecord`."""
 
-    def __init__(self, max_steps: int | None, progress: Path | None = None) -> None:
+    def __init__(
+        self, max_steps: int | None, progress: Path | None = None, scratch: Path | None = None
+    ) -> None:
         self.max_steps = max_steps
+        self.scratch = scratch
+        self.redirected: dict[str, str] = {}  # path the script saved to -> file in `scratch`
         self.record = StepRecord(
             rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1))
         )
@@ -160,6 +174,7 @@ class _StepRecorder:
         self.last_batch = 0  # samples of the latest batch not yet counted by a step
         self.last_ids: list[Any] | None = None  # [pass, indices] of that batch
         self.passes = 0  # DataLoader passes started so far
+        self.optimizers: list[Any] = []  # every optimizer the script built
         if self.record.world_size > 1:
             self.record.sample_ids = []
 
@@ -171,6 +186,10 @@ class _StepRecorder:
         stack.enter_context(patched(torch.Tensor, "backward", self._backward))
         stack.enter_context(patched(torch.amp.GradScaler, "scale", _marking_scale))
         stack.enter_context(patched(dataloader._BaseDataLoaderIter, "__next__", self._next))
+        stack.enter_context(patched(torch, "save", self._recording_save))
+        if self.scratch is not None:
+            stack.enter_context(patched(torch, "load", self._redirected_load))
+        stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._kept_optimizer))
         if self.record.sample_ids is not None:
             stack.enter_context(patched(DataLoader, "__iter__", self._numbered_pass))
             stack.enter_context(
@@ -221,6 +240,53 @@ class _StepRecorder:
 
         return next_batch
 
+    def _recording_save(self, original: Callable) -> Callable:
+        """Record the path of every save; with `scratch`, write the file there instead."""
+
+        def save(obj, f, *args, **kwargs):
+            if not isinstance(f, (str, os.PathLike)):
+                self.record.saves.append(repr(f))
+                return original(obj, f, *args, **kwargs)
+            self.record.saves.append(os.fspath(f))
+            if self.scratch is not None:
+                wanted = os.path.abspath(f)
+                name = wanted.strip(os.sep).replace(os.sep, "__")
+                f = self.redirected[wanted] = str(self.scratch / f"rank{self.record.rank}-{name}")
+            return original(obj, f, *args, **kwargs)
+
+        return save
+
+    def _redirected_load(self, original: Callable) -> Callable:
+        """A file the script saved (into `scratch`) loads from there."""
+
+        def load(f, *args, **kwargs):
+            if isinstance(f, (str, os.PathLike)):
+                f = self.redirected.get(os.path.abspath(f), f)
+            return original(f, *args, **kwargs)
+
+        return load
+
+    def _kept_optimizer(self, original: Callable) -> Callable:
+        def init(optimizer, *args, **kwargs):
+            original(optimizer, *args, **kwargs)
+            if not any(o is optimizer for o in self.optimizers):
+                self.optimizers.append(optimizer)
+
+        return init
+
+    def _param_digest(self) -> list[list[float]]:
+        import torch
+
+        digest = []
+        with torch.no_grad():
+            for optimizer in self.optimizers:
+                params = [p for group in optimizer.param_groups for p in group["params"]]
+                digest.append([
+                    sum(float(p.detach().double().sum()) for p in params),
+                    sum(float(p.detach().double().abs().sum()) for p in params),
+                ])
+        return digest
+
     def _numbered_pass(self, original: Callable) -> Callable:
         """Number every pass over a DataLoader, also one that reuses persistent workers."""
 
@@ -270,6 +336,7 @@ class _StepRecorder:
             for loss, scale in self.loss_tensors
         ]
         record.peak_rss_bytes = _peak_rss_bytes()
+        record.param_digest = self._param_digest()
         record.exit = exit_status
         return record
 
@@ -316,11 +383,15 @@ def record_steps(
     seed: int | None = None,
     align_loader_rng: bool = False,
     progress: Path | None = None,
+    scratch: Path | None = None,
 ) -> StepRecord:
-    """Run `script` as `__main__` with `args` and record its training steps."""
+    """Run `script` as `__main__` with `args` and record its training steps; with
+    `scratch`, the files `torch.save` writes go into that folder."""
     if seed is not None:
-        seed_everything(seed)
-    recorder = _StepRecorder(max_steps, progress)
+        # seed + rank: the processes of a distributed run draw their own random numbers,
+        # as unseeded processes do (torch seeds each from the OS), until a script seeds
+        seed_everything(seed + int(os.environ.get("RANK", 0)))
+    recorder = _StepRecorder(max_steps, progress, scratch)
     exit_status = run_as_main(script, args, recorder.patches(align_loader_rng))
     return recorder.finish(exit_status)
 
@@ -331,16 +402,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--losses-out", required=True, help="JSON output path; {rank} is replaced")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after N training steps")
-    parser.add_argument("--seed", type=int, default=None, help="seed random, torch and numpy first")
+    parser.add_argument("--seed", type=int, default=None, help="seed random, torch and numpy first (with seed + RANK)")
     parser.add_argument(
         "--align-loader-rng", action="store_true", help="keep persistent loaders' RNG draws in step"
     )
     parser.add_argument("--progress", type=Path, default=None, help="write the step count here")
+    parser.add_argument(
+        "--scratch", type=Path, default=None, help="torch.save writes into this folder instead"
+    )
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     record = record_steps(
-        ns.script, ns.args, ns.max_steps, ns.seed, ns.align_loader_rng, ns.progress
+        ns.script, ns.args, ns.max_steps, ns.seed, ns.align_loader_rng, ns.progress, ns.scratch
     )
     out = Path(ns.losses_out.replace("{rank}", str(record.rank)))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ class Run:
     record: dict[str, Any]  # the harness record (ranks merged)
     returncode: int
     log: str  # the script's output, stdout and stderr together
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # each rank's own record
 
     @property
     def failed(self) -> bool:
@@ -29,7 +31,11 @@ class Run:
 
 
 def harness_command(
-    record_path: Path, steps: int, nproc: int | None, progress: Path | None = None
+    record_path: Path,
+    steps: int,
+    nproc: int | None,
+    progress: Path | None = None,
+    scratch: Path | None = None,
 ) -> list[str]:
     """The command that starts the harness; with `nproc`, one process per rank."""
     launcher = [sys.executable]
@@ -39,6 +45,7 @@ def harness_command(
         *launcher, "-m", "autoaccel.harness", "--losses-out", str(record_path),
         "--max-steps", str(steps), "--seed", str(SEED), "--align-loader-rng",
         *(["--progress", str(progress)] if progress else []),
+        *(["--scratch", str(scratch)] if scratch else []),
     ]
 
 
@@ -51,35 +58,75 @@ def run_script(
     import_from: Path | None = None,
     env: dict[str, str] | None = None,
     on_step: Callable[[int], None] | None = None,
+    timeout: float | None = None,
+    scratch: Path | None = None,
 ) -> Run:
     """Run `script args` for at most `steps` training steps, its records written into the
     empty folder `records`; `import_from` goes on the module search path (PYTHONPATH),
-    `env` is added to the environment, and `on_step` is told the steps done as they go."""
+    `env` is added to the environment, and `on_step` is told the steps done as they go.
+    After `timeout` seconds the run (every process of it) is stopped: an error. With
+    `scratch`, the files the script saves with `torch.save` go into that folder."""
     env = {**os.environ, **(env or {}), "PYTHONHASHSEED": str(SEED)}
     if import_from is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_from), env.get("PYTHONPATH")]))
     records.mkdir(parents=True, exist_ok=True)
     progress = records / "progress" if on_step else None
-    command = harness_command(records / "record-{rank}.json", steps, nproc, progress)
+    command = harness_command(records / "record-{rank}.json", steps, nproc, progress, scratch)
     with tempfile.TemporaryFile("w+", errors="replace") as log:
         proc = subprocess.Popen(
-            [*command, str(script), *args], env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+            [*command, str(script), *args], env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
         )
-        while True:
-            finished = proc.poll() is not None
-            if on_step is not None and progress is not None and progress.is_file():
-                done = progress.read_text()
-                if done.isdigit():
-                    on_step(int(done))
-            if finished:
-                break
-            time.sleep(POLL_INTERVAL)
+        try:
+            timed_out = _wait(proc, timeout, progress, on_step)
+        except KeyboardInterrupt:  # its own session: Ctrl-C does not reach it
+            _stop_group(proc)
+            raise
         log.seek(0)
         output = log.read()
     ranks = [json.loads(path.read_text()) for path in sorted(records.glob("record-*.json"))]
+    if timed_out:
+        error = f"error: stopped after {timeout:g} s (a process hung, or the steps take longer)"
+        ranks = [{**rank, "exit": error} for rank in ranks] or [_empty_record(error)]
     if not ranks:
-        ranks = [{"losses": [], "times": [], "samples": [], "exit": f"error: exit code {proc.returncode}"}]
-    return Run(merge_ranks(ranks), proc.returncode, output)
+        ranks = [_empty_record(f"error: exit code {proc.returncode}")]
+    return Run(merge_ranks(ranks), proc.returncode, output, ranks)
+
+
+def _wait(
+    proc: subprocess.Popen,
+    timeout: float | None,
+    progress: Path | None,
+    on_step: Callable[[int], None] | None,
+) -> bool:
+    """Wait for `proc`, telling `on_step` the steps done; True when it ran past `timeout`
+    seconds and was stopped."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        finished = proc.poll() is not None
+        if not finished and deadline is not None and time.monotonic() > deadline:
+            _stop_group(proc)
+            return True
+        if on_step is not None and progress is not None and progress.is_file():
+            done = progress.read_text()
+            if done.isdigit():
+                on_step(int(done))
+        if finished:
+            return False
+        time.sleep(POLL_INTERVAL)
+
+
+def _empty_record(exit_status: str) -> dict[str, Any]:
+    return {"losses": [], "times": [], "samples": [], "exit": exit_status}
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Stop `proc` and the processes it started (torchrun's workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, AttributeError):  # gone; or Windows
+        proc.kill()
+    proc.wait()
 
 
 def merge_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:

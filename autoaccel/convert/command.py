@@ -11,6 +11,7 @@ from pathlib import Path
 from autoaccel.convert.log import ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.report import json_report, markdown_report, text_report
+from autoaccel.convert.verify import VerifyRequest, verify_ddp
 from autoaccel.diff import use_colour
 from autoaccel.fileio import os_error_message, read_bytes, read_source, write_atomic
 from autoaccel.lint.engine import TOO_DEEP, SourceError
@@ -28,11 +29,12 @@ def run_convert(
     report_format: str = "text",
     allow_partial: bool = False,
     force: bool = False,
+    verify: VerifyRequest | None = None,
 ) -> int:
     """Convert one file (a script, or a notebook's code cells); nothing is written
     unless every safety check passed, nor a result that would train wrongly (unless
-    `allow_partial`). Launcher files that exist with other contents are kept unless
-    `force`."""
+    `allow_partial`), nor one that fails `verify` (a run on two processes). Launcher
+    files that exist with other contents are kept unless `force`."""
     notebook: Notebook | None = None
     try:
         if is_notebook(path):
@@ -79,6 +81,8 @@ def run_convert(
         _print_report(_readable(conversion, notebook), str(path), report_format, False)
         _print_refusal(path, options, wrong, "error")
         return EXIT_CHANGED
+    if verify is not None and not _verified(path, conversion.converted, verify):
+        return EXIT_CHANGED
     writes = [_Write(output, converted, encoding)] if output is not None else []
     if write and conversion.changed:
         writes.append(_Write(path, converted, encoding, original))
@@ -107,6 +111,25 @@ def run_convert(
     if check and conversion.changed:
         return EXIT_CHANGED
     return EXIT_OK
+
+
+def _verified(path: Path, converted: str, request: VerifyRequest) -> bool:
+    """Run the conversion under `--verify` and print each check; False on a failure."""
+    from rich.console import Console
+
+    with Console(stderr=True).status("") as status:
+        checks, log = verify_ddp(
+            path, converted, request, lambda what: status.update(f"--verify: running the {what}")
+        )
+    for check in checks:
+        mark = "ok  " if check.passed else "FAIL"
+        print(f"--verify {mark} {check.name}: {check.detail}", file=sys.stderr)
+    if all(check.passed for check in checks):
+        return True
+    if log:
+        print(log[-3000:], file=sys.stderr)
+    print(f"{path}: error: --verify failed (see above); nothing written", file=sys.stderr)
+    return False
 
 
 def _print_refusal(path: Path, options: ConvertOptions, wrong: list[Skipped], level: str) -> None:

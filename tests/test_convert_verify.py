@@ -1,0 +1,175 @@
+"""`convert --to ddp --verify`: a good conversion passes, broken ones fail with the reason.
+
+The checks are unit-tested on hand-made records; the runs (marked `runs`) convert the
+ddp fixtures of `fixtures/ddp/`, each written for one fix the conversion makes (a summed
+loss, a stop on the loss, fresh random batches, shapes built from the batch size), run
+them on 2 CPU processes (gloo) and break a good conversion on purpose.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoaccel.bench.runner import Run
+from autoaccel.convert.verify import Check, checks
+
+DDP_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ddp"
+
+
+def _rank(rank: int, **fields) -> dict:
+    record = {
+        "rank": rank, "exit": "max-steps", "losses": [1.0, 0.8, 0.6, 0.5],
+        "sample_ids": [[1, [rank, rank + 2]]] * 4, "param_digest": [[1.5, 3.0]], "saves": [],
+    }  # fmt: skip
+    return {**record, **fields}
+
+
+def _run(*ranks: dict) -> Run:
+    merged = {**ranks[0], "losses": [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(4)]}
+    return Run(merged, 0, "", list(ranks))
+
+
+ORIGINAL = Run({"losses": [1.0, 0.8, 0.6, 0.5], "exit": "max-steps"}, 0, "")
+
+
+def _failed(found: list[Check]) -> dict[str, str]:
+    return {check.name: check.detail for check in found if not check.passed}
+
+
+def test_a_good_distributed_run_passes_every_check():
+    found = checks(ORIGINAL, _run(_rank(0, saves=["model.pt"]), _rank(1)))
+    assert _failed(found) == {}
+    assert [c.name for c in found] == [
+        "every process finishes", "processes train on different data",
+        "parameters equal on every process", "one process writes each file",
+        "loss close to the original's",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "rank1, check, reason",
+    [
+        ({"sample_ids": [[1, [0, 3]]] * 4}, "processes train on different data", "4 of 16 samples"),
+        ({"param_digest": [[1.6, 3.0]]}, "parameters equal on every process", "not synchronised"),
+        ({"saves": ["model.pt"]}, "one process writes each file", "2 processes wrote model.pt"),
+    ],
+    ids=["same-samples", "parameters-differ", "two-writers"],
+)
+def test_a_broken_property_fails_its_check(rank1, check, reason):
+    found = checks(ORIGINAL, _run(_rank(0, saves=["model.pt"]), _rank(1, **rank1)))
+    failed = _failed(found)
+    assert list(failed) == [check] and reason in failed[check]
+
+
+def test_processes_without_loader_indices_must_not_compute_the_same_losses():
+    same = checks(ORIGINAL, _run(_rank(0, sample_ids=[None] * 4), _rank(1, sample_ids=[None] * 4)))
+    assert "they train on the same data" in _failed(same)["processes train on different data"]
+    differ = checks(
+        ORIGINAL,
+        _run(_rank(0, sample_ids=[None] * 4), _rank(1, sample_ids=[None] * 4, losses=[1.1, 0.7, 0.6, 0.5])),
+    )
+    assert _failed(differ) == {}
+
+
+def test_a_summed_loss_left_unscaled_shows_as_half_the_loss():
+    halves = [loss / 2 for loss in ORIGINAL.record["losses"]]
+    failed = _failed(checks(ORIGINAL, _run(_rank(0, losses=halves), _rank(1, losses=halves))))
+    assert list(failed) == ["loss close to the original's"] and "50.0% apart" in failed["loss close to the original's"]
+
+
+@pytest.mark.parametrize(
+    "rank1, reason",
+    [
+        ({"exit": "error: stopped after 60 s (a process hung, or the steps take longer)"}, "hung"),
+        ({"losses": [1.0, 0.8]}, "[2, 4] steps: they did not stop together"),
+    ],
+    ids=["hang", "stopped-apart"],
+)
+def test_a_run_that_does_not_finish_together_fails_first(rank1, reason):
+    found = checks(ORIGINAL, Run({"losses": [], "exit": "ok"}, 0, "", [_rank(0), _rank(1, **rank1)]))
+    assert len(found) == 1 and not found[0].passed and reason in found[0].detail
+
+
+def test_verify_is_for_ddp_and_script_arguments_need_it(cli, tmp_path):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    single = cli("convert", "train.py", "--verify")
+    assert single.exit_code == 2 and "--verify checks --to ddp conversions" in single.stderr
+    stray = cli("convert", "train.py", "other.py")
+    assert stray.exit_code == 2 and "unexpected arguments 'other.py'" in stray.stderr
+
+
+# -- runs ------------------------------------------------------------------------------------
+def _convert(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "autoaccel", "convert", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+    )
+
+
+@pytest.mark.runs
+@pytest.mark.parametrize(
+    "name", ["summed_loss.py", "stop_on_loss.py", "fresh_batches.py", "gan_batch_shapes.py"]
+)
+def test_each_ddp_fixture_converts_and_verifies(name, tmp_path):
+    """Each fixture converts without a refusal and its conversion passes --verify on two
+    processes: disjoint data, equal parameters, one writer, the original's loss."""
+    proc = _convert(str(DDP_FIXTURES / name), "--to", "ddp", "--amp", "off", "--verify",
+                    "--verify-steps", "30", "-o", "ddp.py", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    verdicts = [line for line in proc.stderr.splitlines() if line.startswith("--verify")]
+    assert len(verdicts) == 5 and all(line.startswith("--verify ok") for line in verdicts), proc.stderr
+    assert (tmp_path / "ddp.py").exists()
+    assert not list(tmp_path.glob("*.pt")) and not list(tmp_path.glob("*.ckpt")), "saves go to scratch"
+
+
+@pytest.mark.runs
+@pytest.mark.parametrize(
+    "good, broken, reason",
+    [
+        (
+            "DistributedSampler(dataset, shuffle=False)",
+            "DistributedSampler(dataset, shuffle=False, num_replicas=1, rank=0)",
+            "trained on by more than one process",
+        ),
+        ("ddp_model = DDP(", "unused = DDP(", "gradients are not synchronised"),
+        ("(loss * WORLD_SIZE).backward()", "loss.backward()", "apart (tolerance 30%)"),
+    ],
+    ids=["unsharded", "unsynchronised", "unscaled-sum"],
+)
+def test_a_broken_conversion_fails_verify_and_nothing_is_written(good, broken, reason, tmp_path, monkeypatch, capsys):
+    """A good conversion of summed_loss.py, broken on purpose the ways real conversions
+    were wrong: each fails with its reason, and the CLI writes nothing."""
+    from autoaccel.convert import command
+
+    conversion = _convert(str(DDP_FIXTURES / "summed_loss.py"), "--to", "ddp", "--amp", "off",
+                          "-o", "good.py", cwd=tmp_path)  # fmt: skip
+    assert conversion.returncode == 0, conversion.stderr
+    good_text = (tmp_path / "good.py").read_text()
+    assert good in good_text
+    real_convert = command.convert_source
+
+    def broken_conversion(*args, **kwargs):
+        result = real_convert(*args, **kwargs)
+        return type(result)(result.original, good_text.replace(good, broken), result.log)
+
+    monkeypatch.setattr(command, "convert_source", broken_conversion)
+    monkeypatch.chdir(tmp_path)
+    from autoaccel.convert.verify import VerifyRequest
+
+    status = command.run_convert(
+        DDP_FIXTURES / "summed_loss.py", _ddp_options(), output=tmp_path / "out.py",
+        verify=VerifyRequest([], steps=24, timeout=120),
+    )  # fmt: skip
+    assert status == 1 and not (tmp_path / "out.py").exists()
+    err = capsys.readouterr().err
+    assert reason in err and "error: --verify failed (see above); nothing written" in err
+
+
+def _ddp_options():
+    from autoaccel.convert.log import ConvertOptions
+
+    return ConvertOptions(target="ddp", amp="off")
