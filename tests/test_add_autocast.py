@@ -56,7 +56,7 @@ def test_toplevel_bf16() -> None:
 for epoch in range(2):
     for x, y in loader:
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             out = model(x)
             loss = criterion(out, y)
         loss.backward()
@@ -71,11 +71,11 @@ def test_toplevel_fp16_scaler_before_epoch_loop() -> None:
         TOPLEVEL,
         HEAD
         + """\
-scaler = torch.amp.GradScaler(device.type)
+scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
 for epoch in range(2):
     for x, y in loader:
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.float16):
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=device.type == "cuda"):
             out = model(x)
             loss = criterion(out, y)
         scaler.scale(loss).backward()
@@ -108,10 +108,10 @@ def test_function_without_device_variable_uses_fallback() -> None:
 
 
         def train(model, loader, optimizer, criterion):
-            scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+            scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu", enabled=torch.cuda.is_available())
             for x, y in loader:
                 optimizer.zero_grad()
-                with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16):
+                with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16, enabled=torch.cuda.is_available()):
                     loss = criterion(model(x), y)
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
@@ -153,7 +153,7 @@ def test_class_method_fp16_scaler_in_init() -> None:
     expected = CLASS.replace(
         "        self.optimizer = torch.optim.Adam(self.model.parameters())\n",
         "        self.optimizer = torch.optim.Adam(self.model.parameters())\n"
-        "        self.scaler = torch.amp.GradScaler(self.device.type)\n",
+        "        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.device.type == \"cuda\")\n",
     ).replace(
         """\
             loss = self.compute_loss(inputs, targets)
@@ -161,7 +161,7 @@ def test_class_method_fp16_scaler_in_init() -> None:
             self.optimizer.step()
 """,
         """\
-            with torch.autocast(device_type=self.device.type, dtype=torch.float16):
+            with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.device.type == "cuda"):
                 loss = self.compute_loss(inputs, targets)
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
@@ -209,18 +209,18 @@ netG = nn.Linear(4, 2).cuda()
 criterion = nn.BCELoss()
 optD = torch.optim.Adam(netD.parameters())
 optG = torch.optim.Adam(netG.parameters())
-scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu", enabled=torch.cuda.is_available())
 for epoch in range(2):
     for real in loader:
         netD.zero_grad()
-        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16):
+        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16, enabled=torch.cuda.is_available()):
             output = netD(real)
         errD = criterion(output.float(), ones)
         scaler.scale(errD).backward()
         scaler.step(optD)
 
         netG.zero_grad()
-        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16):
+        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16, enabled=torch.cuda.is_available()):
             fake = netG(noise)
             output = netD(fake)
         errG = criterion(output.float(), ones)
@@ -253,11 +253,11 @@ def test_fp16_gradient_accumulation_with_clipping() -> None:
         ACCUM,
         HEAD
         + """\
-scaler = torch.amp.GradScaler(device.type)
+scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
 for epoch in range(2):
     optimizer.zero_grad()
     for step, (x, y) in enumerate(loader):
-        with torch.autocast(device_type=device.type, dtype=torch.float16):
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=device.type == "cuda"):
             logits = model(x)
             loss = criterion(logits, y)
             loss = loss / 4
@@ -312,7 +312,7 @@ def test_manual_sgd_fp16_skipped_with_note() -> None:
 
 def test_manual_sgd_bf16_still_applies() -> None:
     code, _ = run(MANUAL_SGD, "bf16")
-    assert "with torch.autocast(device_type=device.type, dtype=torch.bfloat16):\n        loss = criterion" in code
+    assert 'with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):\n        loss = criterion' in code
 
 
 def test_loss_in_other_block_is_skipped() -> None:
@@ -379,7 +379,7 @@ def test_evaluation_bce_gets_a_float32_input() -> None:
         EVAL_BCE,
         EVAL_BCE.replace(
             "        out = model(x).squeeze()\n",
-            '        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16):\n'
+            '        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n'
             "            out = model(x).squeeze()\n",
         ).replace("criterion(out, y)", "criterion(out.float(), y)"),
     )

@@ -104,6 +104,7 @@ def train(epoch):
         with torch.autocast(
             device_type="cuda" if torch.cuda.is_available() else "cpu",
             dtype=torch.bfloat16,
+            enabled=torch.cuda.is_available(),
         ):
             output = model(data)
             loss = F.nll_loss(output, target)
@@ -128,6 +129,7 @@ def test():
             with torch.autocast(
                 device_type="cuda" if torch.cuda.is_available() else "cpu",
                 dtype=torch.bfloat16,
+                enabled=torch.cuda.is_available(),
             ):
                 output = model(data)
             test_loss += F.nll_loss(

@@ -109,7 +109,11 @@ def main():
             tokens = tokens.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
 
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            with torch.autocast(
+                device_type=device.type,
+                dtype=torch.bfloat16,
+                enabled=device.type == "cuda",
+            ):
                 logits = model(tokens)
                 loss = criterion(logits, labels)
                 loss = loss / accum_steps
@@ -131,7 +135,11 @@ def main():
         with torch.no_grad():
             for tokens, labels in val_loader:
                 tokens, labels = tokens.to(device), labels.to(device)
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                with torch.autocast(
+                    device_type=device.type,
+                    dtype=torch.bfloat16,
+                    enabled=device.type == "cuda",
+                ):
                     logits = model(tokens)
                 val_loss += criterion(logits, labels).item() * labels.size(0)
                 correct += (logits.argmax(-1) == labels).sum().item()

@@ -2,8 +2,10 @@
 
 `--amp bf16` (default) wraps, in every training step loop, the statements from the
 first model call up to the last assignment of each tensor whose `.backward()` is
-called in `with torch.autocast(device_type=..., dtype=torch.bfloat16):`; evaluation
-loops get their model calls wrapped. `--amp fp16` also routes backward and
+called in `with torch.autocast(device_type=..., dtype=torch.bfloat16, enabled=...):`;
+evaluation loops get their model calls wrapped. Autocast (and the scaler) is enabled
+only on CUDA: CPU autocast is slower and less precise for these models, so the converted
+script computes exactly what the original did when it runs on a CPU. `--amp fp16` also routes backward and
 `optimizer.step()` through one `torch.amp.GradScaler` (unscaling before gradient
 clipping). Backward, `step()` and `zero_grad()` stay outside the autocast block.
 
@@ -49,6 +51,11 @@ class _BlockPlan:
     # (first, last) original indices of statements to put under one autocast block
     wraps: list[tuple[int, int]] = field(default_factory=list)
     device: str = _FALLBACK_DEVICE
+
+
+def _on_cuda(device: str) -> str:
+    """The `enabled=` expression of autocast for the device type expression `device`."""
+    return "torch.cuda.is_available()" if device == _FALLBACK_DEVICE else f'{device} == "cuda"'
 
 
 @dataclass
@@ -432,7 +439,7 @@ class AddAutocast(Transform):
                 scaler = "self.scaler"
                 if "self.scaler" not in self.bound.get(init, set()):
                     self.edits.after.setdefault(assigns[-1], []).append(
-                        f"self.scaler = torch.amp.GradScaler({device})"
+                        f"self.scaler = torch.amp.GradScaler({device}, enabled={_on_cuda(device)})"
                     )
                     self.bound.setdefault(init, set()).add("self.scaler")
                     self.changed(assigns[-1], "create torch.amp.GradScaler for fp16 training")
@@ -441,7 +448,7 @@ class AddAutocast(Transform):
             epochs = [a for a in self.ancestors(node) if a in self.script.epoch_loops]
             anchor = epochs[-1] if epochs else node
             self.edits.before.setdefault(anchor, []).append(
-                f"scaler = torch.amp.GradScaler({device})"
+                f"scaler = torch.amp.GradScaler({device}, enabled={_on_cuda(device)})"
             )
             self.changed(anchor, "create torch.amp.GradScaler for fp16 training")
             if not epochs and function is not None:
@@ -557,7 +564,8 @@ class AddAutocast(Transform):
             leading = inner[0].leading_lines
             inner[0] = inner[0].with_changes(leading_lines=[])
             with_node = cst.parse_statement(
-                f"with torch.autocast(device_type={plan.device}, dtype={self.dtype}):\n    pass\n"
+                f"with torch.autocast(device_type={plan.device}, dtype={self.dtype},"
+                f" enabled={_on_cuda(plan.device)}):\n    pass\n"
             )
             assert isinstance(with_node, cst.With)
             result.append(
