@@ -385,6 +385,66 @@ def test_evaluation_bce_gets_a_float32_input() -> None:
     )
 
 
+GAN_STEP = """\
+import torch
+import torch.nn as nn
+
+device = torch.device("cuda")
+generator = nn.Linear(4, 2).to(device)
+discriminator = nn.Sequential(nn.Linear(2, 1), nn.Sigmoid()).to(device)
+adversarial_loss = nn.BCELoss()
+optimizer_G = torch.optim.Adam(generator.parameters())
+optimizer_D = torch.optim.Adam(discriminator.parameters())
+for (real,) in loader:
+    optimizer_G.zero_grad()
+    gen_imgs = generator(z)
+    g_loss = adversarial_loss(discriminator(gen_imgs), valid)
+    g_loss.backward()
+    optimizer_G.step()
+    optimizer_D.zero_grad()
+    real_loss = adversarial_loss(discriminator(real), valid)
+    fake_loss = adversarial_loss(discriminator(gen_imgs.detach()), fake)
+    d_loss = (real_loss + fake_loss) / 2
+    d_loss.backward()
+    optimizer_D.step()
+"""
+
+
+def test_an_output_reaching_a_model_outside_the_block_is_cast_back() -> None:
+    """PyTorch-GAN's dcgan: the BCE loss (kept outside autocast) calls the discriminator
+    on the generator's bfloat16 output: `Input type (c10::BFloat16) and bias type (float)`."""
+    log = check(
+        GAN_STEP,
+        GAN_STEP.replace(
+            "    gen_imgs = generator(z)\n",
+            '    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):\n'
+            "        gen_imgs = generator(z)\n",
+        )
+        .replace("discriminator(gen_imgs)", "discriminator(gen_imgs.float())")
+        .replace("discriminator(gen_imgs.detach())", "discriminator(gen_imgs.detach().float())"),
+    )
+    assert sum("cast back to float32" in c.description for c in log.changes) == 2
+
+
+def test_an_evaluation_loss_gets_float32_outputs() -> None:
+    """The loss after an evaluation forward pass was computed on bfloat16 outputs (the
+    printed val_loss values were exact bfloat16 numbers)."""
+    source = EVAL_BCE.replace("nn.BCELoss()", "nn.MSELoss()")
+    check(
+        source,
+        source.replace(
+            "        out = model(x).squeeze()\n",
+            '        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n'
+            "            out = model(x).squeeze()\n",
+        ).replace("criterion(out, y)", "criterion(out.float(), y)"),
+    )
+
+
+def test_a_loss_computed_in_the_block_is_not_cast() -> None:
+    code, _ = run(TOPLEVEL.replace("optimizer.step()", "optimizer.step()\n        losses.append(criterion(out, y) + loss)"))
+    assert "criterion(out.float(), y) + loss)" in code  # `out` is bf16; the loss is float32
+
+
 BCE_HELPER = """\
 import torch
 import torch.nn.functional as F

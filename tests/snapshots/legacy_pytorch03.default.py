@@ -133,7 +133,7 @@ def test():
             ):
                 output = model(data)
             test_loss += F.nll_loss(
-                output, target, size_average=False
+                output.float(), target, size_average=False
             ).item()  # sum up batch loss
             pred = output.data.max(1, keepdim=True)[
                 1

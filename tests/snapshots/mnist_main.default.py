@@ -102,7 +102,9 @@ def test(model, device, test_loader):
                 enabled=device.type == "cuda",
             ):
                 output = model(data)
-            test_loss += F.nll_loss(output, target, reduction='sum').item()  # sum up batch loss
+            test_loss += F.nll_loss(
+                output.float(), target, reduction='sum'
+            ).item()  # sum up batch loss
             pred = output.argmax(dim=1, keepdim=True)  # get the index of the max log-probability
             correct += pred.eq(target.view_as(pred)).sum().item()
 

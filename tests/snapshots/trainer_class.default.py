@@ -96,7 +96,7 @@ class Trainer:
                     enabled=self.device.type == "cuda",
                 ):
                     outputs = self.model(inputs)
-                loss = self.criterion(outputs, targets)
+                loss = self.criterion(outputs.float(), targets)
                 val_loss += loss.item()
                 preds = outputs.argmax(dim=1)
                 correct += (preds == targets).sum().item()

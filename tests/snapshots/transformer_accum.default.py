@@ -141,7 +141,7 @@ def main():
                     enabled=device.type == "cuda",
                 ):
                     logits = model(tokens)
-                val_loss += criterion(logits, labels).item() * labels.size(0)
+                val_loss += criterion(logits.float(), labels).item() * labels.size(0)
                 correct += (logits.argmax(-1) == labels).sum().item()
                 seen += labels.size(0)
         print(f"epoch {epoch + 1} done in {time.time() - t0:.2f}s | "
