@@ -16,6 +16,12 @@ so recording adds no host sync to a step. ``--max-steps N`` stops the script aft
 seed from the global RNG for every new iterator, and a persistent one creates its iterator
 only once, so from the second epoch on the two would shuffle and drop out differently.
 
+With ``AUTOACCEL_FORCE_AUTOCAST=1`` in the environment every ``torch.autocast`` region runs
+enabled, whatever its ``enabled=`` says: the converted scripts enable autocast only on CUDA,
+and this shows their mixed-precision numbers on a CPU (GradScalers are left as they are;
+bf16 needs none). An environment variable, so that it reaches the harness through
+``autoaccel bench`` and every rank that torchrun starts.
+
 ``--progress PATH`` writes the number of steps done into PATH, at most five times a second
 (and at the last step).
 
@@ -66,6 +72,7 @@ _SCALE_ATTR = "_autoaccel_loss_scale"
 _PASS_ATTR = "_autoaccel_pass"
 _INDICES_ATTR = "_autoaccel_indices"
 PROGRESS_INTERVAL = 0.2  # seconds between two writes of the progress file
+FORCE_AUTOCAST_ENV = "AUTOACCEL_FORCE_AUTOCAST"
 
 
 class StopScript(BaseException):
@@ -197,6 +204,8 @@ class _StepRecorder:
             )
         if align_loader_rng:
             stack.enter_context(patched(DataLoader, "__iter__", _aligned_iter))
+        if os.environ.get(FORCE_AUTOCAST_ENV) == "1":
+            stack.enter_context(patched(torch.autocast, "__init__", _always_enabled))
         return stack
 
     def _backward(self, original: Callable) -> Callable:
@@ -353,6 +362,13 @@ def _marking_scale(original: Callable) -> Callable:
         return scaled
 
     return scale
+
+
+def _always_enabled(original: Callable) -> Callable:
+    def init(region, device_type, dtype=None, enabled=True, cache_enabled=None):
+        original(region, device_type, dtype, True, cache_enabled)
+
+    return init
 
 
 def _aligned_iter(original: Callable) -> Callable:

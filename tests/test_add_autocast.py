@@ -56,7 +56,7 @@ def test_toplevel_bf16() -> None:
 for epoch in range(2):
     for x, y in loader:
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             out = model(x)
             loss = criterion(out, y)
         loss.backward()
@@ -71,11 +71,11 @@ def test_toplevel_fp16_scaler_before_epoch_loop() -> None:
         TOPLEVEL,
         HEAD
         + """\
-scaler = torch.amp.GradScaler(device.type)
+scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
 for epoch in range(2):
     for x, y in loader:
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.float16):
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=device.type == "cuda"):
             out = model(x)
             loss = criterion(out, y)
         scaler.scale(loss).backward()
@@ -108,10 +108,10 @@ def test_function_without_device_variable_uses_fallback() -> None:
 
 
         def train(model, loader, optimizer, criterion):
-            scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+            scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu", enabled=torch.cuda.is_available())
             for x, y in loader:
                 optimizer.zero_grad()
-                with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16):
+                with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16, enabled=torch.cuda.is_available()):
                     loss = criterion(model(x), y)
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
@@ -153,7 +153,7 @@ def test_class_method_fp16_scaler_in_init() -> None:
     expected = CLASS.replace(
         "        self.optimizer = torch.optim.Adam(self.model.parameters())\n",
         "        self.optimizer = torch.optim.Adam(self.model.parameters())\n"
-        "        self.scaler = torch.amp.GradScaler(self.device.type)\n",
+        "        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.device.type == \"cuda\")\n",
     ).replace(
         """\
             loss = self.compute_loss(inputs, targets)
@@ -161,7 +161,7 @@ def test_class_method_fp16_scaler_in_init() -> None:
             self.optimizer.step()
 """,
         """\
-            with torch.autocast(device_type=self.device.type, dtype=torch.float16):
+            with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.device.type == "cuda"):
                 loss = self.compute_loss(inputs, targets)
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
@@ -209,18 +209,18 @@ netG = nn.Linear(4, 2).cuda()
 criterion = nn.BCELoss()
 optD = torch.optim.Adam(netD.parameters())
 optG = torch.optim.Adam(netG.parameters())
-scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
+scaler = torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu", enabled=torch.cuda.is_available())
 for epoch in range(2):
     for real in loader:
         netD.zero_grad()
-        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16):
+        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16, enabled=torch.cuda.is_available()):
             output = netD(real)
         errD = criterion(output.float(), ones)
         scaler.scale(errD).backward()
         scaler.step(optD)
 
         netG.zero_grad()
-        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16):
+        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.float16, enabled=torch.cuda.is_available()):
             fake = netG(noise)
             output = netD(fake)
         errG = criterion(output.float(), ones)
@@ -253,11 +253,11 @@ def test_fp16_gradient_accumulation_with_clipping() -> None:
         ACCUM,
         HEAD
         + """\
-scaler = torch.amp.GradScaler(device.type)
+scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
 for epoch in range(2):
     optimizer.zero_grad()
     for step, (x, y) in enumerate(loader):
-        with torch.autocast(device_type=device.type, dtype=torch.float16):
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=device.type == "cuda"):
             logits = model(x)
             loss = criterion(logits, y)
             loss = loss / 4
@@ -312,7 +312,7 @@ def test_manual_sgd_fp16_skipped_with_note() -> None:
 
 def test_manual_sgd_bf16_still_applies() -> None:
     code, _ = run(MANUAL_SGD, "bf16")
-    assert "with torch.autocast(device_type=device.type, dtype=torch.bfloat16):\n        loss = criterion" in code
+    assert 'with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):\n        loss = criterion' in code
 
 
 def test_loss_in_other_block_is_skipped() -> None:
@@ -379,10 +379,70 @@ def test_evaluation_bce_gets_a_float32_input() -> None:
         EVAL_BCE,
         EVAL_BCE.replace(
             "        out = model(x).squeeze()\n",
-            '        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16):\n'
+            '        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n'
             "            out = model(x).squeeze()\n",
         ).replace("criterion(out, y)", "criterion(out.float(), y)"),
     )
+
+
+GAN_STEP = """\
+import torch
+import torch.nn as nn
+
+device = torch.device("cuda")
+generator = nn.Linear(4, 2).to(device)
+discriminator = nn.Sequential(nn.Linear(2, 1), nn.Sigmoid()).to(device)
+adversarial_loss = nn.BCELoss()
+optimizer_G = torch.optim.Adam(generator.parameters())
+optimizer_D = torch.optim.Adam(discriminator.parameters())
+for (real,) in loader:
+    optimizer_G.zero_grad()
+    gen_imgs = generator(z)
+    g_loss = adversarial_loss(discriminator(gen_imgs), valid)
+    g_loss.backward()
+    optimizer_G.step()
+    optimizer_D.zero_grad()
+    real_loss = adversarial_loss(discriminator(real), valid)
+    fake_loss = adversarial_loss(discriminator(gen_imgs.detach()), fake)
+    d_loss = (real_loss + fake_loss) / 2
+    d_loss.backward()
+    optimizer_D.step()
+"""
+
+
+def test_an_output_reaching_a_model_outside_the_block_is_cast_back() -> None:
+    """PyTorch-GAN's dcgan: the BCE loss (kept outside autocast) calls the discriminator
+    on the generator's bfloat16 output: `Input type (c10::BFloat16) and bias type (float)`."""
+    log = check(
+        GAN_STEP,
+        GAN_STEP.replace(
+            "    gen_imgs = generator(z)\n",
+            '    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):\n'
+            "        gen_imgs = generator(z)\n",
+        )
+        .replace("discriminator(gen_imgs)", "discriminator(gen_imgs.float())")
+        .replace("discriminator(gen_imgs.detach())", "discriminator(gen_imgs.detach().float())"),
+    )
+    assert sum("cast back to float32" in c.description for c in log.changes) == 2
+
+
+def test_an_evaluation_loss_gets_float32_outputs() -> None:
+    """The loss after an evaluation forward pass was computed on bfloat16 outputs (the
+    printed val_loss values were exact bfloat16 numbers)."""
+    source = EVAL_BCE.replace("nn.BCELoss()", "nn.MSELoss()")
+    check(
+        source,
+        source.replace(
+            "        out = model(x).squeeze()\n",
+            '        with torch.autocast(device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n'
+            "            out = model(x).squeeze()\n",
+        ).replace("criterion(out, y)", "criterion(out.float(), y)"),
+    )
+
+
+def test_a_loss_computed_in_the_block_is_not_cast() -> None:
+    code, _ = run(TOPLEVEL.replace("optimizer.step()", "optimizer.step()\n        losses.append(criterion(out, y) + loss)"))
+    assert "criterion(out.float(), y) + loss)" in code  # `out` is bf16; the loss is float32
 
 
 BCE_HELPER = """\

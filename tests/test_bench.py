@@ -48,8 +48,10 @@ FEW_STEPS = ("--steps", "6", "--warmup", "2", "--repeats", "1")
 
 
 bench = partial(autoaccel, "bench")
+# The default conversion (`--amp bf16`): on a CPU its autocast is disabled, so it must agree
+# exactly (EXACT) with the original.
 fixture_runs = runs_on_fixtures(
-    "test_conversion_trains_like_the_original", "bench", "--amp", "off", "--json", *FEW_STEPS
+    "test_conversion_trains_like_the_original", "bench", "--json", *FEW_STEPS
 )
 
 
@@ -75,8 +77,9 @@ def test_conversion_trains_like_the_original(name, fixture_runs):
 
 
 @pytest.mark.runs
-def test_report_with_bf16(tmp_path):
+def test_report_with_bf16(tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.setenv("AUTOACCEL_FORCE_AUTOCAST", "1")  # bf16 as on a GPU, through bench
     pytest.importorskip("matplotlib")
     report = tmp_path / "report"
     proc = bench(FIXTURES_DIR / "resnet_cifar.py", *FEW_STEPS, "--report", str(report), cwd=tmp_path)
@@ -91,8 +94,9 @@ def test_report_with_bf16(tmp_path):
 
 
 @pytest.mark.runs
-def test_divergence_exits_1(tmp_path):
+def test_divergence_exits_1(tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.setenv("AUTOACCEL_FORCE_AUTOCAST", "1")  # bf16 rounds; float32 would agree
     proc = bench(
         FIXTURES_DIR / "linear_exact.py", "--amp", "bf16", "--tolerance", "1e-9", *FEW_STEPS,
         cwd=tmp_path,

@@ -1,5 +1,6 @@
 """`convert` on scripts written in other styles: each converts, the result runs on a CPU-only
-machine, and with `--amp off` it trains exactly like the original.
+machine, and there (autocast enabled only on CUDA) it trains exactly like the original;
+with bf16 autocast forced on by the harness it ends near it.
 
 None of these scripts shuffles or uses dropout, so the one RNG draw per epoch that
 `persistent_workers=True` saves cannot change their losses: every step must match.
@@ -29,6 +30,13 @@ EXPECTED = {
         ("ACC103", "x.cuda(non_blocking=True)"),
         ("ACC201", "torch.backends.cudnn.benchmark = True"),
     ],
+    # The generator's autocast output reaches the discriminator outside the block (in the
+    # BCE loss, kept out of autocast): cast back, or bf16 fails in the first conv layer.
+    "dcgan_two_models.py": [
+        ("ACC301", "adversarial_loss(discriminator(gen_imgs.float()), valid)"),
+        ("ACC301", "discriminator(gen_imgs.detach().float())"),
+        ("ACC301", "nn.functional.mse_loss(\n                validity.float()"),
+    ],
     # `device` is a string here: autocast must not call `device.type` on it.
     "string_device_fn.py": [
         ("ACC103", "inputs.to(device, non_blocking=True)"),
@@ -46,17 +54,20 @@ def test_every_style_script_has_expectations():
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_style_converts_and_trains_like_the_original(name, tmp_path):
     original = STYLES_DIR / name
-    off = convert(original, tmp_path, "--amp", "off")
     bf16 = convert(original, tmp_path, "--amp", "bf16")
     converted = bf16.read_text(encoding="utf-8")
     for code, text in EXPECTED[name]:
         assert text in converted, f"{code}: expected {text!r} in the converted {name}"
 
     runs = {}
-    for label, script in {"orig": original, "off": off, "bf16": bf16}.items():
+    for label, script, env in (
+        ("orig", original, None),
+        ("cpu", bf16, None),
+        ("bf16", bf16, {"AUTOACCEL_FORCE_AUTOCAST": "1"}),
+    ):
         (tmp_path / label).mkdir()
-        runs[label] = run_with_losses(script, [], tmp_path / label)
-    assert runs["off"] == pytest.approx(runs["orig"], rel=1e-6)
+        runs[label] = run_with_losses(script, [], tmp_path / label, env)
+    assert runs["cpu"] == runs["orig"]
     assert len(runs["bf16"]) == len(runs["orig"])
     assert all(math.isfinite(v) for v in runs["bf16"])
     final_orig, final_bf16 = runs["orig"][-1], runs["bf16"][-1]

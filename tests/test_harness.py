@@ -97,6 +97,23 @@ def test_losses_under_grad_scaler_are_unscaled(tmp_path):
     assert scaled.losses == pytest.approx(plain.losses)
 
 
+def test_forced_autocast_enables_regions_the_script_disables_off_cuda(tmp_path, monkeypatch):
+    script = TRAIN.replace(
+        "loss = torch.nn.functional.mse_loss(model(x), y)",
+        "with torch.autocast('cpu', dtype=torch.bfloat16, enabled=False):\n"
+        "                loss = torch.nn.functional.mse_loss(model(x), y)",
+    )
+    path = write(tmp_path, script)
+    plain = harness.record_steps(write(tmp_path, TRAIN, "plain.py"), [], max_steps=2)
+    assert harness.record_steps(path, [], max_steps=2).losses == plain.losses
+    monkeypatch.setenv(harness.FORCE_AUTOCAST_ENV, "1")
+    forced = harness.record_steps(path, [], max_steps=2)
+    assert forced.losses != plain.losses  # bf16 rounds
+    assert forced.losses == pytest.approx(plain.losses, rel=0.02)
+    with torch.autocast("cpu", enabled=False):
+        assert not torch.is_autocast_enabled("cpu")  # the patch ends with the run
+
+
 def test_seed_makes_unseeded_scripts_repeatable(tmp_path):
     script = write(tmp_path, TRAIN.replace("torch.manual_seed(0)\n", ""))
     first = harness.record_steps(script, [], max_steps=3, seed=7)

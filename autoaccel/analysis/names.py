@@ -16,7 +16,6 @@ _CANONICAL_PREFIXES = {
     "torch.nn.parallel.data_parallel.": "torch.nn.",
     "torch.nn.parallel.DataParallel": "torch.nn.DataParallel",
     "torch.nn.parallel.distributed.": "torch.nn.parallel.",
-    "torch.cuda.amp.": "torch.amp.",
     "torch.optim.adam.": "torch.optim.",
     "torch.optim.adamw.": "torch.optim.",
     "torch.optim.sgd.": "torch.optim.",

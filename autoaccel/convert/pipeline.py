@@ -50,8 +50,10 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
     from autoaccel.convert.transforms.add_autocast import AddAutocast
     from autoaccel.convert.transforms.compile_model import CompileModel
     from autoaccel.convert.transforms.channels_last import ChannelsLast
+    from autoaccel.convert.transforms.replace_apex_amp import ReplaceApexAmp
 
     steps: list[type[Transform] | type[RuleFixes]] = [
+        ReplaceApexAmp,  # first: the rule fixes then see plain torch code
         rule_fixes.SingleProcessFixes,
         AddAutocast,
         CompileModel,

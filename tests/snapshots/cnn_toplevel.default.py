@@ -78,7 +78,9 @@ for epoch in range(num_epochs):
         )
 
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             outputs = model(images)
             loss = criterion(outputs, labels)
         loss.backward()
@@ -101,7 +103,9 @@ with torch.no_grad():
     for images, labels in test_loader:
         images = images.to(device)
         labels = labels.to(device)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             outputs = model(images)
         _, predicted = torch.max(outputs.data, 1)
         total += labels.size(0)

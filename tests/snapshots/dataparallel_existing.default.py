@@ -98,7 +98,9 @@ for epoch in range(args.epochs):
         labels = labels.to(device, non_blocking=True)
 
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             outputs = model(inputs)
             loss = criterion(outputs, labels)
         loss.backward()
@@ -115,7 +117,11 @@ for epoch in range(args.epochs):
     with torch.no_grad():
         for inputs, labels in val_loader:
             inputs, labels = inputs.to(device), labels.to(device)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            with torch.autocast(
+                device_type=device.type,
+                dtype=torch.bfloat16,
+                enabled=device.type == "cuda",
+            ):
                 outputs = model(inputs)
             _, predicted = outputs.max(1)
             total += labels.size(0)

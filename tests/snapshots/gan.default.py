@@ -139,7 +139,9 @@ for epoch in range(opt.epochs):
         batch_size = real_cpu.size(0)
         label = torch.ones(batch_size, device=device)
 
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             output = netD(real_cpu)
         errD_real = criterion(output.float(), label)
         errD_real.backward()
@@ -147,7 +149,9 @@ for epoch in range(opt.epochs):
 
         # train with fake
         noise = torch.randn(batch_size, nz, device=device)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             fake = netG(noise)
             label = torch.zeros(batch_size, device=device)
             output = netD(fake.detach())
@@ -164,7 +168,9 @@ for epoch in range(opt.epochs):
         label = torch.ones(
             batch_size, device=device
         )  # fake labels are real for generator cost
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             output = netD(fake)
         errG = criterion(output.float(), label)
         errG.backward()

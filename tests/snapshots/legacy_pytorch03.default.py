@@ -104,6 +104,7 @@ def train(epoch):
         with torch.autocast(
             device_type="cuda" if torch.cuda.is_available() else "cpu",
             dtype=torch.bfloat16,
+            enabled=torch.cuda.is_available(),
         ):
             output = model(data)
             loss = F.nll_loss(output, target)
@@ -128,10 +129,11 @@ def test():
             with torch.autocast(
                 device_type="cuda" if torch.cuda.is_available() else "cpu",
                 dtype=torch.bfloat16,
+                enabled=torch.cuda.is_available(),
             ):
                 output = model(data)
             test_loss += F.nll_loss(
-                output, target, size_average=False
+                output.float(), target, size_average=False
             ).item()  # sum up batch loss
             pred = output.data.max(1, keepdim=True)[
                 1

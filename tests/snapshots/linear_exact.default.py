@@ -63,7 +63,9 @@ for epoch in range(args.epochs):
         yb = yb.to(device, non_blocking=True)
 
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             pred = model(xb)
             loss = criterion(pred, yb)
         loss.backward()

@@ -153,7 +153,9 @@ def train():
         # Starting each batch, we detach the hidden state from how it was previously produced.
         hidden = repackage_hidden(hidden)
         model.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             output, hidden = model(data, hidden)
             loss = criterion(output, targets)
         loss.backward()

@@ -72,7 +72,9 @@ def train(args, model, device, train_loader, optimizer, epoch):
             device, non_blocking=True
         )
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             output = model(data)
             loss = F.nll_loss(output, target)
         loss.backward()
@@ -94,9 +96,15 @@ def test(model, device, test_loader):
             data, target = data.to(device, non_blocking=True), target.to(
                 device, non_blocking=True
             )
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            with torch.autocast(
+                device_type=device.type,
+                dtype=torch.bfloat16,
+                enabled=device.type == "cuda",
+            ):
                 output = model(data)
-            test_loss += F.nll_loss(output, target, reduction='sum').item()  # sum up batch loss
+            test_loss += F.nll_loss(
+                output.float(), target, reduction='sum'
+            ).item()  # sum up batch loss
             pred = output.argmax(dim=1, keepdim=True)  # get the index of the max log-probability
             correct += pred.eq(target.view_as(pred)).sum().item()
 

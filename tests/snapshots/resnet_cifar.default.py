@@ -145,7 +145,11 @@ def main():
                 device, non_blocking=True
             )
             optimizer.zero_grad()
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            with torch.autocast(
+                device_type=device.type,
+                dtype=torch.bfloat16,
+                enabled=device.type == "cuda",
+            ):
                 loss = criterion(model(images), labels)
             loss.backward()
             optimizer.step()
@@ -160,7 +164,11 @@ def main():
         with torch.no_grad():
             for images, labels in test_loader:
                 images, labels = images.to(device), labels.to(device)
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                with torch.autocast(
+                    device_type=device.type,
+                    dtype=torch.bfloat16,
+                    enabled=device.type == "cuda",
+                ):
                     correct += (model(images).argmax(1) == labels).sum().item()
         print(f"epoch {epoch}: test accuracy {100.0 * correct / len(test_set):.1f}%")
 

@@ -54,7 +54,9 @@ def make_loaders(batch_size):
 def train_step(net, optimizer, criterion, x, y):
     optimizer.zero_grad()
     with torch.autocast(
-        device_type="cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16
+        device_type="cuda" if torch.cuda.is_available() else "cpu",
+        dtype=torch.bfloat16,
+        enabled=torch.cuda.is_available(),
     ):
         loss = criterion(net(x), y)
     loss.backward()
@@ -67,7 +69,11 @@ def evaluate(net, loader, device):
     correct = 0
     with torch.no_grad():
         for x, y in loader:
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            with torch.autocast(
+                device_type=device.type,
+                dtype=torch.bfloat16,
+                enabled=device.type == "cuda",
+            ):
                 correct += (net(x.to(device)).argmax(1) == y.to(device)).sum().item()
     net.train()
     return correct / len(loader.dataset)

@@ -68,7 +68,11 @@ class Trainer:
             targets = targets.to(self.device, non_blocking=True)
 
             self.optimizer.zero_grad()
-            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+            with torch.autocast(
+                device_type=self.device.type,
+                dtype=torch.bfloat16,
+                enabled=self.device.type == "cuda",
+            ):
                 outputs = self.model(inputs)
                 loss = self.criterion(outputs, targets)
             loss.backward()
@@ -86,9 +90,13 @@ class Trainer:
             for inputs, targets in self.val_loader:
                 inputs = inputs.to(self.device)
                 targets = targets.to(self.device)
-                with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                with torch.autocast(
+                    device_type=self.device.type,
+                    dtype=torch.bfloat16,
+                    enabled=self.device.type == "cuda",
+                ):
                     outputs = self.model(inputs)
-                loss = self.criterion(outputs, targets)
+                loss = self.criterion(outputs.float(), targets)
                 val_loss += loss.item()
                 preds = outputs.argmax(dim=1)
                 correct += (preds == targets).sum().item()

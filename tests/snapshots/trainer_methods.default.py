@@ -47,6 +47,7 @@ class Trainer:
         with torch.autocast(
             device_type="cuda" if torch.cuda.is_available() else "cpu",
             dtype=torch.bfloat16,
+            enabled=torch.cuda.is_available(),
         ):
             output = self.model(source)
             loss = F.mse_loss(output, targets)

@@ -109,7 +109,11 @@ def main():
             tokens = tokens.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
 
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            with torch.autocast(
+                device_type=device.type,
+                dtype=torch.bfloat16,
+                enabled=device.type == "cuda",
+            ):
                 logits = model(tokens)
                 loss = criterion(logits, labels)
                 loss = loss / accum_steps
@@ -131,9 +135,13 @@ def main():
         with torch.no_grad():
             for tokens, labels in val_loader:
                 tokens, labels = tokens.to(device), labels.to(device)
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                with torch.autocast(
+                    device_type=device.type,
+                    dtype=torch.bfloat16,
+                    enabled=device.type == "cuda",
+                ):
                     logits = model(tokens)
-                val_loss += criterion(logits, labels).item() * labels.size(0)
+                val_loss += criterion(logits.float(), labels).item() * labels.size(0)
                 correct += (logits.argmax(-1) == labels).sum().item()
                 seen += labels.size(0)
         print(f"epoch {epoch + 1} done in {time.time() - t0:.2f}s | "

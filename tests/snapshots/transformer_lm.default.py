@@ -147,6 +147,7 @@ def main():
             with torch.autocast(
                 device_type="cuda" if torch.cuda.is_available() else "cpu",
                 dtype=torch.bfloat16,
+                enabled=torch.cuda.is_available(),
             ):
                 loss = model(x, y)
             optimizer.zero_grad(set_to_none=True)
@@ -163,6 +164,7 @@ def main():
                 with torch.autocast(
                     device_type="cuda" if torch.cuda.is_available() else "cpu",
                     dtype=torch.bfloat16,
+                    enabled=torch.cuda.is_available(),
                 ):
                     val_loss += model(x.to(device), y.to(device)).item()
         print(f"epoch {epoch}: val loss {val_loss / len(val_loader):.4f}")

@@ -2,14 +2,19 @@
 
 `--amp bf16` (default) wraps, in every training step loop, the statements from the
 first model call up to the last assignment of each tensor whose `.backward()` is
-called in `with torch.autocast(device_type=..., dtype=torch.bfloat16):`; evaluation
-loops get their model calls wrapped. `--amp fp16` also routes backward and
+called in `with torch.autocast(device_type=..., dtype=torch.bfloat16, enabled=...):`;
+evaluation loops get their model calls wrapped. Autocast (and the scaler) is enabled
+only on CUDA: CPU autocast is slower and less precise for these models, so the converted
+script computes exactly what the original did when it runs on a CPU. `--amp fp16` also routes backward and
 `optimizer.step()` through one `torch.amp.GradScaler` (unscaling before gradient
 clipping). Backward, `step()` and `zero_grad()` stay outside the autocast block.
 
 `binary_cross_entropy` (`nn.BCELoss`) is rejected by CUDA autocast as "unsafe to
 autocast" (torch.amp docs, "CUDA Ops that can autocast to float32"), so such a loss
-is computed after the block, on a `.float()` input.
+is computed after the block. A bfloat16/float16 output of a block that reaches a model
+or a loss outside every block (the discriminator of a GAN called inside its BCE loss, an
+evaluation loss after the forward pass) is cast back there with `.float()`: a float32
+layer rejects a low-precision input, and a loss of it would be computed in low precision.
 """
 
 from __future__ import annotations
@@ -51,13 +56,18 @@ class _BlockPlan:
     device: str = _FALLBACK_DEVICE
 
 
+def _on_cuda(device: str) -> str:
+    """The `enabled=` expression of autocast for the device type expression `device`."""
+    return "torch.cuda.is_available()" if device == _FALLBACK_DEVICE else f'{device} == "cuda"'
+
+
 @dataclass
 class _Edits:
     blocks: dict[cst.CSTNode, _BlockPlan] = field(default_factory=dict)  # keyed by body node
     before: dict[cst.CSTNode, list[str]] = field(default_factory=dict)  # statement -> code
     after: dict[cst.CSTNode, list[str]] = field(default_factory=dict)
     replace: dict[cst.CSTNode, str] = field(default_factory=dict)  # small statement -> kind
-    float_input: set[cst.CSTNode] = field(default_factory=set)  # BCE calls: `.float()` input
+    float_args: set[cst.Arg] = field(default_factory=set)  # autocast outputs: `.float()`
     scaler: dict[cst.CSTNode, str] = field(default_factory=dict)  # statement -> scaler name
 
 
@@ -80,6 +90,23 @@ def _backward_target(statement: cst.CSTNode) -> cst.BaseExpression | None:
     ):
         return statement.body[0].value.func.value  # type: ignore[attr-defined]
     return None
+
+
+def _assigned_value(statement: cst.CSTNode) -> cst.BaseExpression | None:
+    """The value of a one-assignment statement line (`x = v`, `x += v`, `x: T = v`)."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        small = statement.body[0]
+        if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            return small.value
+    return None
+
+
+def _mentioned(node: cst.CSTNode | None) -> set[str]:
+    """The name keys (`x`, `self.out`) that `node` reads."""
+    if node is None:
+        return set()
+    keys = {name_key(n) for n in find(node, (cst.Name, cst.Attribute))}
+    return {key for key in keys if key}
 
 
 def _assigned_keys(statement: cst.CSTNode) -> set[str]:
@@ -202,9 +229,13 @@ class AddAutocast(Transform):
         return _FALLBACK_DEVICE
 
     def _calls_model(self, node: cst.CSTNode) -> bool:
-        return any(
-            name_key(call.func) in self.script.models for call in find(node, cst.Call)
-        )
+        return any(self._is_model_call(call) for call in find(node, cst.Call))
+
+    def _is_model_call(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and name_key(node.func) in self.script.models
+
+    def _is_loss(self, call: cst.Call) -> bool:
+        return self._is_bce(call) or self.script.is_loss_call(call)
 
     def _is_bce(self, call: cst.Call) -> bool:
         return name_key(call.func) in self.bce_criteria or bool(
@@ -350,9 +381,6 @@ class AddAutocast(Transform):
                 (j for j in range(start, loss_at + 1) if self._bce_calls(statements[j])), None
             )
             if bce is not None:
-                for j in range(bce, loss_at + 1):
-                    for call in self._bce_calls(statements[j]):
-                        self.edits.float_input.add(call)
                 end = bce - 1
                 self.changed(
                     statements[bce],
@@ -366,6 +394,7 @@ class AddAutocast(Transform):
                 )
             previous = index
         self.edits.blocks[body] = _BlockPlan(wraps=wraps, device=device)
+        self._cast_back(statements, wraps)
         if fp16:
             self._plan_scaler(node, body, device, optimizers_stepped)
 
@@ -394,14 +423,37 @@ class AddAutocast(Transform):
                 wraps.append((index, index))
             self.changed(statements[index], f"evaluation forward pass under torch.autocast({self.label})")
         self.edits.blocks[body] = _BlockPlan(wraps=wraps, device=device)
-        for statement in after:
-            for call in self._bce_calls(statement):
-                self.edits.float_input.add(call)
-                self.changed(
-                    call,
-                    "binary_cross_entropy of an autocast output computed on a float32 input"
-                    " (it rejects mixed dtypes)",
-                )
+        self._cast_back(statements, wraps)
+
+    def _cast_back(self, statements: Statements, wraps: list[tuple[int, int]]) -> None:
+        """Mark `.float()` on the arguments of model and loss calls outside the blocks
+        that carry a low-precision output of a block (a model's output or a value derived
+        from one; a loss computed under autocast is float32 already)."""
+        wrapped = {i for start, end in wraps for i in range(start, end + 1)}
+        low_precision: set[str] = set()
+        for index, statement in enumerate(statements):
+            keys = _assigned_keys(statement)
+            if index in wrapped:
+                value = _assigned_value(statement)
+                derived = self._calls_model(statement) or bool(_mentioned(value) & low_precision)
+                if value is not None and derived and not self.script.is_loss_call(value):
+                    low_precision |= keys
+                else:
+                    low_precision -= keys
+                continue
+            for call in find(statement, cst.Call):
+                if not (self._is_model_call(call) or self._is_loss(call)):
+                    continue
+                for arg in call.args:
+                    # a model called here, outside every block, returns float32
+                    if _mentioned(arg.value) & low_precision and not self._is_model_call(arg.value):
+                        self.edits.float_args.add(arg)
+                        self.changed(
+                            call,
+                            f"`{code_of(arg.value)}` (an autocast output) cast back to float32"
+                            " outside torch.autocast",
+                        )
+            low_precision -= keys
 
     # -- fp16: GradScaler -----------------------------------------------------------
     def _plan_scaler(
@@ -432,7 +484,7 @@ class AddAutocast(Transform):
                 scaler = "self.scaler"
                 if "self.scaler" not in self.bound.get(init, set()):
                     self.edits.after.setdefault(assigns[-1], []).append(
-                        f"self.scaler = torch.amp.GradScaler({device})"
+                        f"self.scaler = torch.amp.GradScaler({device}, enabled={_on_cuda(device)})"
                     )
                     self.bound.setdefault(init, set()).add("self.scaler")
                     self.changed(assigns[-1], "create torch.amp.GradScaler for fp16 training")
@@ -441,7 +493,7 @@ class AddAutocast(Transform):
             epochs = [a for a in self.ancestors(node) if a in self.script.epoch_loops]
             anchor = epochs[-1] if epochs else node
             self.edits.before.setdefault(anchor, []).append(
-                f"scaler = torch.amp.GradScaler({device})"
+                f"scaler = torch.amp.GradScaler({device}, enabled={_on_cuda(device)})"
             )
             self.changed(anchor, "create torch.amp.GradScaler for fp16 training")
             if not epochs and function is not None:
@@ -511,20 +563,17 @@ class AddAutocast(Transform):
         )
         return updated_node.with_changes(value=step)
 
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        if original_node not in self.edits.float_input or not updated_node.args:
-            return updated_node
-        first = updated_node.args[0]
-        value = first.value
-        if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("float")), args=[])):
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        value = updated_node.value
+        if original_node not in self.edits.float_args or m.matches(
+            value, m.Call(func=m.Attribute(attr=m.Name("float")), args=[])
+        ):
             return updated_node
         self.touched = True
         if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
-            value = value.with_changes(
-                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
-            )
+            value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         floated = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("float")))
-        return updated_node.with_changes(args=[first.with_changes(value=floated), *updated_node.args[1:]])
+        return updated_node.with_changes(value=floated)
 
     def _rebuild(
         self, originals: Statements, updated: Statements, plan: _BlockPlan | None
@@ -557,7 +606,8 @@ class AddAutocast(Transform):
             leading = inner[0].leading_lines
             inner[0] = inner[0].with_changes(leading_lines=[])
             with_node = cst.parse_statement(
-                f"with torch.autocast(device_type={plan.device}, dtype={self.dtype}):\n    pass\n"
+                f"with torch.autocast(device_type={plan.device}, dtype={self.dtype},"
+                f" enabled={_on_cuda(plan.device)}):\n    pass\n"
             )
             assert isinstance(with_node, cst.With)
             result.append(

@@ -63,6 +63,7 @@ class SingleProcessFixes(RuleFixes):
         "ACC104",  # shuffle with a sampler
         "ACC103",  # non_blocking batch copies
         "ACC206",  # tensors created on the CPU then moved
+        "ACC302",  # torch.cuda.amp / torch.cpu.amp spellings
     )
     # Unsafe for memory, synchronisation or determinism, never for what is computed.
     speed_ups = ("ACC101", "ACC103", "ACC201")
