@@ -319,7 +319,7 @@ def test_slower_conversion_is_said_in_the_text(cli, tmp_path, monkeypatch):
 
 def test_progress_reaches_the_caller_step_by_step(tmp_path, monkeypatch):
     """`run_script` passes on the step count the harness writes (a stand-in here)."""
-    def fake_harness(record_path, steps, nproc, progress):
+    def fake_harness(record_path, steps, nproc, progress, scratch=None):
         code = (
             "import json, pathlib, sys, time\n"
             f"for step in range(1, {steps} + 1):\n"

@@ -167,3 +167,43 @@ def test_a_stream_gets_no_workers_and_no_sampler(cli, tmp_path):
     ddp = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
     assert ddp.exit_code == 1
     assert "train.py:13:1: error: DistributedSampler not applied: the training data is an IterableDataset" in ddp.stderr
+
+
+def test_check_fails_a_refused_conversion(cli, tmp_path):
+    """`--check` in CI: a result that would train wrongly is a failure like a change."""
+    (tmp_path / "train.py").write_text(NO_LOADER)
+    run = cli("convert", "train.py", "--to", "ddp", "--check")
+    assert run.exit_code == 1 and "--to ddp refused" in run.stderr
+
+
+@pytest.mark.parametrize(
+    "step, line, what",
+    [
+        ("    loss = criterion(model(x), y) + model(x).pow(2).mean()\n", 12, "summed loss"),
+        ("    loss = criterion(model(x), y) * 256 / batch_size\n", 10, "per-process batch"),
+    ],
+    ids=["sum-and-mean", "batch-size-in-the-loss"],
+)
+def test_what_ddp_cannot_fix_is_refused_with_its_line(cli, tmp_path, step, line, what):
+    script = dedent(
+        """\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        batch_size = 16
+        model = torch.nn.Linear(4, 2)
+        criterion = torch.nn.MSELoss(reduction="sum")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=batch_size)
+        for x, y in loader:
+            STEP
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """
+    ).replace("    STEP\n", step)
+    (tmp_path / "train.py").write_text(script)
+    run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
+    assert run.exit_code == 1
+    assert f"train.py:{line}:1: error: {what} not applied" in run.stderr
+    assert not (tmp_path / "ddp.py").exists()

@@ -286,3 +286,17 @@ def test_colour_only_on_a_terminal_without_no_color(monkeypatch):
     assert not use_colour(io.StringIO())  # a pipe, a file, a CI log
     monkeypatch.setenv("NO_COLOR", "1")
     assert not use_colour(_Terminal())
+
+
+def test_a_refused_ddp_preview_shows_as_a_failure_with_the_reason(tmp_path, monkeypatch):
+    """A conversion that would train wrongly is shown as failed in the comment, with the
+    line and the reason, never as a diff to apply."""
+    from autoaccel.ci.github import convert_section
+
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.replace("for x, y in loader:", "for x, y in zip(xs, ys):"))
+    monkeypatch.chdir(tmp_path)
+    section = convert_section([Path("train.py")], "--to ddp")
+    assert "`autoaccel convert train.py` failed:" in section
+    assert "train.py:7:1: error: DistributedSampler not applied" in section
+    assert "--to ddp refused" in section
