@@ -308,11 +308,11 @@ class DistributedStep(StatementRewrite):
 def _space_new_definitions(
     body: Statements, existing: Sequence[cst.BaseStatement]
 ) -> Statements:
-    """Two blank lines after a function inserted at module level (black's style)."""
+    """Two blank lines after a function or class inserted at module level (black's style)."""
     old = {id(s) for s in existing}
     spaced = list(body)
     for index in range(len(spaced) - 1):
-        if isinstance(spaced[index], cst.FunctionDef) and id(spaced[index]) not in old:
+        if isinstance(spaced[index], (cst.FunctionDef, cst.ClassDef)) and id(spaced[index]) not in old:
             following = spaced[index + 1]
             blank = 0
             while blank < len(following.leading_lines) and following.leading_lines[blank].comment is None:
