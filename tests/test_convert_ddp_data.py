@@ -7,7 +7,7 @@ from test_convert_ddp import DDP, TOP_LEVEL, dedent, run_step
 
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
-from autoaccel.convert.transforms.distributed import ShardTrainLoader, ShareNodeCpus
+from autoaccel.convert.transforms.distributed import ReplaceDataParallel, ShardTrainLoader, ShareNodeCpus
 
 WHOLE_NODE = "min(8, os.cpu_count() or 1)"
 LOADER_WITH_WORKERS = TOP_LEVEL.replace(
@@ -118,3 +118,34 @@ class _OneProcessGroup:
 
     def broadcast(self, tensor, src):
         tensor.fill_(_SEED)
+
+
+# -- checkpoints saved under nn.DataParallel ------------------------------------------------
+def test_loading_into_an_unwrapped_model_strips_the_data_parallel_prefix():
+    source = TOP_LEVEL.replace(
+        "model = nn.Linear(4, 2)\n",
+        "model = nn.Linear(4, 2)\nmodel = nn.DataParallel(model)\n"
+        "model.load_state_dict(torch.load(path))\n",
+    )
+    code, log = run_step(ReplaceDataParallel, source)
+    assert dedent(
+        """\
+        model = nn.Linear(4, 2)
+        state_dict = torch.load(path)
+        # a checkpoint saved under nn.DataParallel names its keys `module.*`
+        torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state_dict, "module.")
+        model.load_state_dict(state_dict)
+        """
+    ) in code
+    assert any("prefix stripped" in c.description for c in log.changes)
+
+
+def test_loading_a_named_state_dict_strips_it_in_place():
+    source = TOP_LEVEL.replace(
+        "model = nn.Linear(4, 2)\n",
+        "model = nn.Linear(4, 2)\nmodel = nn.DataParallel(model)\n"
+        'model.load_state_dict(checkpoint["model"])\n',
+    )
+    code, _ = run_step(ReplaceDataParallel, source)
+    assert 'checkpoint["model"], "module."\n)\nmodel.load_state_dict(checkpoint["model"])' in code
+    assert "state_dict =" not in code

@@ -179,7 +179,7 @@ class ShardTrainLoader(DistributedStep):
             for assign in find(self.tree, cst.Assign)
             if any(name_key(t.target) == key for t in assign.targets)
         ]
-        return bool(values) and all(self._weighted(v) for v in values if isinstance(v, cst.Call))
+        return bool(values) and all(isinstance(v, cst.Call) and self._weighted(v) for v in values)
 
     def _share_draws(self, call: cst.Call, sampler: cst.BaseExpression) -> None:
         """A weighted sampler keeps its weights: each process reads its share of one draw."""
