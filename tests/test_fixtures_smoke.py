@@ -31,6 +31,7 @@ FIXTURES = {
     "transformer_lm.py": ([], ["transformer_lm.pt"]),
     "trainer_methods.py": ([], ["trainer_methods.pt"]),
     "step_functions.py": ([], ["step_functions.pt"]),
+    "imbalanced_resume.py": ([], ["imbalanced.pt"]),
 }
 
 EXPECTED_FAILURES = {

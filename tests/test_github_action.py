@@ -134,7 +134,7 @@ def test_pull_request_annotations_summary_comment_and_outputs(action):
     files = {re.search(r",file=([^,]+),", line).group(1) for line in annotations}
     assert files == {"train.py", "src/data.py", "notebooks/explore.ipynb"}  # not old_train.py
     assert "::error title=autoaccel (ACC101),file=train.py,line=4,col=10," in run.stdout
-    assert "(cell 5:5:10)" in run.stdout  # the notebook finding names its cell
+    assert "(cell 6:5:10)" in run.stdout  # the notebook finding names its cell
 
     summary = action.summary.read_text()
     assert summary.startswith(f"{COMMENT_MARKER}\n## autoaccel\n")

@@ -15,8 +15,8 @@ from running import run_with_losses
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "notebooks" / "train.ipynb"
-DATALOADER_CELL = 5  # `loader = DataLoader(dataset, batch_size=32, shuffle=True)` is its line 5
-TRAINING_CELL = 8
+DATALOADER_CELL = 6  # `loader = DataLoader(dataset, batch_size=32, shuffle=True)` is its line 5
+TRAINING_CELL = 9
 
 
 def notebook_text(*sources: str | list[str], kernel_language: str = "python") -> str:
@@ -222,7 +222,7 @@ def test_convert_preview_reads_like_the_notebook_and_writes_nothing(cli, noteboo
     assert run.exit_code == 0, run.stderr
     diff = run.stdout.split("\ntrain.ipynb: ")[0]
     assert " # %% [cell 2]\n+import os\n %load_ext autoreload\n" in diff  # magics as written
-    assert " # %% [cell 6]\n" in diff  # cell headers as context
+    assert " # %% [cell 7]\n" in diff  # cell headers as context
     assert (
         "+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)" in diff
     )
@@ -243,7 +243,7 @@ def test_convert_write_keeps_cells_outputs_and_metadata(cli, notebook):
     assert changed == [2, DATALOADER_CELL, TRAINING_CELL]  # `import os`, loader, training step
     assert source(new["cells"][1]).startswith("import os\n%load_ext autoreload\n%autoreload 2\n")
     assert source(new["cells"][2]).startswith("!nvidia-smi -L\n")
-    assert source(new["cells"][6]) == source(old["cells"][6])  # the %%bash cell
+    assert source(new["cells"][7]) == source(old["cells"][7])  # the %%bash cell
     assert "with torch.autocast(" in source(new["cells"][TRAINING_CELL - 1])
     # Idempotent: converting the result again changes nothing.
     assert cli("convert", "train.ipynb", "--check").exit_code == 0

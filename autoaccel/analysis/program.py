@@ -29,6 +29,7 @@ from autoaccel.analysis.index import ModuleIndex, Scope, run_visitors
 from autoaccel.analysis.losses import is_loss_module
 
 DATALOADER = "torch.utils.data.DataLoader"
+TENSOR_DATASET = "torch.utils.data.TensorDataset"
 # `torch.nn.parallel.DataParallel` and its module-internal path canonicalise to this.
 DATA_PARALLEL = "torch.nn.DataParallel"
 DISTRIBUTED_DATA_PARALLEL = "torch.nn.parallel.DistributedDataParallel"
@@ -68,6 +69,7 @@ class Kind(Enum):
     SOURCE_MODULE = "module"  # a module of the project, as imported
     PARAMETERS = "parameters"  # `model.parameters()`: `(obj, "of")` holds the model
     CONTAINER = "container"  # tuple/list/dict display: `(obj, i)`, `(obj, "*")`
+    TENSOR_DATASET = "TensorDataset"  # samples are rows of tensors held in memory
 
 
 @dataclass(eq=False)
@@ -517,6 +519,8 @@ class Program:
             return None
         if DATALOADER in names:
             return {self.obj(Kind.LOADER, node, module)}
+        if TENSOR_DATASET in names:
+            return {self.obj(Kind.TENSOR_DATASET, node, module)}
         if names & _WRAPPERS:
             parallel = "dp" if DATA_PARALLEL in names else "ddp"
             return {self.obj(Kind.MODULE, node, module, parallel=parallel)}

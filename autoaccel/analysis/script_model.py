@@ -21,6 +21,7 @@ from enum import Enum
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
+from autoaccel.analysis.datasets import indexes_only
 from autoaccel.analysis.index import ModuleIndex, Scope, descendants, run_visitors
 from autoaccel.analysis.losses import is_functional_loss
 from autoaccel.analysis.names import name_key
@@ -148,6 +149,14 @@ class ScriptModel:
             obj.cls is not None and obj.cls.derives_from(*ITERABLE_DATASETS)
             for obj in self.values(dataset)
         )
+
+    def in_memory(self, loader: cst.Call) -> bool:
+        """Whether the DataLoader call `loader` reads samples that are rows of data held
+        in memory: a `TensorDataset`, or a Dataset of the project whose `__getitem__`
+        only indexes its attributes. Worker processes would only add their overhead."""
+        dataset = argument(loader, 0, "dataset")
+        datasets = self.values(dataset) if dataset is not None else frozenset()
+        return bool(datasets) and all(_indexed_rows(obj) for obj in datasets)
 
     # -- keyword arguments -------------------------------------------------------------
     def keyword(self, call: cst.Call, name: str) -> KeywordValue:
@@ -305,6 +314,13 @@ class _Syntax(BindingVisitor, cst.CSTVisitor):
         if isinstance(parent, cst.DictElement) and parent.key is node:
             return  # `map_location={"cuda:0": ...}` maps where a checkpoint was saved
         self.model.uses_cuda = True
+
+
+def _indexed_rows(dataset: Obj) -> bool:
+    if dataset.kind is Kind.TENSOR_DATASET:
+        return True
+    getitem = dataset.cls.method("__getitem__") if dataset.cls is not None else None
+    return getitem is not None and indexes_only(getitem.node, getitem.module.index)
 
 
 def _fill(model: ScriptModel) -> ScriptModel:

@@ -71,8 +71,6 @@ train_loader = DataLoader(
     train_set,
     batch_size=per_process_batch_size(32),
     shuffle=train_sampler is None,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
     pin_memory=torch.cuda.is_available(),
     sampler=train_sampler,
 )

@@ -4,8 +4,6 @@ Slow patterns on purpose: DataLoader without num_workers, DataLoader without pin
 blocking .to(device) copies, no torch.backends.cudnn.benchmark in a conv script,
 loss.item() every step, torch.zeros(n).to(device) CPU-then-move tensor creation.
 """
-import os
-
 import torch
 import torch.nn as nn
 import torch.optim as optim
@@ -38,12 +36,7 @@ train_set = TensorDataset(train_images, train_labels)
 test_set = TensorDataset(test_images, test_labels)
 
 train_loader = DataLoader(
-    train_set,
-    batch_size=32,
-    shuffle=True,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
-    pin_memory=torch.cuda.is_available(),
+    train_set, batch_size=32, shuffle=True, pin_memory=torch.cuda.is_available()
 )
 test_loader = DataLoader(test_set, batch_size=32, shuffle=False)
 

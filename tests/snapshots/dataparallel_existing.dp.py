@@ -89,8 +89,6 @@ train_loader = DataLoader(
     train_dataset,
     batch_size=args.batch_size,
     shuffle=True,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
     pin_memory=torch.cuda.is_available(),
 )
 val_loader = DataLoader(val_dataset, batch_size=args.batch_size, shuffle=False)

@@ -7,7 +7,6 @@ fixed_noise samples moved back with .cpu() for logging.
 """
 import argparse
 import math
-import os
 
 import torch
 import torch.nn as nn
@@ -62,8 +61,6 @@ dataloader = DataLoader(
     dataset,
     batch_size=opt.batchSize,
     shuffle=True,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
     pin_memory=torch.cuda.is_available(),
 )
 

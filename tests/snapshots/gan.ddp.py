@@ -93,8 +93,6 @@ dataloader = DataLoader(
     dataset,
     batch_size=per_process_batch_size(opt.batchSize),
     shuffle=sampler is None,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
     pin_memory=torch.cuda.is_available(),
     sampler=sampler,
 )

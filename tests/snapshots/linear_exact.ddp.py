@@ -67,8 +67,6 @@ loader = DataLoader(
     dataset,
     batch_size=per_process_batch_size(args.batch_size),
     shuffle=False,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
     pin_memory=torch.cuda.is_available(),
     sampler=sampler,
 )

@@ -7,7 +7,6 @@ CPU-then-move tensor creation for the per-epoch loss history.
 must be bit-for-bit reproducible so a converted script can be compared parameter by parameter.)
 """
 import argparse
-import os
 
 import torch
 import torch.nn as nn
@@ -55,8 +54,6 @@ loader = DataLoader(
     dataset,
     batch_size=args.batch_size,
     shuffle=False,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
     pin_memory=torch.cuda.is_available(),
 )
 

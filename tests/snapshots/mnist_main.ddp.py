@@ -165,11 +165,7 @@ def main():
 
     device = torch.device("cuda" if use_cuda else "cpu")
 
-    train_kwargs = {
-        'batch_size': args.batch_size,
-        'num_workers': min(8, os.cpu_count() or 1),
-        'persistent_workers': True,
-    }
+    train_kwargs = {'batch_size': args.batch_size}
     test_kwargs = {'batch_size': args.test_batch_size}
     if use_cuda:
         cuda_kwargs = {'num_workers': 1,

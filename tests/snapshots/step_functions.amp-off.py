@@ -12,7 +12,6 @@ Slow patterns on purpose: DataLoader without num_workers, blocking `.to()` copie
 evaluation without `torch.no_grad()`.
 """
 import argparse
-import os
 
 import torch
 import torch.nn as nn
@@ -40,12 +39,7 @@ def make_loaders(batch_size):
     train = TensorDataset(features[:256], labels[:256])
     val = TensorDataset(features[256:], labels[256:])
     train_loader = DataLoader(
-        train,
-        batch_size=batch_size,
-        shuffle=True,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
-        pin_memory=torch.cuda.is_available(),
+        train, batch_size=batch_size, shuffle=True, pin_memory=torch.cuda.is_available()
     )
     val_loader = DataLoader(val, batch_size=batch_size)
     return train_loader, val_loader

@@ -185,8 +185,6 @@ if __name__ == "__main__":
         train_ds,
         batch_size=per_process_batch_size(args.batch_size),
         shuffle=train_sampler is None,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )

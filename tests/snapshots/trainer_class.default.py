@@ -153,8 +153,6 @@ if __name__ == "__main__":
         train_ds,
         batch_size=args.batch_size,
         shuffle=True,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
     )
     val_loader = DataLoader(val_ds, batch_size=args.batch_size)

@@ -121,8 +121,6 @@ def prepare_dataloader(dataset, batch_size):
         dataset,
         batch_size=per_process_batch_size(batch_size),
         shuffle=sampler is None,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
         sampler=sampler,
     )

@@ -11,7 +11,6 @@ the model wrapped in `Trainer.__init__`, a DistributedSampler on the loader,
 Slow patterns on purpose: DataLoader without num_workers, blocking `.to()` copies.
 """
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
@@ -84,8 +83,6 @@ def prepare_dataloader(dataset, batch_size):
         dataset,
         batch_size=batch_size,
         shuffle=True,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
     )
 

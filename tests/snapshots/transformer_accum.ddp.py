@@ -8,8 +8,8 @@ accumulation with a small micro-batch instead of one bigger batch, no autocast /
 import argparse
 import contextlib
 import math
-import time
 import os
+import time
 import warnings
 
 import torch
@@ -116,8 +116,6 @@ def main():
         train_ds,
         batch_size=per_process_batch_size(args.batch_size),
         shuffle=train_sampler is None,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )

@@ -8,7 +8,6 @@ accumulation with a small micro-batch instead of one bigger batch, no autocast /
 import argparse
 import math
 import time
-import os
 
 import torch
 import torch.nn as nn
@@ -87,8 +86,6 @@ def main():
         train_ds,
         batch_size=args.batch_size,
         shuffle=True,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
     )
     val_loader = DataLoader(val_ds, batch_size=args.batch_size * 2)

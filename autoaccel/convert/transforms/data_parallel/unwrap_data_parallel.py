@@ -3,6 +3,7 @@
     model = nn.DataParallel(model)                  (removed)
     model.module.state_dict()                 ->    model.state_dict()
     if isinstance(model, nn.DataParallel): ...      (only the `else` branch is kept)
+    model.load_state_dict(state)                    (`module.` prefix stripped first)
 
 Its name then points at the bare model again, as in a script that never used DataParallel;
 the replication happens once, inside `ModelWithLoss`, so the loss is computed on every GPU.
@@ -15,7 +16,9 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL
+from autoaccel.analysis.shapes import find
 from autoaccel.convert.transform import Transform
+from autoaccel.convert.transforms.checkpoint_keys import loads_into, strip_prefix
 from autoaccel.convert.transforms.data_parallel.wraps import (
     WRAPPER_CLASS,
     aliases,
@@ -36,6 +39,7 @@ class UnwrapDataParallel(Transform):
         self.unwrapped: set[str] = set()  # names that held a DataParallel and now a bare model
         self.calls: set[cst.CSTNode] = set()  # `nn.DataParallel(...)` calls to replace by their module
         self.statements: set[cst.CSTNode] = set()  # `model = nn.DataParallel(model)` lines to drop
+        self.loads: set[cst.Call] = set()  # `model.load_state_dict(...)` of an unwrapped model
         for wrap in data_parallel_wraps(self, node):
             names = aliases({wrap.key}, node)
             if not names & replicated or not wrap.only_wraps:
@@ -54,14 +58,26 @@ class UnwrapDataParallel(Transform):
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel:
         if original_node in self.statements:
             return cst.RemovalSentinel.REMOVE
-        return updated_node
+        load = next((c for c in find(original_node, cst.Call) if c in self.loads), None)
+        if load is None:
+            return updated_node
+        before = strip_prefix(load)[0]
+        before[0] = before[0].with_changes(leading_lines=updated_node.leading_lines)
+        return cst.FlattenSentinel([*before, updated_node.with_changes(leading_lines=[])])
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if loads_into(node, self.unwrapped):
+            self.loads.add(node)
+            self.changed(node, "checkpoints saved under nn.DataParallel still load: `module.` prefix stripped")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.calls:
             return updated_node.args[0].value
+        if original_node in self.loads:
+            return strip_prefix(updated_node)[1]
         return updated_node
 
     def leave_Attribute(

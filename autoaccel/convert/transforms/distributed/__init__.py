@@ -19,6 +19,7 @@ from autoaccel.convert.transforms.distributed.scale_summed_loss import ScaleSumm
 from autoaccel.convert.transforms.distributed.seed_each_rank import SeedEachRank
 from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
 from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
+from autoaccel.convert.transforms.distributed.share_node_cpus import ShareNodeCpus
 from autoaccel.convert.transforms.distributed.stop_together import StopTogether
 from autoaccel.convert.transforms.distributed.use_local_gpu import UseLocalGpu
 from autoaccel.convert.transforms.distributed.wrap_model import WrapModel
@@ -32,6 +33,7 @@ DDP_STEPS = [
     WrapModel,
     ShardTrainLoader,
     FollowPerProcessBatch,
+    ShareNodeCpus,
     SetSamplerEpoch,
     PrintShardSizes,
     NoSyncAccumulation,

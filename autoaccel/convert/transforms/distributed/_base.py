@@ -175,10 +175,10 @@ class DistributedStep(StatementRewrite):
         return module
 
     def define_helper(self, module: cst.Module, name: str, code: str) -> None:
-        """Define the function `name` (its `code`) after the set-up block, unless the
-        module defines or binds that name already."""
+        """Define the function or class `name` (its `code`) after the set-up block, unless
+        the module defines or binds that name already."""
         bound = {name_key(t.target) for t in find(module, cst.AssignTarget)}
-        if name in bound or any(f.name.value == name for f in find(module, cst.FunctionDef)):
+        if name in bound or any(d.name.value == name for d in find(module, (cst.FunctionDef, cst.ClassDef))):
             return
         setup = next(s for s in module.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED))))
         self.after.setdefault(setup, []).extend(parse_statements("\n\n" + code.lstrip("\n")))
@@ -318,11 +318,11 @@ class DistributedStep(StatementRewrite):
 def _space_new_definitions(
     body: Statements, existing: Sequence[cst.BaseStatement]
 ) -> Statements:
-    """Two blank lines after a function inserted at module level (black's style)."""
+    """Two blank lines after a function or class inserted at module level (black's style)."""
     old = {id(s) for s in existing}
     spaced = list(body)
     for index in range(len(spaced) - 1):
-        if isinstance(spaced[index], cst.FunctionDef) and id(spaced[index]) not in old:
+        if isinstance(spaced[index], (cst.FunctionDef, cst.ClassDef)) and id(spaced[index]) not in old:
             following = spaced[index + 1]
             blank = 0
             while blank < len(following.leading_lines) and following.leading_lines[blank].comment is None:

@@ -55,6 +55,7 @@ CPU_SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
 INSERTED_NAMES = {
     DISTRIBUTED: "", RANK: "", LOCAL_RANK: "", WORLD_SIZE: "", "backend": "",
     "per_process_batch_size": "", "sync_gradients": "", "no_sync": "", "on_any_rank": "",
+    "LOCAL_WORLD_SIZE": "", "CPUS_PER_PROCESS": "",
     "dist": "torch.distributed", "DDP": "torch.nn.parallel", "DistributedSampler": "torch.utils.data",
 }  # fmt: skip
 

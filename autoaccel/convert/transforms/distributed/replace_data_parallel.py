@@ -3,7 +3,8 @@
 `model = nn.DataParallel(model)` goes, and with it an `if torch.cuda.device_count() > 1:`
 around it that only prints; `model.module` becomes `model` (outside an
 `isinstance(model, nn.DataParallel)` test, which is simply never true any more).
-A functional `nn.parallel.data_parallel(...)` in a model's `forward` is reported: it
+A checkpoint the unwrapped model loads has its `module.` prefix stripped first
+(`checkpoint_keys`). A functional `nn.parallel.data_parallel(...)` in a model's `forward` is reported: it
 would split each process's batch over GPUs that other processes use.
 """
 
@@ -15,6 +16,7 @@ import libcst.matchers as m
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import DATA_PARALLEL
 from autoaccel.analysis.shapes import find
+from autoaccel.convert.transforms.checkpoint_keys import loads_into, strip_prefix
 from autoaccel.convert.transforms.distributed._base import DistributedStep
 
 DATA_PARALLEL_FUNCTION = "torch.nn.parallel.data_parallel"
@@ -28,8 +30,13 @@ class ReplaceDataParallel(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.unwrapped: set[str] = set()
+        self.loads: set[cst.Call] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
+        if loads_into(node, self.unwrapped):
+            self.loads.add(node)
+            self.before.setdefault(self.statement_of(node), []).extend(strip_prefix(node)[0])
+            self.changed(node, "checkpoints saved under nn.DataParallel still load: `module.` prefix stripped")
         if DATA_PARALLEL_FUNCTION in self.qualified_names(node.func):
             self.skipped(
                 "nn.parallel.data_parallel",
@@ -70,6 +77,9 @@ class ReplaceDataParallel(DistributedStep):
             return None
         others = [s for s in owner.body.body if s is not line]
         return owner if all(m.matches(s, _PRINT_LINE) for s in others) else None
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        return strip_prefix(updated_node)[1] if original_node in self.loads else updated_node
 
     def leave_Attribute(
         self, original_node: cst.Attribute, updated_node: cst.Attribute

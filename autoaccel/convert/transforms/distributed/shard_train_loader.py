@@ -28,6 +28,31 @@ from autoaccel.convert.transforms.distributed._base import (
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
+WEIGHTED_SAMPLER = "torch.utils.data.WeightedRandomSampler"
+SHARED_DRAW = "ShardedDraws"
+_SHARED_DRAW_CLASS = f'''
+
+class {SHARED_DRAW}(torch.utils.data.Sampler):
+    """Each process reads its share of what `sampler` draws: all draw the same indices
+    (one generator, seeded alike) and each keeps every {WORLD_SIZE}-th from its {RANK}.
+    Together they read exactly one draw of the original sampler, weights and all."""
+
+    def __init__(self, sampler):
+        if sampler.generator is None:  # the global RNG, which each process re-seeds
+            seed = torch.tensor(torch.initial_seed() % 2**63)
+            dist.broadcast(seed, src=0)
+            sampler.generator = torch.Generator().manual_seed(int(seed))
+        self.sampler = sampler
+
+    def __iter__(self):
+        indices = list(self.sampler)
+        # equal shares (padded with the first indices, as DistributedSampler pads)
+        indices += indices[: -len(indices) % {WORLD_SIZE}]
+        return iter(indices[{RANK}::{WORLD_SIZE}])
+
+    def __len__(self):
+        return -(-len(self.sampler) // {WORLD_SIZE})
+'''
 BATCH_HELPER = "per_process_batch_size"
 _HELPER = f'''
 def {BATCH_HELPER}(global_batch_size):
@@ -45,10 +70,12 @@ class ShardTrainLoader(DistributedStep):
     DESCRIPTION = "Give the training DataLoader a DistributedSampler and a per-process batch."
 
     def visit_Module(self, node: cst.Module) -> None:
+        self.tree = node
         self.calls: dict[cst.Call, dict[str, str]] = {}  # loader call -> keyword -> new value
         self.datasets: dict[cst.CSTNode, str] = {}  # dataset argument -> hoisted name
         self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         self.helper_needed = False
+        self.shared_draws_needed = False
         loaders = {
             loader.node
             for loop in self.script.step_loops.values()
@@ -76,6 +103,8 @@ class ShardTrainLoader(DistributedStep):
         if self.helper_needed:
             self.define_helper(node, BATCH_HELPER, _HELPER)
             self.imports.append("import warnings")
+        if self.shared_draws_needed:
+            self.define_helper(node, SHARED_DRAW, _SHARED_DRAW_CLASS)
 
     def _draw_per_process(self, module: cst.Module, loop: cst.CSTNode) -> None:
         """A loop that samples new random batches every step: each process draws its own,
@@ -110,7 +139,11 @@ class ShardTrainLoader(DistributedStep):
                 wrong=True,
             )
             return
-        if keyword_value(call, "sampler") or keyword_value(call, "batch_sampler"):
+        sampler = keyword_value(call, "sampler")
+        if sampler is not None and self._weighted(sampler):
+            self._share_draws(call, sampler)
+            return
+        if sampler is not None or keyword_value(call, "batch_sampler"):
             self.skipped(
                 "DistributedSampler",
                 "the training DataLoader already has a sampler; make it shard by rank by hand",
@@ -160,6 +193,41 @@ class ShardTrainLoader(DistributedStep):
             call,
             "training DataLoader reads its own shard through DistributedSampler"
             + ("" if shuffled == "False" else " (the shuffle moves into the sampler)")
+            + (f"; per-process batch = global batch // {WORLD_SIZE}" if "batch_size" in edits else ""),
+        )
+
+    def _weighted(self, sampler: cst.BaseExpression) -> bool:
+        """Whether `sampler` is a `WeightedRandomSampler(...)`, or a name bound to one."""
+        if isinstance(sampler, cst.Call):
+            return WEIGHTED_SAMPLER in self.qualified_names(sampler.func)
+        key = name_key(sampler)
+        values = [
+            assign.value
+            for assign in find(self.tree, cst.Assign)
+            if any(name_key(t.target) == key for t in assign.targets)
+        ]
+        return bool(values) and all(isinstance(v, cst.Call) and self._weighted(v) for v in values)
+
+    def _share_draws(self, call: cst.Call, sampler: cst.BaseExpression) -> None:
+        """A weighted sampler keeps its weights: each process reads its share of one draw."""
+        statement = self.statement_of(call)
+        name = name_key(sampler)
+        if name is None:  # built in the call: named first
+            name = self._fresh(_sibling_name(_assigned_name(statement) or "loader", "sampler"))
+            self.before.setdefault(statement, []).extend(
+                parse_statements(f"{name} = {code_of(sampler)}\n")
+            )
+        edits = {"sampler": f"{SHARED_DRAW}({name}) if {DISTRIBUTED} else {name}"}
+        batch = keyword_value(call, "batch_size")
+        if batch is not None and not self.options.per_process_batch:
+            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
+            self.helper_needed = True
+        self.calls[call] = edits
+        self.shared_draws_needed = True
+        self.changed(
+            call,
+            f"the weighted sampler keeps its weights: every process draws the same indices and"
+            f" reads every {WORLD_SIZE}-th (`{SHARED_DRAW}`)"
             + (f"; per-process batch = global batch // {WORLD_SIZE}" if "batch_size" in edits else ""),
         )
 
