@@ -29,8 +29,8 @@ bf16 needs none). An environment variable, so that it reaches the harness throug
 reads it back from there), so that a trial run leaves the script's checkpoints alone.
 
 The record also has ``saves`` (the paths each ``torch.save`` call wrote) and
-``param_digest`` (per optimizer, the sum and the sum of absolute values of its parameters
-at the end, in float64: equal on every rank of a distributed run when the gradients were
+``param_digest`` (per optimizer, then per model wrapped in DDP, the sum and the sum of
+absolute values of its parameters at the end, in float64: equal on every rank of a distributed run when the gradients were
 synchronised). In a distributed run (``WORLD_SIZE`` > 1) each step also records which
 samples it trained on,
 ``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
@@ -182,6 +182,7 @@ class _StepRecorder:
         self.last_ids: list[Any] | None = None  # [pass, indices] of that batch
         self.passes = 0  # DataLoader passes started so far
         self.optimizers: list[Any] = []  # every optimizer the script built
+        self.wrapped: list[Any] = []  # every model the script wrapped in DDP
         if self.record.world_size > 1:
             self.record.sample_ids = []
 
@@ -197,6 +198,9 @@ class _StepRecorder:
         if self.scratch is not None:
             stack.enter_context(patched(torch, "load", self._redirected_load))
         stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._kept_optimizer))
+        stack.enter_context(
+            patched(torch.nn.parallel.DistributedDataParallel, "__init__", self._kept_wrapper)
+        )
         if self.record.sample_ids is not None:
             stack.enter_context(patched(DataLoader, "__iter__", self._numbered_pass))
             stack.enter_context(
@@ -283,18 +287,28 @@ class _StepRecorder:
 
         return init
 
+    def _kept_wrapper(self, original: Callable) -> Callable:
+        def init(wrapper, module, *args, **kwargs):
+            original(wrapper, module, *args, **kwargs)
+            self.wrapped.append(module)
+
+        return init
+
     def _param_digest(self) -> list[list[float]]:
+        """Per optimizer, then per DDP-wrapped model (a manual update has no optimizer):
+        the sum and the sum of absolute values of its parameters, in float64."""
         import torch
 
-        digest = []
+        groups = [[p for g in o.param_groups for p in g["params"]] for o in self.optimizers]
+        groups += [list(module.parameters()) for module in self.wrapped]
         with torch.no_grad():
-            for optimizer in self.optimizers:
-                params = [p for group in optimizer.param_groups for p in group["params"]]
-                digest.append([
+            return [
+                [
                     sum(float(p.detach().double().sum()) for p in params),
                     sum(float(p.detach().double().abs().sum()) for p in params),
-                ])
-        return digest
+                ]
+                for params in groups
+            ]
 
     def _numbered_pass(self, original: Callable) -> Callable:
         """Number every pass over a DataLoader, also one that reuses persistent workers."""
@@ -409,7 +423,18 @@ def record_steps(
         seed_everything(seed + int(os.environ.get("RANK", 0)))
     recorder = _StepRecorder(max_steps, progress, scratch)
     exit_status = run_as_main(script, args, recorder.patches(align_loader_rng))
-    return recorder.finish(exit_status)
+    record = recorder.finish(exit_status)
+    _end_process_group()
+    return record
+
+
+def _end_process_group() -> None:
+    """Destroy a process group the script left open (stopped after `--max-steps`):
+    gloo's threads abort the process at exit otherwise."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

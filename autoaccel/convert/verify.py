@@ -18,6 +18,7 @@ make on the fixtures:
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -39,6 +40,7 @@ PARAMETER_TOLERANCE = 1e-6  # relative: the ranks apply the same averaged gradie
 # 24 % (a ~0.06 focal loss on 16-sample halves), fresh_batches 22 % (each process draws a
 # full batch); summed_loss without the WORLD_SIZE factor: 126 %.
 LOSS_TOLERANCE = 0.3
+NOISE_SIGMAS = 3
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ def _same_parameters(ranks: list[dict[str, Any]]) -> Check:
     name = "parameters equal on every process"
     digests = [r.get("param_digest") or [] for r in ranks]
     if not any(digests):
-        return Check(name, True, "no optimizer seen: not checked")
+        return Check(name, True, "no optimizer or DDP model seen: not checked")
     reference = digests[0]
     for digest in digests[1:]:
         if len(digest) != len(reference) or any(
@@ -150,7 +152,7 @@ def _same_parameters(ranks: list[dict[str, Any]]) -> Check:
             for a, b in zip(mine, theirs)
         ):
             return Check(name, False, "the processes' parameters differ after the same steps: gradients are not synchronised")
-    return Check(name, True, f"{len(reference)} optimizer(s), same parameters")
+    return Check(name, True, f"{len(reference)} parameter set(s) (optimizers, DDP models), the same")
 
 
 def _one_writer(ranks: list[dict[str, Any]]) -> Check:
@@ -166,19 +168,23 @@ def _one_writer(ranks: list[dict[str, Any]]) -> Check:
 
 
 def _close_loss(original: Run, ddp: Run) -> Check:
-    """The mean loss over the second half of the common steps, within `LOSS_TOLERANCE`
-    of the original's. The processes' losses are averaged per step; a summed loss left
-    unscaled shows as half the original's."""
+    """The mean loss over the second half of the common steps, within `LOSS_TOLERANCE` of
+    the original's or within the noise of the two means (`NOISE_SIGMAS` standard errors:
+    a script whose batches vary a lot differs that much from itself with another seed).
+    The processes' losses are averaged per step; a summed loss left unscaled shows as
+    half the original's."""
     name = "loss close to the original's"
     steps = min(len(original.record["losses"]), len(ddp.record["losses"]))
-    if steps == 0:
-        return Check(name, False, "no training step recorded")
-    reference, converted = (
-        statistics.fmean(run.record["losses"][steps // 2:steps]) for run in (original, ddp)
-    )
+    if steps < 2:
+        return Check(name, True, f"{steps} step(s): too few to compare")
+    halves = [run.record["losses"][steps // 2:steps] for run in (original, ddp)]
+    reference, converted = (statistics.fmean(half) for half in halves)
+    noise = math.sqrt(sum(statistics.variance(h) / len(h) for h in halves if len(h) > 1))
     gap = abs(converted - reference) / max(abs(reference), 1e-12)
+    passed = gap <= LOSS_TOLERANCE or abs(converted - reference) <= NOISE_SIGMAS * noise
     detail = (
         f"mean loss of steps {steps // 2 + 1}-{steps}: {converted:.4g} vs {reference:.4g},"
-        f" {gap:.1%} apart (tolerance {LOSS_TOLERANCE:.0%})"
+        f" {gap:.1%} apart (tolerance {LOSS_TOLERANCE:.0%}, or {NOISE_SIGMAS} standard"
+        f" errors: {NOISE_SIGMAS * noise:.3g})"
     )
-    return Check(name, gap <= LOSS_TOLERANCE, detail)
+    return Check(name, passed, detail)
