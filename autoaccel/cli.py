@@ -272,6 +272,9 @@ def bench(
     ),
     report: Optional[Path] = typer.Option(None, "--report", help="Write bench.json, .png, .html here."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    verify: bool = typer.Option(
+        False, "--verify", help="ddp: also check the runs as `convert --verify` does (exit 1 on a failure)."
+    ),
 ) -> None:
     """Run the script and its conversion for N steps each, alternately, --repeats times;
     compare speed, memory and loss curves (exit 1 when they diverge or the conversion is
@@ -281,15 +284,18 @@ def bench(
 
     if warmup >= steps:
         raise typer.BadParameter("must be smaller than --steps", param_hint="--warmup")
+
     try:
         options = convert_options(script, _convert_command_line(ctx.params))
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+    if verify and options.target != "ddp":
+        raise typer.BadParameter("--verify checks --to ddp conversions")
     raise typer.Exit(
         run_bench(
             script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc,
-            repeats, allow_slower,
+            repeats, allow_slower, verify,
         )
     )
 

@@ -113,11 +113,13 @@ def test_ddp_conversion_runs_one_process_per_rank_with_the_same_threads(tmp_path
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     proc = subprocess.run(
         [sys.executable, "-m", "autoaccel", "bench", str(FIXTURES_DIR / "linear_exact.py"),
-         "--to", "ddp", "--nproc", "2", "--amp", "off", "--json", *FEW_STEPS],
+         "--to", "ddp", "--nproc", "2", "--amp", "off", "--json", "--verify", *FEW_STEPS],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
+    # `--verify`: the checks of `convert --verify` on the first runs, all passed
+    assert len(result["verify"]) == 5 and all(check["passed"] for check in result["verify"])
     # Unshuffled and sharded evenly: the mean of the ranks' losses is the original's loss.
     assert result["max_rel_diff"] <= EXACT
     assert result["runs"]["converted"]["steps"] == 6
@@ -127,6 +129,11 @@ def test_ddp_conversion_runs_one_process_per_rank_with_the_same_threads(tmp_path
     threads = {run["threads"] for side in result["runs"].values() for run in side["per_run"]}
     assert threads == {max(1, (os.cpu_count() or 1) // 2)}
     assert result["threads"] == str(threads.pop())
+
+
+def test_verify_is_for_ddp(tmp_path):
+    proc = bench(FIXTURES_DIR / "linear_exact.py", "--verify", cwd=tmp_path)
+    assert proc.returncode == 2 and "--verify checks --to ddp conversions" in proc.stderr
 
 
 def samples_per_step(side: dict) -> float:

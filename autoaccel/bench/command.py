@@ -25,6 +25,7 @@ from autoaccel.bench.report import print_result, write_report
 from autoaccel.bench.runner import Run, run_script
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import ConversionError, convert_source
+from autoaccel.convert.verify import checks
 from autoaccel.fileio import os_error_message, read_source, write_atomic
 from autoaccel.lint.engine import SourceError
 
@@ -50,10 +51,12 @@ def run_bench(
     nproc: int | None = None,
     repeats: int = 3,
     allow_slower: bool = False,
+    verify: bool = False,
 ) -> int:
     """Bench `script` against its conversion; 1 when the loss curves diverge, the
-    conversion crashes, or it is slower beyond the spread of the runs (unless
-    `allow_slower`); 2 when the original cannot run or be converted."""
+    conversion crashes, it is slower beyond the spread of the runs (unless
+    `allow_slower`) or, with `verify`, a check of `convert --verify` fails on the first
+    runs; 2 when the original cannot run or be converted."""
     err = Console(stderr=True)
     if report is not None and report.exists() and not report.is_dir():
         err.print(f"{report}: error: --report names a folder to write into; this is a file", markup=False)
@@ -86,6 +89,8 @@ def run_bench(
     }
     crashed = any(run.failed for run in converteds)
     result["agree"] = result["agree"] and not crashed
+    if verify:
+        result["verify"] = [asdict(check) for check in checks(originals[0], converteds[0])]
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
@@ -99,7 +104,8 @@ def run_bench(
         for warning in warnings:
             err.print(f"warning: {warning}", markup=False)
         err.print(f"report written to {report}", markup=False)
-    if not result["agree"] or (result["speed"] == SLOWER and not allow_slower):
+    verified = all(check["passed"] for check in result.get("verify", []))
+    if not result["agree"] or not verified or (result["speed"] == SLOWER and not allow_slower):
         return EXIT_FAILED
     return EXIT_OK
 

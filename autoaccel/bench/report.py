@@ -21,6 +21,7 @@ from autoaccel.bench.compare import (
     SLOWER,
     moving_average,
 )
+from autoaccel.convert.verify import Check
 
 PLOT_HINT = "bench.png needs matplotlib: pip install 'autoaccel[plot]'"
 _RUNS = ("original", "converted")
@@ -117,6 +118,8 @@ def print_result(result: dict[str, Any], console: Console, allow_slower: bool = 
         loss_verdict(result), style="green" if result["agree"] else "bold red",
         markup=False, highlight=False,
     )
+    for check in (Check(**fields) for fields in result.get("verify", [])):
+        console.print(check.line, style=None if check.passed else "bold red", markup=False, highlight=False)
     if result.get("threads"):
         console.print(f"both sides ran with OMP_NUM_THREADS={result['threads']}", markup=False)
 

@@ -122,8 +122,7 @@ def _verified(path: Path, converted: str, request: VerifyRequest) -> bool:
             path, converted, request, lambda what: status.update(f"--verify: running the {what}")
         )
     for check in checks:
-        mark = "ok  " if check.passed else "FAIL"
-        print(f"--verify {mark} {check.name}: {check.detail}", file=sys.stderr)
+        print(check.line, file=sys.stderr)
     if all(check.passed for check in checks):
         return True
     if log:

@@ -58,6 +58,10 @@ class Check:
     passed: bool
     detail: str
 
+    @property
+    def line(self) -> str:
+        return f"--verify {'ok  ' if self.passed else 'FAIL'} {self.name}: {self.detail}"
+
 
 def verify_ddp(
     script: Path,
