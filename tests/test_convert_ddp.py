@@ -32,6 +32,7 @@ from autoaccel.convert.transforms.distributed import (
     ScaleSummedLoss,
     SeedEachRank,
     SetSamplerEpoch,
+    ShardEvaluation,
     ShardTrainLoader,
     StopTogether,
     UseLocalGpu,
@@ -1024,3 +1025,60 @@ def test_a_loop_slicing_fixed_data_is_not_fresh_data():
     _, log = run_step(ShardTrainLoader, body.replace("torch.manual_seed(0)", "seed = None"))
     (skip,) = log.skipped
     assert skip.wrong and "does not read a DataLoader" in skip.reason
+
+
+# -- evaluation on a share per process -------------------------------------------------------
+EVALUATE = """\
+from torch.utils.data import DataLoader
+test_loader = DataLoader(test_set, batch_size=64)
+
+
+def test(model, loader):
+    test_loss, correct = 0, 0
+    with torch.no_grad():
+        for data, target in loader:
+            output = model(data)
+            test_loss += F.nll_loss(output, target, reduction="sum").item()
+            correct += output.argmax(1).eq(target).sum().item()
+    return test_loss / len(loader.dataset), correct
+
+
+for epoch in range(2):
+    for x, y in train_loader:
+        loss = F.nll_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+    test_loss, correct = test(model, test_loader)
+"""
+
+
+def test_an_evaluation_of_sums_runs_on_a_share_per_process_and_adds_up():
+    """pytorch/examples' mnist shape: a summed loss and a count. Each process sums every
+    WORLD_SIZE-th sample (no padding: none counts twice) and the sums are all-reduced."""
+    code, log = run_step(ShardEvaluation, EVALUATE)
+    assert "def all_reduce_sums(*sums):" in code
+    assert "DataLoader(\n    test_set,\n    batch_size=64,\n    sampler=range(RANK, len(test_set), WORLD_SIZE) if DISTRIBUTED else None,\n)" in code
+    assert (
+        "            correct += output.argmax(1).eq(target).sum().item()\n"
+        "        if DISTRIBUTED:  # each process evaluated its share: add up\n"
+        "            test_loss, correct = all_reduce_sums(test_loss, correct)\n"
+    ) in code
+    (change,) = log.changes
+    assert "its sums (test_loss, correct) added up" in change.description
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("reduction=\"sum\").item()", ").item()"),  # a mean of batch means
+        ("            correct +=", "            predictions.append(output)\n            correct +="),
+        ("test_loss, correct = test(model, test_loader)", "print(test(model, test_loader))"),
+        ("DataLoader(test_set, batch_size=64)", "DataLoader(test_set, batch_size=64, shuffle=True)"),
+        ("            output = model(data)\n", "            output = model(data)\n            if correct > 100:\n                break\n"),
+    ],
+    ids=["mean-of-means", "kept-predictions", "called-in-a-print", "shuffled", "break"],
+)
+def test_other_evaluations_stay_on_the_whole_set(edit):
+    body = EVALUATE.replace(*edit)
+    code, log = run_step(ShardEvaluation, body)
+    assert (code, log.changes) == (body, [])

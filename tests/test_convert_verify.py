@@ -8,6 +8,7 @@ them on 2 CPU processes (gloo) and break a good conversion on purpose.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,23 @@ def _ddp_options():
     from autoaccel.convert.log import ConvertOptions
 
     return ConvertOptions(target="ddp", amp="off")
+
+
+@pytest.mark.runs
+def test_a_summed_evaluation_sharded_over_processes_prints_the_originals_numbers(tmp_path):
+    """summed_loss.py trains exactly like the original on two processes; each evaluates
+    every second held-out sample and the sums are all-reduced: the same printed line."""
+    proc = _convert(str(DDP_FIXTURES / "summed_loss.py"), "--to", "ddp", "--amp", "off", "-o", "ddp.py", cwd=tmp_path)
+    assert proc.returncode == 0 and "evaluation on a share of the set per process" in proc.stdout
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = [
+        subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        for command in (
+            [sys.executable, str(DDP_FIXTURES / "summed_loss.py")],
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "ddp.py"],
+        )
+    ]
+    held_out = [[line for line in run.stdout.splitlines() if line.startswith("held-out")] for run in runs]
+    assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
+    assert held_out[0] == held_out[1] and len(held_out[0]) == 1
+    assert held_out[0][0].endswith("over 64 samples")

@@ -84,7 +84,7 @@ class LossReductions:
             return Reduction.MIXED
         if isinstance(node.operator, cst.Divide) and right is Reduction.NONE:
             if left is Reduction.SUM:
-                return Reduction.MEAN if _is_batch_size(node.right) else Reduction.MIXED
+                return Reduction.MEAN if is_batch_size(node.right) else Reduction.MIXED
             return left
         return Reduction.NONE if left is right is Reduction.NONE else Reduction.MIXED
 
@@ -145,7 +145,7 @@ def _reduces_everything(call: cst.Call, positional: int) -> bool:
     return len(given) <= positional and keyword_value(call, "dim") is None
 
 
-def _is_batch_size(node: cst.BaseExpression) -> bool:
+def is_batch_size(node: cst.BaseExpression) -> bool:
     """A divisor that makes a sum a mean of this process's share: `len(x)`, `x.size(0)`, `x.shape[0]`: the size of the batch this process holds."""
     if isinstance(node, cst.Call) and is_name(node.func, "len"):
         return True
@@ -165,12 +165,16 @@ def _is_batch_size(node: cst.BaseExpression) -> bool:
 
 def assigned_values(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
     """The values `scope` (a function or module, not its nested functions) assigns to
-    `name`: `name = v`, `name += v`, `name: T = v`."""
+    `name`: `name = v`, `name, other = v, w`, `name += v`, `name: T = v`."""
     found: list[cst.BaseExpression] = []
     for node in _own_nodes(scope):
         if isinstance(node, cst.Assign):
-            if any(is_name(t.target, name) for t in node.targets):
-                found.append(node.value)
+            for target in (t.target for t in node.targets):
+                if is_name(target, name):
+                    found.append(node.value)
+                elif isinstance(target, cst.Tuple) and isinstance(node.value, cst.Tuple):
+                    pairs = zip(target.elements, node.value.elements)  # `total, seen = 0.0, 0`
+                    found += [v.value for t, v in pairs if is_name(t.value, name)]
         elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
             if is_name(node.target, name) and node.value is not None:
                 found.append(node.value)

@@ -70,7 +70,9 @@ for epoch in range(args.epochs):
     for x, y in train_loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         optimizer.zero_grad()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+        with torch.autocast(
+            device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"
+        ):
             loss = criterion(model(x), y)
         loss.backward()
         optimizer.step()

@@ -36,6 +36,14 @@ if DISTRIBUTED:
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method="env://")
 
+
+def all_reduce_sums(*sums):
+    """The sums over every process of `sums` (each process summed its share of a set)."""
+    totals = torch.tensor(sums, dtype=torch.float64)
+    dist.all_reduce(totals)
+    return [type(value)(total) for value, total in zip(sums, totals.tolist())]
+
+
 # DataLoader workers: the processes on this node share its CPUs.
 LOCAL_WORLD_SIZE = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 CPUS_PER_PROCESS = max(1, (os.cpu_count() or 1) // LOCAL_WORLD_SIZE)
@@ -160,7 +168,11 @@ def main():
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )
-    test_loader = DataLoader(test_set, batch_size=batch_size)
+    test_loader = DataLoader(
+        test_set,
+        batch_size=batch_size,
+        sampler=range(RANK, len(test_set), WORLD_SIZE) if DISTRIBUTED else None,
+    )
 
     model = ResNet(width, blocks).to(device)
     # trained through DDP when distributed: gradients are averaged in backward()
@@ -209,6 +221,8 @@ def main():
             for images, labels in test_loader:
                 images, labels = images.to(device), labels.to(device)
                 correct += (model(images).argmax(1) == labels).sum().item()
+            if DISTRIBUTED:  # each process evaluated its share: add up
+                (correct,) = all_reduce_sums(correct)
         if RANK == 0:
             print(
                 f"epoch {epoch}: test accuracy {100.0 * correct / len(test_set):.1f}%"

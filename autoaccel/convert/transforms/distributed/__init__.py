@@ -18,6 +18,7 @@ from autoaccel.convert.transforms.distributed.replace_data_parallel import Repla
 from autoaccel.convert.transforms.distributed.scale_summed_loss import ScaleSummedLoss
 from autoaccel.convert.transforms.distributed.seed_each_rank import SeedEachRank
 from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
+from autoaccel.convert.transforms.distributed.shard_evaluation import ShardEvaluation
 from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
 from autoaccel.convert.transforms.distributed.share_node_cpus import ShareNodeCpus
 from autoaccel.convert.transforms.distributed.stop_together import StopTogether
@@ -36,6 +37,7 @@ DDP_STEPS = [
     ShareNodeCpus,
     SetSamplerEpoch,
     PrintShardSizes,
+    ShardEvaluation,
     NoSyncAccumulation,
     StopTogether,
     ScaleSummedLoss,

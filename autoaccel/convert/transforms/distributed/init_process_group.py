@@ -54,7 +54,7 @@ CPU_SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
 # a variable of the set-up block or of a ddp step).
 INSERTED_NAMES = {
     DISTRIBUTED: "", RANK: "", LOCAL_RANK: "", WORLD_SIZE: "", "backend": "",
-    "per_process_batch_size": "", "sync_gradients": "", "no_sync": "", "on_any_rank": "",
+    "per_process_batch_size": "", "sync_gradients": "", "no_sync": "", "on_any_rank": "", "all_reduce_sums": "",
     "LOCAL_WORLD_SIZE": "", "CPUS_PER_PROCESS": "",
     "dist": "torch.distributed", "DDP": "torch.nn.parallel", "DistributedSampler": "torch.utils.data",
 }  # fmt: skip
