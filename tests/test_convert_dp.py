@@ -415,8 +415,8 @@ DP_CHANGES = {  # fixtures whose training step the dp target rewrites; gan.py (t
     # lstm_lm.py (recurrent state as a second input), transformer_lm.py (the model returns
     # its loss), trainer_methods.py and step_functions.py (the step is in another function)
     # are left alone with a reason
-    "cnn_toplevel.py", "dataparallel_existing.py", "linear_exact.py", "mnist_main.py",
-    "resnet_cifar.py", "trainer_class.py", "transformer_accum.py", LEGACY,
+    "cnn_toplevel.py", "dataparallel_existing.py", "imbalanced_resume.py", "linear_exact.py",
+    "mnist_main.py", "resnet_cifar.py", "trainer_class.py", "transformer_accum.py", LEGACY,
 }
 
 
