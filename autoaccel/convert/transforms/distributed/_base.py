@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.index import descendants
+from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import Obj
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
 from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
 from autoaccel.convert.transform import StatementRewrite, source_of
@@ -53,6 +54,14 @@ def has_setup_block(module: cst.Module) -> bool:
         value=m.Comparison(left=m.SimpleString('"LOCAL_RANK"')),
     )
     return any(m.matches(s, m.SimpleStatementLine(body=[setup])) for s in module.body)
+
+
+def setup_block_end(module: cst.Module) -> cst.BaseStatement:
+    """The last statement of the set-up block: its `if DISTRIBUTED:`, or in a module
+    that only reads the environment (one the script imports), `WORLD_SIZE = ...`."""
+    last = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(WORLD_SIZE))])])
+    ends = [s for s in module.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED)) | last)]
+    return next((s for s in ends if isinstance(s, cst.If)), ends[-1])
 
 
 def rank_zero(statements: Statements) -> cst.If:
@@ -137,9 +146,11 @@ class DistributedStep(StatementRewrite):
     # Text the source must contain for the step to have work (a prefilter that spares
     # the metadata pass); empty: always run.
     needs: tuple[str, ...] = ()
+    # A step for the script that runs only, never for a module it imports.
+    entry_only: bool = False
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
-        if not has_setup_block(tree):
+        if not has_setup_block(tree) or (self.entry_only and not self.in_entry_script):
             return tree
         if self.needs and not any(word in source_of(self.context, tree) for word in self.needs):
             return tree
@@ -226,19 +237,27 @@ class DistributedStep(StatementRewrite):
         return names
 
 
-    def shards(self, module: cst.Module, loader: cst.Call) -> bool:
-        """Whether a DataLoader call reads through a DistributedSampler: `sampler=name`
-        bound to one, or `**kwargs` whose `kwargs["sampler"]` is set to one."""
+    def shards(self, module: cst.Module, loader: cst.Call, index: ModuleIndex | None = None) -> bool:
+        """Whether a DataLoader call of `module` (whose index is `index`, default this
+        module's) reads through a DistributedSampler: `sampler=name` bound to one, or
+        `**kwargs` whose `kwargs["sampler"]` is set to one."""
+        index = index or self.script.index
+        assert index is not None
         sampler = keyword_value(loader, "sampler")
         names = {name_key(sampler)} if sampler is not None else set()
         names |= {f"{name_key(a.value)}[sampler]" for a in loader.args if a.star == "**"}
         for assign in find(module, cst.Assign):
             targets = {_target_name(t.target) for t in assign.targets}
             if targets & names and any(
-                DISTRIBUTED_SAMPLER in self.qualified_names(c.func) for c in find(assign.value, cst.Call)
+                DISTRIBUTED_SAMPLER in index.qualified_names(c.func) for c in find(assign.value, cst.Call)
             ):
                 return True
         return False
+
+    def shards_loader(self, loader: Obj) -> bool:
+        """`shards` for a DataLoader built in any module of the program."""
+        module = loader.module
+        return self.shards(module.tree, loader.node, module.index)  # type: ignore[arg-type]
 
     def ddp_wrappers(self, module: cst.Module) -> set[str]:
         """Names that hold a DDP wrapper: assigned one, or a parameter of a function
@@ -334,9 +353,16 @@ def _target_name(target: cst.BaseExpression) -> str | None:
 
 
 def _targets(assign: cst.CSTNode) -> list[cst.BaseExpression]:
-    if isinstance(assign, cst.Assign):
-        return [t.target for t in assign.targets]
-    return [assign.target]  # type: ignore[attr-defined]
+    """The names an assignment binds, unpacked (`model, config = ...` binds both)."""
+    found: list[cst.BaseExpression] = []
+    stack = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]  # type: ignore[attr-defined]
+    while stack:
+        target = stack.pop(0)
+        if isinstance(target, (cst.Tuple, cst.List)):
+            stack[:0] = [element.value for element in target.elements]
+        else:
+            found.append(target)
+    return found
 
 
 def _builds(statement: cst.CSTNode, key: str) -> bool:

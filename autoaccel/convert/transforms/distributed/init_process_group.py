@@ -29,14 +29,20 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 from autoaccel.cst_edit import leading_import_block
 
-_NAMES = '''
-# Distributed training: torchrun starts one process per GPU and sets RANK, LOCAL_RANK
-# and WORLD_SIZE. Run with plain `python`, the script is a single process, as before.
-DISTRIBUTED = "LOCAL_RANK" in os.environ
+_ENVIRONMENT = '''DISTRIBUTED = "LOCAL_RANK" in os.environ
 RANK = int(os.environ.get("RANK", 0))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
 '''
+_NAMES = '''
+# Distributed training: torchrun starts one process per GPU and sets RANK, LOCAL_RANK
+# and WORLD_SIZE. Run with plain `python`, the script is a single process, as before.
+''' + _ENVIRONMENT
+# For a module of the project that the script imports: the script starts the group.
+MODULE_NAMES = '''
+# Distributed training: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE, and the script
+# that imports this module starts the process group. Without torchrun: one process.
+''' + _ENVIRONMENT
 SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
     if torch.cuda.is_available():
         torch.cuda.set_device(LOCAL_RANK)  # "cuda" now means this process's GPU
@@ -75,6 +81,8 @@ class InitProcessGroup(Transform):
             return tree
         self.already_distributed: cst.Call | None = None
         super().transform_module_impl(tree)  # analysis only: fills self.script
+        if not self.in_entry_script and not self._trains_here():
+            return tree  # a module the script imports that no DDP change goes into
         if self.already_distributed is not None:
             self.skipped(
                 "--to ddp",
@@ -94,12 +102,14 @@ class InitProcessGroup(Transform):
                 wrong=True,
             )
             return tree
-        if not any(loop.role is LoopRole.TRAIN for loop in self.script.step_loops.values()):
+        if not self.in_entry_script:
+            return self._read_environment(tree)
+        if not any(loop.role is LoopRole.TRAIN for loop in self.script.training.step_loops.values()):
             self.skipped("--to ddp", self._no_training_loop(tree), wrong=True)
             return tree
         _, end = leading_import_block(tree)
         body = list(tree.body)
-        body[end:end] = parse_statements(SETUP_BLOCK if self.script.uses_cuda else CPU_SETUP_BLOCK)
+        body[end:end] = parse_statements(SETUP_BLOCK if self.script.cuda_in_program else CPU_SETUP_BLOCK)
         self.changed(
             tree.body[end - 1] if end else tree.body[0],
             "process group from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE);"
@@ -109,6 +119,28 @@ class InitProcessGroup(Transform):
         for statement in ("import os", "import torch", DIST_IMPORT):
             module = add_import(module, statement)
         return module
+
+    def _trains_here(self) -> bool:
+        """Whether this module (one the script imports) holds a training step loop, or a
+        DataLoader that one reads: the module the DDP changes go into."""
+        here = self.script.module
+        return any(
+            loop.role is LoopRole.TRAIN and (loop.module is here or any(o.module is here for o in loop.loaders))
+            for loop in self.script.training.step_loops.values()
+        )
+
+    def _read_environment(self, tree: cst.Module) -> cst.Module:
+        """A module the script imports reads RANK, LOCAL_RANK and WORLD_SIZE from the
+        environment too; the script's own set-up block starts the process group."""
+        _, end = leading_import_block(tree)
+        body = list(tree.body)
+        body[end:end] = parse_statements(MODULE_NAMES)
+        self.changed(
+            tree.body[end - 1] if end else tree.body[0],
+            "RANK, LOCAL_RANK and WORLD_SIZE from torchrun's environment (the script starts"
+            " the process group)",
+        )
+        return add_import(tree.with_changes(body=body), "import os")
 
     def _name_clash(self, tree: cst.Module) -> tuple[str, cst.CSTNode | None] | None:
         """A name the conversion inserts that the script binds to something else (a

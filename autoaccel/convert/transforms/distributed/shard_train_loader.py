@@ -13,7 +13,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import Missing
+from autoaccel.analysis.script_model import LoopRole, Missing
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -21,6 +21,7 @@ from autoaccel.convert.transforms.distributed._base import (
     WORLD_SIZE,
     DistributedStep,
     parse_statements,
+    setup_block_end,
 )
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
@@ -47,10 +48,10 @@ class ShardTrainLoader(DistributedStep):
         self.datasets: dict[cst.CSTNode, str] = {}  # dataset argument -> hoisted name
         self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         self.helper_needed = False
-        loaders = {
+        loaders = {  # built here, read by a training loop of any module of the program
             loader.node
-            for loop in self.script.step_loops.values()
-            if loop.node in self.train_loops()
+            for loop in self.script.training.step_loops.values()
+            if loop.role is LoopRole.TRAIN
             for loader in loop.loaders
             if loader.module is self.script.module
         }
@@ -70,8 +71,7 @@ class ShardTrainLoader(DistributedStep):
         if self.helper_needed and BATCH_HELPER not in self.bound and not any(
             f.name.value == BATCH_HELPER for f in find(node, cst.FunctionDef)
         ):
-            setup = next(s for s in node.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED))))
-            self.after.setdefault(setup, []).extend(parse_statements(_HELPER))
+            self.after.setdefault(setup_block_end(node), []).extend(parse_statements(_HELPER))
             self.imports.append("import warnings")
 
     def _shard(self, call: cst.Call) -> None:
