@@ -10,6 +10,7 @@ from pathlib import Path
 
 from autoaccel.convert.log import ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
+from autoaccel.convert.project_conversion import convert_project, find_project
 from autoaccel.convert.report import json_report, markdown_report, text_report
 from autoaccel.diff import use_colour
 from autoaccel.fileio import os_error_message, read_bytes, read_source, write_atomic
@@ -50,6 +51,15 @@ def run_convert(
         print(f"{path}:1:1: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     try:
+        # A script whose training code lives in modules of its project converts with them.
+        project = find_project(path, source) if notebook is None else None
+        if project is not None:
+            from autoaccel.convert.project_command import finish_project, script_output  # builds on this module
+
+            result = convert_project(project, options, str(script_output(project, output)))
+            return finish_project(
+                project, result, options, write, output, check, report_format, allow_partial, force
+            )
         # The launch commands of `--to ddp` name the script that will run.
         conversion = convert_source(text, options, str(output or path), str(path))
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
@@ -60,7 +70,10 @@ def run_convert(
         print(f"{path}:{where}: {error.message}", file=sys.stderr)
         return EXIT_ERROR
     except ConversionError as error:
-        print(f"{path}: {error}{_details_saved(error.details)}", file=sys.stderr)
+        print(f"{error.path or path}: {error}{_details_saved(error.details)}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as error:  # a module of the project
+        print(f"{error.filename or path}:1:1: error: {os_error_message(error)}", file=sys.stderr)
         return EXIT_ERROR
     except NotebookError as error:
         print(f"{path}: {error}", file=sys.stderr)
@@ -112,15 +125,23 @@ def run_convert(
 def _print_refusal(path: Path, options: ConvertOptions, wrong: list[Skipped], level: str) -> None:
     """Each rewrite the result needs to train like the original and lacks, as an error
     (the conversion is refused) or a warning (`--allow-partial`)."""
-    for item in wrong:
+    print_not_applied(path, wrong, level)
+    if wrong and level == "error":
+        print_refused(path, options)
+
+
+def print_not_applied(path: Path, items: list[Skipped], level: str) -> None:
+    for item in items:
         where = f"{path}:{item.line}:1" if item.line else str(path)
         print(f"{where}: {level}: {item.what} not applied: {item.reason}", file=sys.stderr)
-    if wrong and level == "error":
-        print(
-            f"{path}: error: --to {options.target} refused: the result would not train like the"
-            " original (see above); nothing written. `--allow-partial` writes it anyway.",
-            file=sys.stderr,
-        )
+
+
+def print_refused(path: Path, options: ConvertOptions) -> None:
+    print(
+        f"{path}: error: --to {options.target} refused: the result would not train like the"
+        " original (see above); nothing written. `--allow-partial` writes it anyway.",
+        file=sys.stderr,
+    )
 
 
 def _details_saved(details: str) -> str:
