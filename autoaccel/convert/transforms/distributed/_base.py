@@ -307,9 +307,10 @@ class DistributedStep(StatementRewrite):
         assignments = find(module, (cst.Assign, cst.AnnAssign))
         for key in keys:
             assigns = [a for a in assignments if any(name_key(t) == key for t in _targets(a))]
-            if not assigns:
+            receiver = None if assigns else self._receiving_function(key)
+            if receiver is None and not assigns:
                 continue
-            block = self.scope_block(assigns[0])
+            block = self.scope_block(assigns[0]) if assigns else receiver.body  # type: ignore[union-attr]
             anchor = trains = None
             for statement in block.body:
                 if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
@@ -317,11 +318,24 @@ class DistributedStep(StatementRewrite):
                 if called_function(statement, training) or any(n in loops for n in descendants(statement)):
                     trains = statement
                     break
-                if _builds(statement, key):
-                    anchor = statement
+                if _builds(statement, key) or receiver is not None:
+                    anchor = statement  # a model received ready: wrapped just before training
             if anchor is not None:
                 found.append(TrainedModel(key, block, anchor, trains))
         return found
+
+
+    def _receiving_function(self, key: str) -> cst.FunctionDef | None:
+        """The function that trains a model it receives as its parameter `key` (the model
+        is built in another module, a `fit(model, ...)` of a library of the project)."""
+        for code in self.train_code():
+            for call in find(code, cst.Call):
+                function = self.scope_of(call) if name_key(call.func) == key else None
+                if function is not None and key in parameters_of(function) and not any(
+                    name_key(t.target) == key for t in find(function, cst.AssignTarget)
+                ):
+                    return function
+        return None
 
 
 def _space_new_definitions(
