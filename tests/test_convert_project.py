@@ -193,3 +193,19 @@ def test_what_cannot_be_done_in_a_module_refuses_with_its_file_and_line(tmp_path
     assert f"{tmp_path / 'trainlib.py'}:7:1: error: DistributedSampler not applied" in err
     assert "--to ddp refused" in err
     assert contents(tmp_path) == before
+
+
+def test_lint_of_each_converted_file_finds_nothing_the_conversion_fixed(project):
+    """The closing invariant of tests/test_convert_lint_invariant.py, file by file."""
+    from autoaccel.config import LintSettings
+    from autoaccel.lint.runner import Mode, lint_text
+
+    found = project_conversion.find_project(Path("train.py"), project_conversion.read_source(Path("train.py")))
+    assert found is not None
+    result = project_conversion.convert_project(found, DDP, "train.py")
+    for file in result.changed:
+        fixed = {c.code for c in file.conversion.log.changes if c.code.startswith("ACC")}
+        linted = lint_text(file.conversion.converted, str(file.file.path), LintSettings(), Mode.CHECK)
+        assert linted.error is None
+        assert not {d.code for d in linted.diagnostics} & fixed, file.file.path
+    assert {c.code for f in result.files for c in f.conversion.log.changes} >= {"ACC105", "ACC403"}

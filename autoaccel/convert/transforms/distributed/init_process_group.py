@@ -3,18 +3,17 @@
 torchrun starts one process per GPU and sets `RANK`, `LOCAL_RANK` and `WORLD_SIZE`;
 each process drives the GPU of its local rank. Started with plain `python`, the
 script sees none of them and runs as one process, as before. The block's names are
-module-level so that every function and class of the script can read them.
+module-level so that every function and class of the script can read them. A module of
+the project that the script imports and that gets DDP changes (its training loop, its
+DataLoader) reads the same names from the environment; only the script starts the group.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import libcst as cst
 
-from autoaccel.analysis.project import training_elsewhere
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole
-from autoaccel.convert.transform import ORIGIN_KEY, Transform
+from autoaccel.convert.transform import Transform
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
@@ -105,7 +104,7 @@ class InitProcessGroup(Transform):
         if not self.in_entry_script:
             return self._read_environment(tree)
         if not any(loop.role is LoopRole.TRAIN for loop in self.script.training.step_loops.values()):
-            self.skipped("--to ddp", self._no_training_loop(tree), wrong=True)
+            self.skipped("--to ddp", "no training loop (a loop that calls `.backward()`) found", wrong=True)
             return tree
         _, end = leading_import_block(tree)
         body = list(tree.body)
@@ -161,19 +160,6 @@ class InitProcessGroup(Transform):
                     where = next((n for n in find(tree, cst.Name) if n.value == name), None)
                 return name, where
         return None
-
-    def _no_training_loop(self, tree: cst.Module) -> str:
-        """Why there is nothing to convert: no training loop, or one in another file."""
-        origin = self.context.scratch.get(ORIGIN_KEY)
-        elsewhere = training_elsewhere(Path(origin), tree) if origin else []
-        if not elsewhere:
-            return "no training loop (a loop that calls `.backward()`) found"
-        where = ", ".join(f"{path}:{line}" for path, line in elsewhere)
-        return (
-            f"the training loop this script runs is in another file ({where}); autoaccel"
-            " converts one file at a time and cannot yet make the changes that belong there"
-            " (DDP wrapper, sharded loader, set_epoch); convert by hand"
-        )
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.qualified_names(node.func)
