@@ -209,3 +209,15 @@ def test_lint_of_each_converted_file_finds_nothing_the_conversion_fixed(project)
         assert linted.error is None
         assert not {d.code for d in linted.diagnostics} & fixed, file.file.path
     assert {c.code for f in result.files for c in f.conversion.log.changes} >= {"ACC105", "ACC403"}
+
+
+def test_a_seed_set_through_a_helper_of_the_project_is_made_per_rank(tmp_path, capsys):
+    """minGPT's `set_seed(config.system.seed)` from `mingpt/utils.py`: every process
+    would draw the same numbers; each is re-seeded with its rank before training."""
+    helper = "import torch\n\n\ndef set_seed(seed):\n    torch.manual_seed(seed)\n"
+    seeded = SCRIPT.replace("from trainlib import fit\n", "from trainlib import fit\n    from utils import set_seed\n\n    set_seed(0)\n")
+    write_project(tmp_path, {"trainlib.py": TRAIN_LOOP, "utils.py": helper, "train.py": seeded})
+    assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 0
+    script = (tmp_path / "train.py").read_text()
+    assert "    torch.manual_seed(torch.initial_seed() + RANK)\nfit(model, 2)" in script
+    assert (tmp_path / "utils.py").read_text() == helper
