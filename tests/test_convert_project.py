@@ -221,3 +221,14 @@ def test_a_seed_set_through_a_helper_of_the_project_is_made_per_rank(tmp_path, c
     script = (tmp_path / "train.py").read_text()
     assert "    torch.manual_seed(torch.initial_seed() + RANK)\nfit(model, 2)" in script
     assert (tmp_path / "utils.py").read_text() == helper
+
+
+def test_an_unreadable_module_where_training_may_be_is_an_error(project, capsys):
+    (project / "toygpt" / "trainer.py").write_text("def broken(:\n")
+    before = contents(project)
+    assert command.run_convert(Path("train.py"), DDP, write=True) == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: module `toygpt.trainer` of the project cannot be read:"
+        " ParserSyntaxError; the training loop this script runs may be there, so nothing is converted\n"
+    )
+    assert contents(project) == before

@@ -24,7 +24,7 @@ from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.program import Kind, Program, SourceModule
 from autoaccel.analysis.project import SCRIPT, load_project
 from autoaccel.analysis.script_model import ProjectContext
-from autoaccel.analysis.training import find_training
+from autoaccel.analysis.training import LoopRole, find_training
 from autoaccel.convert.log import ConversionLog, ConvertOptions
 from autoaccel.convert.pipeline import (
     Conversion,
@@ -83,7 +83,8 @@ class ProjectConversion:
 def find_project(script: Path, source: SourceFile) -> Project | None:
     """The files of `script`'s project that hold training code (a step loop or a
     DataLoader) besides the script itself; None when there are none (a one-file
-    conversion). Raises `SourceError` when the script does not parse."""
+    conversion). Raises `SourceError` when the script does not parse, `ConversionError`
+    when nothing trains and a module of the project could not be read."""
     tree = parse(source.text)
     loaded = load_project(script, tree)
     if not loaded.modules:
@@ -92,6 +93,13 @@ def find_project(script: Path, source: SourceFile) -> Project | None:
     training = find_training(program)
     holding = {loop.module for loop in training.step_loops.values()}
     holding |= {loader.module for loader in program.objects(Kind.LOADER)}
+    trains = any(loop.role is LoopRole.TRAIN for loop in training.step_loops.values())
+    if loaded.unreadable and not trains:
+        name, why = next(iter(loaded.unreadable.items()))
+        raise ConversionError(
+            f"error: module `{name}` of the project {why}; the training loop this script"
+            " runs may be there, so nothing is converted"
+        )
     rewritten = [m for m in loaded.modules.values() if m in holding and m.path is not None]
     if not rewritten:
         return None
