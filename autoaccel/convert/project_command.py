@@ -86,7 +86,8 @@ def finish_project(
         ]
     if output is not None or write:
         folder = script_output(project, output).parent
-        launchers = [_Write(folder / name, text) for name, text in result.files[0].conversion.log.extra_files.items()]
+        extra = result.files[0].conversion.log.extra_files.items()
+        launchers = [_Write(folder / name, text) for name, text in extra]
         clashing = [item for item in launchers if item.path.exists() and not _written(item)]
         if clashing and not force:
             for item in clashing:
@@ -129,7 +130,7 @@ def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> 
         done = converted.get(path.resolve())
         if done is not None:
             writes.append(_Write(target, done.conversion.converted, done.file.source.encoding))
-        else:
+        else:  # copied byte for byte: latin-1 maps each byte to one character and back
             writes.append(_Write(target, read_bytes(path).decode("latin-1"), "latin-1"))
     return writes
 
@@ -137,15 +138,14 @@ def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> 
 def _report(result: ProjectConversion, report_format: str, writing: bool) -> None:
     """The report of every file that changed (the script's always): its diff, changes
     and items not changed, with lines of that file."""
-    shown = [f for f in result.files if f is result.files[0] or f.conversion.changed or f.conversion.log.skipped]
+    shown = [
+        f for f in result.files
+        if f is result.files[0] or f.conversion.changed or f.conversion.log.skipped
+    ]
     if report_format == "json":
         objects = [json_object(f.conversion, str(f.file.path)) for f in shown]
-        sys.stdout.write(
-            json.dumps(
-                {"path": objects[0]["path"], "changed": bool(result.changed), "files": objects}, indent=2
-            )
-            + "\n"
-        )
+        report = {"path": objects[0]["path"], "changed": bool(result.changed), "files": objects}
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return
     for file in shown:  # each file without the launch commands, which end the report
         log = replace(file.conversion.log, launch=[], extra_files={})

@@ -15,7 +15,6 @@ Modules outside the project (libraries) are never read, let alone rewritten.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,16 +122,16 @@ def _beside(script: Path, path: Path) -> Path:
 
 def _with_packages(paths: list[Path], roots: list[Path]) -> list[Path]:
     """`paths` and the `__init__.py` of every package folder between them and a root."""
-    found = list(paths)
+    found = {path.resolve(): path for path in paths}
     tops = {root.resolve() for root in roots}
     for path in paths[1:]:
         folder = path.resolve().parent
         while folder not in tops and folder != folder.parent:
             init = folder / "__init__.py"
-            if init.is_file() and init not in found:
-                found.append(init)
+            if init.is_file():
+                found.setdefault(init, init)
             folder = folder.parent
-    return found
+    return list(found.values())
 
 
 def convert_project(project: Project, options: ConvertOptions, script_name: str) -> ProjectConversion:
@@ -142,25 +141,17 @@ def convert_project(project: Project, options: ConvertOptions, script_name: str)
     logs = [ConversionLog() for _ in project.files]
     texts = [f.source.text for f in project.files]
     converted = _run(project, texts, options, logs, script_name)
-    changed = [i for i, (before, after) in enumerate(zip(texts, converted)) if before != after]
-    if changed:
+    changed = {i for i, (before, after) in enumerate(zip(texts, converted)) if before != after}
+    again = converted
+    if changed:  # Black's stability check: converting the result again changes no file
         again = _run(project, converted, options, [ConversionLog() for _ in texts], script_name)
-        for index in changed:
-            file = project.files[index]
+    for index, file in enumerate(project.files):
+        if index in changed or again[index] != converted[index]:
             try:
-                check_result(converted[index], str(file.path), lambda text, i=index: again[i])
+                check_result(converted[index], str(file.path), lambda _, i=index: again[i])
             except ConversionError as error:
                 error.path = file.path
                 raise
-        for index, (first, second) in enumerate(zip(converted, again)):
-            if index not in changed and first != second:  # a file the first pass left alone
-                error = ConversionError(
-                    "internal error: converting the output again changes it (a step is not"
-                    " idempotent); nothing was written",
-                    details="".join(difflib.unified_diff(first.splitlines(True), second.splitlines(True))),
-                )
-                error.path = project.files[index].path
-                raise error
     return ProjectConversion(
         [
             FileConversion(file, Conversion(text, result, log))
@@ -180,7 +171,8 @@ def _run(
     def as_module(file: ProjectFile, state: ModuleState) -> SourceModule:
         key = id(state.tree)
         if key not in modules:
-            modules[key] = SourceModule(file.name, state.tree, ModuleIndex(state.tree), str(file.path), file.package)
+            index = ModuleIndex(state.tree)
+            modules[key] = SourceModule(file.name, state.tree, index, str(file.path), file.package)
         return modules[key]
 
     for step in transforms_for(options):
