@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoaccel.analysis.index import ModuleIndex
-from autoaccel.analysis.program import Kind, Program, SourceModule
+from autoaccel.analysis.program import Program, SourceModule
 from autoaccel.analysis.project import SCRIPT, load_project
 from autoaccel.analysis.script_model import ProjectContext
 from autoaccel.analysis.training import LoopRole, find_training
@@ -80,9 +80,9 @@ class ProjectConversion:
 
 
 def find_project(script: Path, source: SourceFile) -> Project | None:
-    """The files of `script`'s project that hold training code (a step loop or a
-    DataLoader) besides the script itself; None when there are none (a one-file
-    conversion). Raises `SourceError` when the script does not parse, `ConversionError`
+    """The files of `script`'s project that hold training code (a training step loop,
+    or a DataLoader that one reads) besides the script itself; None when there are none
+    (a one-file conversion). Raises `SourceError` when the script does not parse, `ConversionError`
     when nothing trains and a module of the project could not be read."""
     tree = parse(source.text)
     loaded = load_project(script, tree)
@@ -90,10 +90,10 @@ def find_project(script: Path, source: SourceFile) -> Project | None:
         return None
     program = Program.of(loaded.all_modules, loaded.resolve)
     training = find_training(program)
-    holding = {loop.module for loop in training.step_loops.values()}
-    holding |= {loader.module for loader in program.objects(Kind.LOADER)}
-    trains = any(loop.role is LoopRole.TRAIN for loop in training.step_loops.values())
-    if loaded.unreadable and not trains:
+    # (a module that only evaluates, or only builds loaders nothing trains on, keeps its code)
+    steps = [loop for loop in training.step_loops.values() if loop.role is LoopRole.TRAIN]
+    holding = {loop.module for loop in steps} | {o.module for loop in steps for o in loop.loaders}
+    if loaded.unreadable and not steps:
         name, why = next(iter(loaded.unreadable.items()))
         raise ConversionError(
             f"error: module `{name}` of the project {why}; the training loop this script"
