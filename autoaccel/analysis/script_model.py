@@ -109,8 +109,7 @@ class ScriptModel:
     step_loops: dict[cst.CSTNode, StepLoop] = field(default_factory=dict)
     epoch_loops: set[cst.CSTNode] = field(default_factory=set)  # loops around a step loop
     micro_loops: set[cst.CSTNode] = field(default_factory=set)  # loops inside a step loop
-    uses_cuda: bool = False
-    cuda_in_program: bool = False  # this module or another one of the program uses CUDA
+    uses_cuda: bool = False  # this module, or with a project any module of the program
     has_convolutions: bool = False
     # -- the whole program -----------------------------------------------------------
     index: ModuleIndex | None = field(default=None, repr=False, compare=False)
@@ -382,12 +381,10 @@ def build_script_model(
     program = Program([module, *project.others])
     model = ScriptModel(index=index, program=program, module=module)
     run_visitors(tree, [_Syntax(index, model), ProgramCollector(program, module)])
-    cuda = model.uses_cuda
     for other in project.others:
         syntax = _Syntax(other.index, ScriptModel())
         run_visitors(other.tree, [syntax, ProgramCollector(program, other)])
-        cuda = cuda or syntax.model.uses_cuda
-    model.cuda_in_program = cuda
+        model.uses_cuda = model.uses_cuda or syntax.model.uses_cuda
     program.solve()
     model.training = find_training(program)
     return _fill(model)

@@ -108,7 +108,7 @@ class InitProcessGroup(Transform):
             return tree
         _, end = leading_import_block(tree)
         body = list(tree.body)
-        body[end:end] = parse_statements(SETUP_BLOCK if self.script.cuda_in_program else CPU_SETUP_BLOCK)
+        body[end:end] = parse_statements(SETUP_BLOCK if self.script.uses_cuda else CPU_SETUP_BLOCK)
         self.changed(
             tree.body[end - 1] if end else tree.body[0],
             "process group from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE);"
