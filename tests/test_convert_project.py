@@ -232,3 +232,87 @@ def test_an_unreadable_module_where_training_may_be_is_an_error(project, capsys)
         " ParserSyntaxError; the training loop this script runs may be there, so nothing is converted\n"
     )
     assert contents(project) == before
+
+
+TUTORIAL_TRAINER = """\
+    import torch
+    import torch.nn.functional as F
+
+
+    class Trainer:
+        def __init__(self, model, train_data, optimizer, save_every):
+            self.model = model
+            self.train_data = train_data
+            self.optimizer = optimizer
+            self.save_every = save_every
+
+        def _run_batch(self, source, targets):
+            self.optimizer.zero_grad()
+            output = self.model(source)
+            loss = F.mse_loss(output, targets)
+            loss.backward()
+            self.optimizer.step()
+            return loss.item()
+
+        def _run_epoch(self, epoch):
+            total = 0.0
+            for source, targets in self.train_data:
+                total += self._run_batch(source, targets)
+            print(f"epoch {epoch} loss {total / len(self.train_data):.4f}")
+
+        def train(self, max_epochs):
+            for epoch in range(max_epochs):
+                self._run_epoch(epoch)
+                if epoch % self.save_every == 0:
+                    torch.save(self.model.state_dict(), "checkpoint.pt")
+"""
+TUTORIAL_SCRIPT = """\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainer import Trainer
+
+
+    def prepare_dataloader(dataset, batch_size):
+        return DataLoader(dataset, batch_size=batch_size, shuffle=True)
+
+
+    def main():
+        torch.manual_seed(0)
+        dataset = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        trainer = Trainer(model, prepare_dataloader(dataset, 32), optimizer, save_every=1)
+        trainer.train(2)
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_ddp_tutorial_split_over_two_files(tmp_path, capsys):
+    """pytorch/examples' ddp-tutorial-series shape with its Trainer in trainer.py (written
+    anew). What multigpu_torchrun.py does by hand, point by point: DDP built in
+    `Trainer.__init__` (here `self.ddp_model`, `self.model` stays bare for saving), a
+    DistributedSampler in `prepare_dataloader` (train.py), `set_epoch` at the top of each
+    epoch in `Trainer.train` (trainer.py), checkpoints on rank 0 only, the process group
+    started and destroyed in the script."""
+    write_project(tmp_path, {"trainer.py": TUTORIAL_TRAINER, "train.py": TUTORIAL_SCRIPT})
+    assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 0
+    trainer, script = (tmp_path / "trainer.py").read_text(), (tmp_path / "train.py").read_text()
+    assert "        self.model = model\n        # trained through DDP" in trainer
+    assert "output = self.ddp_model(source)" in trainer
+    assert "            if DISTRIBUTED:\n                self.train_data.sampler.set_epoch(epoch)\n" in trainer
+    assert '                if RANK == 0:\n                    torch.save(self.model.state_dict(), "checkpoint.pt")' in trainer
+    assert "init_process_group" not in trainer and "dist.init_process_group" in script
+    assert "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None" in script
+    assert "dist.destroy_process_group()" in script
+
+
+def test_markdown_has_a_section_per_file_and_one_launch_block(project, capsys):
+    command.run_convert(Path("train.py"), DDP, report_format="markdown")
+    out = capsys.readouterr().out
+    for name in CHANGED:
+        assert f"### autoaccel convert: `{name}`" in out
+    assert out.count("**Run it**") == 1 and out.rstrip().endswith("```")
