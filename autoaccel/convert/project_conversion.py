@@ -114,10 +114,10 @@ def find_project(script: Path, source: SourceFile) -> Project | None:
 def _beside(script: Path, path: Path) -> Path:
     """`path` spelled from where `script` is spelled (`fixtures/packaged/toygpt/data.py`
     for `fixtures/packaged/train.py`), as messages and diffs name it."""
-    folder = script.resolve().parent
-    if path.resolve().is_relative_to(folder):
-        return script.parent / path.resolve().relative_to(folder)
-    return Path(os.path.relpath(path))
+    folder, path = script.resolve().parent, path.resolve()
+    if path.is_relative_to(folder):
+        return script.parent / path.relative_to(folder)
+    return path if script.is_absolute() else Path(os.path.relpath(path))
 
 
 def _with_packages(paths: list[Path], roots: list[Path]) -> list[Path]:
