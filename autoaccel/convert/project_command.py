@@ -40,7 +40,14 @@ def script_output(project: Project, output: Path | None) -> Path:
     """Where the converted script goes (its launch commands name it)."""
     if output is None:
         return project.script.path
-    return output / project.script.path.name if is_folder_output(output) else output
+    return _in_copy(project, project.script.path, output) if is_folder_output(output) else output
+
+
+def _in_copy(project: Project, path: Path, folder: Path) -> Path:
+    """Where a file of the project goes in a copy of it in `folder`: at its place
+    relative to the folder that holds all the files of the project."""
+    root = Path(os.path.commonpath([p.resolve().parent for p in project.all_paths]))
+    return folder / path.resolve().relative_to(root)
 
 
 def finish_project(
@@ -56,8 +63,7 @@ def finish_project(
 ) -> int:
     """Report `result`, then write it (`--write`: in place; `-o`: to `output`) unless a
     file would train wrongly, `-o` cannot hold it, or a file cannot be written."""
-    wrong = [(f, s) for f in result.files for s in f.conversion.log.skipped if s.wrong]
-    if wrong and not allow_partial:
+    if not allow_partial and any(s.wrong for f in result.files for s in f.conversion.log.skipped):
         _report(result, report_format, False)
         _refusals(result, "error")
         print_refused(project.script.path, options)
@@ -120,13 +126,11 @@ def _refusals(result: ProjectConversion, level: str) -> None:
 
 
 def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> list[_Write]:
-    """The files of a copy of the project in `folder` that runs: each at its place
-    relative to the folder that holds them all."""
-    root = Path(os.path.commonpath([p.resolve().parent for p in project.all_paths]))
+    """The files of a copy of the project in `folder` that runs."""
     converted = {f.file.path.resolve(): f for f in result.files}
     writes = []
     for path in project.all_paths:
-        target = folder / path.resolve().relative_to(root)
+        target = _in_copy(project, path, folder)
         done = converted.get(path.resolve())
         if done is not None:
             writes.append(_Write(target, done.conversion.converted, done.file.source.encoding))
