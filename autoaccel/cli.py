@@ -141,8 +141,12 @@ def convert(
         None, "--workers", help="DataLoader workers: auto (from the CPU count) | keep [default: auto]"
     ),
     diff: bool = typer.Option(False, "--diff", help="Show the diff and a summary (the default)."),
-    write: bool = typer.Option(False, "--write", help="Rewrite the file in place."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here."),
+    write: bool = typer.Option(
+        False, "--write", help="Rewrite the file (and the project modules that change) in place."
+    ),
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="Write the result here (a folder when project modules change too)."
+    ),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the script would change."),
     allow_partial: bool = typer.Option(
         False,

@@ -90,7 +90,36 @@ def write_atomic(
     `text` was made from; nothing is written when the file no longer holds them.
     Raises `FileRefused` for a target that is not a regular file, is read-only or
     belongs to another user, and `OSError` when the folder cannot be written."""
-    target = real_path(path)
+    write_all_atomic([(path, text, encoding, original)])
+
+
+Replacement = tuple[Path, str, str, "bytes | None"]  # path, text, encoding, original
+
+
+def write_all_atomic(replacements: list[Replacement]) -> None:
+    """`write_atomic` for several files, all or none: every new file is written beside
+    its target and every target checked before the first rename. Raises as
+    `write_atomic` does (then nothing was replaced), with `error.path` the file at fault."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, text, encoding, original in replacements:
+            try:
+                staged.append((_stage(real_path(path), text, encoding, original), real_path(path)))
+            except OSError as error:
+                error.path = path  # type: ignore[attr-defined]
+                raise
+        for temporary, target in staged:
+            os.replace(temporary, target)
+    except BaseException:
+        for temporary, _ in staged:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+        raise
+
+
+def _stage(target: Path, text: str, encoding: str, original: bytes | None) -> str:
+    """The new contents of `target` in a temporary file beside it (mode and owner of the
+    file it replaces); the caller renames it over `target` or removes it."""
     try:
         existing = os.stat(target)
     except FileNotFoundError:
@@ -114,11 +143,10 @@ def write_atomic(
             os.chmod(temporary, 0o666 & ~_umask())
         if original is not None and not _holds(target, original):
             raise FileRefused("changed while autoaccel worked on it; nothing written (run again)")
-        os.replace(temporary, target)
     except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+        os.unlink(temporary)
         raise
+    return temporary
 
 
 def _umask() -> int:

@@ -9,7 +9,6 @@ make_loaders`. Libraries (torch, numpy, ...) are never read.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,27 +150,3 @@ def _dotted(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.Attribute):
         return f"{_dotted(node.value)}.{node.attr.value}"
     return ""
-
-
-def training_elsewhere(script: Path, tree: cst.Module) -> list[tuple[str, int]]:
-    """(path, line) of each training step loop that the script runs in another module of
-    its project (a `Trainer` in `trainer.py`, minGPT's `mingpt/trainer.py`)."""
-    from autoaccel.analysis.index import run_visitors
-    from autoaccel.analysis.positions import Positions
-    from autoaccel.analysis.program import Program, ProgramCollector
-    from autoaccel.analysis.training import LoopRole, find_training
-
-    project = load_project(script, tree)
-    if not project.modules:
-        return []
-    program = Program(project.all_modules, project.resolve)
-    for module in program.modules:
-        run_visitors(module.tree, [ProgramCollector(program, module)])
-    program.solve()
-    found = []
-    for loop in find_training(program).step_loops.values():
-        module = loop.module
-        if loop.role is LoopRole.TRAIN and module is not None and module is not project.script:
-            path = os.path.relpath(module.path) if module.path else module.name
-            found.append((path, Positions(module.tree)[loop.node].start.line))
-    return sorted(set(found))

@@ -45,7 +45,7 @@ from autoaccel.analysis.training import LoopRole, StepLoop, Training, find_train
 __all__ = [
     "CONVOLUTIONS", "DATALOADER", "DATA_PARALLEL", "DISTRIBUTED_DATA_PARALLEL",
     "DISTRIBUTED_SAMPLER", "KeywordDict", "KeywordValue", "LoopRole", "Missing",
-    "ScriptModel", "StepLoop", "Unknown", "build_script_model", "device_leaves",
+    "ProjectContext", "ScriptModel", "StepLoop", "Unknown", "build_script_model", "device_leaves",
     "is_device_string", "strip_device_moves",
 ]  # fmt: skip
 
@@ -110,7 +110,7 @@ class ScriptModel:
     step_loops: dict[cst.CSTNode, StepLoop] = field(default_factory=dict)
     epoch_loops: set[cst.CSTNode] = field(default_factory=set)  # loops around a step loop
     micro_loops: set[cst.CSTNode] = field(default_factory=set)  # loops inside a step loop
-    uses_cuda: bool = False
+    uses_cuda: bool = False  # this module, or with a project any module of the program
     has_convolutions: bool = False
     # -- the whole program -----------------------------------------------------------
     index: ModuleIndex | None = field(default=None, repr=False, compare=False)
@@ -372,15 +372,35 @@ def _file(model: ScriptModel, key: str, obj: Obj) -> None:
             model.data_parallel.add(key)
 
 
-def build_script_model(wrapper: MetadataWrapper, index: ModuleIndex | None = None) -> ScriptModel:
-    """Analyse the module held by `wrapper` on its own (pass the module's `index` when
-    built already): one walk collects both the syntax and the program's constraints."""
+@dataclass(frozen=True)
+class ProjectContext:
+    """Where a module sits in its project: its import name and package, and the other
+    modules of the program (parsed, as they are now)."""
+
+    name: str
+    package: str = ""
+    path: str | None = None
+    others: tuple[SourceModule, ...] = ()
+
+
+def build_script_model(
+    wrapper: MetadataWrapper, index: ModuleIndex | None = None, project: ProjectContext | None = None
+) -> ScriptModel:
+    """Analyse the module held by `wrapper` (pass the module's `index` when built
+    already): on its own, or with the other modules of its `project`, so that objects,
+    calls and training loops are followed across files. One walk of this module collects
+    both the syntax and the program's constraints."""
     tree = wrapper.module
     index = index or ModuleIndex(tree)
-    module = SourceModule("__main__", tree, index)
-    program = Program([module])
+    project = project or ProjectContext("__main__")
+    module = SourceModule(project.name, tree, index, project.path, project.package)
+    program = Program([module, *project.others])
     model = ScriptModel(index=index, program=program, module=module)
     run_visitors(tree, [_Syntax(index, model), ProgramCollector(program, module)])
+    for other in project.others:
+        syntax = _Syntax(other.index, ScriptModel())
+        run_visitors(other.tree, [syntax, ProgramCollector(program, other)])
+        model.uses_cuda = model.uses_cuda or syntax.model.uses_cuda
     program.solve()
     model.training = find_training(program)
     return _fill(model)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from autoaccel.convert.log import ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
+from autoaccel.convert.project_conversion import convert_project, find_project
 from autoaccel.convert.report import json_report, markdown_report, text_report
-from autoaccel.convert.verify import VerifyRequest, verify_ddp
+from autoaccel.convert.verify import VerifyRequest, WriteConversion, verify_ddp, write_one
 from autoaccel.diff import use_colour
 from autoaccel.fileio import os_error_message, read_bytes, read_source, write_atomic
 from autoaccel.lint.engine import TOO_DEEP, SourceError
@@ -52,6 +53,16 @@ def run_convert(
         print(f"{path}:1:1: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     try:
+        # A script whose training code lives in modules of its project converts with them.
+        project = find_project(path, source) if notebook is None else None
+        if project is not None:
+            from autoaccel.convert.project_command import finish_project, script_output  # builds on this module
+
+            result = convert_project(project, options, str(script_output(project, output)))
+            return finish_project(
+                project, result, options, write, output, check, report_format, allow_partial, force,
+                verify,
+            )
         # The launch commands of `--to ddp` name the script that will run.
         conversion = convert_source(text, options, str(output or path), str(path))
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
@@ -62,7 +73,10 @@ def run_convert(
         print(f"{path}:{where}: {error.message}", file=sys.stderr)
         return EXIT_ERROR
     except ConversionError as error:
-        print(f"{path}: {error}{_details_saved(error.details)}", file=sys.stderr)
+        print(f"{error.path or path}: {error}{_details_saved(error.details)}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as error:  # a module of the project
+        print(f"{error.filename or path}:1:1: error: {os_error_message(error)}", file=sys.stderr)
         return EXIT_ERROR
     except NotebookError as error:
         print(f"{path}: {error}", file=sys.stderr)
@@ -79,9 +93,10 @@ def run_convert(
     wrong = [s for s in conversion.log.skipped if s.wrong]
     if wrong and not allow_partial:
         _print_report(_readable(conversion, notebook), str(path), report_format, False)
-        _print_refusal(path, options, wrong, "error")
+        print_not_applied(path, wrong, "error")
+        print_refused(path, options)
         return EXIT_CHANGED
-    if verify is not None and not _verified(path, conversion.converted, verify):
+    if verify is not None and not verified(path, write_one(path, conversion.converted), verify, []):
         return EXIT_CHANGED
     writes = [_Write(output, converted, encoding)] if output is not None else []
     if write and conversion.changed:
@@ -101,7 +116,7 @@ def run_convert(
             return EXIT_ERROR
         writes += [item for item in launchers if not _written(item)]
     _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
-    _print_refusal(path, options, wrong, "warning")
+    print_not_applied(path, wrong, "warning")
     for item in writes:
         try:
             write_atomic(item.path, item.text, item.encoding, item.original)
@@ -113,13 +128,17 @@ def run_convert(
     return EXIT_OK
 
 
-def _verified(path: Path, converted: str, request: VerifyRequest) -> bool:
-    """Run the conversion under `--verify` and print each check; False on a failure."""
+def verified(
+    path: Path, write_conversion: WriteConversion, request: VerifyRequest, import_roots: list[Path]
+) -> bool:
+    """Run the conversion under `--verify` (see `verify_ddp`) and print each check;
+    False on a failure."""
     from rich.console import Console
 
     with Console(stderr=True).status("") as status:
         checks, log = verify_ddp(
-            path, converted, request, lambda what: status.update(f"--verify: running the {what}")
+            path, write_conversion, request, import_roots,
+            lambda what: status.update(f"--verify: running the {what}"),
         )
     for check in checks:
         print(check.line, file=sys.stderr)
@@ -131,18 +150,18 @@ def _verified(path: Path, converted: str, request: VerifyRequest) -> bool:
     return False
 
 
-def _print_refusal(path: Path, options: ConvertOptions, wrong: list[Skipped], level: str) -> None:
-    """Each rewrite the result needs to train like the original and lacks, as an error
-    (the conversion is refused) or a warning (`--allow-partial`)."""
-    for item in wrong:
+def print_not_applied(path: Path, items: list[Skipped], level: str) -> None:
+    for item in items:
         where = f"{path}:{item.line}:1" if item.line else str(path)
         print(f"{where}: {level}: {item.what} not applied: {item.reason}", file=sys.stderr)
-    if wrong and level == "error":
-        print(
-            f"{path}: error: --to {options.target} refused: the result would not train like the"
-            " original (see above); nothing written. `--allow-partial` writes it anyway.",
-            file=sys.stderr,
-        )
+
+
+def print_refused(path: Path, options: ConvertOptions) -> None:
+    print(
+        f"{path}: error: --to {options.target} refused: the result would not train like the"
+        " original (see above); nothing written. `--allow-partial` writes it anyway.",
+        file=sys.stderr,
+    )
 
 
 def _details_saved(details: str) -> str:

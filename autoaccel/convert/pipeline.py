@@ -9,12 +9,14 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import libcst as cst
+from libcst.codemod import CodemodContext
 
 from autoaccel.convert.log import ConversionLog, ConvertOptions
-from autoaccel.convert.transform import Transform, new_context
+from autoaccel.convert.transform import LOG_KEY, Transform, new_context
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
 from autoaccel.lint.engine import compile_quietly, parse
@@ -30,6 +32,7 @@ class ConversionError(Exception):
     def __init__(self, message: str, details: str = "") -> None:
         super().__init__(message)
         self.details = details
+        self.path: Path | None = None  # the file at fault, in a conversion of several
 
 
 @dataclass
@@ -70,26 +73,44 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
     return steps
 
 
+@dataclass
+class ModuleState:
+    """A module being converted: its tree, the code of that tree, and the (before, after)
+    texts of every step that changed it (to report lines of the original)."""
+
+    tree: cst.Module
+    text: str
+    history: list[tuple[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, source: str) -> ModuleState:
+        return cls(parse(source), source)
+
+
+def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, context: CodemodContext) -> None:
+    """Run one step over `state` (code generated once, inserted code formatted)."""
+    log: ConversionLog = context.scratch[LOG_KEY]
+    logged = (len(log.changes), len(log.skipped))
+    transformed = step(context).transform_module(state.tree)
+    if transformed is state.tree:
+        return  # the step had nothing to do
+    generated = transformed.code
+    after = format_inserted_code(state.text, generated)
+    state.tree = cst.parse_module(after) if after != generated else transformed
+    _map_lines_to_original(log, logged, state.history)
+    if after != state.text:
+        state.history.append((state.text, after))
+    state.text = after
+
+
 def _run(
     source: str, options: ConvertOptions, log: ConversionLog, path: str | None, origin: str | None = None
 ) -> str:
-    tree, text = parse(source), source  # `text` is always `tree.code`: codegen once a step
-    history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
+    state = ModuleState.of(source)
     for step in transforms_for(options):
-        if not step.enabled(options):
-            continue
-        logged = (len(log.changes), len(log.skipped))
-        transformed = step(new_context(options, log, path, text, origin)).transform_module(tree)
-        if transformed is tree:
-            continue  # the step had nothing to do
-        generated = transformed.code
-        after = format_inserted_code(text, generated)
-        tree = cst.parse_module(after) if after != generated else transformed
-        _map_lines_to_original(log, logged, history)
-        if after != text:
-            history.append((text, after))
-        text = after
-    return text
+        if step.enabled(options):
+            apply_step(step, state, new_context(options, log, path, state.text, origin))
+    return state.text
 
 
 def _map_lines_to_original(

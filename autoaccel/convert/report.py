@@ -27,6 +27,16 @@ def _launch_lines(conversion: Conversion) -> list[str]:
     return [*conversion.log.launch, *extra]
 
 
+def launch_report(conversion: Conversion, markdown: bool) -> str:
+    """How to run the result ("Run it"), empty when there is nothing to say."""
+    launch = _launch_lines(conversion)
+    if not launch:
+        return ""
+    if markdown:
+        return "\n".join(["**Run it**", "", code_block("\n".join(launch), "sh")]) + "\n"
+    return "Run it:\n" + "".join(f"  {line}\n" for line in launch)
+
+
 def text_report(conversion: Conversion, path: str, colour: bool) -> str:
     diff = unified_diff(conversion.original, conversion.converted, path)
     parts = [colourize(diff) if colour else diff]
@@ -40,9 +50,7 @@ def text_report(conversion: Conversion, path: str, colour: bool) -> str:
     skipped = _skipped_lines(conversion)
     if skipped:
         parts.append("Not changed:\n" + "".join(f"  {line}\n" for line in skipped))
-    launch = _launch_lines(conversion)
-    if launch:
-        parts.append("Run it:\n" + "".join(f"  {line}\n" for line in launch))
+    parts.append(launch_report(conversion, markdown=False))
     return "".join(parts)
 
 
@@ -54,9 +62,9 @@ def markdown_report(conversion: Conversion, path: str) -> str:
     skipped = _skipped_lines(conversion)
     if skipped:
         lines += ["", "**Not changed**", ""] + [f"- {line}" for line in skipped]
-    launch = _launch_lines(conversion)
+    launch = launch_report(conversion, markdown=True)
     if launch:
-        lines += ["", "**Run it**", "", code_block("\n".join(launch), "sh")]
+        lines += ["", launch.rstrip("\n")]
     if diff:
         block = [code_block(diff.rstrip("\n"), "diff")]
         if diff.count("\n") > COLLAPSE_AFTER:
@@ -65,16 +73,18 @@ def markdown_report(conversion: Conversion, path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def json_object(conversion: Conversion, path: str) -> dict:
+    """The json report of one file, as a dict."""
+    return {
+        "path": path,
+        "changed": conversion.changed,
+        "changes": [c.__dict__ for c in conversion.log.changes],
+        "skipped": [s.__dict__ for s in conversion.log.skipped],
+        "launch": conversion.log.launch,
+        "extra_files": conversion.log.extra_files,
+        "diff": unified_diff(conversion.original, conversion.converted, path),
+    }
+
+
 def json_report(conversion: Conversion, path: str) -> str:
-    return json.dumps(
-        {
-            "path": path,
-            "changed": conversion.changed,
-            "changes": [c.__dict__ for c in conversion.log.changes],
-            "skipped": [s.__dict__ for s in conversion.log.skipped],
-            "launch": conversion.log.launch,
-            "extra_files": conversion.log.extra_files,
-            "diff": unified_diff(conversion.original, conversion.converted, path),
-        },
-        indent=2,
-    ) + "\n"
+    return json.dumps(json_object(conversion, path), indent=2) + "\n"

@@ -22,6 +22,10 @@ OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
 SOURCE_KEY = "autoaccel.source"
 ORIGIN_KEY = "autoaccel.origin"
+# Set when the module is one file of a project conversion: a `ProjectContext` (see
+# `autoaccel.convert.project_conversion`) and whether the module is the entry script.
+PROJECT_KEY = "autoaccel.project"
+ENTRY_KEY = "autoaccel.entry"
 
 
 def new_context(
@@ -70,6 +74,11 @@ class Transform(VisitorBasedCodemodCommand):
     def log(self) -> ConversionLog:
         return self.context.scratch[LOG_KEY]
 
+    @property
+    def in_entry_script(self) -> bool:
+        """Whether this module is the script that runs (not a module it imports)."""
+        return self.context.scratch.get(ENTRY_KEY, True)
+
     @classmethod
     def enabled(cls, options: ConvertOptions) -> bool:
         """Whether the options ask for this step (default: always)."""
@@ -90,7 +99,7 @@ class Transform(VisitorBasedCodemodCommand):
     def _analyse(self) -> None:
         """The script model of the tree in `context.wrapper`; positions reset."""
         assert self.context.wrapper is not None
-        self.script = build_script_model(self.context.wrapper)
+        self.script = build_script_model(self.context.wrapper, project=self.context.scratch.get(PROJECT_KEY))
         self._positions = None
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:

@@ -63,36 +63,62 @@ class Check:
         return f"--verify {'ok  ' if self.passed else 'FAIL'} {self.name}: {self.detail}"
 
 
+# Writes a conversion into an empty folder; returns the converted script's path there and
+# the folders its imports are found in.
+WriteConversion = Callable[[Path], tuple[Path, list[Path]]]
+
+
 def verify_ddp(
     script: Path,
-    converted: str,
+    write_conversion: WriteConversion,
     request: VerifyRequest,
+    import_roots: list[Path],
     on_status: Callable[[str], None] | None = None,
 ) -> tuple[list[Check], str]:
-    """Run `script` (one process) and its conversion `converted` (two processes, gloo)
-    for `request.steps` training steps; the checks, and the output of the run that
-    failed (empty when none did)."""
+    """Run `script` (one process; its imports found in `import_roots`) and its
+    conversion, which `write_conversion` writes (two processes, gloo), for
+    `request.steps` training steps. The checks, and the output of the run that failed
+    (empty when none did)."""
     status = on_status or (lambda text: None)
     script_args, steps, timeout = request.script_args, request.steps, request.timeout
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with tempfile.TemporaryDirectory(prefix="autoaccel-verify-") as folder:
-        copy = Path(folder) / "converted" / script.name
-        copy.parent.mkdir()
-        write_atomic(copy, converted)
+        scratch = Path(folder)
+        (scratch / "converted").mkdir()
+        copy, copy_roots = write_conversion(scratch / "converted")
         status("original script, 1 process")
         original = run_script(
-            script, script_args, steps, Path(folder) / "original", env=threads, timeout=timeout,
-            scratch=Path(folder),
+            script, script_args, steps, scratch / "original", timeout=timeout, scratch=scratch,
+            env={**threads, **_python_path(import_roots)},
         )
         if original.failed:
             return [Check("original runs", False, f"the original script failed: {original.record['exit']}")], original.log
         status(f"converted script, {PROCESSES} processes (gloo)")
         ddp = run_script(
-            copy, script_args, steps, Path(folder) / "ddp", nproc=PROCESSES,
-            import_from=script.resolve().parent, env=threads, timeout=timeout, scratch=Path(folder),
+            copy, script_args, steps, scratch / "ddp", nproc=PROCESSES, timeout=timeout,
+            scratch=scratch, env={**threads, **_python_path(copy_roots)},
         )
     found = checks(original, ddp)
     return found, ddp.log if not all(c.passed for c in found) else ""
+
+
+def _python_path(roots: list[Path]) -> dict[str, str]:
+    """PYTHONPATH with `roots` first."""
+    if not roots:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join([*map(str, roots), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def write_one(script: Path, converted: str) -> WriteConversion:
+    """How to write the conversion of the script alone: its modules are found beside the
+    original."""
+
+    def write(folder: Path) -> tuple[Path, list[Path]]:
+        copy = folder / script.name
+        write_atomic(copy, converted)
+        return copy, [script.resolve().parent]
+
+    return write
 
 
 def checks(original: Run, ddp: Run) -> list[Check]:

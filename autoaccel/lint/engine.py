@@ -18,7 +18,7 @@ from libcst.metadata import (
 
 from autoaccel.analysis.index import ModuleIndex, run_visitors
 from autoaccel.analysis.positions import Positions
-from autoaccel.analysis.script_model import build_script_model
+from autoaccel.analysis.script_model import ProjectContext, build_script_model
 from autoaccel.config import LintSettings
 from autoaccel.lint.noqa import is_suppressed, suppressions
 from autoaccel.lint.rule import Diagnostic, LintRule, Note
@@ -117,8 +117,12 @@ class Analysis:
     notes: list[Note] = field(default_factory=list)
 
 
-def analyse(source: str, settings: LintSettings, path: str | None = None) -> Analysis:
-    """Run the enabled rules over `source`. Raises `SourceError` when it does not parse."""
+def analyse(
+    source: str, settings: LintSettings, path: str | None = None, project: ProjectContext | None = None
+) -> Analysis:
+    """Run the enabled rules over `source` (a module of `project`, when given: the
+    rules then see the objects and loops of its other modules). Raises `SourceError`
+    when it does not parse."""
     rules = [
         rule
         for rule in all_rules()
@@ -133,7 +137,7 @@ def analyse(source: str, settings: LintSettings, path: str | None = None) -> Ana
         return Analysis(module=module, wrapper=None, positions=positions)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     index = ModuleIndex(module)
-    script = build_script_model(wrapper, index)
+    script = build_script_model(wrapper, index, project)
     metadata = {
         ParentNodeProvider: index.parents,
         PositionProvider: positions,

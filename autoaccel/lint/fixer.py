@@ -11,6 +11,7 @@ from autoaccel.config import LintSettings
 from autoaccel.cst_edit import add_imports
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
+from autoaccel.analysis.script_model import ProjectContext
 from autoaccel.lint.engine import Analysis, SourceError, analyse
 from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Note, Replacement
 
@@ -32,11 +33,14 @@ def is_applicable(diagnostic: Diagnostic, settings: LintSettings) -> bool:
     )
 
 
-def fix_source(source: str, settings: LintSettings, path: str | None = None) -> FixResult:
-    """Apply every applicable fix; overlapping fixes wait for the next round."""
+def fix_source(
+    source: str, settings: LintSettings, path: str | None = None, project: ProjectContext | None = None
+) -> FixResult:
+    """Apply every applicable fix; overlapping fixes wait for the next round. `project`:
+    the module's project, as `analyse` takes it."""
     fixed: list[Diagnostic] = []
     history: list[tuple[str, str]] = []  # texts of the rounds, to report original lines
-    analysis = analyse(source, settings, path)
+    analysis = analyse(source, settings, path, project)
     for _ in range(MAX_ROUNDS):
         chosen = _non_overlapping(analysis, settings)
         if not chosen:
@@ -45,7 +49,7 @@ def fix_source(source: str, settings: LintSettings, path: str | None = None) -> 
         if new_source == source:
             break
         try:
-            next_analysis = analyse(new_source, settings, path)
+            next_analysis = analyse(new_source, settings, path, project)
         except SourceError:
             # A fix that breaks the syntax is a bug in the rule; keep the last good text.
             break

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.index import descendants
+from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import Obj
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
 from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
 from autoaccel.convert.transform import StatementRewrite, source_of
@@ -54,6 +55,14 @@ def has_setup_block(module: cst.Module) -> bool:
         value=m.Comparison(left=m.SimpleString('"LOCAL_RANK"')),
     )
     return any(m.matches(s, m.SimpleStatementLine(body=[setup])) for s in module.body)
+
+
+def setup_block_end(module: cst.Module) -> cst.BaseStatement:
+    """The last statement of the set-up block: its `if DISTRIBUTED:`, or in a module
+    that only reads the environment (one the script imports), `WORLD_SIZE = ...`."""
+    last = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name(WORLD_SIZE))])])
+    ends = [s for s in module.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED)) | last)]
+    return next((s for s in ends if isinstance(s, cst.If)), ends[-1])
 
 
 def rank_zero(statements: Statements) -> cst.If:
@@ -138,9 +147,11 @@ class DistributedStep(StatementRewrite):
     # Text the source must contain for the step to have work (a prefilter that spares
     # the metadata pass); empty: always run.
     needs: tuple[str, ...] = ()
+    # A step for the script that runs only, never for a module it imports.
+    entry_only: bool = False
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
-        if not has_setup_block(tree):
+        if not has_setup_block(tree) or (self.entry_only and not self.in_entry_script):
             return tree
         if self.needs and not any(word in source_of(self.context, tree) for word in self.needs):
             return tree
@@ -180,8 +191,9 @@ class DistributedStep(StatementRewrite):
         bound = {name_key(t.target) for t in find(module, cst.AssignTarget)}
         if name in bound or any(d.name.value == name for d in find(module, (cst.FunctionDef, cst.ClassDef))):
             return
-        setup = next(s for s in module.body if m.matches(s, m.If(test=m.Name(DISTRIBUTED))))
-        self.after.setdefault(setup, []).extend(parse_statements("\n\n" + code.lstrip("\n")))
+        self.after.setdefault(setup_block_end(module), []).extend(
+            parse_statements("\n\n" + code.lstrip("\n"))
+        )
 
     # -- where things are -------------------------------------------------------------
     def scope_of(self, node: cst.CSTNode) -> Scope:
@@ -236,19 +248,27 @@ class DistributedStep(StatementRewrite):
         return names
 
 
-    def shards(self, module: cst.Module, loader: cst.Call) -> bool:
-        """Whether a DataLoader call reads through a DistributedSampler: `sampler=name`
-        bound to one, or `**kwargs` whose `kwargs["sampler"]` is set to one."""
+    def shards(self, module: cst.Module, loader: cst.Call, index: ModuleIndex | None = None) -> bool:
+        """Whether a DataLoader call of `module` (whose index is `index`, default this
+        module's) reads through a DistributedSampler: `sampler=name` bound to one, or
+        `**kwargs` whose `kwargs["sampler"]` is set to one."""
+        index = index or self.script.index
+        assert index is not None
         sampler = keyword_value(loader, "sampler")
         names = {name_key(sampler)} if sampler is not None else set()
         names |= {f"{name_key(a.value)}[sampler]" for a in loader.args if a.star == "**"}
         for assign in find(module, cst.Assign):
             targets = {_target_name(t.target) for t in assign.targets}
             if targets & names and any(
-                DISTRIBUTED_SAMPLER in self.qualified_names(c.func) for c in find(assign.value, cst.Call)
+                DISTRIBUTED_SAMPLER in index.qualified_names(c.func) for c in find(assign.value, cst.Call)
             ):
                 return True
         return False
+
+    def shards_loader(self, loader: Obj) -> bool:
+        """`shards` for a DataLoader built in any module of the program."""
+        module = loader.module
+        return self.shards(module.tree, loader.node, module.index)  # type: ignore[arg-type]
 
     def ddp_wrappers(self, module: cst.Module) -> set[str]:
         """Names that hold a DDP wrapper: assigned one, or a parameter of a function
@@ -298,9 +318,10 @@ class DistributedStep(StatementRewrite):
         assignments = find(module, (cst.Assign, cst.AnnAssign))
         for key in keys:
             assigns = [a for a in assignments if any(name_key(t) == key for t in _targets(a))]
-            if not assigns:
+            receiver = None if assigns else self._receiving_function(key)
+            if receiver is None and not assigns:
                 continue
-            block = self.scope_block(assigns[0])
+            block = self.scope_block(assigns[0]) if assigns else receiver.body  # type: ignore[union-attr]
             anchor = trains = None
             for statement in block.body:
                 if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
@@ -308,11 +329,24 @@ class DistributedStep(StatementRewrite):
                 if called_function(statement, training) or any(n in loops for n in descendants(statement)):
                     trains = statement
                     break
-                if _builds(statement, key):
-                    anchor = statement
+                if _builds(statement, key) or receiver is not None:
+                    anchor = statement  # a model received ready: wrapped just before training
             if anchor is not None:
                 found.append(TrainedModel(key, block, anchor, trains))
         return found
+
+
+    def _receiving_function(self, key: str) -> cst.FunctionDef | None:
+        """The function that trains a model it receives as its parameter `key` (the model
+        is built in another module, a `fit(model, ...)` of a library of the project)."""
+        for code in self.train_code():
+            for call in find(code, cst.Call):
+                function = self.scope_of(call) if name_key(call.func) == key else None
+                if function is not None and key in parameters_of(function) and not any(
+                    name_key(t.target) == key for t in find(function, cst.AssignTarget)
+                ):
+                    return function
+        return None
 
 
 def _space_new_definitions(
@@ -344,9 +378,16 @@ def _target_name(target: cst.BaseExpression) -> str | None:
 
 
 def _targets(assign: cst.CSTNode) -> list[cst.BaseExpression]:
-    if isinstance(assign, cst.Assign):
-        return [t.target for t in assign.targets]
-    return [assign.target]  # type: ignore[attr-defined]
+    """The names an assignment binds, unpacked (`model, config = ...` binds both)."""
+    found: list[cst.BaseExpression] = []
+    stack = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]  # type: ignore[attr-defined]
+    while stack:
+        target = stack.pop(0)
+        if isinstance(target, (cst.Tuple, cst.List)):
+            stack[:0] = [element.value for element in target.elements]
+        else:
+            found.append(target)
+    return found
 
 
 def _builds(statement: cst.CSTNode, key: str) -> bool:

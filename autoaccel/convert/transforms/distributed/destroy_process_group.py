@@ -18,6 +18,7 @@ _MAIN = m.If(test=m.Comparison(left=m.Name("__name__")))
 
 class DestroyProcessGroup(DistributedStep):
     DESCRIPTION = "Destroy the process group at the end of the script."
+    entry_only = True
 
     def visit_Module(self, node: cst.Module) -> None:
         if method_calls(node, "destroy_process_group"):

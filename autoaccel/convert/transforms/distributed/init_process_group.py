@@ -3,18 +3,17 @@
 torchrun starts one process per GPU and sets `RANK`, `LOCAL_RANK` and `WORLD_SIZE`;
 each process drives the GPU of its local rank. Started with plain `python`, the
 script sees none of them and runs as one process, as before. The block's names are
-module-level so that every function and class of the script can read them.
+module-level so that every function and class of the script can read them. A module of
+the project that the script imports and that gets DDP changes (its training loop, its
+DataLoader) reads the same names from the environment; only the script starts the group.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import libcst as cst
 
-from autoaccel.analysis.project import training_elsewhere
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole
-from autoaccel.convert.transform import ORIGIN_KEY, Transform
+from autoaccel.convert.transform import Transform
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
@@ -29,14 +28,20 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 from autoaccel.cst_edit import leading_import_block
 
-_NAMES = '''
-# Distributed training: torchrun starts one process per GPU and sets RANK, LOCAL_RANK
-# and WORLD_SIZE. Run with plain `python`, the script is a single process, as before.
-DISTRIBUTED = "LOCAL_RANK" in os.environ
+_ENVIRONMENT = '''DISTRIBUTED = "LOCAL_RANK" in os.environ
 RANK = int(os.environ.get("RANK", 0))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
 '''
+_NAMES = '''
+# Distributed training: torchrun starts one process per GPU and sets RANK, LOCAL_RANK
+# and WORLD_SIZE. Run with plain `python`, the script is a single process, as before.
+''' + _ENVIRONMENT
+# For a module of the project that the script imports: the script starts the group.
+MODULE_NAMES = '''
+# Distributed training: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE, and the script
+# that imports this module starts the process group. Without torchrun: one process.
+''' + _ENVIRONMENT
 SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
     if torch.cuda.is_available():
         torch.cuda.set_device(LOCAL_RANK)  # "cuda" now means this process's GPU
@@ -76,6 +81,8 @@ class InitProcessGroup(Transform):
             return tree
         self.already_distributed: cst.Call | None = None
         super().transform_module_impl(tree)  # analysis only: fills self.script
+        if not self.in_entry_script and not self._trains_here():
+            return tree  # a module the script imports that no DDP change goes into
         if self.already_distributed is not None:
             self.skipped(
                 "--to ddp",
@@ -95,8 +102,10 @@ class InitProcessGroup(Transform):
                 wrong=True,
             )
             return tree
-        if not any(loop.role is LoopRole.TRAIN for loop in self.script.step_loops.values()):
-            self.skipped("--to ddp", self._no_training_loop(tree), wrong=True)
+        if not self.in_entry_script:
+            return self._read_environment(tree)
+        if not any(loop.role is LoopRole.TRAIN for loop in self.script.training.step_loops.values()):
+            self.skipped("--to ddp", "no training loop (a loop that calls `.backward()`) found", wrong=True)
             return tree
         _, end = leading_import_block(tree)
         body = list(tree.body)
@@ -110,6 +119,28 @@ class InitProcessGroup(Transform):
         for statement in ("import os", "import torch", DIST_IMPORT):
             module = add_import(module, statement)
         return module
+
+    def _trains_here(self) -> bool:
+        """Whether this module (one the script imports) holds a training step loop, or a
+        DataLoader that one reads: the module the DDP changes go into."""
+        here = self.script.module
+        return any(
+            loop.role is LoopRole.TRAIN and (loop.module is here or any(o.module is here for o in loop.loaders))
+            for loop in self.script.training.step_loops.values()
+        )
+
+    def _read_environment(self, tree: cst.Module) -> cst.Module:
+        """A module the script imports reads RANK, LOCAL_RANK and WORLD_SIZE from the
+        environment too; the script's own set-up block starts the process group."""
+        _, end = leading_import_block(tree)
+        body = list(tree.body)
+        body[end:end] = parse_statements(MODULE_NAMES)
+        self.changed(
+            tree.body[end - 1] if end else tree.body[0],
+            "RANK, LOCAL_RANK and WORLD_SIZE from torchrun's environment (the script starts"
+            " the process group)",
+        )
+        return add_import(tree.with_changes(body=body), "import os")
 
     def _name_clash(self, tree: cst.Module) -> tuple[str, cst.CSTNode | None] | None:
         """A name the conversion inserts that the script binds to something else (a
@@ -130,19 +161,6 @@ class InitProcessGroup(Transform):
                     where = next((n for n in find(tree, cst.Name) if n.value == name), None)
                 return name, where
         return None
-
-    def _no_training_loop(self, tree: cst.Module) -> str:
-        """Why there is nothing to convert: no training loop, or one in another file."""
-        origin = self.context.scratch.get(ORIGIN_KEY)
-        elsewhere = training_elsewhere(Path(origin), tree) if origin else []
-        if not elsewhere:
-            return "no training loop (a loop that calls `.backward()`) found"
-        where = ", ".join(f"{path}:{line}" for path, line in elsewhere)
-        return (
-            f"the training loop this script runs is in another file ({where}); autoaccel"
-            " converts one file at a time and cannot yet make the changes that belong there"
-            " (DDP wrapper, sharded loader, set_epoch); convert by hand"
-        )
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.qualified_names(node.func)

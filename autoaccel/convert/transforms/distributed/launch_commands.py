@@ -14,7 +14,7 @@ class LaunchCommands(DistributedStep):
     DESCRIPTION = "Tell how to launch the converted script."
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
-        if has_setup_block(tree):  # reads the tree only: no metadata pass
+        if self.in_entry_script and has_setup_block(tree):  # reads the tree only: no metadata pass
             script = self.context.filename or DEFAULT_SCRIPT
             self.log.launch = launch_lines(script, self.options.launcher)
             self.log.extra_files.update(companion_files(script, self.options.launcher))

@@ -32,18 +32,20 @@ if {DISTRIBUTED}:
 
 class SeedEachRank(DistributedStep):
     DESCRIPTION = "Re-seed each process with its rank when training starts."
-    needs = ("manual_seed",)
+    needs = ("seed",)
 
     def visit_Module(self, node: cst.Module) -> None:
-        seeds = [c for c in find(node, cst.Call) if MANUAL_SEED in self.qualified_names(c.func)]
+        seeds = [c for c in find(node, cst.Call) if self._seeds(c)]
         if not seeds or any(mentions_rank(arg.value) for call in seeds for arg in call.args):
             return  # unseeded processes already differ; or seeded per rank by the author
         start = next((m.training for m in self.trained_models(node) if m.training), None)
-        if start is None:  # the model is built elsewhere (a Trainer's `__init__`)
-            block = self.scope_block(seeds[0])
-            seeding = self.statement_of(seeds[0])
+        for seed in seeds if start is None else ():  # the model is built elsewhere (a Trainer's `__init__`)
+            block = self.scope_block(seed)
+            seeding = self.statement_of(seed)
             later = block.body[block.body.index(seeding) + 1:] if seeding in block.body else []
             start = next((s for s in later if self.script.runs_training(s)), None)
+            if start is not None:
+                break
         if start is None:
             self.skipped(
                 "per-process seed",
@@ -54,3 +56,15 @@ class SeedEachRank(DistributedStep):
             return
         self.before.setdefault(start, []).extend(parse_statements(_RESEED))
         self.changed(start, f"each process re-seeded with seed + {RANK} before training")
+
+    def _seeds(self, call: cst.Call) -> bool:
+        """`torch.manual_seed(...)`, or a call of a function of the project that calls it
+        (`set_seed(config.seed)` of a utils module)."""
+        if MANUAL_SEED in self.qualified_names(call.func):
+            return True
+        program = self.script.program
+        return program is not None and any(
+            "torch.manual_seed" in function.module.index.qualified_names(inner.func)
+            for function in program.callees.get(call, ())
+            for inner in find(function.node.body, cst.Call)
+        )

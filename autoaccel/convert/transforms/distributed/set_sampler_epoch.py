@@ -26,10 +26,7 @@ class SetSamplerEpoch(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         for loop in self.script.step_loops.values():
-            if loop.node in self.train_loops() and any(
-                loader.module is self.script.module and self.shards(node, loader.node)  # type: ignore[arg-type]
-                for loader in loop.loaders
-            ):
+            if loop.node in self.train_loops() and any(self.shards_loader(loader) for loader in loop.loaders):
                 self._set_epoch(node, loop)
 
     def _set_epoch(self, module: cst.Module, loop: StepLoop) -> None:

@@ -15,7 +15,7 @@ import libcst.matchers as m
 from autoaccel.analysis.fresh_data import draws_fresh_batches
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
-from autoaccel.analysis.script_model import Missing
+from autoaccel.analysis.script_model import LoopRole, Missing
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -24,6 +24,7 @@ from autoaccel.convert.transforms.distributed._base import (
     WORLD_SIZE,
     DistributedStep,
     parse_statements,
+    setup_block_end,
 )
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
@@ -76,10 +77,10 @@ class ShardTrainLoader(DistributedStep):
         self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         self.helper_needed = False
         self.shared_draws_needed = False
-        loaders = {
+        loaders = {  # built here, read by a training loop of any module of the program
             loader.node
-            for loop in self.script.step_loops.values()
-            if loop.node in self.train_loops()
+            for loop in self.script.training.step_loops.values()
+            if loop.role is LoopRole.TRAIN
             for loader in loop.loaders
             if loader.module is self.script.module
         }

@@ -1,0 +1,181 @@
+"""`autoaccel convert` of a script whose training code lives in modules of its project:
+report every file, then write all of them or none.
+
+`-o FILE` names the converted script when only the script changes; when modules change
+too, `-o DIR` writes a copy of the project that runs from DIR: the script and every
+module it imports from the project, at their places relative to one another (converted
+or as they are), with the packages' `__init__.py` files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from autoaccel.analysis.project import project_roots
+from autoaccel.convert.command import (
+    EXIT_CHANGED,
+    EXIT_ERROR,
+    EXIT_OK,
+    _print_report,
+    _Write,
+    _written,
+    print_not_applied,
+    print_refused,
+    verified,
+)
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.project_conversion import Project, ProjectConversion
+from autoaccel.convert.report import json_object, launch_report
+from autoaccel.convert.verify import VerifyRequest
+from autoaccel.fileio import os_error_message, read_bytes, write_all_atomic
+
+
+def is_folder_output(output: Path) -> bool:
+    """Whether `-o output` names a folder: one that exists, or a new path without `.py`."""
+    return output.is_dir() or (not output.exists() and output.suffix != ".py")
+
+
+def script_output(project: Project, output: Path | None) -> Path:
+    """Where the converted script goes (its launch commands name it)."""
+    if output is None:
+        return project.script.path
+    return _in_copy(project, project.script.path, output) if is_folder_output(output) else output
+
+
+def _in_copy(project: Project, path: Path, folder: Path) -> Path:
+    """Where a file (or folder) of the project goes in a copy of it in `folder`: at its
+    place relative to the folder that holds all the files of the project."""
+    root = Path(os.path.commonpath([p.resolve().parent for p in project.all_paths]))
+    resolved = path.resolve()
+    return folder / resolved.relative_to(root) if resolved.is_relative_to(root) else folder
+
+
+def finish_project(
+    project: Project,
+    result: ProjectConversion,
+    options: ConvertOptions,
+    write: bool,
+    output: Path | None,
+    check: bool,
+    report_format: str,
+    allow_partial: bool,
+    force: bool,
+    verify: VerifyRequest | None = None,
+) -> int:
+    """Report `result`, then write it (`--write`: in place; `-o`: to `output`) unless a
+    file would train wrongly, fails `verify`, `-o` cannot hold it, or a file cannot be
+    written."""
+    if not allow_partial and any(s.wrong for f in result.files for s in f.conversion.log.skipped):
+        _report(result, report_format, False)
+        _refusals(result, "error")
+        print_refused(project.script.path, options)
+        return EXIT_CHANGED
+    if verify is not None and not _verified(project, result, verify):
+        return EXIT_CHANGED
+    changed = result.changed
+    writes: list[_Write] = []
+    if output is not None:
+        if is_folder_output(output):
+            writes += _project_copy(project, result, output)
+        elif len(changed) > 1 or (changed and changed[0].file is not project.script):
+            names = ", ".join(str(f.file.path) for f in changed)
+            print(
+                f"{output}: error: the conversion changes {len(changed)} files ({names});"
+                " -o takes a folder for them (an existing one, or a new path without .py);"
+                " nothing written",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+        else:
+            script = result.files[0]
+            writes.append(_Write(output, script.conversion.converted, script.file.source.encoding))
+    if write:
+        writes += [
+            _Write(f.file.path, f.conversion.converted, f.file.source.encoding, f.file.source.raw)
+            for f in changed
+        ]
+    if output is not None or write:
+        folder = script_output(project, output).parent
+        extra = result.files[0].conversion.log.extra_files.items()
+        launchers = [_Write(folder / name, text) for name, text in extra]
+        clashing = [item for item in launchers if item.path.exists() and not _written(item)]
+        if clashing and not force:
+            for item in clashing:
+                print(
+                    f"{item.path}: error: exists with other contents; not replaced, and"
+                    " nothing written (--force replaces it)",
+                    file=sys.stderr,
+                )
+            return EXIT_ERROR
+        writes += [item for item in launchers if not _written(item)]
+    _report(result, report_format, write or output is not None)
+    _refusals(result, "warning")
+    try:
+        for folder in {item.path.parent for item in writes}:
+            folder.mkdir(parents=True, exist_ok=True)
+        write_all_atomic([(item.path, item.text, item.encoding, item.original) for item in writes])
+    except OSError as error:
+        where = getattr(error, "path", None) or output or project.script.path
+        print(f"{where}: error: nothing written: {os_error_message(error)}", file=sys.stderr)
+        return EXIT_ERROR
+    if check and changed:
+        return EXIT_CHANGED
+    return EXIT_OK
+
+
+def _verified(project: Project, result: ProjectConversion, request: VerifyRequest) -> bool:
+    """`--verify` on a copy of the project with the converted files (what `-o DIR` writes)."""
+    roots = project_roots(project.script.path)
+
+    def write_copy(folder: Path) -> tuple[Path, list[Path]]:
+        copies = _project_copy(project, result, folder)
+        for item in copies:
+            item.path.parent.mkdir(parents=True, exist_ok=True)
+        write_all_atomic([(item.path, item.text, item.encoding, item.original) for item in copies])
+        return script_output(project, folder), [_in_copy(project, root, folder) for root in roots]
+
+    return verified(project.script.path, write_copy, request, roots)
+
+
+def _refusals(result: ProjectConversion, level: str) -> None:
+    """The rewrites each file lacks to train like the original, with its lines."""
+    for file in result.files:
+        print_not_applied(file.file.path, [s for s in file.conversion.log.skipped if s.wrong], level)
+
+
+def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> list[_Write]:
+    """The files of a copy of the project in `folder` that runs."""
+    converted = {f.file.path.resolve(): f for f in result.files}
+    writes = []
+    for path in project.all_paths:
+        target = _in_copy(project, path, folder)
+        done = converted.get(path.resolve())
+        if done is not None:
+            writes.append(_Write(target, done.conversion.converted, done.file.source.encoding))
+        else:  # copied byte for byte: latin-1 maps each byte to one character and back
+            writes.append(_Write(target, read_bytes(path).decode("latin-1"), "latin-1"))
+    return writes
+
+
+def _report(result: ProjectConversion, report_format: str, writing: bool) -> None:
+    """The report of every file that changed (the script's always): its diff, changes
+    and items not changed, with lines of that file."""
+    shown = [
+        f for f in result.files
+        if f is result.files[0] or f.conversion.changed or f.conversion.log.skipped
+    ]
+    if report_format == "json":
+        objects = [json_object(f.conversion, str(f.file.path)) for f in shown]
+        report = {"path": objects[0]["path"], "changed": bool(result.changed), "files": objects}
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    for file in shown:  # each file without the launch commands, which end the report
+        log = replace(file.conversion.log, launch=[], extra_files={})
+        _print_report(replace(file.conversion, log=log), str(file.file.path), report_format, writing)
+    launch = launch_report(result.files[0].conversion, report_format == "markdown")
+    if launch and (report_format == "markdown" or not writing or result.changed):
+        sys.stdout.write(("\n" if report_format == "markdown" else "") + launch)

@@ -1,0 +1,318 @@
+"""`autoaccel convert` of a script whose training code lives in modules of its project
+(fixtures/packaged: train.py runs `toygpt.trainer.Trainer`, whose loop reads the loader
+that `toygpt.data.make_loader` builds): every file reported, written all or none."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autoaccel.convert import command, project_conversion
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import ConversionError
+from running import FIXTURES_DIR
+
+PACKAGED = FIXTURES_DIR / "packaged"
+SNAPSHOT = Path(__file__).resolve().parent / "snapshots" / "packaged.ddp.diff"
+UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
+DDP = ConvertOptions(target="ddp", amp="off")
+CHANGED = ("train.py", "toygpt/trainer.py", "toygpt/data.py")
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """A copy of fixtures/packaged, the working directory; returns its folder."""
+    copy = tmp_path / "packaged"
+    shutil.copytree(PACKAGED, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("NO_COLOR", "1")
+    return copy
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*.py"))}
+
+
+def test_ddp_diff_of_every_file_matches_snapshot(project, capsys):
+    code = command.run_convert(Path("train.py"), DDP)
+    out = capsys.readouterr().out
+    assert code == 0
+    if UPDATE:
+        SNAPSHOT.write_text(out, encoding="utf-8")
+    assert out == SNAPSHOT.read_text(encoding="utf-8"), "regenerate with AUTOACCEL_UPDATE_SNAPSHOTS=1"
+
+
+def test_preview_names_each_file_with_its_own_lines(project, capsys):
+    before = contents(project)
+    command.run_convert(Path("train.py"), DDP)
+    out = capsys.readouterr().out
+    for name in CHANGED:
+        assert f"--- {name}\n+++ {name}\n" in out
+    # a change reported with the line of its own file: the loader in data.py is on line 27
+    assert "toygpt/data.py: 4 changes\n" in out and "  line 27: ddp training DataLoader" in out
+    assert out.index("Run it:") > out.index("toygpt/data.py: 4 changes")
+    assert "toygpt/model.py" not in out
+    assert contents(project) == before
+
+
+def test_write_rewrites_every_file_in_place(project, capsys):
+    before = contents(project)
+    assert command.run_convert(Path("train.py"), DDP, write=True) == 0
+    after = contents(project)
+    assert {name for name in before if before[name] != after[name]} == set(CHANGED)
+    assert b"dist.init_process_group" in after["train.py"]
+    # the modules read the environment, the script alone starts the process group
+    assert b"init_process_group" not in after["toygpt/trainer.py"]
+    assert b'DISTRIBUTED = "LOCAL_RANK" in os.environ' in after["toygpt/data.py"]
+    capsys.readouterr()
+    assert command.run_convert(Path("train.py"), DDP, check=True) == 0  # nothing left to do
+
+
+def test_a_file_that_fails_its_check_stops_every_write(project, capsys, monkeypatch):
+    """Black's rule across files: one failed check, and no file is written."""
+    real_check = project_conversion.check_result
+
+    def failing(converted, path, again):
+        if path.endswith("data.py"):
+            raise ConversionError("internal error: the converted code does not compile: boom")
+        real_check(converted, path, again)
+
+    monkeypatch.setattr(project_conversion, "check_result", failing)
+    before = contents(project)
+    assert command.run_convert(Path("train.py"), DDP, write=True) == 2
+    assert capsys.readouterr().err.startswith("toygpt/data.py: internal error")
+    assert contents(project) == before
+
+
+def test_a_file_that_cannot_be_written_stops_every_write(project, capsys):
+    before = contents(project)
+    (project / "toygpt" / "data.py").chmod(0o444)
+    assert command.run_convert(Path("train.py"), DDP, write=True) == 2
+    err = capsys.readouterr().err
+    assert "toygpt/data.py: error: nothing written: is read-only" in err
+    assert contents(project) == before
+    assert not [p for p in project.rglob("*.tmp")]
+
+
+def test_output_folder_receives_a_copy_that_imports(project, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert command.run_convert(Path("train.py"), DDP, output=out) == 0
+    written = contents(out)
+    assert set(written) == {"train.py", *(f"toygpt/{n}.py" for n in ("__init__", "data", "model", "trainer"))}
+    assert written["toygpt/model.py"] == (project / "toygpt" / "model.py").read_bytes()
+    assert written["toygpt/trainer.py"] != (project / "toygpt" / "trainer.py").read_bytes()
+    assert "torchrun --standalone --nproc_per_node=2 train.py" in capsys.readouterr().out
+
+
+def test_output_file_is_refused_when_modules_change(project, capsys):
+    before = contents(project)
+    assert command.run_convert(Path("train.py"), DDP, output=Path("out.py")) == 2
+    err = capsys.readouterr().err
+    assert "out.py: error: the conversion changes 3 files (train.py, toygpt/trainer.py, toygpt/data.py)" in err
+    assert not Path("out.py").exists() and contents(project) == before
+
+
+def test_check_and_json_list_every_file(project, capsys):
+    assert command.run_convert(Path("train.py"), DDP, check=True) == 1
+    capsys.readouterr()
+    command.run_convert(Path("train.py"), DDP, report_format="json")
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    assert [f["path"] for f in report["files"]] == list(CHANGED)
+    assert report["changed"] is True
+
+
+def write_project(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+TRAIN_LOOP = """\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def fit(model, epochs):
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        loader = DataLoader(data, batch_size=16, shuffle=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(epochs):
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+"""
+SCRIPT = """\
+    import torch
+    from trainlib import fit
+
+    model = torch.nn.Linear(4, 1)
+    fit(model, 2)
+    torch.save(model.state_dict(), "model.pt")
+"""
+
+
+def test_a_library_outside_the_project_is_never_rewritten(tmp_path, monkeypatch, capsys):
+    """`trainlib` is importable (PYTHONPATH, site-packages) but is no module of the
+    script's project: it is not read, and --to ddp refuses."""
+    write_project(tmp_path / "lib", {"trainlib.py": TRAIN_LOOP})
+    write_project(tmp_path / "app", {"train.py": SCRIPT, "pyproject.toml": ""})
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    library = (tmp_path / "lib" / "trainlib.py").read_bytes()
+    assert command.run_convert(tmp_path / "app" / "train.py", DDP, write=True) == 1
+    assert "no training loop" in capsys.readouterr().err
+    assert (tmp_path / "lib" / "trainlib.py").read_bytes() == library
+
+
+def test_same_folder_module_is_converted_with_the_script(tmp_path, capsys):
+    write_project(tmp_path, {"trainlib.py": TRAIN_LOOP, "train.py": SCRIPT})
+    assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 0
+    converted = (tmp_path / "trainlib.py").read_text()
+    assert "ddp_model = DDP(" in converted and "loader.sampler.set_epoch(epoch)" in converted
+    assert 'if RANK == 0:\n    torch.save(model.state_dict(), "model.pt")' in (tmp_path / "train.py").read_text()
+
+
+def test_what_cannot_be_done_in_a_module_refuses_with_its_file_and_line(tmp_path, capsys):
+    """A loader that already has a sampler cannot be sharded: refused, with the line of
+    the loader in trainlib.py, and nothing written."""
+    with_sampler = TRAIN_LOOP.replace(
+        "shuffle=True)", "sampler=torch.utils.data.RandomSampler(data))"
+    )
+    write_project(tmp_path, {"trainlib.py": with_sampler, "train.py": SCRIPT})
+    before = contents(tmp_path)
+    assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'trainlib.py'}:7:1: error: DistributedSampler not applied" in err
+    assert "--to ddp refused" in err
+    assert contents(tmp_path) == before
+
+
+def test_lint_of_each_converted_file_finds_nothing_the_conversion_fixed(project):
+    """The closing invariant of tests/test_convert_lint_invariant.py, file by file."""
+    from autoaccel.config import LintSettings
+    from autoaccel.lint.runner import Mode, lint_text
+
+    found = project_conversion.find_project(Path("train.py"), project_conversion.read_source(Path("train.py")))
+    assert found is not None
+    result = project_conversion.convert_project(found, DDP, "train.py")
+    for file in result.changed:
+        fixed = {c.code for c in file.conversion.log.changes if c.code.startswith("ACC")}
+        linted = lint_text(file.conversion.converted, str(file.file.path), LintSettings(), Mode.CHECK)
+        assert linted.error is None
+        assert not {d.code for d in linted.diagnostics} & fixed, file.file.path
+    assert {c.code for f in result.files for c in f.conversion.log.changes} >= {"ACC105", "ACC403"}
+
+
+def test_a_seed_set_through_a_helper_of_the_project_is_made_per_rank(tmp_path, capsys):
+    """minGPT's `set_seed(config.system.seed)` from `mingpt/utils.py`: every process
+    would draw the same numbers; each is re-seeded with its rank before training."""
+    helper = "import torch\n\n\ndef set_seed(seed):\n    torch.manual_seed(seed)\n"
+    seeded = SCRIPT.replace("from trainlib import fit\n", "from trainlib import fit\n    from utils import set_seed\n\n    set_seed(0)\n")
+    write_project(tmp_path, {"trainlib.py": TRAIN_LOOP, "utils.py": helper, "train.py": seeded})
+    assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 0
+    script = (tmp_path / "train.py").read_text()
+    assert "    torch.manual_seed(torch.initial_seed() + RANK)\nfit(model, 2)" in script
+    assert (tmp_path / "utils.py").read_text() == helper
+
+
+def test_an_unreadable_module_where_training_may_be_is_an_error(project, capsys):
+    (project / "toygpt" / "trainer.py").write_text("def broken(:\n")
+    before = contents(project)
+    assert command.run_convert(Path("train.py"), DDP, write=True) == 2
+    assert capsys.readouterr().err == (
+        "train.py: error: module `toygpt.trainer` of the project cannot be read:"
+        " ParserSyntaxError; the training loop this script runs may be there, so nothing is converted\n"
+    )
+    assert contents(project) == before
+
+
+TUTORIAL_TRAINER = """\
+    import torch
+    import torch.nn.functional as F
+
+
+    class Trainer:
+        def __init__(self, model, train_data, optimizer, save_every):
+            self.model = model
+            self.train_data = train_data
+            self.optimizer = optimizer
+            self.save_every = save_every
+
+        def _run_batch(self, source, targets):
+            self.optimizer.zero_grad()
+            output = self.model(source)
+            loss = F.mse_loss(output, targets)
+            loss.backward()
+            self.optimizer.step()
+            return loss.item()
+
+        def _run_epoch(self, epoch):
+            total = 0.0
+            for source, targets in self.train_data:
+                total += self._run_batch(source, targets)
+            print(f"epoch {epoch} loss {total / len(self.train_data):.4f}")
+
+        def train(self, max_epochs):
+            for epoch in range(max_epochs):
+                self._run_epoch(epoch)
+                if epoch % self.save_every == 0:
+                    torch.save(self.model.state_dict(), "checkpoint.pt")
+"""
+TUTORIAL_SCRIPT = """\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainer import Trainer
+
+
+    def prepare_dataloader(dataset, batch_size):
+        return DataLoader(dataset, batch_size=batch_size, shuffle=True)
+
+
+    def main():
+        torch.manual_seed(0)
+        dataset = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        trainer = Trainer(model, prepare_dataloader(dataset, 32), optimizer, save_every=1)
+        trainer.train(2)
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_ddp_tutorial_split_over_two_files(tmp_path, capsys):
+    """pytorch/examples' ddp-tutorial-series shape with its Trainer in trainer.py (written
+    anew). What multigpu_torchrun.py does by hand, point by point: DDP built in
+    `Trainer.__init__` (here `self.ddp_model`, `self.model` stays bare for saving), a
+    DistributedSampler in `prepare_dataloader` (train.py), `set_epoch` at the top of each
+    epoch in `Trainer.train` (trainer.py), checkpoints on rank 0 only, the process group
+    started and destroyed in the script."""
+    write_project(tmp_path, {"trainer.py": TUTORIAL_TRAINER, "train.py": TUTORIAL_SCRIPT})
+    assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 0
+    trainer, script = (tmp_path / "trainer.py").read_text(), (tmp_path / "train.py").read_text()
+    assert "        self.model = model\n        # trained through DDP" in trainer
+    assert "output = self.ddp_model(source)" in trainer
+    assert "            if DISTRIBUTED:\n                self.train_data.sampler.set_epoch(epoch)\n" in trainer
+    assert '                if RANK == 0:\n                    torch.save(self.model.state_dict(), "checkpoint.pt")' in trainer
+    assert "init_process_group" not in trainer and "dist.init_process_group" in script
+    assert "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None" in script
+    assert "dist.destroy_process_group()" in script
+
+
+def test_markdown_has_a_section_per_file_and_one_launch_block(project, capsys):
+    command.run_convert(Path("train.py"), DDP, report_format="markdown")
+    out = capsys.readouterr().out
+    for name in CHANGED:
+        assert f"### autoaccel convert: `{name}`" in out
+    assert out.count("**Run it**") == 1 and out.rstrip().endswith("```")
