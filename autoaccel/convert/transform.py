@@ -7,18 +7,19 @@ be idempotent: run on their own output they change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import libcst as cst
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.metadata import CodeRange, MetadataWrapper
 
 from autoaccel.analysis.index import descendants
 from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
+from autoaccel.convert.dispatch import handled_types, method, untouched_subtrees
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 
 OPTIONS_KEY = "autoaccel.options"
@@ -61,30 +62,43 @@ class Transform(VisitorBasedCodemodCommand):
     reports_only: bool = False
 
     def __init__(self, context: CodemodContext) -> None:
-        super().__init__(context)
+        # LibCST's matcher decorators (`@m.leave(...)`, `@m.call_if_inside(...)`) are
+        # checked at every node, ~4x the cost of the pass itself, and gathered with three
+        # `dir()` scans of the class (~15 ms) each time it is instantiated. A class found
+        # without them the first time skips both: it finds its `visit_*` / `leave_*`
+        # methods in a table per class.
+        decorated = _DECORATED.get(type(self))
+        if decorated is False:
+            Codemod.__init__(self, context)
+            cst.CSTTransformer.__init__(self)
+            self._extra_visit_funcs, self._extra_leave_funcs, self._matchers = {}, {}, {}
+        else:
+            super().__init__(context)
+            decorated = bool(self._extra_visit_funcs or self._extra_leave_funcs or self._matchers)
+            _DECORATED[type(self)] = decorated
+        self._decorated = decorated
+        self._untouched: set[cst.CSTNode] = set()
         self.script: ScriptModel = ScriptModel()
         self._positions: Positions | None = None
-        # LibCST's matcher decorators (`@m.leave(...)`, `@m.call_if_inside(...)`) are
-        # checked at every node, ~4x the cost of the pass itself; a step without them
-        # finds its `visit_*` / `leave_*` methods in a table per class.
-        self._decorated = bool(self._extra_visit_funcs or self._extra_leave_funcs or self._matchers)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._decorated:
             return super().on_visit(node)
-        visit = _method(type(self), "visit_", type(node))
+        if node in self._untouched:
+            return False
+        visit = method(type(self), "visit_", type(node))
         return visit is None or visit(self, node) is not False
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         if self._decorated:
             return super().on_leave(original_node, updated_node)
-        leave = _method(type(self), "leave_", type(original_node))
+        leave = method(type(self), "leave_", type(original_node))
         return updated_node if leave is None else leave(self, original_node, updated_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         if self._decorated:
             return super().on_visit_attribute(node, attribute)
-        visit = _method(type(self), "visit_", type(node), attribute)
+        visit = method(type(self), "visit_", type(node), attribute)
         if visit is not None:
             visit(self, node)
         return None
@@ -92,7 +106,7 @@ class Transform(VisitorBasedCodemodCommand):
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
         if self._decorated:
             return super().on_leave_attribute(original_node, attribute)
-        leave = _method(type(self), "leave_", type(original_node), attribute)
+        leave = method(type(self), "leave_", type(original_node), attribute)
         if leave is not None:
             leave(self, original_node)
         return None
@@ -135,6 +149,9 @@ class Transform(VisitorBasedCodemodCommand):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self._analyse()
+        # Subtrees without a node this step has a method for come out unchanged.
+        kinds = None if self._decorated else handled_types(type(self))
+        self._untouched = untouched_subtrees(tree, kinds) if kinds is not None else set()
         return super().transform_module_impl(tree)
 
     def _analyse(self) -> None:
@@ -187,21 +204,7 @@ def _repeats_a_node(module: cst.Module) -> bool:
     return False
 
 
-_METHODS: dict[tuple[type, str, type, str], Callable[..., Any] | None] = {}
-
-
-def _method(
-    cls: type, prefix: str, node_type: type, attribute: str = ""
-) -> Callable[..., Any] | None:
-    """`cls`'s `visit_Call` / `leave_Call` / `visit_Call_args`... method for a node type,
-    or None (what LibCST looks up by name at every node)."""
-    key = (cls, prefix, node_type, attribute)
-    try:
-        return _METHODS[key]
-    except KeyError:
-        name = f"{prefix}{node_type.__name__}" + (f"_{attribute}" if attribute else "")
-        method = _METHODS[key] = getattr(cls, name, None)
-        return method
+_DECORATED: dict[type, bool] = {}
 
 
 class StatementRewrite(Transform):
