@@ -4,12 +4,12 @@ transform class from a table, and the subtrees it can skip.
 LibCST looks a node's methods up by name at every node (and finds the no-op methods
 its base classes define for every node type), then rebuilds every node of the tree.
 A subtree that holds no node with a method of the transform's own comes out of the
-pass unchanged: skipping it gives the same code for a fraction of the cost."""
+pass unchanged: skipping it gives the same code for a fraction of the cost. The module
+index of the step's analysis (one walk, done already) tells which subtrees those are."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import libcst as cst
@@ -18,8 +18,17 @@ Method = Callable[..., Any]
 
 _METHODS: dict[tuple[type, str, type, str], Method | None] = {}
 _HANDLED: dict[type, frozenset[type] | None] = {}
-_FIELDS: dict[type, tuple[str, ...]] = {}
-_IS_NODE: dict[type, bool] = {}
+
+# The node types of the fields the module index leaves out (`index.child_fields`):
+# whitespace, brackets, operators and other tokens (`tests/test_convert_dispatch.py`
+# derives them from LibCST's type hints).
+TOKEN_TYPES = (
+    cst.AssignEqual, cst.Asynchronous, cst.BaseAugOp, cst.BaseBinaryOp, cst.BaseBooleanOp,
+    cst.BaseCompOp, cst.BaseParenthesizableWhitespace, cst.BaseUnaryOp, cst.Colon, cst.Comma,
+    cst.Comment, cst.Dot, cst.EmptyLine, cst.LeftCurlyBrace, cst.LeftParen,
+    cst.LeftSquareBracket, cst.Newline, cst.ParamSlash, cst.RightCurlyBrace, cst.RightParen,
+    cst.RightSquareBracket, cst.Semicolon, cst.TrailingWhitespace,
+)  # fmt: skip
 
 
 def method(cls: type, prefix: str, node_type: type, attribute: str = "") -> Method | None:
@@ -37,6 +46,18 @@ def method(cls: type, prefix: str, node_type: type, attribute: str = "") -> Meth
         return found
 
 
+_HOOKS = ("on_visit", "on_leave", "on_visit_attribute", "on_leave_attribute")
+
+
+def _overrides(cls: type, hook: str) -> bool:
+    """Whether a subclass of the transform base overrides LibCST's `hook`."""
+    owner = next(klass for klass in cls.__mro__ if hook in vars(klass))
+    return owner.__module__ != _BASE_MODULE and not owner.__module__.startswith("libcst")
+
+
+_BASE_MODULE = "autoaccel.convert.transform"
+
+
 def _is_libcst_default(function: Method) -> bool:
     # The typed no-op methods LibCST's visitor bases define for every node type.
     return function.__qualname__.startswith("CSTTyped")
@@ -48,7 +69,9 @@ def handled_types(cls: type) -> frozenset[type] | None:
     if cls in _HANDLED:
         return _HANDLED[cls]
     kinds: set[type] | None = set()
-    for name in dir(cls):
+    if any(_overrides(cls, hook) for hook in _HOOKS):
+        kinds = None  # a class that sees every node itself
+    for name in dir(cls) if kinds is not None else ():
         prefix, _, rest = name.partition("_")
         if prefix not in ("visit", "leave") or not rest:
             continue
@@ -64,49 +87,18 @@ def handled_types(cls: type) -> frozenset[type] | None:
     return result
 
 
-def untouched_subtrees(module: cst.Module, kinds: frozenset[type]) -> set[cst.CSTNode]:
-    """The topmost nodes of `module` under which (themselves included) no node has one
-    of the types `kinds`: a pass whose methods handle only those types may skip them."""
-    skipped: set[cst.CSTNode] = set()
-
-    def holds(node: cst.CSTNode) -> bool:
-        """Whether `node` or a node below it is of `kinds`; topmost misses noted."""
-        found = type(node) in kinds
-        missed = []
-        for child in _children(node):
-            if holds(child):
-                found = True
-            else:
-                missed.append(child)
-        if found:
-            skipped.update(missed)
-        return found
-
-    if not holds(module):
-        skipped.add(module)
-    return skipped
-
-
-def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Every child node, whitespace and tokens included (all LibCST visits)."""
-    kind = type(node)
-    fields = _FIELDS.get(kind)
-    if fields is None:
-        fields = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
-    found = []
-    for name in fields:
-        value = getattr(node, name)
-        value_type = type(value)
-        if value_type is tuple or value_type is list:
-            found += [item for item in value if _is_node(type(item))]
-        elif _is_node(value_type):
-            found.append(value)
-    return found
-
-
-def _is_node(kind: type) -> bool:
-    # `isinstance(x, cst.CSTNode)` runs ABCMeta's Python code for every field value.
-    known = _IS_NODE.get(kind)
-    if known is None:
-        known = _IS_NODE[kind] = issubclass(kind, cst.CSTNode)
-    return known
+def touched_nodes(
+    root: cst.Module, parents: Mapping[cst.CSTNode, cst.CSTNode], kinds: frozenset[type]
+) -> set[cst.CSTNode] | None:
+    """The nodes of `root` that are, or hold, a node of one of `kinds` (`parents`: the
+    parent of every node below `root`, tokens and whitespace aside), or None where a
+    kind may sit among the tokens (then every node may hold one)."""
+    if any(issubclass(kind, TOKEN_TYPES) for kind in kinds):
+        return None
+    touched: set[cst.CSTNode] = set()
+    for node in [root, *parents]:
+        if type(node) in kinds:
+            while node is not None and node not in touched:
+                touched.add(node)
+                node = parents.get(node)
+    return touched

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from autoaccel.convert.log import ConversionLog, ConvertOptions
-from autoaccel.convert.transform import Transform, new_context
+from autoaccel.convert.transform import Analyses, Transform, new_context
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
 from autoaccel.lint.engine import compile_quietly, parse
@@ -73,17 +73,21 @@ def _run(
 ) -> str:
     tree, text = parse(source), source  # `text` is always `tree.code`: codegen once a step
     history: list[tuple[str, str]] = []  # (before, after) of every step that changed the text
+    analyses: Analyses = {}  # a tree passed on unchanged is analysed once
     for step in transforms_for(options):
         if not step.enabled(options):
             continue
         logged = (len(log.changes), len(log.skipped))
-        transformed = step(new_context(options, log, path, text, origin)).transform_module(tree)
+        context = new_context(options, log, path, text, origin, analyses)
+        transformed = step(context).transform_module(tree)
         if transformed is tree:
             continue  # the step had nothing to do
         generated = transformed.code
+        _map_lines_to_original(log, logged, history)
+        if generated == text:
+            continue  # the same code: the next step gets the tree analysed already
         after = format_inserted_code(text, generated)
         tree = cst.parse_module(after) if after != generated else transformed
-        _map_lines_to_original(log, logged, history)
         if after != text:
             history.append((text, after))
         text = after

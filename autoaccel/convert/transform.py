@@ -19,13 +19,18 @@ from libcst.metadata import CodeRange, MetadataWrapper
 from autoaccel.analysis.index import descendants
 from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
-from autoaccel.convert.dispatch import handled_types, method, untouched_subtrees
+from autoaccel.convert.dispatch import handled_types, method, touched_nodes
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
 SOURCE_KEY = "autoaccel.source"
 ORIGIN_KEY = "autoaccel.origin"
+ANALYSES_KEY = "autoaccel.analyses"
+
+# The script models of one conversion's trees, kept for the next step that gets the
+# same tree (a step that changed nothing passes its input on).
+Analyses = dict[int, tuple[cst.Module, ScriptModel]]
 
 
 def new_context(
@@ -34,11 +39,19 @@ def new_context(
     path: str | None = None,
     source: str | None = None,
     origin: str | None = None,
+    analyses: Analyses | None = None,
 ) -> CodemodContext:
     """The context of one step; `path` names the script (launch commands use it),
     `source` is the code of the tree the step gets, when the caller has it, `origin`
-    the file it was read from (its project's modules are found from there)."""
-    scratch = {OPTIONS_KEY: options, LOG_KEY: log, SOURCE_KEY: source, ORIGIN_KEY: origin}
+    the file it was read from (its project's modules are found from there), `analyses`
+    the script models the steps of one conversion share."""
+    scratch = {
+        OPTIONS_KEY: options,
+        LOG_KEY: log,
+        SOURCE_KEY: source,
+        ORIGIN_KEY: origin,
+        ANALYSES_KEY: {} if analyses is None else analyses,
+    }
     return CodemodContext(filename=path, scratch=scratch)
 
 
@@ -77,14 +90,14 @@ class Transform(VisitorBasedCodemodCommand):
             decorated = bool(self._extra_visit_funcs or self._extra_leave_funcs or self._matchers)
             _DECORATED[type(self)] = decorated
         self._decorated = decorated
-        self._untouched: set[cst.CSTNode] = set()
+        self._touched: set[cst.CSTNode] | None = None  # None: visit every node
         self.script: ScriptModel = ScriptModel()
         self._positions: Positions | None = None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._decorated:
             return super().on_visit(node)
-        if node in self._untouched:
+        if self._touched is not None and node not in self._touched and self._indexed(node):
             return False
         visit = method(type(self), "visit_", type(node))
         return visit is None or visit(self, node) is not False
@@ -151,13 +164,27 @@ class Transform(VisitorBasedCodemodCommand):
         self._analyse()
         # Subtrees without a node this step has a method for come out unchanged.
         kinds = None if self._decorated else handled_types(type(self))
-        self._untouched = untouched_subtrees(tree, kinds) if kinds is not None else set()
+        index = self.script.index
+        if kinds is not None and index is not None and index.module is tree:
+            self._touched = touched_nodes(tree, index.parents, kinds)
         return super().transform_module_impl(tree)
+
+    def _indexed(self, node: cst.CSTNode) -> bool:
+        """Whether `node` belongs to the tree the step's analysis indexed."""
+        index = self.script.index
+        return index is not None and (node in index.parents or node is index.module)
 
     def _analyse(self) -> None:
         """The script model of the tree in `context.wrapper`; positions reset."""
         assert self.context.wrapper is not None
-        self.script = build_script_model(self.context.wrapper)
+        tree = self.context.wrapper.module
+        analyses: Analyses = self.context.scratch.setdefault(ANALYSES_KEY, {})
+        known = analyses.get(id(tree))
+        if known is not None and known[0] is tree:
+            self.script = known[1]
+        else:
+            self.script = build_script_model(self.context.wrapper)
+            analyses[id(tree)] = (tree, self.script)
         self._positions = None
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
