@@ -165,6 +165,7 @@ class Transform(VisitorBasedCodemodCommand):
         # Subtrees without a node this step has a method for come out unchanged.
         kinds = None if self._decorated else handled_types(type(self))
         index = self.script.index
+        self._touched = None
         if kinds is not None and index is not None and index.module is tree:
             self._touched = touched_nodes(tree, index.parents, kinds)
         return super().transform_module_impl(tree)
