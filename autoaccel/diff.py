@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from functools import lru_cache
 from typing import TextIO
 
 from autoaccel.fileio import source_lines
@@ -41,15 +42,22 @@ def unified_diff(before: str, after: str, path: str) -> str:
     )
 
 
+@lru_cache(maxsize=16)
+def line_opcodes(before: str, after: str) -> tuple[tuple[str, int, int, int, int], ...]:
+    """`SequenceMatcher(autojunk=False)`'s opcodes from the lines of `before` to those
+    of `after`, computed once for each pair of texts: a conversion asks for the same
+    pair for every line it reports, and on long files the match costs more than
+    linear time (each blank line is compared with every other)."""
+    matcher = difflib.SequenceMatcher(a=source_lines(before), b=source_lines(after), autojunk=False)
+    return tuple(matcher.get_opcodes())
+
+
 def original_line(history: list[tuple[str, str]], line: int) -> int:
     """Map a line of the last text in `history` (a chain of (before, after) texts)
     back to the first; a line inside a rewritten block maps to the same relative
     position in the old block."""
     for before, after in reversed(history):
-        matcher = difflib.SequenceMatcher(
-            a=source_lines(before), b=source_lines(after), autojunk=False
-        )
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for tag, i1, i2, j1, j2 in line_opcodes(before, after):
             if j1 < line <= j2 or j1 == j2 == line - 1:
                 offset = line - j1 - 1
                 if tag != "equal":  # proportional position inside a rewritten block

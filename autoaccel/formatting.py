@@ -10,16 +10,16 @@ import re
 import libcst as cst
 
 from autoaccel.analysis.positions import Positions
+from autoaccel.diff import line_opcodes
 from autoaccel.fileio import source_lines
 
 LINE_LENGTH = 88
 
 
 def _changed_long_lines(before: str, after: str) -> set[int]:
-    old, new = source_lines(before), source_lines(after)
-    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    new = source_lines(after)
     changed: set[int] = set()
-    for tag, _, _, j1, j2 in matcher.get_opcodes():
+    for tag, _, _, j1, j2 in line_opcodes(before, after):
         if tag in ("replace", "insert"):
             changed.update(
                 line + 1 for line in range(j1, j2) if len(new[line]) > LINE_LENGTH

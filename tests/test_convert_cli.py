@@ -7,10 +7,13 @@ import os
 import stat
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from autoaccel.cli import app
 from autoaccel.convert import command
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import ConversionError
@@ -29,14 +32,36 @@ for x, y in loader:
 """
 
 
-def convert(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", *args],
-        cwd=cwd,
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def convert(*args: str, cwd: Path) -> Result:
+    """`autoaccel convert ARGS` run in `cwd`, in this process: the command line is
+    typer's either way, and a subprocess costs a second of imports a test."""
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        run = CliRunner().invoke(app, ["convert", *args], env={"NO_COLOR": "1"}, catch_exceptions=False)
+    finally:
+        os.chdir(previous)
+    return Result(run.exit_code, run.stdout, run.stderr)
+
+
+def test_python_m_autoaccel_converts_as_the_console_script_does(script, tmp_path):
+    # the one test that starts `python -m autoaccel convert` as a user would
+    run = subprocess.run(
+        [sys.executable, "-m", "autoaccel", "convert", str(script), "--amp", "off"],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         env={**os.environ, "NO_COLOR": "1"},
     )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == convert(str(script), "--amp", "off", cwd=tmp_path).stdout
 
 
 @pytest.fixture

@@ -200,6 +200,10 @@ class Program:
         self._pending: set[int] = set()
         self._current: int | None = None
         self._functions_by_scope: dict[int, FunctionInfo] = {}
+        self._methods_by_name: dict[str, list[tuple[ClassInfo, FunctionInfo]]] | None = None
+        self._not_modules: set[tuple[str, int]] = set()  # (dotted, id(origin)) resolving to none
+        self._not_imported: set[int] = set()  # ids of names no module of the project binds
+        self._owners: dict[int, Scope | None] = {}  # id of a name -> the scope it reads
 
     @classmethod
     def of(cls, modules: list[SourceModule], resolve_module: ModuleResolver | None = None) -> Program:
@@ -411,19 +415,38 @@ class Program:
         imported = self._imported(node, module)
         if imported is not None:
             return imported
-        scope = module.index.scopes.get(node)
-        owner = binding_scope(scope, node.value) if scope is not None else None
+        owner = self._owner(node, module)
         return self._read((owner, node.value)) if owner is not None else set()
+
+    def _owner(self, node: cst.Name, module: SourceModule) -> Scope | None:
+        """The scope whose binding `node` reads (scopes are fixed: found once a node)."""
+        key = id(node)
+        if key not in self._owners:
+            scope = module.index.scopes.get(node)
+            self._owners[key] = binding_scope(scope, node.value) if scope is not None else None
+        return self._owners[key]
 
     def _imported(self, node: cst.CSTNode, module: SourceModule) -> set[Obj] | None:
         """What a name bound by an import of one of the project's modules holds."""
+        if id(node) in self._not_imported:  # the same answer every time it is evaluated
+            return None
         for name in _library_names(node, module):
             found = self._project_name(name, module)
             if found is not None:
                 return found
+        self._not_imported.add(id(node))
         return None
 
     def _project_name(self, dotted: str, origin: SourceModule) -> set[Obj] | None:
+        key = (dotted, id(origin))
+        if key in self._not_modules:  # most names: `torch.nn.Linear` is no module of ours
+            return None
+        found = self._project_name_values(dotted, origin)
+        if found is None:
+            self._not_modules.add(key)
+        return found
+
+    def _project_name_values(self, dotted: str, origin: SourceModule) -> set[Obj] | None:
         if dotted.startswith("."):
             level = len(dotted) - len(dotted.lstrip("."))
             package = origin.package.split(".") if origin.package else []
@@ -583,19 +606,27 @@ class Program:
         """`self.name(...)` in a method of `own`: the method `own` resolves, and the
         overrides of its subclasses (the instance may be one of them)."""
         found = [f] if (f := own.method(name)) is not None else []
-        for info in self.classes.values():
-            method = info.methods.get(name)
-            if method is not None and method not in found and own in info.mro():
+        for info, method in self._methods_named().get(name, ()):
+            if method not in found and own in info.mro():
                 found.append(method)
         return found
+
+    def _methods_named(self) -> dict[str, list[tuple[ClassInfo, FunctionInfo]]]:
+        """Each method name with the classes that define it (a look-up per `self.x()`
+        call instead of a scan of every class)."""
+        if self._methods_by_name is None:
+            self._methods_by_name = {}
+            for info in self.classes.values():
+                for name, method in info.methods.items():
+                    self._methods_by_name.setdefault(name, []).append((info, method))
+        return self._methods_by_name
 
     # -- helpers ---------------------------------------------------------------------
     def class_of_self(self, node: cst.BaseExpression, module: SourceModule) -> ClassInfo | None:
         """The class whose method reads `node`, when `node` is that method's `self`."""
         if not isinstance(node, cst.Name):
             return None
-        scope = module.index.scopes.get(node)
-        owner = binding_scope(scope, node.value) if scope is not None else None
+        owner = self._owner(node, module)
         function = self._functions_by_scope.get(id(owner)) if owner is not None else None
         if function is None or not function.is_method or function.positional[:1] != [node.value]:
             return None

@@ -16,7 +16,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 from autoaccel.convert.log import ConversionLog, ConvertOptions
-from autoaccel.convert.transform import LOG_KEY, Transform, new_context
+from autoaccel.convert.transform import LOG_KEY, Analyses, Transform, new_context
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code
 from autoaccel.lint.engine import compile_quietly, parse
@@ -81,6 +81,7 @@ class ModuleState:
     tree: cst.Module
     text: str
     history: list[tuple[str, str]] = field(default_factory=list)
+    analyses: Analyses = field(default_factory=dict)  # a tree passed on unchanged is analysed once
 
     @classmethod
     def of(cls, source: str) -> ModuleState:
@@ -95,9 +96,11 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     if transformed is state.tree:
         return  # the step had nothing to do
     generated = transformed.code
+    _map_lines_to_original(log, logged, state.history)
+    if generated == state.text:
+        return  # the same code: the next step gets the tree analysed already
     after = format_inserted_code(state.text, generated)
     state.tree = cst.parse_module(after) if after != generated else transformed
-    _map_lines_to_original(log, logged, state.history)
     if after != state.text:
         state.history.append((state.text, after))
     state.text = after
@@ -109,7 +112,7 @@ def _run(
     state = ModuleState.of(source)
     for step in transforms_for(options):
         if step.enabled(options):
-            apply_step(step, state, new_context(options, log, path, state.text, origin))
+            apply_step(step, state, new_context(options, log, path, state.text, origin, state.analyses))
     return state.text
 
 

@@ -14,7 +14,7 @@ from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Obj
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
-from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
+from autoaccel.analysis.shapes import called_function, find, is_method_call
 from autoaccel.convert.transform import StatementRewrite, source_of
 from autoaccel.cst_edit import keyword_value, leading_import_block
 
@@ -279,10 +279,13 @@ class DistributedStep(StatementRewrite):
             if any(DISTRIBUTED_DATA_PARALLEL in self.qualified_names(c.func) for c in find(assign, cst.Call))
             for target in assign.targets
         }
-        calls = find(module, cst.Call)
+        calls_by_name: dict[str, list[cst.Call]] = {}  # calls of plain names: `train(...)`
+        for call in find(module, cst.Call):
+            if isinstance(call.func, cst.Name):
+                calls_by_name.setdefault(call.func.value, []).append(call)
         for function in find(module, cst.FunctionDef):
             params = [p.name.value for p in function.params.params]
-            for call in (c for c in calls if is_name(c.func, function.name.value)):
+            for call in calls_by_name.get(function.name.value, []):
                 positional = [a for a in call.args if a.keyword is None and not a.star]
                 names |= {p for p, a in zip(params, positional) if name_key(a.value) in names}
         return {n for n in names if n is not None}

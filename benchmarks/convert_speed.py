@@ -1,0 +1,113 @@
+"""How fast are `autoaccel convert --to ddp` and `autoaccel lint` on one file, and do
+they stay linear in its size? Builds 500 / 2,000 / 8,000-line training scripts and
+times both in process (CPU time, median of `--repeat` runs; imports excluded).
+
+    .venv/bin/python benchmarks/convert_speed.py [--sizes 500,2000,8000] [--repeat 3]
+        [--checkout /tmp/autoaccel-old]   # time another checkout (e.g. a git worktree)
+
+Each script is `fixtures/resnet_cifar.py` (argparse, a ResNet, a Dataset, `main()`)
+with the model, dataset and loss classes of the other fixtures inserted before its own
+classes, renamed apart, until the size is reached: one program that trains once, with
+the library code a long script carries. Its conversion does what the fixture's does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import libcst as cst
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+BASE = "resnet_cifar.py"
+
+
+def library_classes() -> list[tuple[str, str]]:
+    """(name, code) of every top-level class of the fixtures but the base's and the
+    trainers (whose methods train: a second training program)."""
+    classes = []
+    for path in sorted(FIXTURES.glob("*.py")):
+        if path.name == BASE:
+            continue
+        module = cst.parse_module(path.read_text())
+        for statement in module.body:
+            if isinstance(statement, cst.ClassDef) and "Trainer" not in statement.name.value:
+                classes.append((statement.name.value, module.code_for_node(statement)))
+    return classes
+
+
+def training_script(size: int) -> str:
+    """A script of about `size` lines (see the module docstring)."""
+    import re
+
+    lines = (FIXTURES / BASE).read_text().splitlines(keepends=True)
+    first_class = next(i for i, line in enumerate(lines) if line.startswith("class "))
+    room = size - len(lines)
+    inserted, classes = [], library_classes()
+    for number in range(10**6):
+        name, code = classes[number % len(classes)]
+        block = re.sub(rf"\b{name}\b", f"{name}V{number}", code) + "\n\n"
+        if block.count("\n") > room:
+            break
+        inserted.append(block)
+        room -= block.count("\n")
+    return "".join(lines[:first_class] + inserted + lines[first_class:])
+
+
+def cpu_median(function, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.process_time()
+        function()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="500,2000,8000", help="line counts of the scripts")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (median)")
+    parser.add_argument("--checkout", type=Path, default=ROOT, help="the autoaccel tree to time")
+    parser.add_argument("--no-convert", action="store_true", help="time lint only")
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(args.checkout.resolve()))
+    from autoaccel.convert.log import ConvertOptions
+    from autoaccel.convert.pipeline import convert_source
+    from autoaccel.lint.runner import Mode, Overrides, lint_file
+
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, checkout {args.checkout}")
+    workdir = Path(tempfile.mkdtemp(prefix="autoaccel-convert-bench-"))
+    ddp = ConvertOptions(target="ddp")
+    previous = None
+    for size in (int(size) for size in args.sizes.split(",")):
+        text = training_script(size)
+        lines = len(text.splitlines())
+        path = workdir / f"train_{size}.py"
+        path.write_text(text)
+        lint_file(path, Overrides(), Mode.CHECK)  # warm the rule imports
+        lint = cpu_median(lambda: lint_file(path, Overrides(), Mode.CHECK), args.repeat)
+        row = f"{lines:6,} lines  lint {lint:6.2f} CPU-s ({1000 * lint / lines:.2f} ms/line)"
+        if not args.no_convert:
+            conversion = convert_source(text, ddp, str(path), str(path))
+            assert conversion.changed and not any(s.wrong for s in conversion.log.skipped)
+            convert = cpu_median(lambda: convert_source(text, ddp, str(path), str(path)), args.repeat)
+            row += (
+                f"  convert --to ddp {convert:6.2f} CPU-s ({1000 * convert / lines:.2f} ms/line,"
+                f" {convert / lint:.1f}x lint)"
+            )
+            if previous:
+                row += f"  x{convert / previous[1]:.1f} time for x{lines / previous[0]:.1f} lines"
+            previous = (lines, convert)
+        print(row, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
