@@ -199,8 +199,9 @@ def _one_writer(ranks: list[dict[str, Any]]) -> Check:
 
 def _close_loss(original: Run, ddp: Run) -> Check:
     """The mean loss over the second half of the common steps, within `LOSS_TOLERANCE` of
-    the original's or within the noise of the two means (`NOISE_SIGMAS` standard errors:
-    a script whose batches vary a lot differs that much from itself with another seed).
+    the original's or within the noise of the two means (`NOISE_SIGMAS` standard errors,
+    from the step-to-step noise: a script whose batches vary a lot differs that much from
+    itself with another seed, while a trend down the curve is no noise).
     The processes' losses are averaged per step; a summed loss left unscaled shows as
     half the original's."""
     name = "loss close to the original's"
@@ -209,7 +210,7 @@ def _close_loss(original: Run, ddp: Run) -> Check:
         return Check(name, True, f"{steps} step(s): too few to compare")
     halves = [run.record["losses"][steps // 2:steps] for run in (original, ddp)]
     reference, converted = (statistics.fmean(half) for half in halves)
-    noise = math.sqrt(sum(statistics.variance(h) / len(h) for h in halves if len(h) > 1))
+    noise = math.sqrt(sum(_step_noise(h) ** 2 / len(h) for h in halves if len(h) > 2))
     gap = abs(converted - reference) / max(abs(reference), 1e-12)
     passed = gap <= LOSS_TOLERANCE or abs(converted - reference) <= NOISE_SIGMAS * noise
     detail = (
@@ -218,3 +219,10 @@ def _close_loss(original: Run, ddp: Run) -> Check:
         f" errors: {NOISE_SIGMAS * noise:.3g})"
     )
     return Check(name, passed, detail)
+
+
+def _step_noise(losses: list[float]) -> float:
+    """The standard deviation of one step's loss around the curve's trend: successive
+    differences remove a slow trend, and each holds the noise of two steps."""
+    differences = [b - a for a, b in zip(losses, losses[1:])]
+    return statistics.stdev(differences) / math.sqrt(2)
