@@ -24,6 +24,8 @@ def rules_table() -> str:
             fix = "—"
         else:
             fix = "safe" if rule.applicability is Applicability.SAFE else "unsafe"
+            if rule.unsafe_for:
+                fix += f"; unsafe for {rule.unsafe_for}"
         message = rule.message.replace("|", "\\|") + ("" if rule.default else " (opt-in)")
         rows.append(
             f"| [{rule.code}](rules/{rule.code}-{rule.name}.md) | `{rule.name}` | {message} | {fix} |"

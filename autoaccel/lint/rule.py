@@ -96,6 +96,8 @@ class LintRule(cst.BatchableCSTVisitor):
     message: ClassVar[str]
     fix_title: ClassVar[str | None] = None
     applicability: ClassVar[Applicability] = Applicability.SAFE
+    # When some of a safe rule's fixes are unsafe: which ones (shown in the rules table).
+    unsafe_for: ClassVar[str] = ""
     # False: opt-in, as Ruff's opinionated rules; it runs only when `select` or
     # `extend-select` names its code in full (a prefix such as `ACC` does not).
     default: ClassVar[bool] = True

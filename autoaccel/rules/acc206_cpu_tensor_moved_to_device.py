@@ -35,6 +35,7 @@ class CpuTensorMovedToDevice(LintRule):
     name = "cpu-tensor-moved-to-device"
     message = "Tensor is built on the CPU and then copied to the device"
     fix_title = "Create the tensor on the device with `device=`"
+    unsafe_for = "random factories (CUDA draws other numbers)"
 
     VALID = [
         "import torch\nx = torch.zeros(8, device='cuda')\n",
