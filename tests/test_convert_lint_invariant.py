@@ -19,7 +19,7 @@ pytestmark = pytest.mark.runs  # converts every fixture: seconds, not millisecon
 def test_lint_of_the_conversion_finds_nothing_it_fixed(name):
     """`--to ddp`: every single-process fix, and the ddp steps that carry a rule code."""
     source = (FIXTURES_DIR / name).read_text(encoding="utf-8")
-    conversion = convert_source(source, ConvertOptions(target="ddp"), origin=str(FIXTURES_DIR / name))
+    conversion = convert_source(source, ConvertOptions(target="ddp"))
     fixed = {change.code for change in conversion.log.changes if change.code.startswith("ACC")}
     assert fixed, "the fixtures are slow on purpose: the conversion fixes something"
     found = lint_text(conversion.converted, name, LintSettings(), Mode.CHECK)

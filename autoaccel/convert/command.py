@@ -64,7 +64,7 @@ def run_convert(
                 verify,
             )
         # The launch commands of `--to ddp` name the script that will run.
-        conversion = convert_source(text, options, str(output or path), str(path))
+        conversion = convert_source(text, options, str(output or path))
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
     except SourceError as error:
         where = f"{error.line}:{error.column}"

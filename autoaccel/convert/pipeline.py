@@ -107,12 +107,12 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
 
 
 def _run(
-    source: str, options: ConvertOptions, log: ConversionLog, path: str | None, origin: str | None = None
+    source: str, options: ConvertOptions, log: ConversionLog, path: str | None
 ) -> str:
     state = ModuleState.of(source)
     for step in transforms_for(options):
         if step.enabled(options):
-            apply_step(step, state, new_context(options, log, path, state.text, origin, state.analyses))
+            apply_step(step, state, new_context(options, log, path, state.text, state.analyses))
     return state.text
 
 
@@ -130,15 +130,13 @@ def _map_lines_to_original(
                 entries[index] = replace(entry, line=original_line(history, entry.line))
 
 
-def convert_source(
-    source: str, options: ConvertOptions, path: str = "<string>", origin: str | None = None
-) -> Conversion:
-    """Convert `source` (read from the file `origin`, if any; `path` names the result).
+def convert_source(source: str, options: ConvertOptions, path: str = "<string>") -> Conversion:
+    """Convert the script `source` (`path` names the result, for its launch commands).
     Raises `SourceError` when it does not parse and `ConversionError` when the result
     fails a safety check."""
     log = ConversionLog()
     script = None if path.startswith("<") else path
-    converted = _run(source, options, log, script, origin)
+    converted = _run(source, options, log, script)
     if converted != source:
         check_result(converted, path, lambda text: _run(text, options, ConversionLog(), script))
     return Conversion(source, converted, log)

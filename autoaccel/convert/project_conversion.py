@@ -186,7 +186,7 @@ def _run(
             ]
             entry = index == 0
             name = script_name if entry else str(file.path)
-            context = new_context(options, logs[index], name, state.text, str(file.path), state.analyses)
+            context = new_context(options, logs[index], name, state.text, state.analyses)
             context.scratch[PROJECT_KEY] = ProjectContext(
                 file.name, file.package, str(file.path), (*others, *project.context)
             )

@@ -25,7 +25,6 @@ from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
 SOURCE_KEY = "autoaccel.source"
-ORIGIN_KEY = "autoaccel.origin"
 # Set when the module is one file of a project conversion: a `ProjectContext` (see
 # `autoaccel.convert.project_conversion`) and whether the module is the entry script.
 PROJECT_KEY = "autoaccel.project"
@@ -42,18 +41,15 @@ def new_context(
     log: ConversionLog,
     path: str | None = None,
     source: str | None = None,
-    origin: str | None = None,
     analyses: Analyses | None = None,
 ) -> CodemodContext:
     """The context of one step; `path` names the script (launch commands use it),
-    `source` is the code of the tree the step gets, when the caller has it, `origin`
-    the file it was read from (its project's modules are found from there), `analyses`
+    `source` is the code of the tree the step gets, when the caller has it, `analyses`
     the script models the steps of one conversion share."""
     scratch = {
         OPTIONS_KEY: options,
         LOG_KEY: log,
         SOURCE_KEY: source,
-        ORIGIN_KEY: origin,
         ANALYSES_KEY: {} if analyses is None else analyses,
     }
     return CodemodContext(filename=path, scratch=scratch)
