@@ -102,19 +102,10 @@ def run_convert(
     if write and conversion.changed:
         writes.append(_Write(path, converted, encoding, original))
     if output is not None or write:
-        folder = (output or path).parent
-        extra = conversion.log.extra_files.items()
-        launchers = [_Write(folder / name, text) for name, text in extra]
-        clashing = [item for item in launchers if item.path.exists() and not _written(item)]
-        if clashing and not force:
-            for item in clashing:
-                print(
-                    f"{item.path}: error: exists with other contents; not replaced, and"
-                    " nothing written (--force replaces it)",
-                    file=sys.stderr,
-                )
+        launchers = launcher_writes((output or path).parent, conversion.log.extra_files, force)
+        if launchers is None:
             return EXIT_ERROR
-        writes += [item for item in launchers if not _written(item)]
+        writes += launchers
     _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
     print_not_applied(path, wrong, "warning")
     for item in writes:
@@ -162,6 +153,23 @@ def print_refused(path: Path, options: ConvertOptions) -> None:
         " original (see above); nothing written. `--allow-partial` writes it anyway.",
         file=sys.stderr,
     )
+
+
+def launcher_writes(folder: Path, files: dict[str, str], force: bool) -> list[_Write] | None:
+    """The launcher files (`train.sbatch`, ...) to write into `folder`, those already
+    there as they are left out; None (each named) when one exists with other contents
+    and not `force`: then nothing may be written."""
+    launchers = [_Write(folder / name, text) for name, text in files.items()]
+    clashing = [item for item in launchers if item.path.exists() and not _written(item)]
+    if clashing and not force:
+        for item in clashing:
+            print(
+                f"{item.path}: error: exists with other contents; not replaced, and"
+                " nothing written (--force replaces it)",
+                file=sys.stderr,
+            )
+        return None
+    return [item for item in launchers if not _written(item)]
 
 
 def _details_saved(details: str) -> str:

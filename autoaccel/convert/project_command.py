@@ -22,7 +22,7 @@ from autoaccel.convert.command import (
     EXIT_OK,
     _print_report,
     _Write,
-    _written,
+    launcher_writes,
     print_not_applied,
     print_refused,
     verified,
@@ -100,18 +100,10 @@ def finish_project(
         ]
     if output is not None or write:
         folder = script_output(project, output).parent
-        extra = result.files[0].conversion.log.extra_files.items()
-        launchers = [_Write(folder / name, text) for name, text in extra]
-        clashing = [item for item in launchers if item.path.exists() and not _written(item)]
-        if clashing and not force:
-            for item in clashing:
-                print(
-                    f"{item.path}: error: exists with other contents; not replaced, and"
-                    " nothing written (--force replaces it)",
-                    file=sys.stderr,
-                )
+        launchers = launcher_writes(folder, result.files[0].conversion.log.extra_files, force)
+        if launchers is None:
             return EXIT_ERROR
-        writes += [item for item in launchers if not _written(item)]
+        writes += launchers
     _report(result, report_format, write or output is not None)
     _refusals(result, "warning")
     try:
