@@ -1082,3 +1082,29 @@ def test_other_evaluations_stay_on_the_whole_set(edit):
     body = EVALUATE.replace(*edit)
     code, log = run_step(ShardEvaluation, body)
     assert (code, log.changes) == (body, [])
+
+
+def test_a_printed_size_follows_the_loader_it_reads_not_its_spelling():
+    """`loader` is the sharded training loader at module level and, as a parameter of
+    `evaluate`, the whole evaluation set: only the module-level print changes."""
+    body = """\
+        from torch.utils.data import DataLoader, DistributedSampler
+        sampler = DistributedSampler(train_set) if DISTRIBUTED else None
+        loader = DataLoader(train_set, sampler=sampler)
+
+
+        def evaluate(loader):
+            print(len(loader.dataset))
+
+
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        print(total / len(loader.dataset))
+        evaluate(DataLoader(test_set))
+        """
+    code, log = run_step(PrintShardSizes, body)
+    assert code == dedent(body).replace("print(total / len(loader.dataset))", "print(total / len(loader.sampler))")
+    assert len(log.changes) == 1

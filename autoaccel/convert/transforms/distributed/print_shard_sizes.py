@@ -13,6 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import Kind
 from autoaccel.analysis.shapes import find, is_attribute, is_name
 from autoaccel.convert.transforms.distributed._base import DistributedStep
 
@@ -22,11 +23,6 @@ class PrintShardSizes(DistributedStep):
     needs = (".dataset",)
 
     def visit_Module(self, node: cst.Module) -> None:
-        sharded = {
-            key
-            for key, calls in self.script.loaders.items()
-            if calls and all(self.shards(node, call) for call in calls)
-        }
         self.sizes: set[cst.Attribute] = {
             length.args[0].value  # type: ignore[misc]
             for printed in find(node, cst.Call)
@@ -35,8 +31,15 @@ class PrintShardSizes(DistributedStep):
             if is_name(length.func, "len")
             and len(length.args) == 1
             and is_attribute(length.args[0].value, "dataset")
-            and name_key(length.args[0].value.value) in sharded  # type: ignore[attr-defined]
+            and self._sharded(node, length.args[0].value.value)  # type: ignore[attr-defined]
         }
+
+    def _sharded(self, module: cst.Module, loader: cst.BaseExpression) -> bool:
+        """Whether every DataLoader `loader` (as read there) may hold is sharded."""
+        calls = [obj.node for obj in self.script.values(loader) if obj.kind is Kind.LOADER]
+        return bool(calls) and all(
+            isinstance(call, cst.Call) and self.shards(module, call) for call in calls
+        )
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
         if original_node not in self.sizes:
