@@ -1108,3 +1108,39 @@ def test_a_printed_size_follows_the_loader_it_reads_not_its_spelling():
     code, log = run_step(PrintShardSizes, body)
     assert code == dedent(body).replace("print(total / len(loader.dataset))", "print(total / len(loader.sampler))")
     assert len(log.changes) == 1
+
+
+# -- a sampler of independent draws -------------------------------------------------------------
+REPLACEMENT = """\
+import torch
+from torch.utils.data import DataLoader
+loader = DataLoader(
+    train_set,
+    sampler=torch.utils.data.RandomSampler(train_set, replacement=True, num_samples=int(1e10)),
+    batch_size=64,
+)
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_sampler_drawing_with_replacement_is_kept_and_each_process_draws_its_share():
+    """minGPT's trainer: i.i.d. draws from the global stream. Each process draws its own
+    (the stream is re-seeded with its rank), so only the batch is divided; listing 1e10
+    indices to share them out would not fit in memory."""
+    code, log = run_step(ShardTrainLoader, REPLACEMENT)
+    assert "    batch_size=per_process_batch_size(64),\n" in code
+    assert "RandomSampler(train_set, replacement=True, num_samples=int(1e10))," in code
+    assert "DistributedSampler" not in code
+    (change,) = log.changes
+    assert "draws with replacement" in change.description and log.skipped == []
+
+
+def test_a_sampler_of_its_own_generator_is_refused():
+    """With its own generator every process would draw the same samples."""
+    body = REPLACEMENT.replace("num_samples=int(1e10)", "num_samples=int(1e10), generator=g")
+    code, log = run_step(ShardTrainLoader, body)
+    (skip,) = log.skipped
+    assert skip.wrong and "already has a sampler" in skip.reason

@@ -21,10 +21,15 @@ from autoaccel.convert.verify import Check, checks
 DDP_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ddp"
 
 
+def _ids(rank: int) -> list:
+    """Four steps of one pass, two samples a step, each process its own share."""
+    return [[1, [8 * step + 2 * rank, 8 * step + 2 * rank + 1]] for step in range(4)]
+
+
 def _rank(rank: int, **fields) -> dict:
     record = {
         "rank": rank, "exit": "max-steps", "losses": [1.0, 0.8, 0.6, 0.5],
-        "sample_ids": [[1, [rank, rank + 2]]] * 4, "param_digest": [[1.5, 3.0]], "saves": [],
+        "sample_ids": _ids(rank), "param_digest": [[1.5, 3.0]], "saves": [],
     }  # fmt: skip
     return {**record, **fields}
 
@@ -54,7 +59,7 @@ def test_a_good_distributed_run_passes_every_check():
 @pytest.mark.parametrize(
     "rank1, check, reason",
     [
-        ({"sample_ids": [[1, [0, 3]]] * 4}, "processes train on different data", "4 of 16 samples"),
+        ({"sample_ids": _ids(0)}, "processes train on different data", "8 of 16 samples"),
         ({"param_digest": [[1.6, 3.0]]}, "parameters equal on every process", "not synchronised"),
         ({"saves": ["model.pt"]}, "one process writes each file", "2 processes wrote model.pt"),
     ],
@@ -64,6 +69,15 @@ def test_a_broken_property_fails_its_check(rank1, check, reason):
     found = checks(ORIGINAL, _run(_rank(0, saves=["model.pt"]), _rank(1, **rank1)))
     failed = _failed(found)
     assert list(failed) == [check] and reason in failed[check]
+
+
+def test_draws_with_replacement_may_meet_on_two_processes():
+    """minGPT's `RandomSampler(replacement=True)`: each process draws on its own, so a
+    sample may come up on two of them, as it may twice on one."""
+    drawn = [[1, [3, 5]], [1, [5, 9]], [1, [1, 2]], [1, [7, 4]]]
+    found = checks(ORIGINAL, _run(_rank(0, sample_ids=drawn), _rank(1, sample_ids=drawn[::-1])))
+    assert _failed(found) == {}
+    assert "1 pass(es) drawn with replacement" in found[1].detail
 
 
 def test_processes_without_loader_indices_must_not_compute_the_same_losses():

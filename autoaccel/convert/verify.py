@@ -148,21 +148,29 @@ def _finished(ddp: Run, ranks: list[dict[str, Any]]) -> Check:
 
 
 def _disjoint(ranks: list[dict[str, Any]]) -> Check:
+    """Within each pass over the data, no sample on two processes. A sampler that draws
+    with replacement (a process meets a sample twice in one pass) may draw a sample on
+    two processes by chance: not counted then."""
     name = "processes train on different data"
-    shared, seen = 0, 0
-    for step_ids in zip(*(r.get("sample_ids") or [] for r in ranks)):
-        if any(ids is None for ids in step_ids):
-            continue
-        by_pass: dict[int, list[set[int]]] = {}
-        for pass_number, indices in step_ids:
-            by_pass.setdefault(pass_number, []).append(set(indices))
-        for sets in by_pass.values():
-            seen += sum(map(len, sets))
-            shared += sum(len(a & b) for i, a in enumerate(sets) for b in sets[i + 1:])
+    passes: dict[int, list[list[int]]] = {}  # pass -> each rank's indices in it
+    for position, rank in enumerate(ranks):
+        for ids in rank.get("sample_ids") or []:
+            if ids is not None:
+                pass_number, indices = ids
+                passes.setdefault(pass_number, [[] for _ in ranks])[position].extend(indices)
+    seen = sum(len(indices) for per_rank in passes.values() for indices in per_rank)
     if seen:
+        shared, replaced = 0, 0
+        for per_rank in passes.values():
+            if any(len(set(indices)) < len(indices) for indices in per_rank):
+                replaced += 1
+                continue
+            sets = [set(indices) for indices in per_rank]
+            shared += sum(len(a & b) for i, a in enumerate(sets) for b in sets[i + 1:])
         if shared:
             return Check(name, False, f"{shared} of {seen} samples were trained on by more than one process in the same epoch")
-        return Check(name, True, f"{seen} samples, none trained on by two processes in the same epoch")
+        how = f"; {replaced} pass(es) drawn with replacement" if replaced else ""
+        return Check(name, True, f"{seen} samples, none trained on by two processes in the same epoch{how}")
     losses = [r["losses"] for r in ranks]
     if all(series == losses[0] for series in losses[1:]):
         return Check(name, False, "every process computed the same losses: they train on the same data")

@@ -16,7 +16,7 @@ from autoaccel.analysis.fresh_data import draws_fresh_batches
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.script_model import LoopRole, Missing
-from autoaccel.analysis.shapes import find
+from autoaccel.analysis.shapes import find, is_name, is_true
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     MANUAL_SEED,
@@ -30,6 +30,7 @@ from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
 WEIGHTED_SAMPLER = "torch.utils.data.WeightedRandomSampler"
+RANDOM_SAMPLERS = frozenset({"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"})
 SHARED_DRAW = "ShardedDraws"
 _SHARED_DRAW_CLASS = f'''
 
@@ -144,6 +145,9 @@ class ShardTrainLoader(DistributedStep):
         if sampler is not None and self._weighted(sampler):
             self._share_draws(call, sampler)
             return
+        if sampler is not None and self._draws_with_replacement(sampler):
+            self._draw_independently(call)
+            return
         if sampler is not None or keyword_value(call, "batch_sampler"):
             self.skipped(
                 "DistributedSampler",
@@ -208,6 +212,31 @@ class ShardTrainLoader(DistributedStep):
             if any(name_key(t.target) == key for t in assign.targets)
         ]
         return bool(values) and all(isinstance(v, cst.Call) and self._weighted(v) for v in values)
+
+    def _draws_with_replacement(self, sampler: cst.BaseExpression) -> bool:
+        """`RandomSampler(ds, replacement=True, ...)` on the global random stream (minGPT's
+        trainer): independent draws, so each process drawing its own is a shard."""
+        if not isinstance(sampler, cst.Call) or not self.qualified_names(sampler.func) & RANDOM_SAMPLERS:
+            return False
+        return is_true(keyword_value(sampler, "replacement")) and keyword_value(sampler, "generator") is None
+
+    def _draw_independently(self, call: cst.Call) -> None:
+        """Keep a sampler of independent draws: each process draws from its own stream
+        (re-seeded with its rank), a batch of `batch_size // WORLD_SIZE`."""
+        edits: dict[str, str] = {}
+        batch = keyword_value(call, "batch_size")
+        if isinstance(batch, cst.Call) and is_name(batch.func, BATCH_HELPER):
+            return  # converted already
+        if batch is not None and not self.options.per_process_batch:
+            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
+            self.helper_needed = True
+        self.calls[call] = edits
+        self.changed(
+            call,
+            "the sampler draws with replacement from the global random stream: each process"
+            " draws its own samples (its stream is seeded with its rank), which shards them"
+            + (f"; per-process batch = global batch // {WORLD_SIZE}" if edits else ""),
+        )
 
     def _share_draws(self, call: cst.Call, sampler: cst.BaseExpression) -> None:
         """A weighted sampler keeps its weights: each process reads its share of one draw."""
