@@ -45,6 +45,8 @@ _BY_NAME = {
     "matplotlib.pyplot.savefig": EffectKind.FILE_WRITE,
     "torchvision.utils.save_image": EffectKind.FILE_WRITE,
 }
+# The calls that print (under ddp, run on rank 0 only).
+PRINTS = frozenset(name for name, kind in _BY_NAME.items() if kind is EffectKind.PRINT)
 # Methods that write whatever object they are called on (`Path.write_text`, `fig.savefig`,
 # Hugging Face's `model.save_pretrained`).
 _WRITING_METHODS = frozenset(

@@ -177,7 +177,7 @@ def _alternate(
                     status.update(f"{label}: starting")
                     run = run_script(
                         path, args, steps, Path(folder) / f"records-{name}-{repeat}", processes,
-                        import_from=script.resolve().parent, env=env,
+                        import_from=[script.resolve().parent], env=env,
                         on_step=lambda step: status.update(f"{label}: step {step}/{steps}"),
                     )
                     done.append(run)

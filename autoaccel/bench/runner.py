@@ -12,7 +12,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 SEED = 0
 POLL_INTERVAL = 0.25  # seconds between two looks at the progress file
@@ -55,20 +55,21 @@ def run_script(
     steps: int,
     records: Path,
     nproc: int | None = None,
-    import_from: Path | None = None,
+    import_from: Sequence[Path] = (),
     env: dict[str, str] | None = None,
     on_step: Callable[[int], None] | None = None,
     timeout: float | None = None,
     scratch: Path | None = None,
 ) -> Run:
     """Run `script args` for at most `steps` training steps, its records written into the
-    empty folder `records`; `import_from` goes on the module search path (PYTHONPATH),
-    `env` is added to the environment, and `on_step` is told the steps done as they go.
+    empty folder `records`; the folders `import_from` go first on the module search path
+    (PYTHONPATH), `env` is added to the environment, and `on_step` is told the steps done
+    as they go.
     After `timeout` seconds the run (every process of it) is stopped: an error. With
     `scratch`, the files the script saves with `torch.save` go into that folder."""
     env = {**os.environ, **(env or {}), "PYTHONHASHSEED": str(SEED)}
-    if import_from is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_from), env.get("PYTHONPATH")]))
+    if import_from:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, import_from), env.get("PYTHONPATH")]))
     records.mkdir(parents=True, exist_ok=True)
     progress = records / "progress" if on_step else None
     command = harness_command(records / "record-{rank}.json", steps, nproc, progress, scratch)

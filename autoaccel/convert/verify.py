@@ -88,25 +88,18 @@ def verify_ddp(
         copy, copy_roots = write_conversion(scratch / "converted")
         status("original script, 1 process")
         original = run_script(
-            script, script_args, steps, scratch / "original", timeout=timeout, scratch=scratch,
-            env={**threads, **_python_path(import_roots)},
+            script, script_args, steps, scratch / "original", import_from=import_roots,
+            env=threads, timeout=timeout, scratch=scratch,
         )
         if original.failed:
             return [Check("original runs", False, f"the original script failed: {original.record['exit']}")], original.log
         status(f"converted script, {PROCESSES} processes (gloo)")
         ddp = run_script(
-            copy, script_args, steps, scratch / "ddp", nproc=PROCESSES, timeout=timeout,
-            scratch=scratch, env={**threads, **_python_path(copy_roots)},
+            copy, script_args, steps, scratch / "ddp", nproc=PROCESSES, import_from=copy_roots,
+            env=threads, timeout=timeout, scratch=scratch,
         )
     found = checks(original, ddp)
     return found, ddp.log if not all(c.passed for c in found) else ""
-
-
-def _python_path(roots: list[Path]) -> dict[str, str]:
-    """PYTHONPATH with `roots` first."""
-    if not roots:
-        return {}
-    return {"PYTHONPATH": os.pathsep.join([*map(str, roots), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def write_one(script: Path, converted: str) -> WriteConversion:

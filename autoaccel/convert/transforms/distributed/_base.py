@@ -195,6 +195,21 @@ class DistributedStep(StatementRewrite):
             parse_statements("\n\n" + code.lstrip("\n"))
         )
 
+    def seed_calls(self, module: cst.Module) -> list[cst.Call]:
+        """The calls that seed torch's global generator: `torch.manual_seed(...)`, or a
+        call of a function of the project that calls it (`set_seed(config.seed)` of a
+        utils module)."""
+        program = self.script.program
+        return [
+            call for call in find(module, cst.Call)
+            if MANUAL_SEED in self.qualified_names(call.func)
+            or program is not None and any(
+                MANUAL_SEED in function.module.index.qualified_names(inner.func)
+                for function in program.callees.get(call, ())
+                for inner in find(function.node.body, cst.Call)
+            )
+        ]
+
     # -- where things are -------------------------------------------------------------
     def scope_of(self, node: cst.CSTNode) -> Scope:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)

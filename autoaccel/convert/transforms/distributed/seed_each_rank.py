@@ -13,10 +13,8 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.rank_guards import mentions_rank
-from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
-    MANUAL_SEED,
     RANK,
     DistributedStep,
     parse_statements,
@@ -35,7 +33,7 @@ class SeedEachRank(DistributedStep):
     needs = ("seed",)
 
     def visit_Module(self, node: cst.Module) -> None:
-        seeds = [c for c in find(node, cst.Call) if self._seeds(c)]
+        seeds = self.seed_calls(node)
         if not seeds or any(mentions_rank(arg.value) for call in seeds for arg in call.args):
             return  # unseeded processes already differ; or seeded per rank by the author
         start = next((m.training for m in self.trained_models(node) if m.training), None)
@@ -56,15 +54,3 @@ class SeedEachRank(DistributedStep):
             return
         self.before.setdefault(start, []).extend(parse_statements(_RESEED))
         self.changed(start, f"each process re-seeded with seed + {RANK} before training")
-
-    def _seeds(self, call: cst.Call) -> bool:
-        """`torch.manual_seed(...)`, or a call of a function of the project that calls it
-        (`set_seed(config.seed)` of a utils module)."""
-        if MANUAL_SEED in self.qualified_names(call.func):
-            return True
-        program = self.script.program
-        return program is not None and any(
-            "torch.manual_seed" in function.module.index.qualified_names(inner.func)
-            for function in program.callees.get(call, ())
-            for inner in find(function.node.body, cst.Call)
-        )

@@ -25,7 +25,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.script_model import Missing
 from autoaccel.analysis.shapes import find, is_false, is_method_call
-from autoaccel.analysis.side_effects import find_side_effects
+from autoaccel.analysis.side_effects import PRINTS, find_side_effects
 from autoaccel.analysis.training import LoopRole, StepLoop
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -44,8 +44,6 @@ def {HELPER}(*sums):
     dist.all_reduce(totals)
     return [type(value)(total) for value, total in zip(sums, totals.tolist())]
 '''
-# Calls that only show values: allowed in an evaluation loop.
-SHOWING = frozenset({"builtins.print"})
 
 
 class ShardEvaluation(DistributedStep):
@@ -128,7 +126,7 @@ class ShardEvaluation(DistributedStep):
         for call in calls:
             module = program.module_of[call]
             for ancestor in module.index.ancestors(call):
-                if isinstance(ancestor, cst.Call) and module.index.qualified_names(ancestor.func) & SHOWING:
+                if isinstance(ancestor, cst.Call) and module.index.qualified_names(ancestor.func) & PRINTS:
                     return False
                 if isinstance(ancestor, cst.If) and mentions_rank(ancestor.test):
                     return False

@@ -19,7 +19,6 @@ from autoaccel.analysis.script_model import LoopRole, Missing
 from autoaccel.analysis.shapes import find, is_name, is_true
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
-    MANUAL_SEED,
     RANK,
     WORLD_SIZE,
     DistributedStep,
@@ -111,7 +110,7 @@ class ShardTrainLoader(DistributedStep):
     def _draw_per_process(self, module: cst.Module, loop: cst.CSTNode) -> None:
         """A loop that samples new random batches every step: each process draws its own,
         unless every process seeds its generator alike (then they all draw the same)."""
-        seeds = [c for c in find(module, cst.Call) if MANUAL_SEED in self.qualified_names(c.func)]
+        seeds = self.seed_calls(module)
         if seeds and not any(mentions_rank(a.value) for c in seeds for a in c.args):
             self.skipped(
                 "DistributedSampler",
