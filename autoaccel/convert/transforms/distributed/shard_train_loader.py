@@ -23,7 +23,6 @@ from autoaccel.convert.transforms.distributed._base import (
     WORLD_SIZE,
     DistributedStep,
     parse_statements,
-    setup_block_end,
 )
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
