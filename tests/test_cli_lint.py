@@ -197,7 +197,7 @@ def test_file_without_torch_is_not_parsed(cli, tmp_path, monkeypatch):
     def fail(source):
         raise AssertionError("parsed a file without torch")
 
-    monkeypatch.setattr("autoaccel.lint.engine.parse", fail)
+    monkeypatch.setattr("autoaccel.lint.engine.parse_checked", fail)
     (tmp_path / "plain.py").write_text("from mylib import DataLoader\nDataLoader(ds)\n")
     assert cli("lint", "plain.py").exit_code == 0
 

@@ -4,10 +4,13 @@ for a fraction of its cost.
 `PositionProvider` updates a line and column with a regular expression for every token
 it writes, and LibCST resolves it after a full (empty) visitor pass. Here code
 generation only notes token indices, and a finding's line and column are looked up
-from them when asked (a bisect over the line starts)."""
+from them when asked (a bisect over the line starts). When the module was parsed from a
+source whose syntax tree CPython gave too (lint), only the statement around an asked-for
+node is generated: CPython's tree says on which line that statement starts."""
 
 from __future__ import annotations
 
+import ast
 import re
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping
@@ -20,6 +23,7 @@ from libcst._nodes.internal import CodegenState
 from libcst.metadata import CodePosition, CodeRange
 
 NEWLINE = re.compile(r"\r\n?|\n")
+INDENT = re.compile(r"[ \t\f]*")
 
 Span = tuple[int, int]  # token indices: the node's first token, one past its last
 
@@ -59,37 +63,164 @@ class _SpanRecorder(CodegenState):
         self.spans[node] = (start, end)
 
 
+@dataclass
+class _Generated:
+    """The spans of one generated node (the module, or a statement) and the character
+    offset of each of its tokens in the module's text."""
+
+    spans: dict[cst.CSTNode, Span]
+    offsets: list[int]
+
+    @classmethod
+    def of(cls, node: cst.CSTNode, state: _SpanRecorder, start: int = 0) -> _Generated:
+        node._codegen(state)
+        return cls(state.spans, list(accumulate(map(len, state.tokens), initial=start)))
+
+
 class Positions(Mapping[cst.CSTNode, CodeRange]):
     """Node → `CodeRange` (1-based lines, 0-based columns), computed on first use."""
 
     def __init__(self, module: cst.Module) -> None:
         self._module = module
-        self._spans: dict[cst.CSTNode, Span] | None = None
-        self._offsets: list[int] = []  # token index → character offset
+        self._whole: _Generated | None = None
         self._line_starts: list[int] = []
 
-    def _computed(self) -> dict[cst.CSTNode, Span]:
-        if self._spans is None:
+    def _generated(self, node: cst.CSTNode) -> _Generated:
+        """The code generation `node` was written in."""
+        if self._whole is None:
             module = self._module
             state = _SpanRecorder(module.default_indent, module.default_newline)
-            module._codegen(state)
-            text = "".join(state.tokens)
-            self._offsets = [0, *accumulate(map(len, state.tokens))]
-            self._line_starts = [0, *(match.end() for match in NEWLINE.finditer(text))]
-            self._spans = state.spans
-        return self._spans
+            self._whole = _Generated.of(module, state)
+            self._line_starts = _line_starts("".join(state.tokens))
+        return self._whole
 
-    def _position(self, token: int) -> CodePosition:
-        offset = self._offsets[token]
+    def _position(self, offset: int) -> CodePosition:
         line = bisect_right(self._line_starts, offset)
         return CodePosition(line, offset - self._line_starts[line - 1])
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
-        start, end = self._computed()[node]
-        return CodeRange(self._position(start), self._position(end))
+        generated = self._generated(node)
+        start, end = generated.spans[node]
+        offsets = generated.offsets
+        return CodeRange(self._position(offsets[start]), self._position(offsets[end]))
 
     def __iter__(self) -> Iterator[cst.CSTNode]:
-        return iter(self._computed())
+        return iter(Positions._generated(self, self._module).spans)
 
     def __len__(self) -> int:
-        return len(self._computed())
+        return len(Positions._generated(self, self._module).spans)
+
+
+class SourcePositions(Positions):
+    """Positions in the module parsed from `source`, which CPython parsed into `tree`:
+    a node's statement is generated on its own, from the line CPython puts it on, and
+    checked against the source (the whole module is generated when that fails)."""
+
+    def __init__(
+        self,
+        module: cst.Module,
+        source: str,
+        tree: ast.Module,
+        parents: Mapping[cst.CSTNode, cst.CSTNode],
+    ) -> None:
+        super().__init__(module)
+        # The text generated from `module`: a last newline is written even when the
+        # source has none, as `PositionProvider` counts it.
+        self._text = source if module.has_trailing_newline else source + module.default_newline
+        self._tree = tree
+        self._parents = parents
+        self._line_starts = _line_starts(self._text)
+        self._first_lines: dict[cst.BaseStatement, tuple[int, int]] | None = None
+        self._statements: dict[cst.BaseStatement, _Generated | None] = {}
+
+    def _generated(self, node: cst.CSTNode) -> _Generated:
+        if self._whole is None:
+            statement = self._statement(node)
+            if statement is not None:
+                if statement not in self._statements:
+                    self._statements[statement] = self._generate(statement)
+                generated = self._statements[statement]
+                if generated is not None and node in generated.spans:
+                    return generated
+        return super()._generated(node)
+
+    def _statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
+        """The statement `node` is written in (an `elif` is written by its `if`)."""
+        parents = self._parents
+        while node is not None and not (
+            isinstance(node, cst.BaseStatement)
+            and not (isinstance(node, cst.If) and isinstance(parents.get(node), cst.If))
+        ):
+            node = parents.get(node)
+        return node
+
+    def _generate(self, statement: cst.BaseStatement) -> _Generated | None:
+        """`statement` generated from the start of its first line (its leading blank and
+        comment lines included), or None when that does not reproduce the source."""
+        if self._first_lines is None:
+            self._first_lines = _first_lines(self._module, self._tree)
+        first, own = self._first_lines.get(statement, (0, 0))
+        if not 1 <= first <= own <= len(self._line_starts):
+            return None
+        start = self._line_starts[first - 1]
+        indent = INDENT.match(self._text, self._line_starts[own - 1]).group()  # type: ignore[union-attr]
+        module = self._module
+        state = _SpanRecorder(module.default_indent, module.default_newline, indent_tokens=[indent])
+        generated = _Generated.of(statement, state, start)
+        if not self._text.startswith("".join(state.tokens), start):
+            return None
+        return generated
+
+
+def _line_starts(text: str) -> list[int]:
+    return [0, *(match.end() for match in NEWLINE.finditer(text))]
+
+
+def _first_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatement, tuple[int, int]]:
+    """Each statement of `module` → the line its code generation starts on (its leading
+    lines included) and the line of its own first token, matching LibCST's statements
+    with CPython's in source order; empty when they do not match one to one."""
+    found: dict[cst.BaseStatement, tuple[int, int]] = {}
+    python = _python_statements(tree)
+    for node in _statements(module):
+        if isinstance(node, cst.SimpleStatementSuite):
+            for _ in node.body:
+                next(python, None)
+            continue
+        first = next(python, None)
+        if first is None:
+            return {}
+        lines = len(node.leading_lines)
+        if isinstance(node, cst.SimpleStatementLine):
+            for _ in node.body[1:]:
+                next(python, None)
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node.decorators:
+            first = first.decorator_list[0]  # type: ignore[attr-defined]
+            lines += len(node.decorators[0].leading_lines)
+        found[node] = (first.lineno - lines, first.lineno)
+    return found if next(python, None) is None else {}
+
+
+def _statements(node: cst.CSTNode) -> Iterator[cst.BaseStatement | cst.SimpleStatementSuite]:
+    """The statements in `node`, in source order (a one-line suite stands for its small
+    statements)."""
+    for child in node.children:
+        if isinstance(child, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            yield child
+        elif isinstance(child, cst.BaseCompoundStatement):
+            yield child
+            yield from _statements(child)
+        elif not isinstance(child, cst.BaseExpression):
+            yield from _statements(child)
+
+
+def _python_statements(node: ast.AST) -> Iterator[ast.stmt]:
+    """CPython's statements in `node`, in source order."""
+    for name in node._fields:
+        value = getattr(node, name)
+        for child in value if isinstance(value, list) else (value,):
+            if isinstance(child, ast.stmt):
+                yield child
+                yield from _python_statements(child)
+            elif isinstance(child, (ast.excepthandler, ast.match_case)):
+                yield from _python_statements(child)

@@ -17,7 +17,7 @@ from libcst.metadata import (
 )
 
 from autoaccel.analysis.index import ModuleIndex, run_visitors
-from autoaccel.analysis.positions import Positions
+from autoaccel.analysis.positions import Positions, SourcePositions
 from autoaccel.analysis.script_model import ProjectContext, build_script_model
 from autoaccel.config import LintSettings
 from autoaccel.lint.noqa import is_suppressed, suppressions
@@ -44,14 +44,17 @@ TOO_DEEP = "too deeply nested for autoaccel"
 
 
 def parse(source: str) -> cst.Module:
-    """Parse `source`, turning a syntax error into a located `SourceError`. CPython's
-    parser reads it first: its messages and positions are the ones users know (LibCST's
-    point past the error), and it measures the nesting LibCST would crash on."""
-    error = _python_syntax_error(source)
-    if error is not None:
-        raise error
+    """Parse `source`, turning a syntax error into a located `SourceError`."""
+    return parse_checked(source)[0]
+
+
+def parse_checked(source: str) -> tuple[cst.Module, ast.Module | None]:
+    """`source` parsed by LibCST, and by CPython when it could (`None` for null bytes).
+    CPython's parser reads it first: its messages and positions are the ones users know
+    (LibCST's point past the error), and it measures the nesting LibCST would crash on."""
+    tree = _python_syntax_tree(source)
     try:
-        return cst.parse_module(source)
+        return cst.parse_module(source), tree
     except cst.ParserSyntaxError as error:
         message = error.message.strip().splitlines()[0] if error.message else "invalid syntax"
         raise SourceError(
@@ -59,15 +62,15 @@ def parse(source: str) -> cst.Module:
         ) from None
 
 
-def _python_syntax_error(source: str) -> SourceError | None:
-    """CPython's error for `source`, or a nesting past `MAX_NESTING`; None when CPython
-    accepts it (or cannot say: null bytes, which LibCST then reports)."""
+def _python_syntax_tree(source: str) -> ast.Module | None:
+    """CPython's tree of `source`, or None when it cannot say (null bytes, which LibCST
+    then reports). Raises CPython's error, or one for a nesting past `MAX_NESTING`."""
     try:
         tree = compile_quietly(source, "<lint>", ast.PyCF_ONLY_AST)
     except SyntaxError as error:
-        return SourceError(f"SyntaxError: {error.msg}", error.lineno or 1, error.offset or 1)
+        raise SourceError(f"SyntaxError: {error.msg}", error.lineno or 1, error.offset or 1) from None
     except (RecursionError, MemoryError):
-        return SourceError(f"{TOO_DEEP} (Python's own parser gave up)", 1, 1)
+        raise SourceError(f"{TOO_DEEP} (Python's own parser gave up)", 1, 1) from None
     except ValueError:
         return None
     stack: list[tuple[ast.AST, int]] = [(tree, 0)]
@@ -76,9 +79,20 @@ def _python_syntax_error(source: str) -> SourceError | None:
         depth += _libcst_levels(node)
         if depth > MAX_NESTING:
             line, column = getattr(node, "lineno", 1), getattr(node, "col_offset", 0) + 1
-            return SourceError(f"{TOO_DEEP}: over {MAX_NESTING} nested levels", line, column)
-        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
-    return None
+            raise SourceError(f"{TOO_DEEP}: over {MAX_NESTING} nested levels", line, column)
+        if depth + _most_levels_within(node) > MAX_NESTING:
+            stack.extend((child, depth) for child in ast.iter_child_nodes(node))
+    return tree
+
+
+def _most_levels_within(node: ast.AST) -> int:
+    """An upper bound of the levels below `node`: three per character of a one-line
+    node (every level writes a character, or wraps one that does: a context, an `Expr`,
+    `arguments`), unbounded for the others."""
+    end = getattr(node, "end_col_offset", None)
+    if end is None or node.lineno != node.end_lineno:  # type: ignore[attr-defined]
+        return MAX_NESTING
+    return 3 * (end - node.col_offset) + 3  # type: ignore[attr-defined]
 
 
 def compile_quietly(source: str, filename: str, flags: int = 0) -> Any:
@@ -131,12 +145,13 @@ def analyse(
     if not might_use_torch(source):
         empty = cst.Module(body=[])
         return Analysis(module=empty, wrapper=None, positions=Positions(empty))
-    module = parse(source)
-    positions = Positions(module)  # computed when a rule first reports
+    module, tree = parse_checked(source)
     if not rules:
-        return Analysis(module=module, wrapper=None, positions=positions)
+        return Analysis(module=module, wrapper=None, positions=Positions(module))
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     index = ModuleIndex(module)
+    # Computed when a rule first reports.
+    positions = Positions(module) if tree is None else SourcePositions(module, source, tree, index.parents)
     script = build_script_model(wrapper, index, project)
     metadata = {
         ParentNodeProvider: index.parents,
