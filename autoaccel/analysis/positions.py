@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -182,7 +182,7 @@ def _first_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatement
     with CPython's in source order; empty when they do not match one to one."""
     found: dict[cst.BaseStatement, tuple[int, int]] = {}
     python = _python_statements(tree)
-    for node in _statements(module):
+    for node in _statements(module.body):
         if isinstance(node, cst.SimpleStatementSuite):
             for _ in node.body:
                 next(python, None)
@@ -201,17 +201,34 @@ def _first_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatement
     return found if next(python, None) is None else {}
 
 
-def _statements(node: cst.CSTNode) -> Iterator[cst.BaseStatement | cst.SimpleStatementSuite]:
-    """The statements in `node`, in source order (a one-line suite stands for its small
-    statements)."""
-    for child in node.children:
-        if isinstance(child, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-            yield child
-        elif isinstance(child, cst.BaseCompoundStatement):
-            yield child
-            yield from _statements(child)
-        elif not isinstance(child, cst.BaseExpression):
-            yield from _statements(child)
+def _statements(
+    statements: Sequence[cst.BaseStatement],
+) -> Iterator[cst.BaseStatement | cst.SimpleStatementSuite]:
+    """`statements` and the statements in them, in source order (a one-line suite
+    stands for its small statements)."""
+    for statement in statements:
+        yield statement
+        if isinstance(statement, cst.BaseCompoundStatement):
+            yield from _blocks(statement)
+
+
+_BLOCKS = ("body", "cases", "handlers", "orelse", "finalbody")  # in source order
+
+
+def _blocks(node: cst.CSTNode) -> Iterator[cst.BaseStatement | cst.SimpleStatementSuite]:
+    """The statements in the blocks of a compound statement or of a clause of one."""
+    for name in _BLOCKS:
+        value = getattr(node, name, None)
+        for part in value if isinstance(value, Sequence) else (value,):
+            if isinstance(part, cst.SimpleStatementSuite):
+                yield part
+            elif isinstance(part, cst.IndentedBlock):
+                yield from _statements(part.body)
+            elif isinstance(part, cst.If):  # an `elif`
+                yield part
+                yield from _blocks(part)
+            elif part is not None:  # else, except, finally, case
+                yield from _blocks(part)
 
 
 def _python_statements(node: ast.AST) -> Iterator[ast.stmt]:

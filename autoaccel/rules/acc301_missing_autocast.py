@@ -95,7 +95,8 @@ class MissingAutocast(LintRule):
         ]
         if not loops:
             return
-        first = min(loops, key=self._start)
+        # A loop's position needs the whole loop generated: asked only to pick among several.
+        first = loops[0] if len(loops) == 1 else min(loops, key=self._start)
         self.report(self._first_model_call(first) or first)
 
     def _start(self, node: cst.CSTNode) -> tuple[int, int]:
