@@ -240,10 +240,10 @@ def test_a_crashing_rule_is_reported_and_the_run_goes_on(cli, tmp_path, monkeypa
     (tmp_path / "b.py").write_text(SCRIPT.replace("batch_size=32", "crash=1"))
     real = runner.analyse
 
-    def analyse(text, settings, path=None):
+    def analyse(text, settings, path=None, script=None):
         if "crash" in text:
             raise RuntimeError("boom")
-        return real(text, settings, path)
+        return real(text, settings, path, script=script)
 
     monkeypatch.setattr(runner, "analyse", analyse)
     run = cli("lint", *SELECT, "a.py", "b.py")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import libcst as cst
@@ -54,10 +55,11 @@ def project_roots(script: Path) -> list[Path]:
     return roots
 
 
-def load_project(script: Path | None, tree: cst.Module) -> Project:
-    """The project of `script` (already parsed as `tree`); a script without a path
-    (standard input, a test string) is a project of one module."""
-    main = SourceModule(SCRIPT, tree, ModuleIndex(tree), str(script) if script else None)
+def load_project(script: Path | None, tree: cst.Module, index: ModuleIndex | None = None) -> Project:
+    """The project of `script` (already parsed as `tree`, and indexed as `index` when
+    given); a script without a path (standard input, a test string) is a project of
+    one module."""
+    main = SourceModule(SCRIPT, tree, index or ModuleIndex(tree), str(script) if script else None)
     project = Project(main, project_roots(script) if script is not None else [])
     if script is None:
         return project
@@ -82,12 +84,19 @@ def _load(dotted: str, path: Path, project: Project) -> SourceModule | None:
         if path.stat().st_size > MAX_BYTES:
             project.unreadable[dotted] = "too large to analyse"
             return None
-        tree = cst.parse_module(path.read_bytes())
+        return _parsed(dotted, str(path), path.read_bytes())
     except (OSError, cst.ParserSyntaxError, RecursionError) as error:
         project.unreadable[dotted] = f"cannot be read: {type(error).__name__}"
         return None
-    package = dotted if path.name == "__init__.py" else dotted.rpartition(".")[0]
-    return SourceModule(dotted, tree, ModuleIndex(tree), str(path), package)
+
+
+@lru_cache(maxsize=256)
+def _parsed(dotted: str, path: str, source: bytes) -> SourceModule:
+    """A module parsed and indexed once per process for each text it has: linting a
+    folder reads the modules its scripts share (`utils.py`) once."""
+    tree = cst.parse_module(source)
+    package = dotted if Path(path).name == "__init__.py" else dotted.rpartition(".")[0]
+    return SourceModule(dotted, tree, ModuleIndex(tree), path, package)
 
 
 def _find(dotted: str, roots: list[Path]) -> Path | None:
@@ -119,15 +128,21 @@ def _imported_names(module: SourceModule) -> Iterator[str]:
                 yield f"{base}.{_dotted(alias.name)}" if base else _dotted(alias.name)
 
 
+# The statements imports may sit in (`try: import x`, an import inside `main()`).
+_HOLDING_IMPORTS = frozenset({
+    cst.Module, cst.IndentedBlock, cst.If, cst.Else, cst.Try, cst.ExceptHandler, cst.Finally,
+    cst.FunctionDef, cst.ClassDef, cst.With, cst.SimpleStatementLine, cst.SimpleStatementSuite,
+})
+
+
 def _imports(tree: cst.Module) -> Iterator[cst.Import | cst.ImportFrom]:
     stack: list[cst.CSTNode] = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            yield node
-        elif isinstance(node, (cst.Module, cst.IndentedBlock, cst.If, cst.Else, cst.Try,
-                               cst.ExceptHandler, cst.Finally, cst.FunctionDef, cst.ClassDef,
-                               cst.With, cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        kind = type(node)
+        if kind is cst.Import or kind is cst.ImportFrom:
+            yield node  # type: ignore[misc]
+        elif kind in _HOLDING_IMPORTS:
             stack.extend(_statement_children(node))
 
 

@@ -6,6 +6,7 @@ import ast
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import libcst as cst
@@ -17,6 +18,7 @@ from libcst.metadata import (
 )
 
 from autoaccel.analysis.index import ModuleIndex, run_visitors
+from autoaccel.analysis.project import SCRIPT, load_project
 from autoaccel.analysis.positions import Positions, SourcePositions
 from autoaccel.analysis.script_model import ProjectContext, build_script_model
 from autoaccel.config import LintSettings
@@ -129,13 +131,19 @@ class Analysis:
     positions: Positions
     diagnostics: list[Diagnostic] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    project: ProjectContext | None = None  # what the module was analysed with
 
 
 def analyse(
-    source: str, settings: LintSettings, path: str | None = None, project: ProjectContext | None = None
+    source: str,
+    settings: LintSettings,
+    path: str | None = None,
+    project: ProjectContext | None = None,
+    script: Path | None = None,
 ) -> Analysis:
     """Run the enabled rules over `source` (a module of `project`, when given: the
-    rules then see the objects and loops of its other modules). Raises `SourceError`
+    rules then see the objects and loops of its other modules; or the text of the
+    file `script`, analysed with the local modules it imports). Raises `SourceError`
     when it does not parse."""
     rules = [
         rule
@@ -150,6 +158,8 @@ def analyse(
         return Analysis(module=module, wrapper=None, positions=Positions(module))
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     index = ModuleIndex(module)
+    if project is None and script is not None:
+        project = _imported_project(script, module, index)
     # Computed when a rule first reports.
     positions = Positions(module) if tree is None else SourcePositions(module, source, tree, index.parents)
     script = build_script_model(wrapper, index, project)
@@ -180,7 +190,16 @@ def analyse(
         positions=positions,
         diagnostics=_unique(diagnostics),
         notes=notes,
+        project=project,
     )
+
+
+def _imported_project(script: Path, tree: cst.Module, index: ModuleIndex) -> ProjectContext | None:
+    """`script` as the entry of a program with the local modules it imports (None when
+    it imports none): a step whose loop is here and whose backward pass is in an
+    imported `trainer.py` is a training step of this file."""
+    imported = load_project(script, tree, index).modules
+    return ProjectContext(SCRIPT, path=str(script), others=tuple(imported.values())) if imported else None
 
 
 class _Lazy(Mapping):

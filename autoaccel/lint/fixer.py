@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import CodeRange
@@ -34,13 +35,18 @@ def is_applicable(diagnostic: Diagnostic, settings: LintSettings) -> bool:
 
 
 def fix_source(
-    source: str, settings: LintSettings, path: str | None = None, project: ProjectContext | None = None
+    source: str,
+    settings: LintSettings,
+    path: str | None = None,
+    project: ProjectContext | None = None,
+    script: Path | None = None,
 ) -> FixResult:
-    """Apply every applicable fix; overlapping fixes wait for the next round. `project`:
-    the module's project, as `analyse` takes it."""
+    """Apply every applicable fix; overlapping fixes wait for the next round. `project`
+    and `script`: the module's project, as `analyse` takes them."""
     fixed: list[Diagnostic] = []
     history: list[tuple[str, str]] = []  # texts of the rounds, to report original lines
-    analysis = analyse(source, settings, path, project)
+    analysis = analyse(source, settings, path, project, script)
+    project = analysis.project  # the imported modules are read once
     for _ in range(MAX_ROUNDS):
         chosen = _non_overlapping(analysis, settings)
         if not chosen:

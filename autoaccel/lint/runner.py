@@ -72,15 +72,17 @@ def lint_text(
     settings: LintSettings,
     mode: Mode,
     describe: Callable[[int, int], str] = _line_and_column,
+    script: Path | None = None,
 ) -> FileResult:
     """Lint (and in FIX/DIFF mode, fix) one text; nothing is written here.
-    `describe` names the place of a syntax error."""
+    `describe` names the place of a syntax error; `script` is the file the text was
+    read from (the local modules it imports are analysed with it)."""
     result = FileResult(path=display_path)
     try:
         if mode is Mode.CHECK:
-            result.diagnostics = analyse(text, settings, display_path).diagnostics
+            result.diagnostics = analyse(text, settings, display_path, script=script).diagnostics
             return _portable(result)
-        outcome = fix_source(text, settings, display_path)
+        outcome = fix_source(text, settings, display_path, script=script)
     except SourceError as error:
         result.error = f"{describe(error.line, error.column)}: {error.message}"
         return result
@@ -118,7 +120,7 @@ def lint_file(path: Path, overrides: Overrides, mode: Mode) -> FileResult:
         return FileResult(path=display, error=f"1:1: error: {os_error_message(error)}")
     except (UnicodeDecodeError, SyntaxError, ConfigError, NotebookError) as error:
         return FileResult(path=display, error=f"1:1: error: {error}")
-    result = lint_text(source.text, display, settings, mode)
+    result = lint_text(source.text, display, settings, mode, script=path)
     if mode is Mode.FIX and result.fixed_source is not None:
         _write_fixes(result, path, result.fixed_source, source.encoding, source.raw)
     result.fixed_source = None
