@@ -89,8 +89,25 @@ class LegacyMigration:
         else:
             self.replace[statement] = [cst.SimpleStatementLine([cst.Pass()])]  # type: ignore[attr-defined]
 
+    def _remove_import(self, module: cst.Module, statement: cst.BaseStatement) -> None:
+        """Remove an import line; the import line after it takes over the blank lines
+        and comments above it (the blank line between import sections stays)."""
+        self.remove_statement(statement)
+        following = module.body[module.body.index(statement) + 1 :][:1]
+        if (
+            statement.leading_lines
+            and following
+            and following[0] not in self.replace  # type: ignore[attr-defined]
+            and isinstance(following[0], cst.SimpleStatementLine)
+            and isinstance(following[0].body[0], (cst.Import, cst.ImportFrom))
+        ):
+            lines = [*statement.leading_lines, *following[0].leading_lines]
+            self.replace[following[0]] = [following[0].with_changes(leading_lines=lines)]  # type: ignore[attr-defined]
+
     def unsupported(self, node: cst.CSTNode, what: str) -> None:
+        """Report `node` (once: its names are not listed again)."""
         self.problems.append((node, what))
+        self.consume(node)
 
     def finish_migration(self, module: cst.Module) -> bool:
         """Whether every name of the library is migrated: then its imports go and the
@@ -113,7 +130,7 @@ class LegacyMigration:
             self.expressions, self.replace, self.imports = {}, {}, []  # type: ignore[attr-defined]
             return False
         for statement in imports:
-            self.remove_statement(statement)
+            self._remove_import(module, statement)
         for node, note in self.notes:
             self.changed(node, f"{self.label}: {note}")  # type: ignore[attr-defined]
         return True
@@ -137,13 +154,11 @@ class LegacyMigration:
         each as its whole attribute chain (`hvd.Compression.fp16`)."""
         found: list[cst.CSTNode] = []
         for name in find(module, cst.Name):
-            if not self._in_library(name, root):
-                continue
             chain: cst.CSTNode = name
             parent = self.parent(chain)  # type: ignore[attr-defined]
             while isinstance(parent, cst.Attribute) and parent.value is chain:
                 chain, parent = parent, self.parent(parent)  # type: ignore[attr-defined]
-            if isinstance(parent, (cst.Import, cst.ImportFrom, cst.ImportAlias)) or self.handled_inside(chain):
+            if not self._in_library(chain, root) or self.handled_inside(chain):
                 continue
             if any(a in imports for a in self.ancestors(chain)):  # type: ignore[attr-defined]
                 continue

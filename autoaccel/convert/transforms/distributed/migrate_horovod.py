@@ -166,12 +166,12 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
             return
         op = keywords.get("op")
         if op is not None and _AVERAGE not in self.qualified_names(op):
-            self.unsupported(op, "a DistributedOptimizer that does not average (DDP averages the gradients)")
+            self.unsupported(call, "a DistributedOptimizer that does not average (DDP averages the gradients)")
             return
         compression = keywords.get("compression")
         compression_names = self.qualified_names(compression) if compression is not None else frozenset()
         if compression is not None and not compression_names & {_FP16, _NO_COMPRESSION}:
-            self.unsupported(compression, "a gradient compression other than `hvd.Compression.fp16` or `.none`")
+            self.unsupported(call, "a gradient compression other than `hvd.Compression.fp16` or `.none`")
             return
         hook: list[cst.BaseStatement] = []
         if _FP16 in compression_names:

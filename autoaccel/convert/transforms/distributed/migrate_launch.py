@@ -77,7 +77,7 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         self.start_migration(node)
         flag = self._launch_argument(node)
-        if flag is None and not any(self._in_library(n) for n in find(node, cst.Name)):
+        if flag is None and not any(self._in_library(n) for n in find(node, (cst.Name, cst.Attribute))):
             return  # neither launch style nor apex: `InitProcessGroup` decides
         if flag is not None:
             self._read_local_rank(node, flag)
