@@ -8,6 +8,8 @@ the library left outside them is listed with its line and the migration changes 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from autoaccel.analysis.shapes import find
@@ -89,21 +91,6 @@ class LegacyMigration:
         else:
             self.replace[statement] = [cst.SimpleStatementLine([cst.Pass()])]  # type: ignore[attr-defined]
 
-    def _remove_import(self, module: cst.Module, statement: cst.BaseStatement) -> None:
-        """Remove an import line; the import line after it takes over the blank lines
-        and comments above it (the blank line between import sections stays)."""
-        self.remove_statement(statement)
-        following = module.body[module.body.index(statement) + 1 :][:1]
-        if (
-            statement.leading_lines
-            and following
-            and following[0] not in self.replace  # type: ignore[attr-defined]
-            and isinstance(following[0], cst.SimpleStatementLine)
-            and isinstance(following[0].body[0], (cst.Import, cst.ImportFrom))
-        ):
-            lines = [*statement.leading_lines, *following[0].leading_lines]
-            self.replace[following[0]] = [following[0].with_changes(leading_lines=lines)]  # type: ignore[attr-defined]
-
     def unsupported(self, node: cst.CSTNode, what: str) -> None:
         """Report `node` (once: its names are not listed again)."""
         self.problems.append((node, what))
@@ -130,7 +117,7 @@ class LegacyMigration:
             self.expressions, self.replace, self.imports = {}, {}, []  # type: ignore[attr-defined]
             return False
         for statement in imports:
-            self._remove_import(module, statement)
+            self.remove_statement(statement)
         for node, note in self.notes:
             self.changed(node, f"{self.label}: {note}")  # type: ignore[attr-defined]
         return True
@@ -165,6 +152,27 @@ class LegacyMigration:
             found.append(chain)
         return found
 
+    def rebuild(self, originals: list, updated: list) -> list:
+        """The blank lines above a removed statement stay, above the next one kept (the
+        line between import sections, between paragraphs); its comments go with it."""
+        updated = list(updated)
+        replace = self.replace  # type: ignore[attr-defined]
+        kept = [i for i, s in enumerate(originals) if replace.get(s) != []]
+        for index, original in enumerate(originals):
+            lines = original.leading_lines
+            if replace.get(original) != [] or not lines or any(line.comment for line in lines):
+                continue
+            following = next((i for i in kept if i > index), None)
+            if following is None:
+                continue
+            target = originals[following]
+            if target in replace:
+                first, *rest = replace[target]
+                replace[target] = [_with_blank_lines(first, lines), *rest]
+            elif len(updated) == len(originals):
+                updated[following] = _with_blank_lines(updated[following], lines)
+        return super().rebuild(originals, updated)  # type: ignore[misc]
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         return self.expressions.get(original_node, updated_node)
 
@@ -174,3 +182,10 @@ class LegacyMigration:
 
 def _under(name: str, root: str) -> bool:
     return name == root or name.startswith(root + ".")
+
+
+def _with_blank_lines(statement: cst.BaseStatement, lines: Sequence[cst.EmptyLine]) -> cst.BaseStatement:
+    """`statement` with the blank `lines` above it, unless it has a blank line already."""
+    if any(line.comment is None for line in statement.leading_lines):
+        return statement
+    return statement.with_changes(leading_lines=[*lines, *statement.leading_lines])
