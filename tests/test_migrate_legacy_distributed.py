@@ -8,6 +8,7 @@ installed: conversion and lint only parse them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,29 @@ def test_horovod_use_without_a_rewrite_refuses_and_changes_nothing(statement, re
     assert line == SETUP.count("\n") + body.count("\n")
     assert reported in reason and "migrate it by hand" in reason
     assert not log.changes
+
+
+UNSHARDED = """\
+import horovod.torch as hvd
+import torch
+from torch.utils.data import DataLoader
+
+loader = DataLoader(dataset, batch_size=32, shuffle=True)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size())
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+for x, y in loader:
+    model(x).mean().backward()
+    optimizer.step()
+"""
+
+
+def test_loader_without_sampler_keeps_horovod_batch_only_per_process():
+    [(line, reason)] = wrong(convert_source(UNSHARDED, DDP).log)
+    assert line == 5 and "--per-process-batch" in reason
+    conversion = convert_source(UNSHARDED, replace(DDP, per_process_batch=True))
+    assert not wrong(conversion.log)
+    assert "batch_size=32" in conversion.converted and "hvd" not in conversion.converted
 
 
 # -- torch.distributed.launch and apex.parallel -------------------------------------------

@@ -26,7 +26,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL
+from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -115,10 +115,46 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
                     helpers.add(helper)
                     helpers.add(SUM_HELPER)
                     self.replace_expression(call, f"{helper}({code_of(call.args[0].value)})")
+        if not self.options.per_process_batch:
+            self._check_batches_per_worker(node)
         if not self.finish_migration(node):
             return
         for helper in sorted(helpers):
             self.define_helper(node, helper, _HELPERS[helper])
+
+    def _check_batches_per_worker(self, module: cst.Module) -> None:
+        """Horovod's batch size is per worker: a training DataLoader with the script's own
+        DistributedSampler (`num_replicas=hvd.size()`) keeps it; one without would get a
+        share of it (`--to ddp` keeps the global batch) while the learning rate stays
+        scaled for the larger one."""
+        for loop in self.script.step_loops.values():
+            if loop.role is not LoopRole.TRAIN:
+                continue
+            for loader in loop.loaders:
+                if loader.module is self.script.module and not self._own_sampler(module, loader.node):
+                    self.unsupported(
+                        loader.node,
+                        "a training DataLoader without a DistributedSampler: Horovod's batch is per"
+                        " worker; convert with `--per-process-batch` to keep it so",
+                    )
+
+    def _own_sampler(self, module: cst.Module, loader: cst.CSTNode) -> bool:
+        """Whether `loader` reads through a `DistributedSampler(..., num_replicas=...)`
+        (passed, or assigned to the name passed)."""
+        sampler = keyword_value(loader, "sampler") if isinstance(loader, cst.Call) else None
+        if sampler is None:
+            return False
+        key = name_key(sampler)
+        values = [sampler] + [
+            assign.value
+            for assign in find(module, cst.Assign)
+            if key is not None and any(name_key(t.target) == key for t in assign.targets)
+        ]
+        return any(
+            DISTRIBUTED_SAMPLER in self.qualified_names(call.func) and keyword_value(call, "num_replicas") is not None
+            for value in values
+            for call in find(value, cst.Call)
+        )
 
     def _sets_local_device(self, call: cst.Call) -> bool:
         """`torch.cuda.set_device(hvd.local_rank())`."""
