@@ -47,9 +47,7 @@ def wrong(log: ConversionLog) -> list[tuple[int | None, str]]:
 def test_horovod_place_in_the_job_reads_torchrun_names():
     code, log = run_step(
         MigrateHorovod,
-        HOROVOD
-        + WRAPPED
-        + """\
+        HOROVOD + WRAPPED + """\
 sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size())
 workers = 8 // hvd.local_size()
@@ -87,9 +85,7 @@ hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 def test_distributed_optimizer_goes_and_fp16_compression_hooks_onto_the_wrapper():
     code, log = run_step(
         MigrateHorovod,
-        HOROVOD
-        + WRAPPED
-        + """\
+        HOROVOD + WRAPPED + """\
 optimizer = hvd.DistributedOptimizer(
     optimizer,
     named_parameters=model.named_parameters(),
@@ -99,13 +95,11 @@ optimizer = hvd.DistributedOptimizer(
 )
 """,
     )
-    assert code == WRAPPED + dedent(
-        """\
+    assert code == WRAPPED + dedent("""\
         # Horovod's fp16 compression: the gradients travel as float16
         if DISTRIBUTED:
             ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        """
-    )
+        """)
     description = log.changes[0].description
     assert "`backward_passes_per_step=4`" in description and "no_sync" in description
     assert "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks" in imports_of(
@@ -116,7 +110,9 @@ optimizer = hvd.DistributedOptimizer(
 def test_distributed_optimizer_without_compression_leaves_no_hook():
     code, _ = run_step(
         MigrateHorovod,
-        HOROVOD + WRAPPED + "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())\n",
+        HOROVOD
+        + WRAPPED
+        + "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())\n",
     )
     assert code == WRAPPED
 
@@ -124,9 +120,7 @@ def test_distributed_optimizer_without_compression_leaves_no_hook():
 def test_allreduce_averages_or_sums_through_helpers():
     code, _ = run_step(
         MigrateHorovod,
-        HOROVOD
-        + WRAPPED
-        + """\
+        HOROVOD + WRAPPED + """\
 mean = hvd.allreduce(loss, name="loss")
 total = hvd.allreduce(correct, op=hvd.Sum)
 also_total = hvd.allreduce(correct, average=False)
@@ -210,10 +204,21 @@ model = DistributedDataParallel(model, device_ids=[args.local_rank])
 
 
 def test_local_rank_argument_stays_and_is_read_from_the_environment():
-    code, log = migrate_launch(LAUNCH + "if args.local_rank == 0:\n    print(dist.get_rank(), dist.get_world_size())\n")
+    code, log = migrate_launch(
+        LAUNCH + "if args.local_rank == 0:\n    print(dist.get_rank(), dist.get_world_size())\n"
+    )
     assert 'parser.add_argument("--local_rank", "--local-rank", type=int, default=0)' in code
     assert "if LOCAL_RANK == 0:\n    print(RANK, WORLD_SIZE)\n" in code
     assert any("old launch commands still work" in c.description for c in log.changes)
+
+
+def test_local_rank_that_says_not_launched_keeps_saying_it_under_plain_python():
+    source = (
+        LAUNCH.replace("default=0", "default=-1")
+        + "if args.local_rank == -1:\n    model = nn.DataParallel(model)\n"
+    )
+    code, _ = migrate_launch(source)
+    assert "if (LOCAL_RANK if DISTRIBUTED else -1) == -1:" in code
 
 
 def test_script_set_up_and_wrapper_go_and_module_is_the_model():
@@ -230,7 +235,9 @@ def test_sampler_that_asks_the_process_group_gets_torchrun_values():
 
 def test_collectives_run_only_when_distributed():
     code, _ = migrate_launch(LAUNCH + "dist.all_reduce(correct)\ndist.barrier()\n")
-    assert code.endswith("if DISTRIBUTED:\n    dist.all_reduce(correct)\nif DISTRIBUTED:\n    dist.barrier()\n")
+    assert code.endswith(
+        "if DISTRIBUTED:\n    dist.all_reduce(correct)\nif DISTRIBUTED:\n    dist.barrier()\n"
+    )
 
 
 APEX = """\
@@ -249,15 +256,13 @@ if args.distributed:
 
 def test_apex_parallel_becomes_torch():
     code, _ = migrate_launch(APEX)
-    assert code == dedent(
-        """\
+    assert code == dedent("""\
         import torch
 
         model = Net()
         if args.sync_bn:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        """
-    )
+        """)
 
 
 def test_apex_parallel_use_without_a_rewrite_refuses_and_changes_nothing():
@@ -277,7 +282,12 @@ def test_torchrun_script_is_left_to_init_process_group():
     source = LAUNCH.replace('parser.add_argument("--local_rank", type=int, default=0)\n', "")
     code, log = migrate_launch(source)
     assert code == dedent(source)
-    assert "already sets up torch.distributed" in convert_source(source + "for x in loader:\n    model(x).sum().backward()\n", DDP).log.skipped[0].reason
+    assert (
+        "already sets up torch.distributed"
+        in convert_source(source + "for x in loader:\n    model(x).sum().backward()\n", DDP)
+        .log.skipped[0]
+        .reason
+    )
 
 
 # -- the fixtures through the whole target ------------------------------------------------

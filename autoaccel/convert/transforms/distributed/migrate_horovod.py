@@ -151,15 +151,18 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
             if key is not None and any(name_key(t.target) == key for t in assign.targets)
         ]
         return any(
-            DISTRIBUTED_SAMPLER in self.qualified_names(call.func) and keyword_value(call, "num_replicas") is not None
+            DISTRIBUTED_SAMPLER in self.qualified_names(call.func)
+            and keyword_value(call, "num_replicas") is not None
             for value in values
             for call in find(value, cst.Call)
         )
 
     def _sets_local_device(self, call: cst.Call) -> bool:
         """`torch.cuda.set_device(hvd.local_rank())`."""
-        return len(call.args) == 1 and isinstance(call.args[0].value, cst.Call) and (
-            f"{HVD}.local_rank" in self.qualified_names(call.args[0].value.func)
+        return (
+            len(call.args) == 1
+            and isinstance(call.args[0].value, cst.Call)
+            and (f"{HVD}.local_rank" in self.qualified_names(call.args[0].value.func))
         )
 
     def _allreduce_helper(self, call: cst.Call) -> str | None:
@@ -167,7 +170,9 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
         keywords = keyword_args(call)
         average, op = keywords.get("average"), keywords.get("op")
         if len(call.args) - len(keywords) != 1 or keywords.keys() - {"average", "op", "name"}:
-            self.unsupported(call, "an `hvd.allreduce` with other arguments than a tensor, `average`, `op`, `name`")
+            self.unsupported(
+                call, "an `hvd.allreduce` with other arguments than a tensor, `average`, `op`, `name`"
+            )
             return None
         op_names = self.qualified_names(op) if op is not None else frozenset({_AVERAGE})
         if average is not None and m.matches(average, m.Name("False")) or _SUM in op_names:
@@ -202,7 +207,9 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
             return
         op = keywords.get("op")
         if op is not None and _AVERAGE not in self.qualified_names(op):
-            self.unsupported(call, "a DistributedOptimizer that does not average (DDP averages the gradients)")
+            self.unsupported(
+                call, "a DistributedOptimizer that does not average (DDP averages the gradients)"
+            )
             return
         compression = keywords.get("compression")
         compression_names = self.qualified_names(compression) if compression is not None else frozenset()
@@ -225,14 +232,18 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
         passes = keywords.get("backward_passes_per_step")
         accumulation = (
             f"; `backward_passes_per_step={code_of(passes)}`: the accumulation micro-steps run"
-            " under `no_sync()`" if passes is not None else ""
+            " under `no_sync()`"
+            if passes is not None
+            else ""
         )
         compressed = "; fp16 compression: DDP's `fp16_compress_hook`" if hook else ""
-        self.notes.append((
-            call,
-            "`hvd.DistributedOptimizer` removed: the DDP wrapper averages the gradients in"
-            f" `backward()`{accumulation}{compressed}",
-        ))
+        self.notes.append(
+            (
+                call,
+                "`hvd.DistributedOptimizer` removed: the DDP wrapper averages the gradients in"
+                f" `backward()`{accumulation}{compressed}",
+            )
+        )
 
     def _wrapper_before(
         self, module: cst.Module, call: cst.Call, named_parameters: cst.BaseExpression | None
@@ -264,4 +275,3 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
             )
             return None
         return wrapper
-

@@ -9,7 +9,9 @@ block, the DDP wrapper, rank-0 guards), which also run with plain `python`:
 * `model = DDP(model, ...)` (torch's or `apex.parallel.DistributedDataParallel`) goes and
   `model.module` becomes `model`: `WrapModel` wraps the model again;
 * `apex.parallel.convert_syncbn_model(model)` -> `torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`;
-* `args.local_rank` -> `LOCAL_RANK` (from the environment); the `--local_rank` argument
+* `args.local_rank` -> `LOCAL_RANK` (from the environment; `LOCAL_RANK if DISTRIBUTED else -1`
+  where the argument's default is -1, so that the script's test for "not launched" still
+  holds under plain `python`); the `--local_rank` argument
   stays, with the `--local-rank` spelling of torch >= 2.0's launcher, so old launch
   commands still work;
 * `dist.get_rank()`, `dist.get_world_size()` -> `RANK`, `WORLD_SIZE`; a `DistributedSampler`
@@ -91,7 +93,9 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
     def _migrate(self, call: cst.Call) -> None:
         names = self.qualified_names(call.func)
         if names & INIT_PROCESS_GROUP:
-            self.drop(call, "`init_process_group` removed: the set-up block starts it from torchrun's environment")
+            self.drop(
+                call, "`init_process_group` removed: the set-up block starts it from torchrun's environment"
+            )
         elif SET_DEVICE in names:
             self.drop(call, "`torch.cuda.set_device` removed: the set-up block sets the device of LOCAL_RANK")
         elif names & _PLACES.keys():
@@ -104,7 +108,11 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
                 return
             model = code_of(call.args[0].value)
             self.replace_expression(call, f"torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})")
-        elif DISTRIBUTED_SAMPLER in names and keyword_value(call, "num_replicas") is None and len(call.args) == 1:
+        elif (
+            DISTRIBUTED_SAMPLER in names
+            and keyword_value(call, "num_replicas") is None
+            and len(call.args) == 1
+        ):
             asked = set_keyword(set_keyword(call, "num_replicas", WORLD_SIZE), "rank", RANK)
             self.replace_expression(call, code_of(asked))
         elif names & _COLLECTIVES:
@@ -130,29 +138,44 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
             if m.matches(assign.value, _PARSE_ARGS) and name_key(assign.value.func.value) == parser  # type: ignore[attr-defined]
             for target in assign.targets
         }
+        default = keyword_value(flag, "default")
+        if m.matches(default, m.Integer("0")):
+            local_rank = LOCAL_RANK
+        else:  # `-1`, None: the script's own test for "not launched" still works with `python`
+            local_rank = f"({LOCAL_RANK} if {DISTRIBUTED} else {code_of(default) if default else None})"
         for attribute in find(module, cst.Attribute):
             if attribute.attr.value != "local_rank" or name_key(attribute.value) not in parsed:
                 continue
             if isinstance(self.parent(attribute), cst.AssignTarget):
                 self.unsupported(attribute, "an assignment to `local_rank`")
             else:
-                self.replace_expression(attribute, LOCAL_RANK)
+                self.replace_expression(attribute, local_rank)
         if not any(m.matches(a.value, m.SimpleString(NEW_LAUNCH_FLAG)) for a in flag.args):
             first = flag.args[0]
             alias = cst.Arg(cst.SimpleString(NEW_LAUNCH_FLAG), comma=first.comma)
             self.expressions[flag] = flag.with_changes(
-                args=[first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), alias, *flag.args[1:]]
+                args=[
+                    first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                    alias,
+                    *flag.args[1:],
+                ]
             )
-            self.notes.append((
-                flag,
-                "`--local_rank` kept (and `--local-rank`, torch >= 2.0's spelling) so old launch"
-                " commands still work; the script reads LOCAL_RANK from the environment",
-            ))
+            self.notes.append(
+                (
+                    flag,
+                    "`--local_rank` kept (and `--local-rank`, torch >= 2.0's spelling) so old launch"
+                    " commands still work; the script reads LOCAL_RANK from the environment",
+                )
+            )
 
     def _remove_wrapper(self, call: cst.Call) -> None:
         """`model = DDP(model, ...)` goes; `WrapModel` wraps the model again."""
         statement = self.statement_of(call)
-        assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        assign = (
+            statement.body[0]
+            if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            else None
+        )
         positional = [a.value for a in call.args if a.keyword is None and not a.star]
         if (
             not isinstance(assign, cst.Assign)
@@ -168,7 +191,12 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
         assert key is not None
         self.unwrapped.add(key)
         self.remove_statement(statement)
-        self.notes.append((call, f"`{key} = {code_of(call.func)}({key}, ...)` removed: the model is wrapped in torch DDP once it is ready"))
+        self.notes.append(
+            (
+                call,
+                f"`{key} = {code_of(call.func)}({key}, ...)` removed: the model is wrapped in torch DDP once it is ready",
+            )
+        )
 
     def _unwrap_modules(self, module: cst.Module) -> None:
         """`model.module` -> `model`: the model itself is no longer wrapped."""
@@ -183,4 +211,6 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
             return
         guarded = parse_statements(f"if {DISTRIBUTED}:\n    {code_of(statement).strip()}\n")
         self.replace[statement] = [guarded[0].with_changes(leading_lines=statement.leading_lines)]
-        self.notes.append((call, f"`{code_of(call.func)}` runs only when distributed (on one process it changes nothing)"))
+        self.notes.append(
+            (call, f"`{code_of(call.func)}` runs only when distributed (on one process it changes nothing)")
+        )
