@@ -107,6 +107,33 @@ optimizer = hvd.DistributedOptimizer(
     )
 
 
+def test_compression_chosen_by_a_flag_hooks_under_that_flag():
+    code, _ = run_step(
+        MigrateHorovod,
+        HOROVOD
+        + WRAPPED
+        + "compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none\n"
+        + "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),"
+        + " compression=compression)\n",
+    )
+    assert "compression =" not in code
+    assert code.endswith(
+        "if DISTRIBUTED and args.fp16_allreduce:\n"
+        "    ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)\n"
+    )
+
+
+def test_optimizer_synchronize_goes():
+    code, _ = run_step(
+        MigrateHorovod,
+        HOROVOD
+        + WRAPPED
+        + "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())\n"
+        + "for x in loader:\n    model(x).backward()\n    optimizer.synchronize()\n    optimizer.step()\n",
+    )
+    assert "synchronize" not in code and "    optimizer.step()\n" in code
+
+
 def test_distributed_optimizer_without_compression_leaves_no_hook():
     code, _ = run_step(
         MigrateHorovod,
@@ -134,29 +161,37 @@ also_total = hvd.allreduce(correct, average=False)
 
 
 @pytest.mark.parametrize(
-    ("statement", "reported"),
+    ("statement", "reported", "offset"),
     [
-        pytest.param("gathered = hvd.allgather(x)\n", "`hvd.allgather`", id="other-function"),
-        pytest.param("hvd.allreduce_(x)\n", "`hvd.allreduce_`", id="in-place-allreduce"),
+        pytest.param("gathered = hvd.allgather(x)\n", "`hvd.allgather`", 0, id="other-function"),
+        pytest.param("hvd.allreduce_(x)\n", "`hvd.allreduce_`", 0, id="in-place-allreduce"),
         pytest.param(
             "optimizer = hvd.DistributedOptimizer(optimizer, op=hvd.Adasum)\n",
             "does not average",
+            0,
             id="adasum",
         ),
         pytest.param(
             "optimizer = hvd.DistributedOptimizer(optimizer, compression=hvd.Compression.fp16)\n",
             "without a DDP wrapper",
+            0,
             id="compression-of-no-model",
         ),
-        pytest.param("opt = hvd.DistributedOptimizer(optimizer)\n", "other than", id="other-name"),
+        pytest.param("opt = hvd.DistributedOptimizer(optimizer)\n", "other than", 0, id="other-name"),
+        pytest.param(
+            "optimizer = hvd.DistributedOptimizer(optimizer)\nwith optimizer.skip_synchronize():\n    pass\n",
+            "`optimizer.skip_synchronize` of Horovod's DistributedOptimizer",
+            1,
+            id="skip-synchronize",
+        ),
     ],
 )
-def test_horovod_use_without_a_rewrite_refuses_and_changes_nothing(statement, reported):
-    body = HOROVOD + WRAPPED + "hvd.init()\n" + statement
-    code, log = run_step(MigrateHorovod, body)
-    assert code == body
+def test_horovod_use_without_a_rewrite_refuses_and_changes_nothing(statement, reported, offset):
+    before = HOROVOD + WRAPPED + "hvd.init()\n"
+    code, log = run_step(MigrateHorovod, before + statement)
+    assert code == before + statement
     [(line, reason)] = wrong(log)
-    assert line == SETUP.count("\n") + body.count("\n")
+    assert line == SETUP.count("\n") + before.count("\n") + 1 + offset
     assert reported in reason and "migrate it by hand" in reason
     assert not log.changes
 

@@ -2,7 +2,8 @@
 
 Runs after `WrapModel`, so the model already trains through its DDP wrapper:
 
-* `hvd.init()` goes (the set-up block starts the process group), and so does
+* `hvd.init()` and `hvd.shutdown()` go (the set-up block starts the process group, the
+  script ends by destroying it), and so does
   `torch.cuda.set_device(hvd.local_rank())` (the set-up block sets the device);
 * `hvd.rank()`, `hvd.size()`, `hvd.local_rank()` -> `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, and
   `hvd.local_size()` -> torchrun's `LOCAL_WORLD_SIZE`; a learning rate scaled by
@@ -41,14 +42,15 @@ from autoaccel.convert.transforms.distributed._legacy import LegacyMigration, ke
 from autoaccel.cst_edit import code_of, keyword_value
 
 HVD = "horovod.torch"
+_LOCAL_SIZE = 'int(os.environ.get("LOCAL_WORLD_SIZE", 1))'
 # The process's place in the job, by the name of the Horovod function that tells it.
 _PLACES = {
     f"{HVD}.rank": RANK,
     f"{HVD}.size": WORLD_SIZE,
     f"{HVD}.local_rank": LOCAL_RANK,
-    f"{HVD}.local_size": 'int(os.environ.get("LOCAL_WORLD_SIZE", 1))',
+    f"{HVD}.local_size": _LOCAL_SIZE,
 }
-_INIT = f"{HVD}.init"
+_INIT, _SHUTDOWN = f"{HVD}.init", f"{HVD}.shutdown"
 _BROADCASTS = frozenset({f"{HVD}.broadcast_parameters", f"{HVD}.broadcast_optimizer_state"})
 _OPTIMIZER = f"{HVD}.DistributedOptimizer"
 _ALLREDUCE = f"{HVD}.allreduce"
@@ -76,6 +78,8 @@ def {SUM_HELPER}(tensor):
 _OPTIMIZER_KEYWORDS = frozenset(
     {"optimizer", "named_parameters", "compression", "backward_passes_per_step", "op"}
 )
+# Methods Horovod's DistributedOptimizer adds to the optimizer it wraps.
+_OPTIMIZER_METHODS = frozenset({"synchronize", "skip_synchronize", "set_backward_passes_per_step"})
 FP16_HOOK_IMPORT = "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks"
 
 
@@ -95,10 +99,14 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
             if names & _PLACES.keys():
                 place = _PLACES[min(names & _PLACES.keys())]
                 self.replace_expression(call, place)
-                if "os.environ" in place:
+                if place == _LOCAL_SIZE:
                     self.imports.append("import os")
             elif _INIT in names:
                 self.drop(call, "`hvd.init()` removed: the set-up block starts the process group")
+            elif _SHUTDOWN in names:
+                self.drop(
+                    call, "`hvd.shutdown()` removed: the script ends with `dist.destroy_process_group()`"
+                )
             elif SET_DEVICE in names and self._sets_local_device(call):
                 self.drop(call, "`torch.cuda.set_device(hvd.local_rank())` removed: the set-up block sets it")
             elif names & _BROADCASTS:
@@ -211,22 +219,27 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
                 call, "a DistributedOptimizer that does not average (DDP averages the gradients)"
             )
             return
-        compression = keywords.get("compression")
-        compression_names = self.qualified_names(compression) if compression is not None else frozenset()
-        if compression is not None and not compression_names & {_FP16, _NO_COMPRESSION}:
-            self.unsupported(call, "a gradient compression other than `hvd.Compression.fp16` or `.none`")
+        condition = self._compression_condition(module, keywords.get("compression"))
+        if condition is False:
+            self.unsupported(
+                call,
+                "a gradient compression other than `hvd.Compression.fp16`, `.none`, or a name bound"
+                " once to `hvd.Compression.fp16 if ... else hvd.Compression.none`",
+            )
             return
         hook: list[cst.BaseStatement] = []
-        if _FP16 in compression_names:
+        if condition is not None:
             wrapper = self._wrapper_before(module, call, keywords.get("named_parameters"))
             if wrapper is None:
                 return
+            test = DISTRIBUTED if condition is True else f"{DISTRIBUTED} and {condition}"
             hook = parse_statements(
                 "# Horovod's fp16 compression: the gradients travel as float16\n"
-                f"if {DISTRIBUTED}:\n"
+                f"if {test}:\n"
                 f"    {wrapper}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n"
             )
             self.imports.append(FP16_HOOK_IMPORT)
+        self._optimizer_methods(module, name_key(inner))
         self.consume(statement)
         self.replace[statement] = hook
         passes = keywords.get("backward_passes_per_step")
@@ -244,6 +257,65 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
                 f" `backward()`{accumulation}{compressed}",
             )
         )
+
+    def _compression_condition(
+        self, module: cst.Module, compression: cst.BaseExpression | None
+    ) -> str | bool | None:
+        """When the gradients travel as fp16: always (True), never (None), under a
+        condition (its code: `compression = hvd.Compression.fp16 if args.fp16 else
+        hvd.Compression.none`, whose assignment then goes), or False: not known."""
+        if compression is None or _NO_COMPRESSION in self.qualified_names(compression):
+            return None
+        if _FP16 in self.qualified_names(compression):
+            return True
+        key = name_key(compression) if isinstance(compression, cst.Name) else None
+        assigns = [a for a in find(module, cst.Assign) if any(name_key(t.target) == key for t in a.targets)]
+        uses = [n for n in find(module, cst.Name) if n.value == key and self._is_variable(n)]
+        if key is None or len(assigns) != 1 or len(uses) != 2 or not isinstance(assigns[0].value, cst.IfExp):
+            return False  # bound elsewhere, or used again: the assignment must stay
+        choice = assigns[0].value
+        body, orelse = self.qualified_names(choice.body), self.qualified_names(choice.orelse)
+        test = code_of(choice.test)
+        if not isinstance(choice.test, (cst.Name, cst.Attribute, cst.Call)):
+            test = f"({test})"
+        if _FP16 in body and _NO_COMPRESSION in orelse:
+            condition = test
+        elif _NO_COMPRESSION in body and _FP16 in orelse:
+            condition = f"not {test}"
+        else:
+            return False
+        self.remove_statement(self.statement_of(assigns[0]))
+        return condition
+
+    def _is_variable(self, name: cst.Name) -> bool:
+        """Whether `name` names a variable (not the keyword of an argument, `f(x=...)`, or
+        an attribute, `a.x`)."""
+        parent = self.parent(name)
+        return not (
+            isinstance(parent, cst.Arg)
+            and parent.keyword is name
+            or isinstance(parent, cst.Attribute)
+            and parent.attr is name
+        )
+
+    def _optimizer_methods(self, module: cst.Module, optimizer: str | None) -> None:
+        """`optimizer.synchronize()` goes (DDP's gradients are averaged when `backward()`
+        returns); Horovod's other optimizer methods have no DDP counterpart."""
+        for call in find(module, cst.Call):
+            func = call.func
+            if not (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in _OPTIMIZER_METHODS
+                and name_key(func.value) == optimizer
+            ):
+                continue
+            if func.attr.value == "synchronize":
+                self.drop(
+                    call,
+                    f"`{code_of(call)}` removed: DDP has averaged the gradients when `backward()` returns",
+                )
+            else:
+                self.unsupported(call, f"`{code_of(func)}` of Horovod's DistributedOptimizer")
 
     def _wrapper_before(
         self, module: cst.Module, call: cst.Call, named_parameters: cst.BaseExpression | None
