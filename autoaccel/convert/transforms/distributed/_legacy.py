@@ -42,7 +42,7 @@ class LegacyMigration:
     # is left; default `root`.
     package: str = ""
 
-    def start_migration(self, module: cst.Module) -> None:
+    def start_migration(self) -> None:
         self.expressions: dict[cst.CSTNode, cst.BaseExpression] = {}
         self.handled: set[cst.CSTNode] = set()  # subtrees whose library names are migrated
         self.problems: list[tuple[cst.CSTNode, str]] = []

@@ -90,7 +90,7 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
     root = "horovod"
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.start_migration(node)
+        self.start_migration()
         helpers: set[str] = set()
         for call in find(node, cst.Call):
             names = self.qualified_names(call.func)

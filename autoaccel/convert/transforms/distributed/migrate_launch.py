@@ -77,7 +77,7 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
         return StatementRewrite.transform_module(self, tree)
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.start_migration(node)
+        self.start_migration()
         flag = self._launch_argument(node)
         if flag is None and not any(self._in_library(n) for n in find(node, (cst.Name, cst.Attribute))):
             return  # neither launch style nor apex: `InitProcessGroup` decides
