@@ -144,7 +144,7 @@ def test_setup_does_nothing_when(source, reason):
 
 def test_later_steps_do_nothing_without_the_setup_block():
     tree = cst.parse_module(TOP_LEVEL)
-    for step in DDP_STEPS[1:]:
+    for step in (s for s in DDP_STEPS if s is not InitProcessGroup):
         assert step(new_context(DDP, ConversionLog())).transform_module(tree).code == TOP_LEVEL
 
 

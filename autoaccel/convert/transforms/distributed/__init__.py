@@ -12,6 +12,8 @@ from autoaccel.convert.transforms.distributed.guard_rank_zero import GuardRankZe
 from autoaccel.convert.transforms.distributed.init_process_group import InitProcessGroup
 from autoaccel.convert.transforms.distributed.launch_commands import LaunchCommands
 from autoaccel.convert.transforms.distributed.load_on_every_rank import LoadOnEveryRank
+from autoaccel.convert.transforms.distributed.migrate_horovod import MigrateHorovod
+from autoaccel.convert.transforms.distributed.migrate_launch import MigrateLaunch
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
 from autoaccel.convert.transforms.distributed.print_shard_sizes import PrintShardSizes
 from autoaccel.convert.transforms.distributed.replace_data_parallel import ReplaceDataParallel
@@ -26,12 +28,14 @@ from autoaccel.convert.transforms.distributed.use_local_gpu import UseLocalGpu
 from autoaccel.convert.transforms.distributed.wrap_model import WrapModel
 
 DDP_STEPS = [
+    MigrateLaunch,  # first: takes out a torch.distributed.launch / apex.parallel set-up
     InitProcessGroup,
     UseLocalGpu,
     ReplaceDataParallel,
     ConvertSyncBatchNorm,
     SeedEachRank,
     WrapModel,
+    MigrateHorovod,  # after WrapModel: fp16 compression hooks onto the DDP wrapper
     ShardTrainLoader,
     FollowPerProcessBatch,
     ShareNodeCpus,

@@ -61,6 +61,7 @@ INSERTED_NAMES = {
     DISTRIBUTED: "", RANK: "", LOCAL_RANK: "", WORLD_SIZE: "", "backend": "",
     "per_process_batch_size": "", "sync_gradients": "", "no_sync": "", "on_any_rank": "", "all_reduce_sums": "",
     "LOCAL_WORLD_SIZE": "", "CPUS_PER_PROCESS": "",
+    "average_over_processes": "", "sum_over_processes": "",
     "dist": "torch.distributed", "DDP": "torch.nn.parallel", "DistributedSampler": "torch.utils.data",
 }  # fmt: skip
 

@@ -111,9 +111,9 @@ class WrapModel(DistributedStep):
 
     def _holds(self, model: TrainedModel, function: cst.FunctionDef | None) -> bool:
         """Whether code of `function` sees the model itself under `model.key`."""
-        home = self.scope_of(model.anchor) if isinstance(model.block, cst.IndentedBlock) else None
+        home = self.scope_of(model.anchor)
         return model.key.startswith("self.") or function is home or (
-            isinstance(model.block, cst.Module)
+            home is None  # a module global (built at top level or under `if __name__ == ...`)
             and model.key not in parameters_of(function)
             and not _binds(function, model.key)
         )
