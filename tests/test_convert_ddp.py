@@ -439,6 +439,28 @@ def test_set_epoch_goes_where_the_training_function_is_called():
     assert "for epoch in range(1, 4):\n    if DISTRIBUTED:\n        loader.sampler.set_epoch(epoch)\n    train(model, loader)" in code
 
 
+def test_set_epoch_is_not_added_where_the_training_function_sets_it():
+    """Horovod's examples call `train_sampler.set_epoch(epoch)` at the top of `train()`."""
+    body = dedent(
+        """\
+        from torch.utils.data import DataLoader, DistributedSampler
+        def train(epoch, model, train_loader):
+            train_sampler.set_epoch(epoch)
+            for x, y in train_loader:
+                model(x).sum().backward()
+                optimizer.step()
+
+
+        train_sampler = DistributedSampler(ds) if DISTRIBUTED else None
+        loader = DataLoader(ds, sampler=train_sampler)
+        for epoch in range(1, 4):
+            train(epoch, model, loader)
+        """
+    )
+    code, log = run_step(SetSamplerEpoch, body)
+    assert code == body and not log.changes
+
+
 # -- gradient accumulation -------------------------------------------------------------------
 ACCUMULATION = dedent(
     """\

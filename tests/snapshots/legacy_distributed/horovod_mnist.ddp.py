@@ -170,8 +170,6 @@ if __name__ == "__main__":
     if DISTRIBUTED:
         torch.manual_seed(torch.initial_seed() + RANK)
     for epoch in range(1, args.epochs + 1):
-        if DISTRIBUTED:
-            train_loader.sampler.set_epoch(epoch)
         train(epoch)
         test()
 

@@ -32,6 +32,8 @@ class SetSamplerEpoch(DistributedStep):
     def _set_epoch(self, module: cst.Module, loop: StepLoop) -> None:
         epochs = [a for a in self.ancestors(loop.node) if isinstance(a, cst.For)]
         function = self.scope_of(loop.node)
+        if function is not None and method_calls(function.body, "set_epoch"):
+            return  # the function that trains an epoch sets it (`train_sampler.set_epoch(epoch)`)
         if epochs and self.scope_of(epochs[0]) is function:
             outers = [epochs[0]]
         else:
