@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from functools import cached_property
 
 import libcst as cst
 
@@ -99,10 +100,16 @@ class LossAccumulatedWithGraph(LintRule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.module = node
-        # Accumulators that are backpropagated keep their graph on purpose.
-        self.backpropagated = {
+
+    @cached_property
+    def backpropagated(self) -> set[str]:
+        """Accumulators that are backpropagated: they keep their graph on purpose."""
+        script = self.script
+        module_of = script.program.module_of  # type: ignore[union-attr]
+        return {
             key
-            for call in method_calls(node, "backward")
+            for call in script.training.backward_calls
+            if module_of.get(call) is script.module
             for key in _backward_keys(call)
         }
 
@@ -134,12 +141,13 @@ class LossAccumulatedWithGraph(LintRule):
     def _check(
         self, node: cst.CSTNode, key: str | None, value: cst.BaseExpression
     ) -> None:
-        if key is None or key in self.backpropagated:
+        if key is None:
             return
         loop = self.enclosing_step_loop(node)
         if (
             loop is None
             or loop.role is not LoopRole.TRAIN
+            or key in self.backpropagated
             or self._under_no_grad(node, loop)
         ):
             return
