@@ -419,44 +419,35 @@ def test_set_epoch_starts_the_epoch_loop_around_the_step_loop():
     assert log.changes[0].code == "ACC105"
 
 
+TRAIN_FUNCTION = dedent(
+    """\
+    from torch.utils.data import DataLoader, DistributedSampler
+    def train(epoch, model, train_loader):
+        pass
+        for x, y in train_loader:
+            model(x).sum().backward()
+            optimizer.step()
+
+
+    train_sampler = DistributedSampler(ds) if DISTRIBUTED else None
+    loader = DataLoader(ds, sampler=train_sampler)
+    for epoch in range(1, 4):
+        train(epoch, model, loader)
+    """
+)
+
+
 def test_set_epoch_goes_where_the_training_function_is_called():
-    body = dedent(
-        """\
-        from torch.utils.data import DataLoader, DistributedSampler
-        def train(model, train_loader):
-            for x, y in train_loader:
-                model(x).sum().backward()
-                optimizer.step()
-
-
-        train_sampler = DistributedSampler(ds) if DISTRIBUTED else None
-        loader = DataLoader(ds, sampler=train_sampler)
-        for epoch in range(1, 4):
-            train(model, loader)
-        """
-    )
-    code, _ = run_step(SetSamplerEpoch, body)
-    assert "for epoch in range(1, 4):\n    if DISTRIBUTED:\n        loader.sampler.set_epoch(epoch)\n    train(model, loader)" in code
+    code, _ = run_step(SetSamplerEpoch, TRAIN_FUNCTION)
+    assert (
+        "for epoch in range(1, 4):\n    if DISTRIBUTED:\n        loader.sampler.set_epoch(epoch)\n"
+        "    train(epoch, model, loader)"
+    ) in code
 
 
 def test_set_epoch_is_not_added_where_the_training_function_sets_it():
     """Horovod's examples call `train_sampler.set_epoch(epoch)` at the top of `train()`."""
-    body = dedent(
-        """\
-        from torch.utils.data import DataLoader, DistributedSampler
-        def train(epoch, model, train_loader):
-            train_sampler.set_epoch(epoch)
-            for x, y in train_loader:
-                model(x).sum().backward()
-                optimizer.step()
-
-
-        train_sampler = DistributedSampler(ds) if DISTRIBUTED else None
-        loader = DataLoader(ds, sampler=train_sampler)
-        for epoch in range(1, 4):
-            train(epoch, model, loader)
-        """
-    )
+    body = TRAIN_FUNCTION.replace("pass", "train_sampler.set_epoch(epoch)")
     code, log = run_step(SetSamplerEpoch, body)
     assert code == body and not log.changes
 
