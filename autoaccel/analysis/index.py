@@ -167,6 +167,7 @@ class ModuleIndex:
         self._accesses_by_name: dict[str, list[tuple[str, Scope, int]]] | None = None
         self._stores: set[cst.CSTNode] = set()
         self._names: dict[cst.CSTNode, frozenset[str]] = {}
+        self._import_names: dict[tuple[cst.CSTNode, str], frozenset[str]] = {}
         self._attribute: cst.Attribute | None = None  # outermost attribute being walked
         self._pending: list[tuple[cst.Name, cst.Attribute | None, Scope, int]] = []
         self._visit(module, Scope(None), False)
@@ -222,7 +223,7 @@ class ModuleIndex:
         access = self._accesses.get(node)
         if access is not None:
             name, scope, index = access
-            return _names_of(self._earlier(scope, name, index), name)
+            return self._names_of(self._earlier(scope, name, index), name)
         scope = self.scopes.get(node)
         if scope is None or node in self._stores or isinstance(node, _DEFINITIONS):
             return set()  # a name being bound: local, never an import
@@ -232,7 +233,7 @@ class ModuleIndex:
         prefix: str | None = full
         while prefix:
             if scope.contains(prefix):
-                return _names_of(scope.lookup(prefix), full)
+                return self._names_of(scope.lookup(prefix), full)
             cut = prefix.rfind(".")
             prefix = prefix[:cut] if cut > 0 else None
         return set()
@@ -246,6 +247,22 @@ class ModuleIndex:
         if not earlier and found and scope.parent is not None:
             earlier = scope.parent.lookup(name, scope)
         return earlier
+
+    def _names_of(self, bindings: list, full: str) -> set[str]:
+        """What `full` names through `bindings`: a builtin, or what the imports among them
+        bind (each import's answer kept: a script that imports `torch` again in every
+        function asks the same import about the same name many times)."""
+        found: set[str] = set()
+        for binding in bindings:
+            if binding is None:
+                found.add(f"builtins.{full.split('.')[0]}")
+            elif binding[2] is not None:
+                key = (binding[2], full)
+                names = self._import_names.get(key)
+                if names is None:
+                    names = self._import_names[key] = frozenset(_imported_names(binding[2], full))
+                found |= names
+        return found
 
     # -- the pass ------------------------------------------------------------------
     def _visit(self, node: cst.CSTNode, scope: Scope, store: bool) -> None:
@@ -478,16 +495,6 @@ def _dotted_names(node: cst.BaseExpression) -> Iterator[tuple[str, cst.CSTNode]]
         if inner:
             yield f"{inner[0][0]}.{node.attr.value}", node
             yield from inner
-
-
-def _names_of(bindings: list, full: str) -> set[str]:
-    found: set[str] = set()
-    for binding in bindings:
-        if binding is None:
-            found.add(f"builtins.{full.split('.')[0]}")
-        elif binding[2] is not None:
-            found |= _imported_names(binding[2], full)
-    return found
 
 
 def _imported_names(statement: cst.Import | cst.ImportFrom, full: str) -> set[str]:
