@@ -1,0 +1,120 @@
+"""Save and load whole state dicts of sharded models, so checkpoints stay the original's.
+
+Under FSDP `model.state_dict()` holds each process's shards (DTensors) and
+`model.load_state_dict()` of a whole state dict fails. Each `model.state_dict()` becomes
+`full_state_dict(model)`, hoisted into a statement of its own just before the one that
+used it: every process must take part in the gathering, while only rank 0 then saves
+(the next step guards the save). Loads become `load_full_state_dict(model, ...)`, which
+spreads rank 0's state dict over the processes. An optimizer's `state_dict()` and
+`load_state_dict()` of a script with one sharded model get the same treatment.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.rank_guards import mentions_rank
+from autoaccel.analysis.shapes import find, is_method_call, name_calls
+from autoaccel.convert.transforms.distributed._base import DistributedStep, parse_statements
+from autoaccel.convert.transforms.fully_sharded._helpers import (
+    FULL_OPTIMIZER_STATE,
+    FULL_STATE,
+    LOAD_FULL_OPTIMIZER_STATE,
+    LOAD_FULL_STATE,
+    SHARD,
+    STATE_CODE,
+)
+
+# What each helper imports from torch.distributed.checkpoint.state_dict.
+_CHECKPOINT_NAMES = {
+    FULL_STATE: ("StateDictOptions", "get_model_state_dict"),
+    LOAD_FULL_STATE: ("StateDictOptions", "set_model_state_dict"),
+    FULL_OPTIMIZER_STATE: ("StateDictOptions", "get_optimizer_state_dict"),
+    LOAD_FULL_OPTIMIZER_STATE: ("StateDictOptions", "set_optimizer_state_dict"),
+}
+
+
+class GatherStateDicts(DistributedStep):
+    DESCRIPTION = "Save and load whole state dicts of FSDP-sharded models."
+    code = "fsdp"
+    needs = ("state_dict",)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.rewrites: dict[cst.Call, cst.BaseExpression] = {}
+        sharded = sorted({name_key(c.args[0].value) for c in name_calls(node, SHARD) if c.args} - {None})
+        if not sharded:
+            return
+        bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
+        used: set[str] = set()
+        for call in find(node, cst.Call):
+            if not is_method_call(call, "state_dict", "load_state_dict") or self._in_helper(call):
+                continue
+            owner = name_key(call.func.value)  # type: ignore[attr-defined]
+            model = owner if owner in sharded else None
+            if model is None and owner in self.script.optimizers:
+                if len(sharded) != 1:
+                    self._refuse(call, f"`{owner}` cannot be told apart between the sharded models; save and load its state with `get_optimizer_state_dict` by hand")
+                    continue
+                model = sharded[0]
+            if model is None:
+                continue
+            optimizer = owner if owner != model else None
+            if call.func.attr.value == "load_state_dict":  # type: ignore[attr-defined]
+                helper = LOAD_FULL_OPTIMIZER_STATE if optimizer else LOAD_FULL_STATE
+                owners = [cst.Arg(cst.parse_expression(k)) for k in (model, optimizer) if k]
+                self.rewrites[call] = cst.Call(cst.Name(helper), [*owners, *call.args])
+                self.changed(call, f"`{helper}()`: rank 0's whole state dict loaded into each process's shards")
+            elif not call.args and self._hoist(call, model, optimizer, bound):
+                helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
+            else:
+                continue
+            used.add(helper)
+        defined = {d.name.value for d in find(node, cst.FunctionDef)}
+        used -= defined
+        for helper in sorted(used):
+            self.define_helper(node, helper, STATE_CODE[helper])
+        if used:  # helpers defined before brought their imports
+            names = sorted({name for helper in used for name in _CHECKPOINT_NAMES[helper]})
+            self.imports.append("from torch.distributed.fsdp import FSDPModule")
+            self.imports.append(f"from torch.distributed.checkpoint.state_dict import {', '.join(names)}")
+
+    def _hoist(self, call: cst.Call, model: str, optimizer: str | None, bound: set) -> bool:
+        """`state = full_state_dict(model)` before the statement of `call`, which then
+        reads `state`; False (refused) where only some processes run that statement."""
+        owner = optimizer or model
+        if any(isinstance(a, cst.If) and mentions_rank(a.test) for a in self.ancestors(call)):
+            return self._refuse(
+                call,
+                f"`{owner}.state_dict()` runs on one process here, while under FSDP every"
+                " process must take part in gathering it; move it out of the rank test by hand",
+            )
+        name = _fresh(f"{owner.rpartition('.')[2]}_state", bound)
+        helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
+        arguments = f"{model}, {optimizer}" if optimizer else model
+        statement = self.statement_of(call)
+        self.before.setdefault(statement, []).extend(parse_statements(f"{name} = {helper}({arguments})\n"))
+        self.rewrites[call] = cst.Name(name)
+        self.changed(call, f"`{helper}()`: the whole state dict gathered from every process onto rank 0")
+        return True
+
+    def _in_helper(self, call: cst.Call) -> bool:
+        """Whether `call` is the plain-module branch of one of the helpers."""
+        scope = self.scope_of(call)
+        return scope is not None and scope.name.value in STATE_CODE
+
+    def _refuse(self, node: cst.CSTNode, reason: str) -> bool:
+        self.skipped("full state dict", reason, node, wrong=True)
+        return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return self.rewrites.get(original_node, updated_node)
+
+
+def _fresh(name: str, bound: set) -> str:
+    """`name`, or `name_2`, ... when the script binds it already."""
+    candidate, number = name, 1
+    while candidate in bound:
+        number += 1
+        candidate = f"{name}_{number}"
+    return candidate

@@ -1,0 +1,142 @@
+"""Shard each trained model with FSDP2's `fully_shard`, before its optimizer is built.
+
+`if DISTRIBUTED: shard_model(model)` goes right after the model is built and on its
+device. `fully_shard` turns the model's parameters into DTensors in place, so the
+training loop keeps calling `model(...)`; an optimizer built from the parameters before
+that point would hold the unsharded ones, so its construction moves after it. Code that
+reads a parameter's tensor (`.data`) or pickles the whole model would see one shard:
+the conversion refuses it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import find, is_method_call, name_calls
+from autoaccel.convert.transforms.distributed._base import (
+    DISTRIBUTED,
+    DistributedStep,
+    TrainedModel,
+    parse_statements,
+)
+from autoaccel.convert.transforms.fully_sharded._helpers import SHARD, shard_code
+
+_PARAMETERS = ("parameters", "named_parameters")
+
+
+class ShardModel(DistributedStep):
+    DESCRIPTION = "Shard the trained model(s) with FSDP2's fully_shard."
+    code = "fsdp"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        sharded = {name_key(call.args[0].value) for call in name_calls(node, SHARD) if call.args}
+        models = [model for model in self.trained_models(node) if model.key not in sharded]
+        if not models and not sharded and self.train_loops():
+            self.skipped(
+                "fully_shard",
+                "no trained model was recognised in this training loop, so nothing is sharded"
+                " and every process trains its own copy; call `fully_shard` on the model by hand",
+                self.train_loops()[0],
+                wrong=True,
+            )
+        for model in models:
+            if self._refused(node, model):
+                continue
+            self._shard(model)
+            code, imports = shard_code(self.options)
+            self.define_helper(node, SHARD, code)
+            self.imports.append(imports)
+
+    def _shard(self, model: TrainedModel) -> None:
+        moved = self._optimizers_built_before(model)
+        for statement in moved:
+            self.replace[statement] = []
+            self.changed(statement, f"optimizer built after `{model.key}` is sharded (it holds the sharded parameters)")
+        self.after.setdefault(model.anchor, []).extend(
+            parse_statements(
+                "# sharded with FSDP2 when distributed: each process keeps a share of the\n"
+                "# parameters, gradients and optimizer state\n"
+                f"if {DISTRIBUTED}:\n"
+                f"    {SHARD}({model.key})\n"
+            )
+            + [s.with_changes(leading_lines=[]) if i else s for i, s in enumerate(moved)]
+        )
+        self.changed(
+            model.anchor,
+            f"`{model.key}` sharded with fully_shard (its repeated blocks, then the whole model)",
+        )
+
+    def _optimizers_built_before(self, model: TrainedModel) -> list[cst.BaseStatement]:
+        """The statements between the model's construction and `model.anchor` that build
+        an optimizer from its parameters."""
+        body = list(model.block.body)
+        end = body.index(model.anchor)
+        return [
+            statement
+            for statement in body[:end]
+            if any(
+                is_method_call(call, *_PARAMETERS) and name_key(call.func.value) == model.key  # type: ignore[attr-defined]
+                for call in find(statement, cst.Call)
+            )
+        ]
+
+    def _refused(self, module: cst.Module, model: TrainedModel) -> bool:
+        """Log why `model` cannot be sharded right (and return True), if it cannot."""
+        moved = self._optimizers_built_before(model)
+        body = list(model.block.body)
+        if moved:
+            bound = {name_key(t.target) for s in moved for t in find(s, cst.AssignTarget)}
+            between = body[body.index(moved[0]) + 1: body.index(model.anchor) + 1]
+            user = next(
+                (s for s in between if s not in moved and any(name_key(n) in bound for n in find(s, cst.Name))),
+                None,
+            )
+            if user is not None:
+                return self._refuse(
+                    user,
+                    f"this uses the optimizer of `{model.key}` before the model is ready to"
+                    " shard; build the optimizer after the model is on its device, then convert",
+                )
+        after = body[body.index(model.anchor) + 1:]
+        for node in [*after, *self.train_code()]:
+            for attribute in find(node, cst.Attribute):
+                if attribute.attr.value == "data" and _reads_parameter(attribute.value, model.key, node):
+                    return self._refuse(
+                        attribute,
+                        f"this reads a parameter's tensor of `{model.key}` (`.data`), which"
+                        " FSDP shards over the processes (a DTensor); read it before sharding"
+                        " or through `.full_tensor()` by hand",
+                    )
+            for call in find(node, cst.Call):
+                if "torch.save" in self.qualified_names(call.func) and call.args and name_key(call.args[0].value) == model.key:
+                    return self._refuse(
+                        call,
+                        f"this pickles the whole `{model.key}`, whose parameters FSDP shards"
+                        f" over the processes; save `{model.key}.state_dict()` instead, then convert",
+                    )
+        return False
+
+    def _refuse(self, node: cst.CSTNode, reason: str) -> bool:
+        self.skipped("fully_shard", reason, node, wrong=True)
+        return True
+
+
+def _reads_parameter(value: cst.BaseExpression, key: str, scope: cst.CSTNode) -> bool:
+    """Whether `value` (of `value.data`) is a parameter of the model `key`: an attribute
+    of it (`model.fc.weight`), or the variable of a loop over its parameters."""
+    root = value
+    while isinstance(root, cst.Attribute):
+        if name_key(root) == key:
+            return True
+        root = root.value
+    if name_key(root) == key:
+        return value is not root
+    if not isinstance(root, cst.Name):
+        return False
+    for loop in find(scope, cst.For):
+        over = loop.iter
+        if isinstance(over, cst.Call) and is_method_call(over, *_PARAMETERS) and name_key(over.func.value) == key:  # type: ignore[attr-defined]
+            if root.value in {n.value for n in find(loop.target, cst.Name)}:
+                return True
+    return False
