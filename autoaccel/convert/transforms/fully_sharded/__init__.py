@@ -14,15 +14,18 @@ from autoaccel.convert.transforms.distributed import (
     ShardEvaluation,
     WrapModel,
 )
+from autoaccel.convert.transforms.fully_sharded.every_rank_computes import EveryRankComputes
 from autoaccel.convert.transforms.fully_sharded.gather_state_dicts import GatherStateDicts
+from autoaccel.convert.transforms.fully_sharded.guard_rank_zero import GuardRankZeroGathering
 from autoaccel.convert.transforms.fully_sharded.shard_model import ShardModel
 
+_REPLACED = {WrapModel: [ShardModel], GuardRankZero: [GatherStateDicts, GuardRankZeroGathering, EveryRankComputes]}
+_LEFT_OUT = (NoSyncAccumulation, ShardEvaluation)
 
-def _fsdp_steps() -> list:
-    steps = [ShardModel if step is WrapModel else step for step in DDP_STEPS]
-    steps = [step for step in steps if step not in (NoSyncAccumulation, ShardEvaluation)]
-    steps.insert(steps.index(GuardRankZero), GatherStateDicts)
-    return steps
+FSDP_STEPS = [
+    replacement
+    for step in DDP_STEPS
+    if step not in _LEFT_OUT
+    for replacement in _REPLACED.get(step, [step])
+]
 
-
-FSDP_STEPS = _fsdp_steps()

@@ -13,6 +13,8 @@ FULL_STATE = "full_state_dict"
 LOAD_FULL_STATE = "load_full_state_dict"
 FULL_OPTIMIZER_STATE = "full_optimizer_state_dict"
 LOAD_FULL_OPTIMIZER_STATE = "load_full_optimizer_state_dict"
+# The helpers that gather shards: every process must call them.
+COLLECTIVES = (FULL_STATE, FULL_OPTIMIZER_STATE)
 
 
 
@@ -58,23 +60,28 @@ def {SHARD}(model):
 
 # Saving: every process takes part in gathering; only rank 0 receives the tensors (on
 # its CPU), which it saves. Loading: rank 0's state dict is sent to every process, each
-# keeping its shard (the others' may be empty).
+# keeping its shard (the others' may be empty). A forward pass without backward (an
+# evaluation) leaves the root's parameters gathered: `reshard()` first.
 STATE_CODE = {
     FULL_STATE: f'''
 def {FULL_STATE}(model):
     """`model.state_dict()`, whole: under FSDP every process must call this, and rank 0
     gets the tensors on its CPU (the other processes get {{}})."""
     if isinstance(model, FSDPModule):
+        model.reshard()  # an evaluation may have left it gathered
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(model, options=options)
     return model.state_dict()
 ''',
     LOAD_FULL_STATE: f'''
 def {LOAD_FULL_STATE}(model, state_dict, strict=True):
-    """`model.load_state_dict(state_dict)` of a whole state dict; under FSDP every process
-    must call this, and rank 0's `state_dict` is the one loaded."""
+    """`model.load_state_dict(state_dict)` of a whole state dict; under FSDP every
+    process must call this, and rank 0's `state_dict` is the one loaded."""
     if isinstance(model, FSDPModule):
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+        model.reshard()  # an evaluation may have left it gathered
+        options = StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=strict
+        )
         return set_model_state_dict(model, state_dict, options=options)
     return model.load_state_dict(state_dict, strict=strict)
 ''',
@@ -83,6 +90,7 @@ def {FULL_OPTIMIZER_STATE}(model, optimizer):
     """`optimizer.state_dict()`, whole (keyed by parameter names under FSDP): every
     process must call this, and rank 0 gets the tensors on its CPU."""
     if isinstance(model, FSDPModule):
+        model.reshard()  # an evaluation may have left it gathered
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_optimizer_state_dict(model, optimizer, options=options)
     return optimizer.state_dict()
@@ -92,6 +100,7 @@ def {LOAD_FULL_OPTIMIZER_STATE}(model, optimizer, state_dict):
     """`optimizer.load_state_dict(state_dict)`; under FSDP every process must call this,
     and rank 0's `state_dict` is the one loaded."""
     if isinstance(model, FSDPModule):
+        model.reshard()  # an evaluation may have left it gathered
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(model, optimizer, state_dict, options=options)
     else:

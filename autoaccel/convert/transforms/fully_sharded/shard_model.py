@@ -23,6 +23,8 @@ from autoaccel.convert.transforms.distributed._base import (
 from autoaccel.convert.transforms.fully_sharded._helpers import SHARD, shard_code
 
 _PARAMETERS = ("parameters", "named_parameters")
+# Methods that leave a module's parameters where they are (a sharded model takes them).
+_KEEPS_MODULE = frozenset({*_PARAMETERS, "load_state_dict", "state_dict", "train", "eval"})
 
 
 class ShardModel(DistributedStep):
@@ -49,32 +51,52 @@ class ShardModel(DistributedStep):
             self.imports.append(imports)
 
     def _shard(self, model: TrainedModel) -> None:
+        """Shard after `model.anchor`, the optimizers built before it moving after the
+        sharding; or, where the statements from the first optimizer on only load a state
+        into the model, just before that optimizer."""
         moved = self._optimizers_built_before(model)
-        for statement in moved:
-            self.replace[statement] = []
-            self.changed(statement, f"optimizer built after `{model.key}` is sharded (it holds the sharded parameters)")
-        self.after.setdefault(model.anchor, []).extend(
-            parse_statements(
-                "# sharded with FSDP2 when distributed: each process keeps a share of the\n"
-                "# parameters, gradients and optimizer state\n"
-                f"if {DISTRIBUTED}:\n"
-                f"    {SHARD}({model.key})\n"
-            )
-            + [s.with_changes(leading_lines=[]) if i else s for i, s in enumerate(moved)]
+        anchor = model.anchor
+        code = parse_statements(
+            "# sharded with FSDP2 when distributed: each process keeps a share of the\n"
+            "# parameters, gradients and optimizer state\n"
+            f"if {DISTRIBUTED}:\n"
+            f"    {SHARD}({model.key})\n"
         )
+        if moved and not self._changes_model_after(model, moved[0]):
+            self.before.setdefault(moved[0], []).extend(code)
+            anchor = moved[0]
+        else:
+            for statement in moved:
+                self.replace[statement] = []
+                self.changed(statement, f"optimizer built after `{model.key}` is sharded (it holds the sharded parameters)")
+            self.after.setdefault(anchor, []).extend(
+                code + [s.with_changes(leading_lines=[]) if i else s for i, s in enumerate(moved)]
+            )
         self.changed(
-            model.anchor,
+            anchor,
             f"`{model.key}` sharded with fully_shard (its repeated blocks, then the whole model)",
         )
 
-    def _optimizers_built_before(self, model: TrainedModel) -> list[cst.BaseStatement]:
-        """The statements between the model's construction and `model.anchor` that build
-        an optimizer from its parameters."""
+    def _changes_model_after(self, model: TrainedModel, start: cst.BaseStatement) -> bool:
+        """Whether a statement from `start` to `model.anchor` rebinds the model or calls a
+        method of it other than a state load (`model.to(device)`, `model.apply(init)`)."""
         body = list(model.block.body)
-        end = body.index(model.anchor)
+        for statement in body[body.index(start): body.index(model.anchor) + 1]:
+            if any(name_key(t.target) == model.key for t in find(statement, cst.AssignTarget)):
+                return True
+            for call in find(statement, cst.Call):
+                if isinstance(call.func, cst.Attribute) and name_key(call.func.value) == model.key:
+                    if call.func.attr.value not in _KEEPS_MODULE:
+                        return True
+        return False
+
+    def _optimizers_built_before(self, model: TrainedModel) -> list[cst.BaseStatement]:
+        """The statements before `model.anchor` that build an optimizer from the model's
+        parameters."""
+        body = list(model.block.body)
         return [
             statement
-            for statement in body[:end]
+            for statement in body[: body.index(model.anchor)]
             if any(
                 is_method_call(call, *_PARAMETERS) and name_key(call.func.value) == model.key  # type: ignore[attr-defined]
                 for call in find(statement, cst.Call)
@@ -85,7 +107,7 @@ class ShardModel(DistributedStep):
         """Log why `model` cannot be sharded right (and return True), if it cannot."""
         moved = self._optimizers_built_before(model)
         body = list(model.block.body)
-        if moved:
+        if moved and self._changes_model_after(model, moved[0]):
             bound = {name_key(t.target) for s in moved for t in find(s, cst.AssignTarget)}
             between = body[body.index(moved[0]) + 1: body.index(model.anchor) + 1]
             user = next(
