@@ -61,7 +61,9 @@ def fsdp_runs(tmp_path_factory, session_runs):
     """Every fixture's runs, started up front, two at a time (2 cores)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {
-            name: pool.submit(_job, name, tmp_path_factory.mktemp(f"fsdp-{name[:-3]}"), session_runs)
+            name: pool.submit(
+                _job, name, tmp_path_factory.mktemp(f"fsdp-{name[:-3]}"), session_runs
+            )
             for name in NAMES
         }
 
@@ -73,8 +75,10 @@ def test_two_processes_train_like_the_original(name, fsdp_runs):
     ranks = runs["fsdp"]["ranks"]
     assert [rank["exit"] for rank in ranks] == ["ok", "ok"]
     assert all(len(rank["losses"]) == len(original) for rank in ranks), "the global batch changed"
-    converted = statistics.fmean(statistics.fmean(rank["losses"][len(original) // 2:]) for rank in ranks)
-    reference = statistics.fmean(original[len(original) // 2:])
+    converted = statistics.fmean(
+        statistics.fmean(rank["losses"][len(original) // 2 :]) for rank in ranks
+    )
+    reference = statistics.fmean(original[len(original) // 2 :])
     assert converted == pytest.approx(reference, rel=LOSS_TOL[name])
 
 
@@ -114,7 +118,11 @@ def test_original_script_resumes_from_the_fsdp_checkpoint(fsdp_runs, tmp_path):
     shutil.copy(folder / "clip_resume.pt", tmp_path)
     proc = subprocess.run(
         [sys.executable, str(FSDP_FIXTURES / "clip_resume.py"), "--resume", "--epochs", "1"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
     _check(proc, "clip_resume.py --resume")
     saved_epoch = torch.load(folder / "clip_resume.pt")["epoch"]

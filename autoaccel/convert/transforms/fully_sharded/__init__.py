@@ -19,7 +19,10 @@ from autoaccel.convert.transforms.fully_sharded.gather_state_dicts import Gather
 from autoaccel.convert.transforms.fully_sharded.guard_rank_zero import GuardRankZeroGathering
 from autoaccel.convert.transforms.fully_sharded.shard_model import ShardModel
 
-_REPLACED = {WrapModel: [ShardModel], GuardRankZero: [GatherStateDicts, GuardRankZeroGathering, EveryRankComputes]}
+_REPLACED = {
+    WrapModel: [ShardModel],
+    GuardRankZero: [GatherStateDicts, GuardRankZeroGathering, EveryRankComputes],
+}
 _LEFT_OUT = (NoSyncAccumulation, ShardEvaluation)
 
 FSDP_STEPS = [
@@ -28,4 +31,3 @@ FSDP_STEPS = [
     if step not in _LEFT_OUT
     for replacement in _REPLACED.get(step, [step])
 ]
-

@@ -17,7 +17,6 @@ LOAD_FULL_OPTIMIZER_STATE = "load_full_optimizer_state_dict"
 COLLECTIVES = (FULL_STATE, FULL_OPTIMIZER_STATE)
 
 
-
 def shard_code(options: ConvertOptions) -> tuple[str, str]:
     """`shard_model()` for these options, and the import it needs: bf16 compute with
     fp32 gradient reduction on GPUs unless `--amp off`, parameters kept on the CPU
@@ -26,7 +25,7 @@ def shard_code(options: ConvertOptions) -> tuple[str, str]:
     if options.amp != "off":
         names.append("MixedPrecisionPolicy")
         policies.append(
-            "    if torch.cuda.is_available():  # bf16 compute, fp32 gradient averaging\n"
+            "    if next(model.parameters()).is_cuda:  # bf16 compute, fp32 gradient averaging\n"
             '        policies["mp_policy"] = MixedPrecisionPolicy(\n'
             "            param_dtype=torch.bfloat16, reduce_dtype=torch.float32\n"
             "        )\n"

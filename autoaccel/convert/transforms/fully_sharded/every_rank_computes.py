@@ -25,8 +25,12 @@ class EveryRankComputes(DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         sharded = {name_key(c.args[0].value) for c in name_calls(node, SHARD) if c.args} - {None}
         for call in find(node, cst.Call):
-            uses = name_key(call.func) in sharded or any(name_key(a.value) in sharded for a in call.args)
-            if (uses or is_name(call.func, *COLLECTIVES)) and rank_guarded(call, self.ancestors(call)):
+            uses = name_key(call.func) in sharded or any(
+                name_key(a.value) in sharded for a in call.args
+            )
+            if (uses or is_name(call.func, *COLLECTIVES)) and rank_guarded(
+                call, self.ancestors(call)
+            ):
                 self.skipped(
                     "fully_shard",
                     "this runs the sharded model (or gathers its state) on some processes only,"

@@ -42,7 +42,9 @@ class GatherStateDicts(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.rewrites: dict[cst.Call, cst.BaseExpression] = {}
-        sharded = sorted({name_key(c.args[0].value) for c in name_calls(node, SHARD) if c.args} - {None})
+        sharded = sorted(
+            {name_key(c.args[0].value) for c in name_calls(node, SHARD) if c.args} - {None}
+        )
         if not sharded:
             return
         bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
@@ -54,7 +56,11 @@ class GatherStateDicts(DistributedStep):
             model = owner if owner in sharded else None
             if model is None and owner in self.script.optimizers:
                 if len(sharded) != 1:
-                    self._refuse(call, f"`{owner}` cannot be told apart between the sharded models; save and load its state with `get_optimizer_state_dict` by hand")
+                    self._refuse(
+                        call,
+                        f"which sharded model `{owner}` optimizes is not known; save and"
+                        " load its state with `get_optimizer_state_dict` by hand",
+                    )
                     continue
                 model = sharded[0]
             if model is None:
@@ -64,7 +70,10 @@ class GatherStateDicts(DistributedStep):
                 helper = LOAD_FULL_OPTIMIZER_STATE if optimizer else LOAD_FULL_STATE
                 owners = [cst.Arg(cst.parse_expression(k)) for k in (model, optimizer) if k]
                 self.rewrites[call] = cst.Call(cst.Name(helper), [*owners, *call.args])
-                self.changed(call, f"`{helper}()`: rank 0's whole state dict loaded into each process's shards")
+                self.changed(
+                    call,
+                    f"`{helper}()`: rank 0's whole state dict loaded into each process's shards",
+                )
             elif not call.args and self._hoist(call, model, optimizer, bound):
                 helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
             else:
@@ -77,7 +86,9 @@ class GatherStateDicts(DistributedStep):
         if used:  # helpers defined before brought their imports
             names = sorted({name for helper in used for name in _CHECKPOINT_NAMES[helper]})
             self.imports.append("from torch.distributed.fsdp import FSDPModule")
-            self.imports.append(f"from torch.distributed.checkpoint.state_dict import {', '.join(names)}")
+            self.imports.append(
+                f"from torch.distributed.checkpoint.state_dict import {', '.join(names)}"
+            )
 
     def _hoist(self, call: cst.Call, model: str, optimizer: str | None, bound: set) -> bool:
         """`state = full_state_dict(model)` before the statement of `call`, which then
@@ -93,9 +104,13 @@ class GatherStateDicts(DistributedStep):
         helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
         arguments = f"{model}, {optimizer}" if optimizer else model
         statement = self.statement_of(call)
-        self.before.setdefault(statement, []).extend(parse_statements(f"{name} = {helper}({arguments})\n"))
+        self.before.setdefault(statement, []).extend(
+            parse_statements(f"{name} = {helper}({arguments})\n")
+        )
         self.rewrites[call] = cst.Name(name)
-        self.changed(call, f"`{helper}()`: the whole state dict gathered from every process onto rank 0")
+        self.changed(
+            call, f"`{helper}()`: the whole state dict gathered from every process onto rank 0"
+        )
         return True
 
     def _in_helper(self, call: cst.Call) -> bool:

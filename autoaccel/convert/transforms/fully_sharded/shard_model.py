@@ -68,7 +68,11 @@ class ShardModel(DistributedStep):
         else:
             for statement in moved:
                 self.replace[statement] = []
-                self.changed(statement, f"optimizer built after `{model.key}` is sharded (it holds the sharded parameters)")
+                self.changed(
+                    statement,
+                    f"optimizer built after `{model.key}` is sharded (it holds the sharded"
+                    " parameters)",
+                )
             self.after.setdefault(anchor, []).extend(
                 code + [s.with_changes(leading_lines=[]) if i else s for i, s in enumerate(moved)]
             )
@@ -81,7 +85,7 @@ class ShardModel(DistributedStep):
         """Whether a statement from `start` to `model.anchor` rebinds the model or calls a
         method of it other than a state load (`model.to(device)`, `model.apply(init)`)."""
         body = list(model.block.body)
-        for statement in body[body.index(start): body.index(model.anchor) + 1]:
+        for statement in body[body.index(start) : body.index(model.anchor) + 1]:
             if any(name_key(t.target) == model.key for t in find(statement, cst.AssignTarget)):
                 return True
             for call in find(statement, cst.Call):
@@ -97,10 +101,7 @@ class ShardModel(DistributedStep):
         return [
             statement
             for statement in body[: body.index(model.anchor)]
-            if any(
-                is_method_call(call, *_PARAMETERS) and name_key(call.func.value) == model.key  # type: ignore[attr-defined]
-                for call in find(statement, cst.Call)
-            )
+            if any(_parameters_of(call, model.key) for call in find(statement, cst.Call))
         ]
 
     def _refused(self, module: cst.Module, model: TrainedModel) -> bool:
@@ -109,9 +110,13 @@ class ShardModel(DistributedStep):
         body = list(model.block.body)
         if moved and self._changes_model_after(model, moved[0]):
             bound = {name_key(t.target) for s in moved for t in find(s, cst.AssignTarget)}
-            between = body[body.index(moved[0]) + 1: body.index(model.anchor) + 1]
+            between = body[body.index(moved[0]) + 1 : body.index(model.anchor) + 1]
             user = next(
-                (s for s in between if s not in moved and any(name_key(n) in bound for n in find(s, cst.Name))),
+                (
+                    s
+                    for s in between
+                    if s not in moved and any(name_key(n) in bound for n in find(s, cst.Name))
+                ),
                 None,
             )
             if user is not None:
@@ -120,10 +125,12 @@ class ShardModel(DistributedStep):
                     f"this uses the optimizer of `{model.key}` before the model is ready to"
                     " shard; build the optimizer after the model is on its device, then convert",
                 )
-        after = body[body.index(model.anchor) + 1:]
+        after = body[body.index(model.anchor) + 1 :]
         for node in [*after, *self.train_code()]:
             for attribute in find(node, cst.Attribute):
-                if attribute.attr.value == "data" and _reads_parameter(attribute.value, model.key, node):
+                if attribute.attr.value == "data" and _reads_parameter(
+                    attribute.value, model.key, node
+                ):
                     return self._refuse(
                         attribute,
                         f"this reads a parameter's tensor of `{model.key}` (`.data`), which"
@@ -131,11 +138,16 @@ class ShardModel(DistributedStep):
                         " or through `.full_tensor()` by hand",
                     )
             for call in find(node, cst.Call):
-                if "torch.save" in self.qualified_names(call.func) and call.args and name_key(call.args[0].value) == model.key:
+                if (
+                    "torch.save" in self.qualified_names(call.func)
+                    and call.args
+                    and name_key(call.args[0].value) == model.key
+                ):
                     return self._refuse(
                         call,
                         f"this pickles the whole `{model.key}`, whose parameters FSDP shards"
-                        f" over the processes; save `{model.key}.state_dict()` instead, then convert",
+                        f" over the processes; save `{model.key}.state_dict()` instead, then"
+                        " convert",
                     )
         return False
 
@@ -148,7 +160,7 @@ def _reads_parameter(value: cst.BaseExpression, key: str, scope: cst.CSTNode) ->
     """Whether `value` (of `value.data`) is a parameter of the model `key`: an attribute
     of it (`model.fc.weight`), or the variable of a loop over its parameters."""
     root = value
-    while isinstance(root, cst.Attribute):
+    while isinstance(root, (cst.Attribute, cst.Subscript)):
         if name_key(root) == key:
             return True
         root = root.value
@@ -156,9 +168,14 @@ def _reads_parameter(value: cst.BaseExpression, key: str, scope: cst.CSTNode) ->
         return value is not root
     if not isinstance(root, cst.Name):
         return False
-    for loop in find(scope, cst.For):
-        over = loop.iter
-        if isinstance(over, cst.Call) and is_method_call(over, *_PARAMETERS) and name_key(over.func.value) == key:  # type: ignore[attr-defined]
-            if root.value in {n.value for n in find(loop.target, cst.Name)}:
-                return True
-    return False
+    return any(
+        _parameters_of(loop.iter, key)
+        and root.value in {n.value for n in find(loop.target, cst.Name)}
+        for loop in find(scope, cst.For)
+    )
+
+
+def _parameters_of(node: cst.CSTNode, key: str) -> bool:
+    """`key.parameters()` or `key.named_parameters()`."""
+    method = node.func if is_method_call(node, *_PARAMETERS) else None  # type: ignore[attr-defined]
+    return method is not None and name_key(method.value) == key
