@@ -311,7 +311,9 @@ def bench(
 
 def _check_distributed(options: ConvertOptions, verify: bool) -> None:
     """The options that only some targets take."""
-    if verify and options.target not in ("ddp", "fsdp"):
+    from autoaccel.convert.log import MULTI_PROCESS
+
+    if verify and options.target not in MULTI_PROCESS:
         raise typer.BadParameter("--verify checks --to ddp and --to fsdp conversions")
     if options.target == "fsdp" and options.amp == "fp16":
         raise typer.BadParameter("--to fsdp computes in bf16 (MixedPrecisionPolicy) or fp32: use --amp bf16 or off")

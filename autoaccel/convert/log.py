@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Target = Literal["single", "dp", "ddp", "fsdp"]
+# The targets whose result runs as several processes (torchrun).
+MULTI_PROCESS: tuple[Target, ...] = ("ddp", "fsdp")
 Amp = Literal["bf16", "fp16", "off"]
 Launcher = Literal["torchrun", "slurm", "spawn"]
 Workers = Literal["auto", "keep"]
