@@ -178,7 +178,9 @@ def test_a_checkpoint_function_keeps_running_on_every_rank():
             'torch.save(model, "model.pt")\n', "pickles the whole `model`", id="pickled-model"
         ),
         pytest.param(
-            "print(model(torch.randn(1, 4)))\n", "on some processes only", id="forward-on-rank-0"
+            "if torch.distributed.get_rank() == 0:\n    print(model(torch.randn(1, 4)))\n",
+            "on some processes only",
+            id="forward-under-a-rank-test",
         ),
     ],
 )
@@ -187,6 +189,21 @@ def test_refuses_what_sharding_would_break(after, reason):
         "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n", after
     )
     assert any(reason in found for found in refusals(conversion)), conversion.log.skipped
+
+
+def test_a_print_of_a_forward_pass_computes_it_on_every_rank_first():
+    conversion = convert(
+        "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        'print(f"norm {model(torch.ones(1, 4)).norm():.3f}")\nprint(model)\n',
+    )
+    main = body_of_main(conversion)
+    assert (
+        "    model_result = model(torch.ones(1, 4))\n"
+        "    if RANK == 0:\n"
+        '        print(f"norm {model_result.norm():.3f}")\n'
+        "        print(model)\n"
+    ) in main
+    assert not refusals(conversion)
 
 
 def test_bf16_uses_a_mixed_precision_policy_on_gpus_instead_of_autocast():

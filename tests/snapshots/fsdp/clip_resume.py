@@ -216,9 +216,9 @@ def main():
         model,
         torch.load(CHECKPOINT, map_location={"cuda:0": f"cuda:{LOCAL_RANK}"})["model"],
     )
-    best_val = evaluate(model, val_loader)
+    evaluate_result = evaluate(model, val_loader)
     if RANK == 0:
-        print(f"best val {best_val:.4f}")
+        print(f"best val {evaluate_result:.4f}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ from autoaccel.convert.transforms.distributed import (
     ShardEvaluation,
     WrapModel,
 )
+from autoaccel.convert.transforms.fully_sharded.compute_before_printing import (
+    ComputeBeforePrinting,
+)
 from autoaccel.convert.transforms.fully_sharded.every_rank_computes import EveryRankComputes
 from autoaccel.convert.transforms.fully_sharded.gather_state_dicts import GatherStateDicts
 from autoaccel.convert.transforms.fully_sharded.guard_rank_zero import GuardRankZeroGathering
@@ -21,7 +24,12 @@ from autoaccel.convert.transforms.fully_sharded.shard_model import ShardModel
 
 _REPLACED = {
     WrapModel: [ShardModel],
-    GuardRankZero: [GatherStateDicts, GuardRankZeroGathering, EveryRankComputes],
+    GuardRankZero: [
+        GatherStateDicts,
+        ComputeBeforePrinting,
+        GuardRankZeroGathering,
+        EveryRankComputes,
+    ],
 }
 _LEFT_OUT = (NoSyncAccumulation, ShardEvaluation)
 

@@ -15,14 +15,14 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
-from autoaccel.analysis.shapes import find, is_method_call, name_calls
+from autoaccel.analysis.shapes import find, is_method_call
 from autoaccel.convert.transforms.distributed._base import DistributedStep, parse_statements
+from autoaccel.convert.transforms.fully_sharded._sharded import fresh_name, sharded_models
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     FULL_OPTIMIZER_STATE,
     FULL_STATE,
     LOAD_FULL_OPTIMIZER_STATE,
     LOAD_FULL_STATE,
-    SHARD,
     STATE_CODE,
 )
 
@@ -42,9 +42,7 @@ class GatherStateDicts(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.rewrites: dict[cst.Call, cst.BaseExpression] = {}
-        sharded = sorted(
-            {name_key(c.args[0].value) for c in name_calls(node, SHARD) if c.args} - {None}
-        )
+        sharded = sorted(sharded_models(node))
         if not sharded:
             return
         bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
@@ -100,7 +98,7 @@ class GatherStateDicts(DistributedStep):
                 f"`{owner}.state_dict()` runs on one process here, while under FSDP every"
                 " process must take part in gathering it; move it out of the rank test by hand",
             )
-        name = _fresh(f"{owner.rpartition('.')[2]}_state", bound)
+        name = fresh_name(f"{owner.rpartition('.')[2]}_state", bound)
         helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
         arguments = f"{model}, {optimizer}" if optimizer else model
         statement = self.statement_of(call)
@@ -124,12 +122,3 @@ class GatherStateDicts(DistributedStep):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         return self.rewrites.get(original_node, updated_node)
-
-
-def _fresh(name: str, bound: set) -> str:
-    """`name`, or `name_2`, ... when the script binds it already."""
-    candidate, number = name, 1
-    while candidate in bound:
-        number += 1
-        candidate = f"{name}_{number}"
-    return candidate

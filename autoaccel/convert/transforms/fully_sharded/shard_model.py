@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.shapes import find, is_method_call, name_calls
+from autoaccel.analysis.shapes import find, is_method_call
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -21,6 +21,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
 )
 from autoaccel.convert.transforms.fully_sharded._helpers import SHARD, shard_code
+from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
 
 _PARAMETERS = ("parameters", "named_parameters")
 # Methods that leave a module's parameters where they are (a sharded model takes them).
@@ -32,7 +33,7 @@ class ShardModel(DistributedStep):
     code = "fsdp"
 
     def visit_Module(self, node: cst.Module) -> None:
-        sharded = {name_key(call.args[0].value) for call in name_calls(node, SHARD) if call.args}
+        sharded = sharded_models(node)
         models = [model for model in self.trained_models(node) if model.key not in sharded]
         if not models and not sharded and self.train_loops():
             self.skipped(
