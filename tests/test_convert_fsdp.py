@@ -91,6 +91,28 @@ def test_shards_after_the_model_is_on_its_device():
     assert not refusals(conversion)
 
 
+def test_two_models_share_one_helper():
+    source = textwrap.dedent(
+        """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(torch.randn(64, 4), batch_size=8)
+        encoder = torch.nn.Linear(4, 4)
+        decoder = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.SGD([*encoder.parameters(), *decoder.parameters()], lr=0.1)
+        for x in loader:
+            loss = (decoder(encoder(x)) - x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    converted = convert_source(source, FSDP, "train.py").converted
+    assert converted.count("def shard_model(") == 1
+    assert "shard_model(encoder)" in converted and "shard_model(decoder)" in converted
+
+
 def test_moves_an_optimizer_built_before_the_model_moves():
     conversion = convert("""\
         model = Net()
@@ -212,7 +234,7 @@ def test_bf16_uses_a_mixed_precision_policy_on_gpus_instead_of_autocast():
         options=ConvertOptions(target="fsdp", amp="bf16"),
     )
     assert (
-        "if next(model.parameters()).is_cuda:  # bf16 compute, fp32 gradient averaging"
+        "    if next(model.parameters()).is_cuda:\n        # bf16 compute, fp32 gradient averaging\n"
         in conversion.converted
     )
     assert "param_dtype=torch.bfloat16, reduce_dtype=torch.float32" in conversion.converted

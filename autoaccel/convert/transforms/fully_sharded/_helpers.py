@@ -18,14 +18,15 @@ COLLECTIVES = (FULL_STATE, FULL_OPTIMIZER_STATE)
 
 
 def shard_code(options: ConvertOptions) -> tuple[str, str]:
-    """`shard_model()` for these options, and the import it needs: bf16 compute with
-    fp32 gradient reduction on GPUs unless `--amp off`, parameters kept on the CPU
-    between uses with `--cpu-offload`."""
+    """`shard_model()` for these options, and the import it needs. For a model on a GPU:
+    bf16 compute with fp32 gradient reduction unless `--amp off`, and with `--cpu-offload`
+    the shards kept on the CPU between uses (both need an accelerator: a model on the CPU
+    trains in fp32, as autocast leaves it on a CPU)."""
     policies, names = [], ["fully_shard"]
     if options.amp != "off":
         names.append("MixedPrecisionPolicy")
         policies.append(
-            "    if next(model.parameters()).is_cuda:  # bf16 compute, fp32 gradient averaging\n"
+            "        # bf16 compute, fp32 gradient averaging\n"
             '        policies["mp_policy"] = MixedPrecisionPolicy(\n'
             "            param_dtype=torch.bfloat16, reduce_dtype=torch.float32\n"
             "        )\n"
@@ -33,9 +34,10 @@ def shard_code(options: ConvertOptions) -> tuple[str, str]:
     if options.cpu_offload:
         names.append("CPUOffloadPolicy")
         policies.append(
-            "    # parameters, gradients and optimizer state live on the CPU between uses\n"
-            '    policies["offload_policy"] = CPUOffloadPolicy()\n'
+            "        # parameters, gradients and optimizer state on the CPU between uses\n"
+            '        policies["offload_policy"] = CPUOffloadPolicy()\n'
         )
+    on_gpu = "    if next(model.parameters()).is_cuda:\n" + "".join(policies) if policies else ""
     code = f'''
 def {SHARD}(model):
     """FSDP2: each process keeps 1/WORLD_SIZE of the parameters, gradients and optimizer
@@ -43,7 +45,7 @@ def {SHARD}(model):
     e.g. transformer layers) gathers its parameters only while it computes; the root
     holds the rest."""
     policies = {{}}
-{"".join(policies)}    containers = [model]
+{on_gpu}    containers = [model]
     while containers:
         module = containers.pop()
         if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):

@@ -43,10 +43,10 @@ class ShardModel(DistributedStep):
                 self.train_loops()[0],
                 wrong=True,
             )
-        for model in models:
-            if self._refused(node, model):
-                continue
+        shardable = [model for model in models if not self._refused(node, model)]
+        for model in shardable:
             self._shard(model)
+        if shardable:
             code, imports = shard_code(self.options)
             self.define_helper(node, SHARD, code)
             self.imports.append(imports)
