@@ -281,3 +281,17 @@ def test_fixture_matches_snapshot(name):
         SNAPSHOTS.mkdir(exist_ok=True)
         snapshot.write_text(converted)
     assert converted == snapshot.read_text()
+
+
+def test_cli_refuses_with_the_line_and_writes_nothing(cli, tmp_path):
+    script = TRAIN.format(
+        build="    model = Net()\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        after="    print(model.layers[0].weight.data.norm())\n",
+    )
+    (tmp_path / "train.py").write_text(script)
+    line = script.splitlines().index("    print(model.layers[0].weight.data.norm())") + 1
+    run = cli("convert", "train.py", "--to", "fsdp", "-o", "out.py")
+    assert run.exit_code == 1
+    assert f"train.py:{line}:1: error: fully_shard not applied" in run.stderr
+    assert "--to fsdp refused" in run.stderr
+    assert not (tmp_path / "out.py").exists()
