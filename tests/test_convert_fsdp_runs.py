@@ -127,3 +127,38 @@ def test_original_script_resumes_from_the_fsdp_checkpoint(fsdp_runs, tmp_path):
     _check(proc, "clip_resume.py --resume")
     saved_epoch = torch.load(folder / "clip_resume.pt")["epoch"]
     assert proc.stdout.startswith(f"epoch {saved_epoch + 1}:")
+
+
+def test_verify_checks_an_fsdp_conversion(tmp_path):
+    """`convert --to fsdp --verify`: the parameters compared across the ranks are the
+    DTensors gathered whole."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autoaccel",
+            "convert",
+            str(FSDP_FIXTURES / "conv_net.py"),
+            "--to",
+            "fsdp",
+            "--amp",
+            "off",
+            "--verify",
+            "--verify-steps",
+            "6",
+            "-o",
+            "out.py",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    _check(proc, "convert --to fsdp --verify")
+    assert (
+        "--verify ok   parameters equal on every process: 1 parameter set(s)"
+        in proc.stdout + proc.stderr
+    )
+    assert "--verify FAIL" not in proc.stdout + proc.stderr
+    assert (tmp_path / "out.py").is_file()
