@@ -170,19 +170,23 @@ def test_gathers_the_state_dict_on_every_rank_and_saves_on_rank_zero():
 
 
 def test_a_checkpoint_function_keeps_running_on_every_rank():
+    """Its parameters receive the sharded model and its optimizer under other names."""
     source = TRAIN.format(
         build="    model = Net()\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
-        after="    save(model)\n",
+        after="    save(model, optimizer)\n",
     ).replace(
         "def main():",
-        'def save(model):\n    torch.save(model.state_dict(), "m.pt")\n\n\ndef main():',
+        "def save(net, optim):\n"
+        '    torch.save({"net": net.state_dict(), "optim": optim.state_dict()}, "m.pt")\n\n\n'
+        "def main():",
     )
     converted = convert_source(source, FSDP, "train.py").converted
     assert (
-        "def save(model):\n"
-        "    model_state = full_state_dict(model)\n"
+        "def save(net, optim):\n"
+        "    net_state = full_state_dict(net)\n"
+        "    optim_state = full_optimizer_state_dict(net, optim)\n"
         "    if RANK == 0:\n"
-        '        torch.save(model_state, "m.pt")\n'
+        '        torch.save({"net": net_state, "optim": optim_state}, "m.pt")\n'
     ) in converted
     assert "return  # only rank 0 writes" not in converted
 

@@ -16,8 +16,16 @@ import libcst as cst
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.shapes import find, is_method_call
-from autoaccel.convert.transforms.distributed._base import DistributedStep, parse_statements
-from autoaccel.convert.transforms.fully_sharded._sharded import fresh_name, sharded_models
+from autoaccel.convert.transforms.distributed._base import (
+    DistributedStep,
+    parameters_of,
+    parse_statements,
+)
+from autoaccel.convert.transforms.fully_sharded._sharded import (
+    fresh_name,
+    sharded_models,
+    with_receivers,
+)
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     FULL_OPTIMIZER_STATE,
     FULL_STATE,
@@ -42,9 +50,11 @@ class GatherStateDicts(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.rewrites: dict[cst.Call, cst.BaseExpression] = {}
-        sharded = sorted(sharded_models(node))
-        if not sharded:
+        models = sharded_models(node)
+        if not models:
             return
+        sharded = sorted(with_receivers(node, models))  # `def save(net)` called as `save(model)`
+        optimizers = with_receivers(node, set(self.script.optimizers))
         bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         used: set[str] = set()
         for call in find(node, cst.Call):
@@ -52,15 +62,15 @@ class GatherStateDicts(DistributedStep):
                 continue
             owner = name_key(call.func.value)  # type: ignore[attr-defined]
             model = owner if owner in sharded else None
-            if model is None and owner in self.script.optimizers:
-                if len(sharded) != 1:
+            if model is None and owner in optimizers:
+                model = self._model_in_scope(call, models, set(sharded))
+                if model is None:
                     self._refuse(
                         call,
-                        f"which sharded model `{owner}` optimizes is not known; save and"
+                        f"which sharded model `{owner}` optimizes is not known here; save and"
                         " load its state with `get_optimizer_state_dict` by hand",
                     )
                     continue
-                model = sharded[0]
             if model is None:
                 continue
             optimizer = owner if owner != model else None
@@ -110,6 +120,21 @@ class GatherStateDicts(DistributedStep):
             call, f"`{helper}()`: the whole state dict gathered from every process onto rank 0"
         )
         return True
+
+    def _model_in_scope(self, call: cst.Call, models: set[str], sharded: set[str]) -> str | None:
+        """The one sharded model that code at `call` sees: a parameter of its function
+        that receives one, else the script's only sharded model where that is bound."""
+        scope = self.scope_of(call)
+        received = [p for p in parameters_of(scope) if p in sharded]
+        if len(received) == 1:
+            return received[0]
+        if received or len(models) != 1:
+            return None
+        (model,) = models
+        bound_here = scope is None or any(
+            name_key(t.target) == model for t in find(scope, cst.AssignTarget)
+        )
+        return model if bound_here or model.startswith("self.") else None
 
     def _in_helper(self, call: cst.Call) -> bool:
         """Whether `call` is the plain-module branch of one of the helpers."""
