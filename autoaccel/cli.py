@@ -6,12 +6,15 @@ from __future__ import annotations
 import inspect
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from autoaccel import __version__
 from autoaccel.lint.output_format import OutputFormat
+
+if TYPE_CHECKING:
+    from autoaccel.convert.log import ConvertOptions
 
 app = typer.Typer(
     name="autoaccel",
@@ -108,7 +111,7 @@ def rules(code: Optional[str] = typer.Argument(None, help="A rule code, e.g. ACC
 
 # Convert options shared by the commands that convert (`convert`, `config`, `bench`):
 # left at None, a value comes from [tool.autoaccel.convert] or the default.
-TO_OPTION = typer.Option(None, "--to", help="single | dp | ddp [default: single]")
+TO_OPTION = typer.Option(None, "--to", help="single | dp | ddp | fsdp [default: single]")
 AMP_OPTION = typer.Option(None, "--amp", help="bf16 | fp16 | off [default: bf16]")
 COMPILE_OPTION = typer.Option(
     None, "--compile/--no-compile", help="Compile the model (torch.compile)."
@@ -137,6 +140,10 @@ def convert(
     launcher: Optional[str] = typer.Option(
         None, "--launcher", help="ddp: torchrun | slurm | spawn [default: torchrun]"
     ),
+    cpu_offload: Optional[bool] = typer.Option(
+        None, "--cpu-offload/--no-cpu-offload",
+        help="fsdp: keep parameters, gradients and optimizer state on the CPU between uses.",
+    ),
     workers: Optional[str] = typer.Option(
         None, "--workers", help="DataLoader workers: auto (from the CPU count) | keep [default: auto]"
     ),
@@ -161,7 +168,7 @@ def convert(
     verify: bool = typer.Option(
         False,
         "--verify",
-        help="ddp: first run the result on 2 CPU processes (gloo) for a few steps and check"
+        help="ddp, fsdp: first run the result on 2 CPU processes (gloo) for a few steps and check"
         " it trains like the original; nothing is written when a check fails.",
     ),
     verify_steps: int = typer.Option(20, "--verify-steps", min=1, help="Training steps --verify runs."),
@@ -188,8 +195,7 @@ def convert(
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    if verify and options.target != "ddp":
-        raise typer.BadParameter("--verify checks --to ddp conversions")
+    _check_distributed(options, verify)
     request = VerifyRequest(script_args or [], verify_steps) if verify else None
     raise typer.Exit(
         run_convert(file, options, write, output, check, report_format, allow_partial, force, request)
@@ -252,7 +258,7 @@ def bench(
     ctx: typer.Context,
     script: Path = typer.Argument(..., help="The training script."),
     script_args: Optional[List[str]] = typer.Argument(None, help="Its arguments, after `--`."),
-    to: Optional[str] = typer.Option(None, "--to", help="single | dp | ddp [default: single]"),
+    to: Optional[str] = typer.Option(None, "--to", help="single | dp | ddp | fsdp [default: single]"),
     amp: Optional[str] = typer.Option(None, "--amp", help="bf16 | fp16 | off [default: bf16]"),
     compile_model: Optional[bool] = typer.Option(
         None, "--compile/--no-compile", help="Compile the model (torch.compile)."
@@ -277,7 +283,7 @@ def bench(
     report: Optional[Path] = typer.Option(None, "--report", help="Write bench.json, .png, .html here."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     verify: bool = typer.Option(
-        False, "--verify", help="ddp: also check the runs as `convert --verify` does (exit 1 on a failure)."
+        False, "--verify", help="ddp, fsdp: also check the runs as `convert --verify` does (exit 1 on a failure)."
     ),
 ) -> None:
     """Run the script and its conversion for N steps each, alternately, --repeats times;
@@ -294,14 +300,25 @@ def bench(
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    if verify and options.target != "ddp":
-        raise typer.BadParameter("--verify checks --to ddp conversions")
+    _check_distributed(options, verify)
     raise typer.Exit(
         run_bench(
             script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc,
             repeats, allow_slower, verify,
         )
     )
+
+
+def _check_distributed(options: ConvertOptions, verify: bool) -> None:
+    """The options that only some targets take."""
+    from autoaccel.convert.log import MULTI_PROCESS
+
+    if verify and options.target not in MULTI_PROCESS:
+        raise typer.BadParameter("--verify checks --to ddp and --to fsdp conversions")
+    if options.target == "fsdp" and options.amp == "fp16":
+        raise typer.BadParameter("--to fsdp computes in bf16 (MixedPrecisionPolicy) or fp32: use --amp bf16 or off")
+    if options.cpu_offload and options.target != "fsdp":
+        raise typer.BadParameter("--cpu-offload shards with --to fsdp only")
 
 
 def _choice(option: str, value: str, allowed: tuple[str, ...]) -> None:

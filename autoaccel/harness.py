@@ -183,6 +183,8 @@ class _StepRecorder:
         self.passes = 0  # DataLoader passes started so far
         self.optimizers: list[Any] = []  # every optimizer the script built
         self.wrapped: list[Any] = []  # every model the script wrapped in DDP
+        # taken when the script ends its process group (FSDP's shards gather through it)
+        self.digest: list[list[float]] | None = None
         if self.record.world_size > 1:
             self.record.sample_ids = []
 
@@ -201,6 +203,7 @@ class _StepRecorder:
         stack.enter_context(
             patched(torch.nn.parallel.DistributedDataParallel, "__init__", self._kept_wrapper)
         )
+        stack.enter_context(patched(torch.distributed, "destroy_process_group", self._digest_first))
         if self.record.sample_ids is not None:
             stack.enter_context(patched(DataLoader, "__iter__", self._numbered_pass))
             stack.enter_context(
@@ -294,20 +297,27 @@ class _StepRecorder:
 
         return init
 
+    def _digest_first(self, original: Callable) -> Callable:
+        def destroy(*args, **kwargs):
+            self.digest = self._param_digest()
+            return original(*args, **kwargs)
+
+        return destroy
+
     def _param_digest(self) -> list[list[float]]:
         """Per optimizer, then per DDP-wrapped model (a manual update has no optimizer):
-        the sum and the sum of absolute values of its parameters, in float64."""
+        the sum and the sum of absolute values of its parameters, in float64 (FSDP's
+        sharded parameters gathered whole)."""
         import torch
 
         groups = [[p for g in o.param_groups for p in g["params"]] for o in self.optimizers]
         groups += [list(module.parameters()) for module in self.wrapped]
         with torch.no_grad():
+            # a DTensor (FSDP's shard) whole: every rank gathers, in the same order
+            tensors = [[getattr(p, "full_tensor", p.detach)().double() for p in params] for params in groups]
             return [
-                [
-                    sum(float(p.detach().double().sum()) for p in params),
-                    sum(float(p.detach().double().abs().sum()) for p in params),
-                ]
-                for params in groups
+                [sum(float(t.sum()) for t in group), sum(float(t.abs().sum()) for t in group)]
+                for group in tensors
             ]
 
     def _numbered_pass(self, original: Callable) -> Callable:
@@ -359,7 +369,7 @@ class _StepRecorder:
             for loss, scale in self.loss_tensors
         ]
         record.peak_rss_bytes = _peak_rss_bytes()
-        record.param_digest = self._param_digest()
+        record.param_digest = self.digest if self.digest is not None else self._param_digest()
         record.exit = exit_status
         return record
 

@@ -133,7 +133,7 @@ def test_ddp_conversion_runs_one_process_per_rank_with_the_same_threads(tmp_path
 
 def test_verify_is_for_ddp(tmp_path):
     proc = bench(FIXTURES_DIR / "linear_exact.py", "--verify", cwd=tmp_path)
-    assert proc.returncode == 2 and "--verify checks --to ddp conversions" in proc.stderr
+    assert proc.returncode == 2 and "--verify checks --to ddp and --to fsdp conversions" in proc.stderr
 
 
 def samples_per_step(side: dict) -> float:

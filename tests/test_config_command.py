@@ -136,6 +136,7 @@ def test_config_prints_values_and_their_sources(cli, project):
         "sync-bn = false            # default",
         "per-process-batch = false  # default",
         'launcher = "torchrun"      # default',
+        "cpu-offload = false        # default",
     ]
 
 

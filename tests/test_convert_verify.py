@@ -112,7 +112,7 @@ def test_a_run_that_does_not_finish_together_fails_first(rank1, reason):
 def test_verify_is_for_ddp_and_script_arguments_need_it(cli, tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     single = cli("convert", "train.py", "--verify")
-    assert single.exit_code == 2 and "--verify checks --to ddp conversions" in single.stderr
+    assert single.exit_code == 2 and "--verify checks --to ddp and --to fsdp conversions" in single.stderr
     stray = cli("convert", "train.py", "other.py")
     assert stray.exit_code == 2 and "unexpected arguments 'other.py'" in stray.stderr
 

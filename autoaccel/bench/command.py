@@ -21,9 +21,10 @@ from pathlib import Path
 from rich.console import Console
 
 from autoaccel.bench.compare import SLOWER, default_tolerance, summarise
+from autoaccel.bench.ddp_memory import ddp_peaks
 from autoaccel.bench.report import print_result, write_report
 from autoaccel.bench.runner import Run, run_script
-from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions
 from autoaccel.convert.pipeline import ConversionError, convert_source
 from autoaccel.convert.verify import checks
 from autoaccel.fileio import os_error_message, read_source, write_atomic
@@ -91,6 +92,9 @@ def run_bench(
     result["agree"] = result["agree"] and not crashed
     if verify:
         result["verify"] = [asdict(check) for check in checks(originals[0], converteds[0])]
+    if options.target == "fsdp" and not crashed:
+        with err.status("one run of the --to ddp conversion, for its peak memory"):
+            result["ddp_peak"] = ddp_peaks(script, script_args, options, steps, ranks, threads)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
@@ -121,8 +125,8 @@ def _threads(ranks: int | None) -> str | None:
 
 
 def _ranks(options: ConvertOptions, nproc: int | None) -> int | None:
-    """Processes the conversion runs in: one per GPU (2 without) for `--to ddp`."""
-    if options.target != "ddp":
+    """Processes the conversion runs in: one per GPU (2 without) for `--to ddp` / `fsdp`."""
+    if options.target not in MULTI_PROCESS:
         return None
     if nproc:
         return nproc

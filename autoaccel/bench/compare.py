@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions
 
 # Loss agreement tolerated by default: the largest relative difference of any common step.
 # Without AMP the converted script must compute the same numbers up to float rounding (the
@@ -42,7 +42,7 @@ class Throughput:
 
 def default_tolerance(options: ConvertOptions) -> float:
     """The loss agreement to expect from a conversion with `options`."""
-    if options.target == "ddp":
+    if options.target in MULTI_PROCESS:
         return max(DDP, AMP[options.amp])
     tolerance = AMP[options.amp] or EXACT
     if options.compile or options.channels_last:
@@ -51,7 +51,7 @@ def default_tolerance(options: ConvertOptions) -> float:
 
 
 def smoothing_window(options: ConvertOptions, steps: int) -> int:
-    return max(1, int(steps * DDP_WINDOW)) if options.target == "ddp" else 1
+    return max(1, int(steps * DDP_WINDOW)) if options.target in MULTI_PROCESS else 1
 
 
 def throughput(record: dict[str, Any], warmup: int) -> Throughput | None:

@@ -71,6 +71,18 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
     return table
 
 
+def memory_verdict(result: dict[str, Any]) -> str:
+    """`bench --to fsdp`: the largest rank's peak memory, FSDP's and DDP's."""
+    baseline = result["ddp_peak"]
+    if baseline is None:
+        return "peak memory per rank vs --to ddp: not measured (the ddp conversion did not run)"
+    fsdp = _peak(result["runs"]["converted"])
+    what = "" if baseline["peak_cuda_bytes"] is not None else (
+        " (RSS: the whole process on the CPU, the torch runtime included)"
+    )
+    return f"peak memory per rank: fsdp {fsdp}, ddp {_peak(baseline)}{what}"
+
+
 def speed_verdict(result: dict[str, Any]) -> str:
     """`speed-up 1.02x (pairs of runs 0.95x-1.10x): no measurable difference ...`."""
     speedup, spread = result["speedup"], result["speedup_range"]
@@ -118,6 +130,8 @@ def print_result(result: dict[str, Any], console: Console, allow_slower: bool = 
         loss_verdict(result), style="green" if result["agree"] else "bold red",
         markup=False, highlight=False,
     )
+    if "ddp_peak" in result:
+        console.print(memory_verdict(result), markup=False, highlight=False)
     for check in (Check(**fields) for fields in result.get("verify", [])):
         console.print(check.line, style=None if check.passed else "bold red", markup=False, highlight=False)
     if result.get("threads"):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Target = Literal["single", "dp", "ddp"]
+Target = Literal["single", "dp", "ddp", "fsdp"]
+# The targets whose result runs as several processes (torchrun).
+MULTI_PROCESS: tuple[Target, ...] = ("ddp", "fsdp")
 Amp = Literal["bf16", "fp16", "off"]
 Launcher = Literal["torchrun", "slurm", "spawn"]
 Workers = Literal["auto", "keep"]
@@ -23,6 +25,7 @@ class ConvertOptions:
     sync_bn: bool = False  # ddp: BatchNorm -> SyncBatchNorm
     per_process_batch: bool = False  # ddp: keep the batch size per process, not global
     launcher: Launcher = "torchrun"  # ddp: how the converted script is started
+    cpu_offload: bool = False  # fsdp: parameters, gradients, optimizer state on the CPU
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ class Conversion:
 
 def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleFixes]]:
     """The steps of a target, in order: the single-process speed-ups first, then
-    the multi-GPU scaffolding of `--to dp` / `--to ddp`."""
+    the multi-GPU scaffolding of `--to dp` / `ddp` / `fsdp`."""
     from autoaccel.convert.transforms import rule_fixes
     from autoaccel.convert.transforms.add_autocast import AddAutocast
     from autoaccel.convert.transforms.compile_model import CompileModel
@@ -70,6 +70,10 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
         from autoaccel.convert.transforms.distributed import DDP_STEPS
 
         steps += DDP_STEPS
+    elif options.target == "fsdp":
+        from autoaccel.convert.transforms.fully_sharded import FSDP_STEPS
+
+        steps += FSDP_STEPS
     return steps
 
 

@@ -136,7 +136,8 @@ class AddAutocast(Transform):
 
     @classmethod
     def enabled(cls, options: ConvertOptions) -> bool:
-        return options.amp != "off"
+        # fsdp: MixedPrecisionPolicy casts the sharded parameters instead
+        return options.amp != "off" and options.target != "fsdp"
 
     # -- analysis ---------------------------------------------------------------------
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:

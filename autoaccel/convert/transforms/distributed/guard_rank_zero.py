@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.shapes import name_calls
 from autoaccel.analysis.side_effects import EffectKind, SideEffect, find_side_effects
 from autoaccel.convert.transforms.distributed._base import (
     RANK,
@@ -22,14 +23,20 @@ from autoaccel.cst_edit import is_docstring
 class GuardRankZero(DistributedStep):
     DESCRIPTION = "Print, save and write files on rank 0 only."
     code = "ACC403"
+    # Functions that every process must call (`--to fsdp` gathers shards for a save): a
+    # writer function that calls one runs on every rank, its writes guarded one by one.
+    collectives: tuple[str, ...] = ()
 
     def visit_Module(self, node: cst.Module) -> None:
         found = find_side_effects(node, self.script.index)
-        for function in found.writer_functions:
+        writers = {
+            f for f in found.writer_functions if not (self.collectives and name_calls(f, *self.collectives))
+        }
+        for function in writers:
             self._return_early(function)
         groups: dict[cst.CSTNode, list[SideEffect]] = {}
         for effect in found.effects:
-            if effect.guarded or effect.function in found.writer_functions:
+            if effect.guarded or effect.function in writers:
                 continue
             if effect.statement is None:
                 self.skipped(

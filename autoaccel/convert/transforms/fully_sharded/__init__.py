@@ -1,0 +1,41 @@
+"""`--to fsdp`: the `--to ddp` scaffolding (set-up, sharded loaders, rank-0 IO, refusals)
+with the model sharded by FSDP2's `fully_shard` instead of wrapped in DDP.
+
+Two DDP steps are left out: `NoSyncAccumulation` (it needs a DDP wrapper; FSDP reduces
+gradients on every micro-step, which is slower but right) and `ShardEvaluation` (a forward
+of a sharded model needs every process, so every process evaluates the whole set, as many
+batches as the others).
+"""
+
+from autoaccel.convert.transforms.distributed import (
+    DDP_STEPS,
+    GuardRankZero,
+    NoSyncAccumulation,
+    ShardEvaluation,
+    WrapModel,
+)
+from autoaccel.convert.transforms.fully_sharded.compute_before_printing import (
+    ComputeBeforePrinting,
+)
+from autoaccel.convert.transforms.fully_sharded.every_rank_computes import EveryRankComputes
+from autoaccel.convert.transforms.fully_sharded.gather_state_dicts import GatherStateDicts
+from autoaccel.convert.transforms.fully_sharded.guard_rank_zero import GuardRankZeroGathering
+from autoaccel.convert.transforms.fully_sharded.shard_model import ShardModel
+
+_REPLACED = {
+    WrapModel: [ShardModel],
+    GuardRankZero: [
+        GatherStateDicts,
+        ComputeBeforePrinting,
+        GuardRankZeroGathering,
+        EveryRankComputes,
+    ],
+}
+_LEFT_OUT = (NoSyncAccumulation, ShardEvaluation)
+
+FSDP_STEPS = [
+    replacement
+    for step in DDP_STEPS
+    if step not in _LEFT_OUT
+    for replacement in _REPLACED.get(step, [step])
+]

@@ -1,0 +1,78 @@
+"""Which models of a module `--to fsdp` shards, and which calls run one of them."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import find, is_name, name_calls
+from autoaccel.convert.transforms.fully_sharded._helpers import COLLECTIVES, SHARD
+
+# Methods of a sharded model that run no forward pass and gather nothing.
+_LOCAL_METHODS = frozenset(
+    {"train", "eval", "parameters", "named_parameters", "modules", "children", "zero_grad", "to"}
+)
+
+
+def sharded_models(module: cst.Module) -> set[str]:
+    """The models `shard_model(...)` shards: `model`, `self.net`."""
+    return {name_key(call.args[0].value) for call in name_calls(module, SHARD) if call.args} - {
+        None  # type: ignore[arg-type]
+    }
+
+
+def with_receivers(module: cst.Module, names: set[str]) -> set[str]:
+    """`names` and the parameters of the module's functions that receive one of them, at
+    any depth (`def save(net, optim)` called as `save(model, optimizer)`): names as keys,
+    the way the script analysis tracks models."""
+    functions = {f.name.value: f for f in find(module, cst.FunctionDef)}
+    found, grew = set(names), True
+    while grew:
+        grew = False
+        for call in find(module, cst.Call):
+            func = call.func
+            callee = (
+                func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+            )
+            function = functions.get(callee)  # type: ignore[arg-type]
+            if function is None:
+                continue
+            params = [p.name.value for p in function.params.params]
+            if params[:1] == ["self"] and isinstance(func, cst.Attribute):
+                params = params[1:]
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            passed = list(zip(params, positional)) + [
+                (a.keyword.value, a) for a in call.args if a.keyword is not None
+            ]
+            for param, arg in passed:
+                if name_key(arg.value) in found and param not in found:
+                    found.add(param)
+                    grew = True
+    return found
+
+
+def script_functions(module: cst.Module) -> set[str]:
+    """Names of the functions and methods the module defines."""
+    return {function.name.value for function in find(module, cst.FunctionDef)}
+
+
+def runs_sharded_model(call: cst.Call, sharded: set[str], functions: set[str]) -> bool:
+    """Whether `call` needs every process: a forward pass of a sharded model (`model(x)`,
+    `model.generate(x)`), a function of the script given one (`evaluate(model, loader)`), or
+    a helper that gathers its state."""
+    func = call.func
+    if name_key(func) in sharded or is_name(func, *COLLECTIVES):
+        return True
+    if isinstance(func, cst.Attribute) and name_key(func.value) in sharded:
+        return func.attr.value not in _LOCAL_METHODS
+    callee = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    return callee in functions and any(name_key(arg.value) in sharded for arg in call.args)
+
+
+def fresh_name(name: str, bound: set[str]) -> str:
+    """`name`, or `name_2`, ... when the script binds it already."""
+    candidate, number = name, 1
+    while candidate in bound:
+        number += 1
+        candidate = f"{name}_{number}"
+    return candidate

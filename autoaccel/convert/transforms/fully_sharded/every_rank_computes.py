@@ -1,0 +1,43 @@
+"""Refuse where only some processes would run a sharded model.
+
+A sharded model's forward pass and a gathering of its state dict are collectives: every
+process must run them, the same number of times, or the others wait forever. Code under a
+rank test (`if RANK == 0:` of the script, or one the conversion put around a write) that
+calls the model, passes it to a function of the script, or gathers its state cannot be right.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.rank_guards import rank_guarded
+from autoaccel.analysis.shapes import find
+from autoaccel.convert.transforms.distributed._base import DistributedStep
+from autoaccel.convert.transforms.fully_sharded._helpers import SHARD
+from autoaccel.convert.transforms.fully_sharded._sharded import (
+    runs_sharded_model,
+    script_functions,
+    sharded_models,
+)
+
+
+class EveryRankComputes(DistributedStep):
+    DESCRIPTION = "Refuse sharded-model computations that only some processes run."
+    code = "fsdp"
+    needs = (SHARD,)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        sharded, functions = sharded_models(node), script_functions(node)
+        for call in find(node, cst.Call):
+            if runs_sharded_model(call, sharded, functions) and rank_guarded(
+                call, self.ancestors(call)
+            ):
+                self.skipped(
+                    "fully_shard",
+                    "this runs the sharded model (or gathers its state) on some processes only,"
+                    " while every process must take part; compute it into a variable before the"
+                    " rank test, by hand",
+                    call,
+                    wrong=True,
+                )
+                return

@@ -1,0 +1,149 @@
+"""Save and load whole state dicts of sharded models, so checkpoints stay the original's.
+
+Under FSDP `model.state_dict()` holds each process's shards (DTensors) and
+`model.load_state_dict()` of a whole state dict fails. Each `model.state_dict()` becomes
+`full_state_dict(model)`, hoisted into a statement of its own just before the one that
+used it: every process must take part in the gathering, while only rank 0 then saves
+(the next step guards the save). Loads become `load_full_state_dict(model, ...)`, which
+spreads rank 0's state dict over the processes. An optimizer's `state_dict()` and
+`load_state_dict()` of a script with one sharded model get the same treatment.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.rank_guards import mentions_rank
+from autoaccel.analysis.shapes import find, is_method_call
+from autoaccel.convert.transforms.distributed._base import (
+    DistributedStep,
+    parameters_of,
+    parse_statements,
+)
+from autoaccel.convert.transforms.fully_sharded._sharded import (
+    fresh_name,
+    sharded_models,
+    with_receivers,
+)
+from autoaccel.convert.transforms.fully_sharded._helpers import (
+    FULL_OPTIMIZER_STATE,
+    FULL_STATE,
+    LOAD_FULL_OPTIMIZER_STATE,
+    LOAD_FULL_STATE,
+    STATE_CODE,
+)
+
+# What each helper imports from torch.distributed.checkpoint.state_dict.
+_CHECKPOINT_NAMES = {
+    FULL_STATE: ("StateDictOptions", "get_model_state_dict"),
+    LOAD_FULL_STATE: ("StateDictOptions", "set_model_state_dict"),
+    FULL_OPTIMIZER_STATE: ("StateDictOptions", "get_optimizer_state_dict"),
+    LOAD_FULL_OPTIMIZER_STATE: ("StateDictOptions", "set_optimizer_state_dict"),
+}
+
+
+class GatherStateDicts(DistributedStep):
+    DESCRIPTION = "Save and load whole state dicts of FSDP-sharded models."
+    code = "fsdp"
+    needs = ("state_dict",)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.rewrites: dict[cst.Call, cst.BaseExpression] = {}
+        models = sharded_models(node)
+        if not models:
+            return
+        sharded = sorted(with_receivers(node, models))  # `def save(net)` called as `save(model)`
+        optimizers = with_receivers(node, set(self.script.optimizers))
+        bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
+        used: set[str] = set()
+        for call in find(node, cst.Call):
+            if not is_method_call(call, "state_dict", "load_state_dict") or self._in_helper(call):
+                continue
+            owner = name_key(call.func.value)  # type: ignore[attr-defined]
+            model = owner if owner in sharded else None
+            if model is None and owner in optimizers:
+                model = self._model_in_scope(call, models, set(sharded))
+                if model is None:
+                    self._refuse(
+                        call,
+                        f"which sharded model `{owner}` optimizes is not known here; save and"
+                        " load its state with `get_optimizer_state_dict` by hand",
+                    )
+                    continue
+            if model is None:
+                continue
+            optimizer = owner if owner != model else None
+            if call.func.attr.value == "load_state_dict":  # type: ignore[attr-defined]
+                helper = LOAD_FULL_OPTIMIZER_STATE if optimizer else LOAD_FULL_STATE
+                owners = [cst.Arg(cst.parse_expression(k)) for k in (model, optimizer) if k]
+                self.rewrites[call] = cst.Call(cst.Name(helper), [*owners, *call.args])
+                self.changed(
+                    call,
+                    f"`{helper}()`: rank 0's whole state dict loaded into each process's shards",
+                )
+            elif not call.args and self._hoist(call, model, optimizer, bound):
+                helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
+            else:
+                continue
+            used.add(helper)
+        defined = {d.name.value for d in find(node, cst.FunctionDef)}
+        used -= defined
+        for helper in sorted(used):
+            self.define_helper(node, helper, STATE_CODE[helper])
+        if used:  # helpers defined before brought their imports
+            names = sorted({name for helper in used for name in _CHECKPOINT_NAMES[helper]})
+            self.imports.append("from torch.distributed.fsdp import FSDPModule")
+            self.imports.append(
+                f"from torch.distributed.checkpoint.state_dict import {', '.join(names)}"
+            )
+
+    def _hoist(self, call: cst.Call, model: str, optimizer: str | None, bound: set) -> bool:
+        """`state = full_state_dict(model)` before the statement of `call`, which then
+        reads `state`; False (refused) where only some processes run that statement."""
+        owner = optimizer or model
+        if any(isinstance(a, cst.If) and mentions_rank(a.test) for a in self.ancestors(call)):
+            return self._refuse(
+                call,
+                f"`{owner}.state_dict()` runs on one process here, while under FSDP every"
+                " process must take part in gathering it; move it out of the rank test by hand",
+            )
+        name = fresh_name(f"{owner.rpartition('.')[2]}_state", bound)
+        helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
+        arguments = f"{model}, {optimizer}" if optimizer else model
+        statement = self.statement_of(call)
+        self.before.setdefault(statement, []).extend(
+            parse_statements(f"{name} = {helper}({arguments})\n")
+        )
+        self.rewrites[call] = cst.Name(name)
+        self.changed(
+            call, f"`{helper}()`: the whole state dict gathered from every process onto rank 0"
+        )
+        return True
+
+    def _model_in_scope(self, call: cst.Call, models: set[str], sharded: set[str]) -> str | None:
+        """The one sharded model that code at `call` sees: a parameter of its function
+        that receives one, else the script's only sharded model where that is bound."""
+        scope = self.scope_of(call)
+        received = [p for p in parameters_of(scope) if p in sharded]
+        if len(received) == 1:
+            return received[0]
+        if received or len(models) != 1:
+            return None
+        (model,) = models
+        bound_here = scope is None or any(
+            name_key(t.target) == model for t in find(scope, cst.AssignTarget)
+        )
+        return model if bound_here or model.startswith("self.") else None
+
+    def _in_helper(self, call: cst.Call) -> bool:
+        """Whether `call` is the plain-module branch of one of the helpers."""
+        scope = self.scope_of(call)
+        return scope is not None and scope.name.value in STATE_CODE
+
+    def _refuse(self, node: cst.CSTNode, reason: str) -> bool:
+        self.skipped("full state dict", reason, node, wrong=True)
+        return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return self.rewrites.get(original_node, updated_node)

@@ -1,0 +1,182 @@
+"""Shard each trained model with FSDP2's `fully_shard`, before its optimizer is built.
+
+`if DISTRIBUTED: shard_model(model)` goes right after the model is built and on its
+device. `fully_shard` turns the model's parameters into DTensors in place, so the
+training loop keeps calling `model(...)`; an optimizer built from the parameters before
+that point would hold the unsharded ones, so its construction moves after it. Code that
+reads a parameter's tensor (`.data`) or pickles the whole model would see one shard:
+the conversion refuses it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import find, is_method_call
+from autoaccel.convert.transforms.distributed._base import (
+    DISTRIBUTED,
+    DistributedStep,
+    TrainedModel,
+    parse_statements,
+)
+from autoaccel.convert.transforms.fully_sharded._helpers import SHARD, shard_code
+from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
+
+_PARAMETERS = ("parameters", "named_parameters")
+# Methods that leave a module's parameters where they are (a sharded model takes them).
+_KEEPS_MODULE = frozenset({*_PARAMETERS, "load_state_dict", "state_dict", "train", "eval"})
+
+
+class ShardModel(DistributedStep):
+    DESCRIPTION = "Shard the trained model(s) with FSDP2's fully_shard."
+    code = "fsdp"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        sharded = sharded_models(node)
+        models = [model for model in self.trained_models(node) if model.key not in sharded]
+        if not models and not sharded and self.train_loops():
+            self.skipped(
+                "fully_shard",
+                "no trained model was recognised in this training loop, so nothing is sharded"
+                " and every process trains its own copy; call `fully_shard` on the model by hand",
+                self.train_loops()[0],
+                wrong=True,
+            )
+        shardable = [model for model in models if not self._refused(node, model)]
+        for model in shardable:
+            self._shard(model)
+        if shardable:
+            code, imports = shard_code(self.options)
+            self.define_helper(node, SHARD, code)
+            self.imports.append(imports)
+
+    def _shard(self, model: TrainedModel) -> None:
+        """Shard after `model.anchor`, the optimizers built before it moving after the
+        sharding; or, where the statements from the first optimizer on only load a state
+        into the model, just before that optimizer."""
+        moved = self._optimizers_built_before(model)
+        anchor = model.anchor
+        code = parse_statements(
+            "# sharded with FSDP2 when distributed: each process keeps a share of the\n"
+            "# parameters, gradients and optimizer state\n"
+            f"if {DISTRIBUTED}:\n"
+            f"    {SHARD}({model.key})\n"
+        )
+        if moved and not self._changes_model_after(model, moved[0]):
+            self.before.setdefault(moved[0], []).extend(code)
+            anchor = moved[0]
+        else:
+            for statement in moved:
+                self.replace[statement] = []
+                self.changed(
+                    statement,
+                    f"optimizer built after `{model.key}` is sharded (it holds the sharded"
+                    " parameters)",
+                )
+            self.after.setdefault(anchor, []).extend(
+                code + [s.with_changes(leading_lines=[]) if i else s for i, s in enumerate(moved)]
+            )
+        self.changed(
+            anchor,
+            f"`{model.key}` sharded with fully_shard (its repeated blocks, then the whole model)",
+        )
+
+    def _changes_model_after(self, model: TrainedModel, start: cst.BaseStatement) -> bool:
+        """Whether a statement from `start` to `model.anchor` rebinds the model or calls a
+        method of it other than a state load (`model.to(device)`, `model.apply(init)`)."""
+        body = list(model.block.body)
+        for statement in body[body.index(start) : body.index(model.anchor) + 1]:
+            if any(name_key(t.target) == model.key for t in find(statement, cst.AssignTarget)):
+                return True
+            for call in find(statement, cst.Call):
+                if isinstance(call.func, cst.Attribute) and name_key(call.func.value) == model.key:
+                    if call.func.attr.value not in _KEEPS_MODULE:
+                        return True
+        return False
+
+    def _optimizers_built_before(self, model: TrainedModel) -> list[cst.BaseStatement]:
+        """The statements before `model.anchor` that build an optimizer from the model's
+        parameters."""
+        body = list(model.block.body)
+        return [
+            statement
+            for statement in body[: body.index(model.anchor)]
+            if any(_parameters_of(call, model.key) for call in find(statement, cst.Call))
+        ]
+
+    def _refused(self, module: cst.Module, model: TrainedModel) -> bool:
+        """Log why `model` cannot be sharded right (and return True), if it cannot."""
+        moved = self._optimizers_built_before(model)
+        body = list(model.block.body)
+        if moved and self._changes_model_after(model, moved[0]):
+            bound = {name_key(t.target) for s in moved for t in find(s, cst.AssignTarget)}
+            between = body[body.index(moved[0]) + 1 : body.index(model.anchor) + 1]
+            user = next(
+                (
+                    s
+                    for s in between
+                    if s not in moved and any(name_key(n) in bound for n in find(s, cst.Name))
+                ),
+                None,
+            )
+            if user is not None:
+                return self._refuse(
+                    user,
+                    f"this uses the optimizer of `{model.key}` before the model is ready to"
+                    " shard; build the optimizer after the model is on its device, then convert",
+                )
+        after = body[body.index(model.anchor) + 1 :]
+        for node in [*after, *self.train_code()]:
+            for attribute in find(node, cst.Attribute):
+                if attribute.attr.value == "data" and _reads_parameter(
+                    attribute.value, model.key, node
+                ):
+                    return self._refuse(
+                        attribute,
+                        f"this reads a parameter's tensor of `{model.key}` (`.data`), which"
+                        " FSDP shards over the processes (a DTensor); read it before sharding"
+                        " or through `.full_tensor()` by hand",
+                    )
+            for call in find(node, cst.Call):
+                if (
+                    "torch.save" in self.qualified_names(call.func)
+                    and call.args
+                    and name_key(call.args[0].value) == model.key
+                ):
+                    return self._refuse(
+                        call,
+                        f"this pickles the whole `{model.key}`, whose parameters FSDP shards"
+                        f" over the processes; save `{model.key}.state_dict()` instead, then"
+                        " convert",
+                    )
+        return False
+
+    def _refuse(self, node: cst.CSTNode, reason: str) -> bool:
+        self.skipped("fully_shard", reason, node, wrong=True)
+        return True
+
+
+def _reads_parameter(value: cst.BaseExpression, key: str, scope: cst.CSTNode) -> bool:
+    """Whether `value` (of `value.data`) is a parameter of the model `key`: an attribute
+    of it (`model.fc.weight`), or the variable of a loop over its parameters."""
+    root = value
+    while isinstance(root, (cst.Attribute, cst.Subscript)):
+        if name_key(root) == key:
+            return True
+        root = root.value
+    if name_key(root) == key:
+        return value is not root
+    if not isinstance(root, cst.Name):
+        return False
+    return any(
+        _parameters_of(loop.iter, key)
+        and root.value in {n.value for n in find(loop.target, cst.Name)}
+        for loop in find(scope, cst.For)
+    )
+
+
+def _parameters_of(node: cst.CSTNode, key: str) -> bool:
+    """`key.parameters()` or `key.named_parameters()`."""
+    method = node.func if is_method_call(node, *_PARAMETERS) else None  # type: ignore[attr-defined]
+    return method is not None and name_key(method.value) == key

@@ -1,0 +1,301 @@
+"""`convert --to fsdp`, one test per behaviour, on small scripts; and the fixtures of
+fixtures/fsdp/ against their snapshots (tests/snapshots/fsdp/, regenerated with
+AUTOACCEL_UPDATE_SNAPSHOTS=1). tests/test_convert_fsdp_runs.py runs them."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import Conversion, convert_source
+from autoaccel.convert.transforms.distributed import DDP_STEPS, GuardRankZero, WrapModel
+from autoaccel.convert.transforms.fully_sharded import FSDP_STEPS, ShardModel
+
+FSDP = ConvertOptions(target="fsdp", amp="off")
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp"
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots" / "fsdp"
+UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
+
+TRAIN = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def main():
+    loader = DataLoader(torch.randn(64, 4), batch_size=8)
+{build}
+    for epoch in range(2):
+        for x in loader:
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+{after}
+
+main()
+"""
+
+
+def convert(build: str, after: str = "", options: ConvertOptions = FSDP) -> Conversion:
+    """TRAIN with `build` (the model and optimizer) and `after` (code after training),
+    both given at the indentation of main()'s body, converted."""
+    source = TRAIN.format(
+        build=textwrap.indent(textwrap.dedent(build), "    "),
+        after=textwrap.indent(textwrap.dedent(after), "    "),
+    )
+    return convert_source(source, options, "train.py")
+
+
+def body_of_main(conversion: Conversion) -> str:
+    text = conversion.converted
+    return text[text.index("def main():") :]
+
+
+def refusals(conversion: Conversion) -> list[str]:
+    return [item.reason for item in conversion.log.skipped if item.wrong]
+
+
+def test_fsdp_steps_replace_ddp_wrapping_and_keep_the_rest():
+    assert ShardModel in FSDP_STEPS and WrapModel not in FSDP_STEPS
+    kept = [step for step in DDP_STEPS if step in FSDP_STEPS]
+    assert kept == [step for step in FSDP_STEPS if step in DDP_STEPS]  # same order
+    assert GuardRankZero not in FSDP_STEPS  # its subclass that keeps gathering functions
+
+
+def test_shards_after_the_model_is_on_its_device():
+    conversion = convert("""\
+        model = Net().to("cpu")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        """)
+    main = body_of_main(conversion)
+    assert 'model = Net().to("cpu")\n' in main
+    assert main.index("shard_model(model)") < main.index("optimizer = torch.optim.SGD")
+    assert "    if DISTRIBUTED:\n        shard_model(model)\n" in main
+    assert "fully_shard(block, **policies)" in conversion.converted
+    assert not refusals(conversion)
+
+
+def test_two_models_share_one_helper():
+    source = textwrap.dedent(
+        """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(torch.randn(64, 4), batch_size=8)
+        encoder = torch.nn.Linear(4, 4)
+        decoder = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.SGD([*encoder.parameters(), *decoder.parameters()], lr=0.1)
+        for x in loader:
+            loss = (decoder(encoder(x)) - x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """
+    )
+    converted = convert_source(source, FSDP, "train.py").converted
+    assert converted.count("def shard_model(") == 1
+    assert "shard_model(encoder)" in converted and "shard_model(decoder)" in converted
+
+
+def test_moves_an_optimizer_built_before_the_model_moves():
+    conversion = convert("""\
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.to("cpu")
+        """)
+    main = body_of_main(conversion)
+    assert (
+        main.index('model.to("cpu")') < main.index("shard_model(model)") < main.index("optimizer =")
+    )
+    assert main.count("optimizer = torch.optim.SGD") == 1
+
+
+def test_shards_before_an_optimizer_that_only_a_state_load_follows():
+    conversion = convert("""\
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = torch.load("ckpt.pt")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        """)
+    main = body_of_main(conversion)
+    assert main.index("shard_model(model)") < main.index("optimizer = torch.optim.SGD")
+    assert 'load_full_state_dict(model, state["model"])' in main
+    assert 'load_full_optimizer_state_dict(model, optimizer, state["optimizer"])' in main
+    assert "broadcast_from_rank0=True" in conversion.converted
+
+
+def test_refuses_an_optimizer_used_before_the_model_is_ready():
+    conversion = convert("""\
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+        model.to("cpu")
+        """)
+    assert any("uses the optimizer of `model`" in reason for reason in refusals(conversion))
+
+
+def test_gathers_the_state_dict_on_every_rank_and_saves_on_rank_zero():
+    conversion = convert(
+        """\
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        """,
+        'torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "c.pt")\n',
+    )
+    main = body_of_main(conversion)
+    assert (
+        "    model_state = full_state_dict(model)\n"
+        "    optimizer_state = full_optimizer_state_dict(model, optimizer)\n"
+        "    if RANK == 0:\n"
+        '        torch.save({"model": model_state, "optimizer": optimizer_state}, "c.pt")\n'
+    ) in main
+    assert "full_state_dict=True, cpu_offload=True" in conversion.converted
+
+
+def test_a_checkpoint_function_keeps_running_on_every_rank():
+    """Its parameters receive the sharded model and its optimizer under other names."""
+    source = TRAIN.format(
+        build="    model = Net()\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        after="    save(model, optimizer)\n",
+    ).replace(
+        "def main():",
+        "def save(net, optim):\n"
+        '    torch.save({"net": net.state_dict(), "optim": optim.state_dict()}, "m.pt")\n\n\n'
+        "def main():",
+    )
+    converted = convert_source(source, FSDP, "train.py").converted
+    assert (
+        "def save(net, optim):\n"
+        "    net_state = full_state_dict(net)\n"
+        "    optim_state = full_optimizer_state_dict(net, optim)\n"
+        "    if RANK == 0:\n"
+        '        torch.save({"net": net_state, "optim": optim_state}, "m.pt")\n'
+    ) in converted
+    assert "return  # only rank 0 writes" not in converted
+
+
+@pytest.mark.parametrize(
+    "after, reason",
+    [
+        pytest.param(
+            "print(model.layers[0].weight.data.norm())\n", "(`.data`)", id="attribute-data"
+        ),
+        pytest.param(
+            "for p in model.parameters():\n    p.data.clamp_(-1, 1)\n", "(`.data`)", id="loop-data"
+        ),
+        pytest.param(
+            'torch.save(model, "model.pt")\n', "pickles the whole `model`", id="pickled-model"
+        ),
+        pytest.param(
+            "if torch.distributed.get_rank() == 0:\n    print(model(torch.randn(1, 4)))\n",
+            "on some processes only",
+            id="forward-under-a-rank-test",
+        ),
+    ],
+)
+def test_refuses_what_sharding_would_break(after, reason):
+    conversion = convert(
+        "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n", after
+    )
+    assert any(reason in found for found in refusals(conversion)), conversion.log.skipped
+
+
+def test_a_print_of_a_forward_pass_computes_it_on_every_rank_first():
+    conversion = convert(
+        "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        'print(f"norm {model(torch.ones(1, 4)).norm():.3f}")\nprint(model)\n',
+    )
+    main = body_of_main(conversion)
+    assert (
+        "    model_result = model(torch.ones(1, 4))\n"
+        "    if RANK == 0:\n"
+        '        print(f"norm {model_result.norm():.3f}")\n'
+        "        print(model)\n"
+    ) in main
+    assert not refusals(conversion)
+
+
+def test_bf16_uses_a_mixed_precision_policy_on_gpus_instead_of_autocast():
+    conversion = convert(
+        "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        options=ConvertOptions(target="fsdp", amp="bf16"),
+    )
+    assert (
+        "    if next(model.parameters()).is_cuda:\n        # bf16 compute, fp32 gradient averaging\n"
+        in conversion.converted
+    )
+    assert "param_dtype=torch.bfloat16, reduce_dtype=torch.float32" in conversion.converted
+    assert "autocast" not in conversion.converted
+    assert (
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+        in conversion.converted
+    )
+
+
+def test_amp_off_keeps_fp32_and_cpu_offload_is_opt_in():
+    build = "model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    plain = convert(build).converted
+    assert "MixedPrecisionPolicy" not in plain and "CPUOffloadPolicy" not in plain
+    offloaded = convert(
+        build, options=ConvertOptions(target="fsdp", amp="off", cpu_offload=True)
+    ).converted
+    assert 'policies["offload_policy"] = CPUOffloadPolicy()' in offloaded
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        pytest.param(("--to", "fsdp", "--amp", "fp16"), "use --amp bf16 or off", id="fp16"),
+        pytest.param(
+            ("--to", "ddp", "--cpu-offload"),
+            "--cpu-offload shards with --to fsdp only",
+            id="offload-ddp",
+        ),
+    ],
+)
+def test_cli_rejects_options_fsdp_cannot_honour(cli, tmp_path, options, message):
+    (tmp_path / "train.py").write_text("import torch\n")
+    run = cli("convert", "train.py", *options)
+    assert run.exit_code == 2
+    assert message in run.stderr
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.py")))
+def test_fixture_matches_snapshot(name):
+    converted = convert_source((FIXTURES / name).read_text(), FSDP, name).converted
+    snapshot = SNAPSHOTS / name
+    if UPDATE:
+        SNAPSHOTS.mkdir(exist_ok=True)
+        snapshot.write_text(converted)
+    assert converted == snapshot.read_text()
+
+
+def test_cli_refuses_with_the_line_and_writes_nothing(cli, tmp_path):
+    script = TRAIN.format(
+        build="    model = Net()\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        after="    print(model.layers[0].weight.data.norm())\n",
+    )
+    (tmp_path / "train.py").write_text(script)
+    line = script.splitlines().index("    print(model.layers[0].weight.data.norm())") + 1
+    run = cli("convert", "train.py", "--to", "fsdp", "-o", "out.py")
+    assert run.exit_code == 1
+    assert f"train.py:{line}:1: error: fully_shard not applied" in run.stderr
+    assert "--to fsdp refused" in run.stderr
+    assert not (tmp_path / "out.py").exists()
