@@ -299,3 +299,13 @@ def test_cli_refuses_with_the_line_and_writes_nothing(cli, tmp_path):
     assert f"train.py:{line}:1: error: fully_shard not applied" in run.stderr
     assert "--to fsdp refused" in run.stderr
     assert not (tmp_path / "out.py").exists()
+
+
+@pytest.mark.parametrize("name", ["horovod_mnist.py", "apex_parallel.py", "launch_local_rank.py"])
+def test_legacy_distributed_scripts_are_migrated_by_ddp_only(name):
+    """Horovod and launch-style migrations are --to ddp's: under fsdp the script's own
+    distributed set-up is refused, not half-migrated."""
+    source = (FIXTURES.parent / "legacy_distributed" / name).read_text()
+    conversion = convert_source(source, FSDP, name)
+    found = refusals(conversion)
+    assert any("already sets up torch.distributed" in r or "does not migrate Horovod" in r for r in found), found

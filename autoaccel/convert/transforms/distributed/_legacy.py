@@ -41,6 +41,8 @@ class LegacyMigration:
     # The top-level package: its import lines (`import apex`) go too once no name of it
     # is left; default `root`.
     package: str = ""
+    # Why a use that is left is refused.
+    left_over = "no torchrun rewrite for this use of {library}; migrate it by hand"
 
     def start_migration(self) -> None:
         self.expressions: dict[cst.CSTNode, cst.BaseExpression] = {}
@@ -110,7 +112,7 @@ class LegacyMigration:
             for node, what in self.problems:
                 self.skipped(  # type: ignore[attr-defined]
                     self.library,
-                    f"{what}: no torchrun rewrite for this use of {self.library}; migrate it by hand",
+                    f"{what}: {self.left_over.format(library=self.library)}",
                     node,
                     wrong=True,
                 )

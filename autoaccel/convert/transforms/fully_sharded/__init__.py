@@ -4,12 +4,16 @@ with the model sharded by FSDP2's `fully_shard` instead of wrapped in DDP.
 Two DDP steps are left out: `NoSyncAccumulation` (it needs a DDP wrapper; FSDP reduces
 gradients on every micro-step, which is slower but right) and `ShardEvaluation` (a forward
 of a sharded model needs every process, so every process evaluates the whole set, as many
-batches as the others).
+batches as the others). The migrations of Horovod and `torch.distributed.launch` scripts
+are ddp's only: a launch or apex.parallel script is refused by `InitProcessGroup` ("already
+sets up torch.distributed"), each use of Horovod by `RefuseHorovod`.
 """
 
 from autoaccel.convert.transforms.distributed import (
     DDP_STEPS,
     GuardRankZero,
+    MigrateHorovod,
+    MigrateLaunch,
     NoSyncAccumulation,
     ShardEvaluation,
     WrapModel,
@@ -20,10 +24,12 @@ from autoaccel.convert.transforms.fully_sharded.compute_before_printing import (
 from autoaccel.convert.transforms.fully_sharded.every_rank_computes import EveryRankComputes
 from autoaccel.convert.transforms.fully_sharded.gather_state_dicts import GatherStateDicts
 from autoaccel.convert.transforms.fully_sharded.guard_rank_zero import GuardRankZeroGathering
+from autoaccel.convert.transforms.fully_sharded.refuse_horovod import RefuseHorovod
 from autoaccel.convert.transforms.fully_sharded.shard_model import ShardModel
 
 _REPLACED = {
     WrapModel: [ShardModel],
+    MigrateHorovod: [RefuseHorovod],
     GuardRankZero: [
         GatherStateDicts,
         ComputeBeforePrinting,
@@ -31,7 +37,7 @@ _REPLACED = {
         EveryRankComputes,
     ],
 }
-_LEFT_OUT = (NoSyncAccumulation, ShardEvaluation)
+_LEFT_OUT = (NoSyncAccumulation, ShardEvaluation, MigrateLaunch)
 
 FSDP_STEPS = [
     replacement
