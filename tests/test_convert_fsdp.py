@@ -309,3 +309,13 @@ def test_legacy_distributed_scripts_are_migrated_by_ddp_only(name):
     conversion = convert_source(source, FSDP, name)
     found = refusals(conversion)
     assert any("already sets up torch.distributed" in r or "does not migrate Horovod" in r for r in found), found
+
+
+def test_sharded_models_are_freed_before_the_process_group():
+    """Freed at exit, after the process group, FSDP's state aborted 2 of 8 CPU runs of
+    clip_resume.py (exit -6, "terminate called without an active exception"); with a
+    collection first, 0 of 14."""
+    conversion = convert("model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    text = conversion.converted
+    assert "import gc\n" in text
+    assert text.index("gc.collect()") < text.index("dist.destroy_process_group()")

@@ -3,6 +3,7 @@ epoch and reloading it: at the start with `--resume`, and at the end to evaluate
 epoch's weights (fsdp fixture). Trains in about a second on a CPU.
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -225,4 +226,7 @@ if __name__ == "__main__":
     main()
 
     if DISTRIBUTED:
+        # free the sharded models first: left for the exit, after the process group,
+        # they can abort the process
+        gc.collect()
         dist.destroy_process_group()

@@ -3,6 +3,7 @@
 The class of an image is the quadrant where its bright square sits. Trains in about a
 second on a CPU.
 """
+import gc
 import os
 import warnings
 
@@ -137,4 +138,7 @@ if __name__ == "__main__":
     main()
 
     if DISTRIBUTED:
+        # free the sharded models first: left for the exit, after the process group,
+        # they can abort the process
+        gc.collect()
         dist.destroy_process_group()

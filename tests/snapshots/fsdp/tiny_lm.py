@@ -4,6 +4,7 @@ The layers sit in an `nn.ModuleList`; the optimizer is built before the model mo
 its device, so `--to fsdp` must build it after sharding. Trains in about a second on a CPU.
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -171,4 +172,7 @@ if __name__ == "__main__":
     main()
 
     if DISTRIBUTED:
+        # free the sharded models first: left for the exit, after the process group,
+        # they can abort the process
+        gc.collect()
         dist.destroy_process_group()

@@ -3,6 +3,8 @@ its `if __name__ == "__main__":` block."""
 
 from __future__ import annotations
 
+import textwrap
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -19,6 +21,8 @@ _MAIN = m.If(test=m.Comparison(left=m.Name("__name__")))
 class DestroyProcessGroup(DistributedStep):
     DESCRIPTION = "Destroy the process group at the end of the script."
     entry_only = True
+    ending = "dist.destroy_process_group()\n"  # the block's body, without its indentation
+    imports_needed: tuple[str, ...] = ()
 
     def visit_Module(self, node: cst.Module) -> None:
         if method_calls(node, "destroy_process_group"):
@@ -27,6 +31,7 @@ class DestroyProcessGroup(DistributedStep):
         if m.matches(last, _MAIN) and isinstance(last.body, cst.IndentedBlock):  # type: ignore[attr-defined]
             last = last.body.body[-1]  # type: ignore[attr-defined]
         self.after.setdefault(last, []).extend(
-            parse_statements(f"\nif {DISTRIBUTED}:\n    dist.destroy_process_group()\n")
+            parse_statements(f"\nif {DISTRIBUTED}:\n{textwrap.indent(self.ending, '    ')}")
         )
+        self.imports.extend(self.imports_needed)
         self.changed(last, "process group destroyed at the end")

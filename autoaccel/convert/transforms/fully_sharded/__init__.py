@@ -11,6 +11,7 @@ sets up torch.distributed"), each use of Horovod by `RefuseHorovod`.
 
 from autoaccel.convert.transforms.distributed import (
     DDP_STEPS,
+    DestroyProcessGroup,
     GuardRankZero,
     MigrateHorovod,
     MigrateLaunch,
@@ -21,6 +22,7 @@ from autoaccel.convert.transforms.distributed import (
 from autoaccel.convert.transforms.fully_sharded.compute_before_printing import (
     ComputeBeforePrinting,
 )
+from autoaccel.convert.transforms.fully_sharded.destroy_after_models import DestroyAfterModels
 from autoaccel.convert.transforms.fully_sharded.every_rank_computes import EveryRankComputes
 from autoaccel.convert.transforms.fully_sharded.gather_state_dicts import GatherStateDicts
 from autoaccel.convert.transforms.fully_sharded.guard_rank_zero import GuardRankZeroGathering
@@ -30,6 +32,7 @@ from autoaccel.convert.transforms.fully_sharded.shard_model import ShardModel
 _REPLACED = {
     WrapModel: [ShardModel],
     MigrateHorovod: [RefuseHorovod],
+    DestroyProcessGroup: [DestroyAfterModels],
     GuardRankZero: [
         GatherStateDicts,
         ComputeBeforePrinting,
