@@ -31,7 +31,8 @@ reads it back from there), so that a trial run leaves the script's checkpoints a
 The record also has ``saves`` (the paths each ``torch.save`` call wrote) and
 ``param_digest`` (per optimizer, then per model wrapped in DDP, the sum and the sum of
 absolute values of its parameters at the end, in float64: equal on every rank of a distributed run when the gradients were
-synchronised). In a distributed run (``WORLD_SIZE`` > 1) each step also records which
+synchronised), and ``first_param_digest``, the same at the first step, before any update
+(an optimizer whose parameters it never changes trains nothing). In a distributed run (``WORLD_SIZE`` > 1) each step also records which
 samples it trained on,
 ``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
 DataLoader in the order the script starts them (the same order on every rank), or None when
@@ -88,6 +89,7 @@ class StepRecord:
     sample_ids: list[Any] | None = None  # per step: [pass, indices] or None (distributed runs)
     saves: list[str] = field(default_factory=list)  # paths torch.save wrote
     param_digest: list[list[float]] = field(default_factory=list)  # per optimizer: [sum, abs sum]
+    first_param_digest: list[list[float]] = field(default_factory=list)  # the same, at step 1
     end_time: float | None = None
     peak_rss_bytes: int | None = None
     peak_cuda_bytes: int | None = None
@@ -240,6 +242,8 @@ class _StepRecorder:
             self.record.sample_ids.append(self.last_ids)
             self.last_ids = None
         steps = len(self.record.times)
+        if steps == 1:
+            self.record.first_param_digest = self._param_digest()
         last = steps == self.max_steps
         if self.progress is not None and (last or now - self.progress_written >= PROGRESS_INTERVAL):
             self.progress.write_text(str(steps))

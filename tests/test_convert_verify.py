@@ -29,7 +29,8 @@ def _ids(rank: int) -> list:
 def _rank(rank: int, **fields) -> dict:
     record = {
         "rank": rank, "exit": "max-steps", "losses": [1.0, 0.8, 0.6, 0.5],
-        "sample_ids": _ids(rank), "param_digest": [[1.5, 3.0]], "saves": [],
+        "sample_ids": _ids(rank), "first_param_digest": [[1.0, 2.0]], "param_digest": [[1.5, 3.0]],
+        "saves": [],
     }  # fmt: skip
     return {**record, **fields}
 
@@ -39,7 +40,14 @@ def _run(*ranks: dict) -> Run:
     return Run(merged, 0, "", list(ranks))
 
 
-ORIGINAL = Run({"losses": [1.0, 0.8, 0.6, 0.5], "exit": "max-steps"}, 0, "")
+ORIGINAL = Run(
+    {
+        "losses": [1.0, 0.8, 0.6, 0.5], "exit": "max-steps",
+        "first_param_digest": [[1.0, 2.0]], "param_digest": [[1.4, 2.9]],
+    },
+    0,
+    "",
+)  # fmt: skip
 
 
 def _failed(found: list[Check]) -> dict[str, str]:
@@ -51,9 +59,19 @@ def test_a_good_distributed_run_passes_every_check():
     assert _failed(found) == {}
     assert [c.name for c in found] == [
         "every process finishes", "processes train on different data",
-        "parameters equal on every process", "one process writes each file",
-        "loss close to the original's",
+        "parameters equal on every process", "the optimizers update the model",
+        "one process writes each file", "loss close to the original's",
     ]  # fmt: skip
+
+
+def test_an_optimizer_that_never_changes_its_parameters_fails():
+    """minGPT's optimizer, built by `model.configure_optimizers()` before fully_shard,
+    held the unsharded tensors: the model never trained, yet the loss check passed (28%
+    off, under its 30% tolerance)."""
+    stale = {"first_param_digest": [[1.5, 3.0]]}
+    failed = _failed(checks(ORIGINAL, _run(_rank(0, **stale), _rank(1, **stale))))
+    assert list(failed) == ["the optimizers update the model"]
+    assert "parameter set 1 never changes" in failed["the optimizers update the model"]
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ reach. Two kinds of questions are answered:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -128,6 +129,13 @@ class ScriptModel:
     def trains(self, obj: Obj) -> bool:
         """Whether an optimizer updates the parameters of `obj`."""
         return trains(self.training, obj)
+
+    def names_of(self, objects: Collection[Obj]) -> set[str]:
+        """The names of this module (`model`, `self.net`) that may hold one of `objects`,
+        wherever in the program those were made."""
+        if self.program is None or self.module is None:
+            return set()
+        return {key for key, values in _spelled_values(self) if not values.isdisjoint(objects)}
 
     def runs_training(self, node: cst.CSTNode) -> bool:
         """Whether `node` (a statement of this module) holds a training step loop or calls
@@ -327,16 +335,7 @@ def _fill(model: ScriptModel) -> ScriptModel:
     """The facts of `model.module` that come from the program: spellings and loops."""
     program, module, training = model.program, model.module, model.training
     assert program is not None and module is not None
-    own = module.scope
-    for (owner, name), objects in program.values.items():
-        if isinstance(owner, Scope) and owner.module is own:
-            if name == "self":
-                continue  # the instance inside its own methods: not a name for the object
-            key = name
-        elif isinstance(owner, ClassInfo) and owner.module is module:
-            key = f"self.{name}"
-        else:
-            continue
+    for key, objects in _spelled_values(model):
         for obj in objects:
             _file(model, key, obj)
     for node, loop in training.step_loops.items():
@@ -352,6 +351,19 @@ def _fill(model: ScriptModel) -> ScriptModel:
                 if key is not None:
                     model.trained.add(key)
     return model
+
+
+def _spelled_values(model: ScriptModel) -> Iterator[tuple[str, set[Obj]]]:
+    """The names of `model.module` (`model`, `self.net`: name keys) with what each may hold."""
+    program, module = model.program, model.module
+    assert program is not None and module is not None
+    own = module.scope
+    for (owner, name), objects in program.values.items():
+        if isinstance(owner, Scope) and owner.module is own:
+            if name != "self":  # the instance inside its own methods: not a name for the object
+                yield name, objects
+        elif isinstance(owner, ClassInfo) and owner.module is module:
+            yield f"self.{name}", objects
 
 
 def _file(model: ScriptModel, key: str, obj: Obj) -> None:

@@ -12,6 +12,8 @@ make on the fixtures:
 * every process finishes (a hang is stopped after the timeout);
 * the processes train on disjoint samples (with no DataLoader: not on the same data);
 * the parameters are equal on every process after the same steps;
+* the optimizers change the parameters they hold wherever the original's do (an
+  optimizer built before the model was sharded holds tensors the model no longer uses);
 * no file is written by more than one process;
 * the loss stays close to the original's (the mean over the second half of the steps).
 """
@@ -124,6 +126,7 @@ def checks(original: Run, ddp: Run) -> list[Check]:
         finished,
         _disjoint(ranks),
         _same_parameters(ranks),
+        _parameters_train(original, ranks[0]),
         _one_writer(ranks),
         _close_loss(original, ddp),
     ]
@@ -184,6 +187,31 @@ def _same_parameters(ranks: list[dict[str, Any]]) -> Check:
         ):
             return Check(name, False, "the processes' parameters differ after the same steps: gradients are not synchronised")
     return Check(name, True, f"{len(reference)} parameter set(s) (optimizers, DDP models), the same")
+
+
+def _parameters_train(original: Run, rank: dict[str, Any]) -> Check:
+    """Each parameter set the original's training changes changes in the conversion too
+    (compared set by set when both have as many, else as a whole)."""
+    name = "the optimizers update the model"
+    before, after = original.record.get("first_param_digest") or [], original.record.get("param_digest") or []
+    mine, mine_after = rank.get("first_param_digest") or [], rank.get("param_digest") or []
+    trained = [a != b for a, b in zip(before, after)]
+    updated = [a != b for a, b in zip(mine, mine_after)]
+    if not any(trained):
+        return Check(name, True, "the original changes no parameter set it records: not checked")
+    if len(trained) == len(updated):
+        stale = [i for i, (t, u) in enumerate(zip(trained, updated)) if t and not u]
+    else:
+        stale = [] if any(updated) else [0]
+    if stale:
+        return Check(
+            name,
+            False,
+            f"parameter set {stale[0] + 1} never changes in the conversion, though the original"
+            " trains it: its optimizer holds tensors the model no longer computes with (built"
+            " before the model was wrapped or sharded?)",
+        )
+    return Check(name, True, f"{sum(trained)} parameter set(s) trained, as in the original")
 
 
 def _one_writer(ranks: list[dict[str, Any]]) -> Check:

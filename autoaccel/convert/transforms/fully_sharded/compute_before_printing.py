@@ -31,7 +31,7 @@ class ComputeBeforePrinting(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.hoisted: dict[cst.Call, cst.Name] = {}
-        sharded, functions = sharded_models(node), script_functions(node)
+        sharded, functions = sharded_models(node, self.script), script_functions(node)
         bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         for call in find(node, cst.Call):
             if not self.qualified_names(call.func) & PRINTS or rank_guarded(

@@ -27,7 +27,7 @@ class EveryRankComputes(DistributedStep):
     needs = (SHARD,)
 
     def visit_Module(self, node: cst.Module) -> None:
-        sharded, functions = sharded_models(node), script_functions(node)
+        sharded, functions = sharded_models(node, self.script), script_functions(node)
         for call in find(node, cst.Call):
             if runs_sharded_model(call, sharded, functions) and rank_guarded(
                 call, self.ancestors(call)

@@ -50,7 +50,7 @@ class GatherStateDicts(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.rewrites: dict[cst.Call, cst.BaseExpression] = {}
-        models = sharded_models(node)
+        models = sharded_models(node, self.script)
         if not models:
             return
         sharded = sorted(with_receivers(node, models))  # `def save(net)` called as `save(model)`

@@ -13,6 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import Kind
 from autoaccel.analysis.shapes import find, is_method_call
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -21,7 +22,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
 )
 from autoaccel.convert.transforms.fully_sharded._helpers import SHARD, shard_code
-from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
+from autoaccel.convert.transforms.fully_sharded._sharded import given_to_shard
 
 _PARAMETERS = ("parameters", "named_parameters")
 # Methods that leave a module's parameters where they are (a sharded model takes them).
@@ -33,7 +34,7 @@ class ShardModel(DistributedStep):
     code = "fsdp"
 
     def visit_Module(self, node: cst.Module) -> None:
-        sharded = sharded_models(node)
+        sharded = given_to_shard(node)
         models = [model for model in self.trained_models(node) if model.key not in sharded]
         if not models and not sharded and self.train_loops():
             self.skipped(
@@ -96,13 +97,18 @@ class ShardModel(DistributedStep):
         return False
 
     def _optimizers_built_before(self, model: TrainedModel) -> list[cst.BaseStatement]:
-        """The statements before `model.anchor` that build an optimizer from the model's
-        parameters."""
+        """The statements before `model.anchor` that build an optimizer: from the model's
+        parameters, or through a function of the project that does (minGPT's
+        `self.optimizer = model.configure_optimizers(config)`)."""
         body = list(model.block.body)
         return [
             statement
             for statement in body[: body.index(model.anchor)]
-            if any(_parameters_of(call, model.key) for call in find(statement, cst.Call))
+            if any(
+                _parameters_of(call, model.key)
+                or any(obj.kind is Kind.OPTIMIZER for obj in self.script.values(call))
+                for call in find(statement, cst.Call)
+            )
         ]
 
     def _refused(self, module: cst.Module, model: TrainedModel) -> bool:
