@@ -126,6 +126,21 @@ def test_moves_an_optimizer_built_before_the_model_moves():
     assert main.count("optimizer = torch.optim.SGD") == 1
 
 
+def test_moves_an_optimizer_a_method_of_the_model_builds():
+    """minGPT's `model.configure_optimizers(config)`: left before fully_shard, the
+    optimizer held the unsharded tensors and the model never trained."""
+    source = TRAIN.replace(
+        "        return x\n",
+        "        return x\n\n    def configure_optimizers(self, lr):\n"
+        "        return torch.optim.AdamW(self.parameters(), lr=lr)\n",
+    ).format(
+        build='    model = Net()\n    optimizer = model.configure_optimizers(0.1)\n    model.to("cpu")',
+        after="",
+    )
+    main = body_of_main(convert_source(source, FSDP, "train.py"))
+    assert main.index("shard_model(model)") < main.index("optimizer = model.configure_optimizers(0.1)")
+
+
 def test_shards_before_an_optimizer_that_only_a_state_load_follows():
     conversion = convert("""\
         model = Net()

@@ -316,3 +316,14 @@ def test_markdown_has_a_section_per_file_and_one_launch_block(project, capsys):
     for name in CHANGED:
         assert f"### autoaccel convert: `{name}`" in out
     assert out.count("**Run it**") == 1 and out.rstrip().endswith("```")
+
+
+def test_fsdp_gathers_the_state_of_a_model_sharded_in_another_module(project, tmp_path, capsys):
+    """trainer.py shards the model; train.py saves it after `trainer.run()`: every process
+    gathers its state there, rank 0 writes it (minGPT's chargpt saved `model.state_dict()`
+    on rank 0 alone and gloo aborted)."""
+    out = tmp_path / "out"
+    assert command.run_convert(Path("train.py"), ConvertOptions(target="fsdp", amp="off"), output=out) == 0
+    script = (out / "train.py").read_text()
+    assert "    model_state = full_state_dict(model)\n    if RANK == 0:\n        torch.save(model_state," in script
+    assert "shard_model(model)" in (out / "toygpt" / "trainer.py").read_text()
