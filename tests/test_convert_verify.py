@@ -154,7 +154,7 @@ def test_each_ddp_fixture_converts_and_verifies(name, tmp_path):
                     "--verify-steps", "30", "-o", "ddp.py", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     verdicts = [line for line in proc.stderr.splitlines() if line.startswith("--verify")]
-    assert len(verdicts) == 5 and all(line.startswith("--verify ok") for line in verdicts), proc.stderr
+    assert len(verdicts) == 6 and all(line.startswith("--verify ok") for line in verdicts), proc.stderr
     assert (tmp_path / "ddp.py").exists()
     assert not list(tmp_path.glob("*.pt")) and not list(tmp_path.glob("*.ckpt")), "saves go to scratch"
 
