@@ -4,13 +4,12 @@ and inserted lines end with the file's newline."""
 
 from __future__ import annotations
 
-import difflib
 import re
 
 import libcst as cst
 
 from autoaccel.analysis.positions import Positions
-from autoaccel.diff import line_opcodes
+from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
 
 LINE_LENGTH = 88
@@ -112,7 +111,7 @@ def _keep_untouched_bytes(before: str, after: str) -> str:
         statement = text.lstrip("\f")  # LibCST keeps a line of form feeds only
         return statement if statement.strip() else text, len(text) < len(line)
 
-    matcher = difflib.SequenceMatcher(a=list(map(key, old)), b=list(map(key, new)), autojunk=False)
+    matcher = LineMatcher(list(map(key, old)), list(map(key, new)))
     kept: list[str] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":

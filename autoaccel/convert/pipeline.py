@@ -93,10 +93,10 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     log: ConversionLog = context.scratch[LOG_KEY]
     logged = (len(log.changes), len(log.skipped))
     transformed = step(context).transform_module(state.tree)
+    _map_lines_to_original(log, logged, state.history)
     if transformed is state.tree:
         return  # the step had nothing to do
     generated = transformed.code
-    _map_lines_to_original(log, logged, state.history)
     if generated == state.text:
         return  # the same code: the next step gets the tree analysed already
     after = format_inserted_code(state.text, generated)

@@ -15,7 +15,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Obj
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
 from autoaccel.analysis.shapes import called_function, find, is_method_call
-from autoaccel.convert.transform import StatementRewrite, source_of
+from autoaccel.convert.transform import StatementRewrite, same_nodes, source_of
 from autoaccel.cst_edit import keyword_value, leading_import_block
 
 # Module-level names the set-up block defines; every later step builds on them.
@@ -180,6 +180,8 @@ class DistributedStep(StatementRewrite):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body = self.rebuild(list(original_node.body), list(updated_node.body))
+        if same_nodes(body, updated_node.body) and not self.imports:
+            return updated_node  # nothing to do: the tree is passed on as it is
         module = updated_node.with_changes(body=_space_new_definitions(body, updated_node.body))
         for statement in self.imports:
             module = add_import(module, statement)
