@@ -88,9 +88,24 @@ def format_inserted_code(before: str, after: str) -> str:
     longer than the line length black-formatted, and its untouched lines as in `before`."""
     lines = _changed_long_lines(before, after)
     if lines:
-        module = cst.parse_module(after)
-        after = module.visit(_FormatStatements(lines, Positions(module))).code
+        after = _format_statements(cst.parse_module(after), lines).code
     return _keep_untouched_bytes(before, after)
+
+
+def format_inserted_statements(before: str, tree: cst.Module, after: str) -> tuple[cst.Module, str]:
+    """`format_inserted_code` for a rewritten `tree` whose code is `after` and which
+    holds each node object once: the tree of the result (`tree` re-formatted, without a
+    new parse unless bytes outside the rewrite are put back) and its code."""
+    lines = _changed_long_lines(before, after)
+    if lines:
+        tree = _format_statements(tree, lines)
+        after = tree.code
+    kept = _keep_untouched_bytes(before, after)
+    return (tree if kept == after else cst.parse_module(kept)), kept
+
+
+def _format_statements(module: cst.Module, lines: set[int]) -> cst.Module:
+    return module.visit(_FormatStatements(lines, Positions(module)))
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")

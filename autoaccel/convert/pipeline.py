@@ -16,9 +16,16 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 from autoaccel.convert.log import ConversionLog, ConvertOptions
-from autoaccel.convert.transform import LOG_KEY, Analyses, Transform, new_context
+from autoaccel.convert.transform import (
+    LOG_KEY,
+    Analyses,
+    Transform,
+    TreeFacts,
+    new_context,
+    repeats_a_node,
+)
 from autoaccel.diff import original_line
-from autoaccel.formatting import format_inserted_code
+from autoaccel.formatting import format_inserted_statements
 from autoaccel.lint.engine import compile_quietly, parse
 
 if TYPE_CHECKING:
@@ -75,13 +82,18 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
 
 @dataclass
 class ModuleState:
-    """A module being converted: its tree, the code of that tree, and the (before, after)
-    texts of every step that changed it (to report lines of the original)."""
+    """A module being converted: its tree (parsed, or rewritten by the steps), the code
+    of that tree, and the (before, after) texts of every step that changed it (to report
+    lines of the original)."""
 
     tree: cst.Module
     text: str
     history: list[tuple[str, str]] = field(default_factory=list)
     analyses: Analyses = field(default_factory=dict)  # a tree passed on unchanged is analysed once
+
+    def __post_init__(self) -> None:
+        # A parsed tree holds each node object once: no step need walk it to find out.
+        self.analyses.setdefault(id(self.tree), TreeFacts(self.tree, repeats_a_node=False))
 
     @classmethod
     def of(cls, source: str) -> ModuleState:
@@ -99,17 +111,26 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     generated = transformed.code
     if generated == state.text:
         return  # the same code: the next step gets the tree analysed already
-    after = format_inserted_code(state.text, generated)
-    state.tree = cst.parse_module(after) if after != generated else transformed
+    if repeats_a_node(transformed):
+        transformed = cst.parse_module(generated)  # each occurrence a node of its own
+    state.tree, after = format_inserted_statements(state.text, transformed, generated)
+    state.analyses.clear()  # what is known of trees no step will get again
+    # Formatting only puts freshly parsed statements in: still each node once.
+    state.analyses[id(state.tree)] = TreeFacts(state.tree, repeats_a_node=False)
     if after != state.text:
         state.history.append((state.text, after))
     state.text = after
 
 
 def _run(
-    source: str, options: ConvertOptions, log: ConversionLog, path: str | None
+    source: str,
+    options: ConvertOptions,
+    log: ConversionLog,
+    path: str | None,
+    tree: cst.Module | None = None,
 ) -> str:
-    state = ModuleState.of(source)
+    """The code of `source` (parsed as `tree` when given) after every step of the target."""
+    state = ModuleState.of(source) if tree is None else ModuleState(tree, source)
     for step in transforms_for(options):
         if step.enabled(options):
             apply_step(step, state, new_context(options, log, path, state.text, state.analyses))
@@ -138,19 +159,30 @@ def convert_source(source: str, options: ConvertOptions, path: str = "<string>")
     script = None if path.startswith("<") else path
     converted = _run(source, options, log, script)
     if converted != source:
-        check_result(converted, path, lambda text: _run(text, options, ConversionLog(), script))
+        tree = check_compiles(converted, path)
+        check_stable(converted, _run(converted, options, ConversionLog(), script, tree))
     return Conversion(source, converted, log)
 
 
 def check_result(converted: str, path: str, rewrite_again: Callable[[str], str]) -> None:
     """Black's checks before anything is written: `converted` parses and compiles, and
     the same rewrite run over it changes nothing. Raises `ConversionError` otherwise."""
+    check_compiles(converted, path)
+    check_stable(converted, rewrite_again(converted))
+
+
+def check_compiles(converted: str, path: str) -> cst.Module:
+    """The tree of `converted`, which must parse and compile (`ConversionError` if not)."""
     try:
-        parse(converted)
+        tree = parse(converted)
         compile_quietly(converted, path)
     except (SyntaxError, Exception) as error:  # noqa: BLE001 - any failure blocks the write
         raise ConversionError(f"internal error: the converted code does not compile: {error}") from error
-    again = rewrite_again(converted)
+    return tree
+
+
+def check_stable(converted: str, again: str) -> None:
+    """`again` (the rewrite run over `converted`) must be `converted` (`ConversionError`)."""
     if again != converted:
         diff = "".join(
             difflib.unified_diff(

@@ -207,7 +207,7 @@ class Transform(VisitorBasedCodemodCommand):
         if facts is None or facts.tree is not tree:
             facts = analyses[id(tree)] = TreeFacts(tree)
         if facts.repeats_a_node is None:
-            facts.repeats_a_node = _repeats_a_node(tree)
+            facts.repeats_a_node = repeats_a_node(tree)
         return facts
 
     def _analyse(self) -> None:
@@ -263,7 +263,7 @@ def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> b
     return len(first) == len(second) and all(a is b for a, b in zip(first, second))
 
 
-def _repeats_a_node(module: cst.Module) -> bool:
+def repeats_a_node(module: cst.Module) -> bool:
     """Whether one node object sits at two places of `module` (whitespace aside)."""
     seen: set[cst.CSTNode] = set()
     for node in descendants(module):
