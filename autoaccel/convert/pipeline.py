@@ -7,7 +7,9 @@ second conversion of the output must change nothing (every step idempotent).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -137,6 +139,20 @@ def _run(
     return state.text
 
 
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Python's cyclic garbage collector run ~14x less often for the duration. A
+    conversion allocates millions of nodes, and the trees it drops sit in reference
+    cycles of their analyses: at the default threshold (700 allocations) collections
+    took ~10% of a conversion's time, for 6% less peak memory (2,000 lines)."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10_000, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
 def _map_lines_to_original(
     log: ConversionLog, start: tuple[int, int], history: list[tuple[str, str]]
 ) -> None:
@@ -157,10 +173,11 @@ def convert_source(source: str, options: ConvertOptions, path: str = "<string>")
     fails a safety check."""
     log = ConversionLog()
     script = None if path.startswith("<") else path
-    converted = _run(source, options, log, script)
-    if converted != source:
-        tree = check_compiles(converted, path)
-        check_stable(converted, _run(converted, options, ConversionLog(), script, tree))
+    with fewer_collections():
+        converted = _run(source, options, log, script)
+        if converted != source:
+            tree = check_compiles(converted, path)
+            check_stable(converted, _run(converted, options, ConversionLog(), script, tree))
     return Conversion(source, converted, log)
 
 
