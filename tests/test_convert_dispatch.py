@@ -153,3 +153,12 @@ def test_a_pass_whose_methods_return_what_they_get_passes_its_input_on() -> None
         cst.parse_module("a = 1\n")
     )
     assert renamed.code == "b = 1\n"
+
+
+def test_a_step_passes_the_tokens_of_the_nodes_it_rebuilds_through() -> None:
+    tree = cst.parse_module("a(x, y)\n")
+    result = RenameA(new_context(ConvertOptions(), ConversionLog())).transform_module(tree)
+    assert result.code == "b(x, y)\n"
+    call, before = result.body[0].body[0].value, tree.body[0].body[0].value  # type: ignore[attr-defined]
+    assert call is not before  # rebuilt: it holds the renamed name...
+    assert call.args[0].comma is before.args[0].comma  # ...but its tokens are not visited

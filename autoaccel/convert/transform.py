@@ -19,7 +19,7 @@ from libcst.metadata import CodeRange, MetadataWrapper
 from autoaccel.analysis.index import descendants
 from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
-from autoaccel.convert.dispatch import handled_types, method, touched_nodes
+from autoaccel.convert.dispatch import handled_types, is_token, method, touched_nodes
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 
 OPTIONS_KEY = "autoaccel.options"
@@ -112,8 +112,11 @@ class Transform(VisitorBasedCodemodCommand):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._decorated:
             return super().on_visit(node)
-        if self._touched is not None and node not in self._touched and self._indexed(node):
-            return False
+        if self._touched is not None and node not in self._touched:
+            # A token holds no node the step has a method for; any other node of the
+            # indexed tree outside `_touched` holds none either.
+            if is_token(type(node)) or self._indexed(node):
+                return False
         visit = method(type(self), "visit_", type(node))
         return visit is None or visit(self, node) is not False
 
