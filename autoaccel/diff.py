@@ -37,8 +37,9 @@ class LineMatcher(difflib.SequenceMatcher):
             _match(self.a, self.b, (0, len(self.a)), (0, len(self.b)), blocks)
             merged: list[Run] = []
             for i, j, size in blocks:
-                if merged and merged[-1][0] + merged[-1][2] == i and merged[-1][1] + merged[-1][2] == j:
-                    merged[-1] = (merged[-1][0], merged[-1][1], merged[-1][2] + size)
+                last_i, last_j, last_size = merged[-1] if merged else (-1, -1, 0)
+                if last_i + last_size == i and last_j + last_size == j:
+                    merged[-1] = (last_i, last_j, last_size + size)
                 elif size:
                     merged.append((i, j, size))
             merged.append((len(self.a), len(self.b), 0))

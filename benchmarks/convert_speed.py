@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         row = f"{lines:6,} lines  lint {lint:6.2f} CPU-s ({1000 * lint / lines:.2f} ms/line)"
         if not args.no_convert:
             conversions = []
-            convert = cpu_best(lambda: conversions.append(convert_source(text, ddp, str(path))), args.repeat)
+            convert = cpu_best(
+                lambda: conversions.append(convert_source(text, ddp, str(path))), args.repeat
+            )
             assert conversions[0].changed and not any(s.wrong for s in conversions[0].log.skipped)
             row += (
                 f"  convert --to ddp {convert:6.2f} CPU-s ({1000 * convert / lines:.2f} ms/line,"

@@ -159,6 +159,7 @@ def test_a_step_passes_the_tokens_of_the_nodes_it_rebuilds_through() -> None:
     tree = cst.parse_module("a(x, y)\n")
     result = RenameA(new_context(ConvertOptions(), ConversionLog())).transform_module(tree)
     assert result.code == "b(x, y)\n"
-    call, before = result.body[0].body[0].value, tree.body[0].body[0].value  # type: ignore[attr-defined]
+    call = result.body[0].body[0].value  # type: ignore[attr-defined]
+    before = tree.body[0].body[0].value  # type: ignore[attr-defined]
     assert call is not before  # rebuilt: it holds the renamed name...
     assert call.args[0].comma is before.args[0].comma  # ...but its tokens are not visited

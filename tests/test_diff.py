@@ -50,6 +50,10 @@ def test_line_matcher_opcodes_rebuild_the_new_lines() -> None:
     before = ["def f(x):", "    return x", ""] * 300
     after = ["import os", *before[:700], *before[701:]]
     opcodes = LineMatcher(before, after).get_opcodes()
-    rebuilt = [line for tag, i1, i2, j1, j2 in opcodes for line in (before[i1:i2] if tag == "equal" else after[j1:j2])]
+    rebuilt = [
+        line
+        for tag, i1, i2, j1, j2 in opcodes
+        for line in (before[i1:i2] if tag == "equal" else after[j1:j2])
+    ]
     kept = sum(i2 - i1 for tag, i1, i2, _, _ in opcodes if tag == "equal")
     assert rebuilt == after and kept == len(before) - 1

@@ -208,7 +208,8 @@ def check_compiles(converted: str, path: str) -> cst.Module:
         tree = parse(converted)
         compile_quietly(converted, path)
     except (SyntaxError, Exception) as error:  # noqa: BLE001 - any failure blocks the write
-        raise ConversionError(f"internal error: the converted code does not compile: {error}") from error
+        message = f"internal error: the converted code does not compile: {error}"
+        raise ConversionError(message) from error
     return tree
 
 

@@ -84,6 +84,9 @@ class Transform(VisitorBasedCodemodCommand):
     # A step that only logs ("Not changed" items) from `visit_Module` and never edits:
     # it reads the tree as it is, without LibCST's copy and transform pass (~0.15 s).
     reports_only: bool = False
+    # Text the source must contain for the step to have work (a prefilter that spares
+    # the analysis and the pass); empty: always run.
+    needs: tuple[str, ...] = ()
 
     def __init__(self, context: CodemodContext) -> None:
         # LibCST's matcher decorators (`@m.leave(...)`, `@m.call_if_inside(...)`) are
@@ -165,6 +168,8 @@ class Transform(VisitorBasedCodemodCommand):
         return True
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
+        if self.needs and not any(word in source_of(self.context, tree) for word in self.needs):
+            return tree
         if not self.reports_only:
             return super().transform_module(tree)
         self.context = replace(self.context, wrapper=MetadataWrapper(tree, unsafe_skip_copy=True))
@@ -290,4 +295,6 @@ class StatementRewrite(Transform):
         self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
     ) -> cst.IndentedBlock:
         body = self.rebuild(list(original_node.body), list(updated_node.body))
-        return updated_node if same_nodes(body, updated_node.body) else updated_node.with_changes(body=body)
+        if same_nodes(body, updated_node.body):
+            return updated_node
+        return updated_node.with_changes(body=body)
