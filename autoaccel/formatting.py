@@ -4,13 +4,12 @@ and inserted lines end with the file's newline."""
 
 from __future__ import annotations
 
-import difflib
 import re
 
 import libcst as cst
 
 from autoaccel.analysis.positions import Positions
-from autoaccel.diff import line_opcodes
+from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
 
 LINE_LENGTH = 88
@@ -89,9 +88,24 @@ def format_inserted_code(before: str, after: str) -> str:
     longer than the line length black-formatted, and its untouched lines as in `before`."""
     lines = _changed_long_lines(before, after)
     if lines:
-        module = cst.parse_module(after)
-        after = module.visit(_FormatStatements(lines, Positions(module))).code
+        after = _format_statements(cst.parse_module(after), lines).code
     return _keep_untouched_bytes(before, after)
+
+
+def format_inserted_statements(before: str, tree: cst.Module, after: str) -> tuple[cst.Module, str]:
+    """`format_inserted_code` for a rewritten `tree` whose code is `after` and which
+    holds each node object once: the tree of the result (`tree` re-formatted, without a
+    new parse unless bytes outside the rewrite are put back) and its code."""
+    lines = _changed_long_lines(before, after)
+    if lines:
+        tree = _format_statements(tree, lines)
+        after = tree.code
+    kept = _keep_untouched_bytes(before, after)
+    return (tree if kept == after else cst.parse_module(kept)), kept
+
+
+def _format_statements(module: cst.Module, lines: set[int]) -> cst.Module:
+    return module.visit(_FormatStatements(lines, Positions(module)))
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
@@ -112,7 +126,7 @@ def _keep_untouched_bytes(before: str, after: str) -> str:
         statement = text.lstrip("\f")  # LibCST keeps a line of form feeds only
         return statement if statement.strip() else text, len(text) < len(line)
 
-    matcher = difflib.SequenceMatcher(a=list(map(key, old)), b=list(map(key, new)), autojunk=False)
+    matcher = LineMatcher(list(map(key, old)), list(map(key, new)))
     kept: list[str] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":

@@ -126,16 +126,18 @@ def _job(name: str, tmp: Path, shared: SessionRuns) -> dict:
         "orig": shared.run(FIXTURES_DIR / name, args).losses,
         "python": shared.run(converted, args).losses,
         "ranks": run_torchrun(converted, args, tmp),
+        "cwd": tmp,  # where the ranks ran (and rank 0 saved)
     }
 
 
 @pytest.fixture(scope="module")
 def ddp_runs(request, tmp_path_factory, session_runs):
-    """Start every selected fixture's runs up front, two at a time (2 cores)."""
+    """Start every selected fixture's runs up front, two at a time (2 cores); tests
+    without a `name` that use these runs read linear_exact.py's."""
     selected = sorted({
-        item.callspec.params["name"]
+        item.callspec.params.get("name", "linear_exact.py")
         for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec") and "name" in item.callspec.params
+        if item.module is request.module and "ddp_runs" in item.fixturenames and hasattr(item, "callspec")
     })
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {
@@ -207,21 +209,23 @@ def run_spawn_launcher(script: Path, args: tuple[str, ...], cwd: Path) -> None:
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
-def test_two_processes_reach_the_original_parameters(tmp_path, session_runs, launcher):
+def test_two_processes_reach_the_original_parameters(tmp_path, session_runs, ddp_runs, launcher):
     """Global batch 32 = 2 processes x 16: after 2 epochs the parameters are the same.
     With `--launcher spawn`, the script's DataLoader workers must not re-run it (they
-    would if they inherited mp.spawn's start method): the run would hang or fail."""
+    would if they inherited mp.spawn's start method): the run would hang or fail.
+    torchrun (the default launcher): the module's own run of the conversion."""
     name = "linear_exact.py"
     args = CASES[name].args  # --save-params params.pt
-    converted = convert(name, tmp_path, *DDP_OPTIONS, "--launcher", launcher)
     original = session_runs.run(FIXTURES_DIR / name, args).check()
-    (tmp_path / "ddp").mkdir()
     if launcher == "spawn":
-        run_spawn_launcher(converted, args, tmp_path / "ddp")
+        converted = convert(name, tmp_path, *DDP_OPTIONS, "--launcher", launcher)
+        folder = tmp_path / "ddp"
+        folder.mkdir()
+        run_spawn_launcher(converted, args, folder)
     else:
-        run_torchrun(converted, args, tmp_path / "ddp")
+        folder = ddp_runs[name].result()["cwd"]
     expected = torch.load(original.cwd / "params.pt")
-    distributed = torch.load(tmp_path / "ddp" / "params.pt")
+    distributed = torch.load(folder / "params.pt")
     assert expected.keys() == distributed.keys()  # no `module.` prefix
     for key, value in expected.items():
         assert torch.allclose(distributed[key], value, rtol=1e-5, atol=1e-6), key

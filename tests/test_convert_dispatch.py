@@ -143,3 +143,23 @@ def test_a_tree_holding_one_node_twice_is_copied_before_the_pass() -> None:
     single = cst.parse_module("a = 1\n")
     Record(new_context(ConvertOptions(), ConversionLog())).transform_module(single)
     assert seen[1] is single  # no copy where each node appears once
+
+
+def test_a_pass_whose_methods_return_what_they_get_passes_its_input_on() -> None:
+    # The pipeline then knows the code is unchanged without writing it out.
+    tree = cst.parse_module("x = f(y)\nprint(x)\n")
+    assert RenameA(new_context(ConvertOptions(), ConversionLog())).transform_module(tree) is tree
+    renamed = RenameA(new_context(ConvertOptions(), ConversionLog())).transform_module(
+        cst.parse_module("a = 1\n")
+    )
+    assert renamed.code == "b = 1\n"
+
+
+def test_a_step_passes_the_tokens_of_the_nodes_it_rebuilds_through() -> None:
+    tree = cst.parse_module("a(x, y)\n")
+    result = RenameA(new_context(ConvertOptions(), ConversionLog())).transform_module(tree)
+    assert result.code == "b(x, y)\n"
+    call = result.body[0].body[0].value  # type: ignore[attr-defined]
+    before = tree.body[0].body[0].value  # type: ignore[attr-defined]
+    assert call is not before  # rebuilt: it holds the renamed name...
+    assert call.args[0].comma is before.args[0].comma  # ...but its tokens are not visited

@@ -31,6 +31,17 @@ TOKEN_TYPES = (
 )  # fmt: skip
 
 
+_IS_TOKEN: dict[type, bool] = {}
+
+
+def is_token(node_type: type) -> bool:
+    """Whether nodes of this type are tokens (`TOKEN_TYPES`): they hold tokens only."""
+    found = _IS_TOKEN.get(node_type)
+    if found is None:
+        found = _IS_TOKEN[node_type] = issubclass(node_type, TOKEN_TYPES)
+    return found
+
+
 def method(cls: type, prefix: str, node_type: type, attribute: str = "") -> Method | None:
     """`cls`'s own `visit_Call` / `leave_Call` / `visit_Call_args`... for a node type,
     or None where only LibCST's no-op default exists."""

@@ -31,6 +31,7 @@ from autoaccel.convert.pipeline import (
     ModuleState,
     apply_step,
     check_result,
+    fewer_collections,
     transforms_for,
 )
 from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY, new_context
@@ -140,11 +141,12 @@ def convert_project(project: Project, options: ConvertOptions, script_name: str)
     safety check; nothing may then be written."""
     logs = [ConversionLog() for _ in project.files]
     texts = [f.source.text for f in project.files]
-    converted = _run(project, texts, options, logs, script_name)
-    changed = {i for i, (before, after) in enumerate(zip(texts, converted)) if before != after}
-    again = converted
-    if changed:  # Black's stability check: converting the result again changes no file
-        again = _run(project, converted, options, [ConversionLog() for _ in texts], script_name)
+    with fewer_collections():
+        converted = _run(project, texts, options, logs, script_name)
+        changed = {i for i, (before, after) in enumerate(zip(texts, converted)) if before != after}
+        again = converted
+        if changed:  # Black's stability check: converting the result again changes no file
+            again = _run(project, converted, options, [ConversionLog() for _ in texts], script_name)
     for index, file in enumerate(project.files):
         if index in changed or again[index] != converted[index]:
             try:

@@ -7,9 +7,9 @@ be idempotent: run on their own output they change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import libcst as cst
@@ -19,7 +19,7 @@ from libcst.metadata import CodeRange, MetadataWrapper
 from autoaccel.analysis.index import descendants
 from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
-from autoaccel.convert.dispatch import handled_types, method, touched_nodes
+from autoaccel.convert.dispatch import handled_types, is_token, method, touched_nodes
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 
 OPTIONS_KEY = "autoaccel.options"
@@ -31,9 +31,20 @@ PROJECT_KEY = "autoaccel.project"
 ENTRY_KEY = "autoaccel.entry"
 ANALYSES_KEY = "autoaccel.analyses"
 
-# The script models of one conversion's trees, kept for the next step that gets the
-# same tree (a step that changed nothing passes its input on).
-Analyses = dict[int, tuple[cst.Module, ScriptModel]]
+
+
+@dataclass
+class TreeFacts:
+    """What the steps of one conversion found out about a tree, kept for the next step
+    that gets the same tree (a step that changed nothing passes its input on)."""
+
+    tree: cst.Module
+    script: ScriptModel | None = None  # not kept in a project: other modules change
+    positions: Positions | None = None
+    repeats_a_node: bool | None = None
+
+
+Analyses = dict[int, TreeFacts]  # by id() of the tree
 
 
 def new_context(
@@ -73,6 +84,9 @@ class Transform(VisitorBasedCodemodCommand):
     # A step that only logs ("Not changed" items) from `visit_Module` and never edits:
     # it reads the tree as it is, without LibCST's copy and transform pass (~0.15 s).
     reports_only: bool = False
+    # Text the source must contain for the step to have work (a prefilter that spares
+    # the analysis and the pass); empty: always run.
+    needs: tuple[str, ...] = ()
 
     def __init__(self, context: CodemodContext) -> None:
         # LibCST's matcher decorators (`@m.leave(...)`, `@m.call_if_inside(...)`) are
@@ -91,14 +105,21 @@ class Transform(VisitorBasedCodemodCommand):
             _DECORATED[type(self)] = decorated
         self._decorated = decorated
         self._touched: set[cst.CSTNode] | None = None  # None: visit every node
+        # Whether a `leave_*` method returned a node of its own: a pass without one
+        # gives back a tree that writes the same code, so the input is passed on as it is.
+        # (Unknown, so assumed, where LibCST's dispatch or the class's own hook runs.)
+        self._edited = decorated or type(self).on_leave is not Transform.on_leave
         self.script: ScriptModel = ScriptModel()
         self._positions: Positions | None = None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._decorated:
             return super().on_visit(node)
-        if self._touched is not None and node not in self._touched and self._indexed(node):
-            return False
+        if self._touched is not None and node not in self._touched:
+            # A token holds no node the step has a method for; any other node of the
+            # indexed tree outside `_touched` holds none either.
+            if is_token(type(node)) or self._indexed(node):
+                return False
         visit = method(type(self), "visit_", type(node))
         return visit is None or visit(self, node) is not False
 
@@ -106,7 +127,11 @@ class Transform(VisitorBasedCodemodCommand):
         if self._decorated:
             return super().on_leave(original_node, updated_node)
         leave = method(type(self), "leave_", type(original_node))
-        return updated_node if leave is None else leave(self, original_node, updated_node)
+        if leave is None:
+            return updated_node
+        result = leave(self, original_node, updated_node)
+        self._edited = self._edited or result is not updated_node
+        return result
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         if self._decorated:
@@ -143,6 +168,8 @@ class Transform(VisitorBasedCodemodCommand):
         return True
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
+        if self.needs and not any(word in source_of(self.context, tree) for word in self.needs):
+            return tree
         if not self.reports_only:
             return super().transform_module(tree)
         self.context = replace(self.context, wrapper=MetadataWrapper(tree, unsafe_skip_copy=True))
@@ -155,7 +182,7 @@ class Transform(VisitorBasedCodemodCommand):
         """LibCST's, without its copy of the tree (~14 ms per 150 lines, per step) where
         the copy changes nothing: no LibCST metadata is asked for and no node object
         appears twice in the tree (the copy makes each occurrence a node of its own)."""
-        copy = bool(self.get_inherited_dependencies()) or _repeats_a_node(module)
+        copy = bool(self.get_inherited_dependencies()) or self._facts(module).repeats_a_node
         wrapper = MetadataWrapper(module, unsafe_skip_copy=not copy)
         previous = self.context.wrapper
         with self.resolve(wrapper):
@@ -173,25 +200,33 @@ class Transform(VisitorBasedCodemodCommand):
         self._touched = None
         if kinds is not None and index is not None and index.module is tree:
             self._touched = touched_nodes(tree, index.parents, kinds)
-        return super().transform_module_impl(tree)
+        result = super().transform_module_impl(tree)
+        return result if self._edited else tree
 
     def _indexed(self, node: cst.CSTNode) -> bool:
         """Whether `node` belongs to the tree the step's analysis indexed."""
         index = self.script.index
         return index is not None and (node in index.parents or node is index.module)
 
+    def _facts(self, tree: cst.Module) -> TreeFacts:
+        """What this conversion knows about `tree` (whether a node repeats: found now)."""
+        analyses: Analyses = self.context.scratch.setdefault(ANALYSES_KEY, {})
+        facts = analyses.get(id(tree))
+        if facts is None or facts.tree is not tree:
+            facts = analyses[id(tree)] = TreeFacts(tree)
+        if facts.repeats_a_node is None:
+            facts.repeats_a_node = repeats_a_node(tree)
+        return facts
+
     def _analyse(self) -> None:
         """The script model of the tree in `context.wrapper`; positions reset."""
         assert self.context.wrapper is not None
-        tree = self.context.wrapper.module
+        facts = self._facts(self.context.wrapper.module)
         project = self.context.scratch.get(PROJECT_KEY)
-        analyses: Analyses = self.context.scratch.setdefault(ANALYSES_KEY, {})
-        known = analyses.get(id(tree))
-        if project is None and known is not None and known[0] is tree:
-            self.script = known[1]
-        else:  # in a project, the other modules may have changed since
-            self.script = build_script_model(self.context.wrapper, project=project)
-            analyses[id(tree)] = (tree, self.script)
+        if project is not None or facts.script is None:
+            # in a project, the other modules may have changed since
+            facts.script = build_script_model(self.context.wrapper, project=project)
+        self.script = facts.script
         self._positions = None
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
@@ -211,7 +246,10 @@ class Transform(VisitorBasedCodemodCommand):
         """Where `node` is (computed for the whole tree on the first call)."""
         if self._positions is None:
             assert self.context.wrapper is not None
-            self._positions = Positions(self.context.wrapper.module)
+            facts = self._facts(self.context.wrapper.module)
+            if facts.positions is None:
+                facts.positions = Positions(facts.tree)
+            self._positions = facts.positions
         return self._positions[node]
 
     def line_of(self, node: cst.CSTNode) -> int:
@@ -228,7 +266,12 @@ class Transform(VisitorBasedCodemodCommand):
         self.log.skipped.append(Skipped(what, line, reason, wrong))
 
 
-def _repeats_a_node(module: cst.Module) -> bool:
+def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> bool:
+    """Whether two sequences hold the same node objects, in the same order."""
+    return len(first) == len(second) and all(a is b for a, b in zip(first, second))
+
+
+def repeats_a_node(module: cst.Module) -> bool:
     """Whether one node object sits at two places of `module` (whitespace aside)."""
     seen: set[cst.CSTNode] = set()
     for node in descendants(module):
@@ -251,6 +294,7 @@ class StatementRewrite(Transform):
     def leave_IndentedBlock(
         self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
     ) -> cst.IndentedBlock:
-        return updated_node.with_changes(
-            body=self.rebuild(list(original_node.body), list(updated_node.body))
-        )
+        body = self.rebuild(list(original_node.body), list(updated_node.body))
+        if same_nodes(body, updated_node.body):
+            return updated_node
+        return updated_node.with_changes(body=body)

@@ -27,6 +27,7 @@ def _arg_keys(call: cst.Call) -> list[str | None]:
 class ReplaceApexAmp(StatementRewrite):
     DESCRIPTION = "Replace apex.amp by torch.amp."
     code = "ACC302"
+    needs = ("apex",)  # no apex import, nothing to replace
 
     @classmethod
     def enabled(cls, options: ConvertOptions) -> bool:

@@ -15,7 +15,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Obj
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
 from autoaccel.analysis.shapes import called_function, find, is_method_call
-from autoaccel.convert.transform import StatementRewrite, source_of
+from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.cst_edit import keyword_value, leading_import_block
 
 # Module-level names the set-up block defines; every later step builds on them.
@@ -144,16 +144,11 @@ class DistributedStep(StatementRewrite):
     `self.replace`, keyed by original statements)."""
 
     code = "ddp"
-    # Text the source must contain for the step to have work (a prefilter that spares
-    # the metadata pass); empty: always run.
-    needs: tuple[str, ...] = ()
     # A step for the script that runs only, never for a module it imports.
     entry_only: bool = False
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
         if not has_setup_block(tree) or (self.entry_only and not self.in_entry_script):
-            return tree
-        if self.needs and not any(word in source_of(self.context, tree) for word in self.needs):
             return tree
         return super().transform_module(tree)
 
@@ -180,6 +175,8 @@ class DistributedStep(StatementRewrite):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body = self.rebuild(list(original_node.body), list(updated_node.body))
+        if same_nodes(body, updated_node.body) and not self.imports:
+            return updated_node  # nothing to do: the tree is passed on as it is
         module = updated_node.with_changes(body=_space_new_definitions(body, updated_node.body))
         for statement in self.imports:
             module = add_import(module, statement)
