@@ -31,7 +31,7 @@ import libcst.matchers as m
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER
 from autoaccel.analysis.shapes import find
-from autoaccel.convert.transform import StatementRewrite, source_of
+from autoaccel.convert.transform import StatementRewrite
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     INIT_PROCESS_GROUP,
@@ -72,7 +72,7 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
         # Runs before the set-up block exists (a converted script has it: nothing to do).
-        if has_setup_block(tree) or not any(w in source_of(self.context, tree) for w in self.needs):
+        if has_setup_block(tree):
             return tree
         return StatementRewrite.transform_module(self, tree)
 
