@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 import libcst as cst
 
+from autoaccel.analysis.index import children
 from autoaccel.analysis.program import Kind, SourceModule
 from autoaccel.analysis.script_model import ScriptModel
 from autoaccel.analysis.shapes import is_false, is_method_call, is_name
@@ -166,30 +168,38 @@ def is_batch_size(node: cst.BaseExpression) -> bool:
 def assigned_values(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
     """The values `scope` (a function or module, not its nested functions) assigns to
     `name`: `name = v`, `name, other = v, w`, `name += v`, `name: T = v`."""
-    found: list[cst.BaseExpression] = []
+    return list(_assignments(scope).get(name, ()))
+
+
+@lru_cache(maxsize=256)
+def _assignments(scope: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
+    """Every name `scope` assigns, with its values, from one walk (a sum's name is looked
+    up in each step of the conversion)."""
+    found: dict[str, list[cst.BaseExpression]] = {}
     for node in _own_nodes(scope):
         if isinstance(node, cst.Assign):
             for target in (t.target for t in node.targets):
-                if is_name(target, name):
-                    found.append(node.value)
+                if isinstance(target, cst.Name):
+                    found.setdefault(target.value, []).append(node.value)
                 elif isinstance(target, cst.Tuple) and isinstance(node.value, cst.Tuple):
-                    pairs = zip(target.elements, node.value.elements)  # `total, seen = 0.0, 0`
-                    found += [v.value for t, v in pairs if is_name(t.value, name)]
+                    for t, v in zip(target.elements, node.value.elements):  # `total, seen = 0.0, 0`
+                        if isinstance(t.value, cst.Name):
+                            found.setdefault(t.value.value, []).append(v.value)
         elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
-            if is_name(node.target, name) and node.value is not None:
-                found.append(node.value)
+            if isinstance(node.target, cst.Name) and node.value is not None:
+                found.setdefault(node.target.value, []).append(node.value)
     return found
 
 
 def _own_nodes(scope: cst.CSTNode) -> Iterable[cst.CSTNode]:
     """The nodes of `scope`, without those of functions and classes defined in it."""
-    stack = list(reversed(scope.children)) if isinstance(scope, cst.Module) else [scope.body]  # type: ignore[attr-defined]
+    stack = list(reversed(list(children(scope)))) if isinstance(scope, cst.Module) else [scope.body]  # type: ignore[attr-defined]
     while stack:
         node = stack.pop()
         if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
         yield node
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(list(children(node))))
 
 
 def returned_values(function: cst.FunctionDef) -> list[cst.BaseExpression]:
