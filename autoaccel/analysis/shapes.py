@@ -8,6 +8,7 @@ with them too: each `m.findall` is a full LibCST visitor pass.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TypeVar
 
 import libcst as cst
@@ -50,12 +51,25 @@ def is_binary(node: cst.CSTNode | None, operator: type[cst.BaseBinaryOp]) -> boo
 
 def find(node: cst.CSTNode, kind: type[NodeT] | tuple[type[NodeT], ...]) -> list[NodeT]:
     """Every node of type `kind` in `node` (itself included), in source order."""
+    if isinstance(node, cst.Module):  # asked again and again by the steps of a conversion
+        return list(_found_in_module(node, kind))
     return [found for found in descendants(node) if isinstance(found, kind)]  # type: ignore[misc]
+
+
+@lru_cache(maxsize=512)
+def _found_in_module(module: cst.Module, kind: type | tuple[type, ...]) -> tuple[cst.CSTNode, ...]:
+    return tuple(found for found in _nodes_of(module) if isinstance(found, kind))
+
+
+@lru_cache(maxsize=16)
+def _nodes_of(module: cst.Module) -> tuple[cst.CSTNode, ...]:
+    """Every node of `module` (trees are immutable: the walk is done once)."""
+    return tuple(descendants(module))
 
 
 def method_calls(node: cst.CSTNode, *methods: str) -> list[cst.Call]:
     """Every `x.method(...)` call in `node`, in source order."""
-    return [found for found in descendants(node) if is_method_call(found, *methods)]  # type: ignore[misc]
+    return [call for call in find(node, cst.Call) if is_attribute(call.func, *methods)]
 
 
 def name_calls(node: cst.CSTNode, *names: str) -> list[cst.Call]:
