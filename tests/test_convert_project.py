@@ -327,3 +327,20 @@ def test_fsdp_gathers_the_state_of_a_model_sharded_in_another_module(project, tm
     script = (out / "train.py").read_text()
     assert "    model_state = full_state_dict(model)\n    if RANK == 0:\n        torch.save(model_state," in script
     assert "shard_model(model)" in (out / "toygpt" / "trainer.py").read_text()
+
+
+def test_fsdp_computes_a_printed_forward_of_a_model_sharded_in_another_module(project, tmp_path):
+    """A rank-0 print of the model's output in train.py, whose model trainer.py shards:
+    every process computes it first (on rank 0 alone the gathers would hang)."""
+    script = project / "train.py"
+    script.write_text(
+        script.read_text().replace(
+            '    print("saved toygpt.pt")\n',
+            '    print("saved toygpt.pt")\n    print(model(dataset[0][0][None])[0].sum())\n',
+        )
+    )
+    out = tmp_path / "out"
+    assert command.run_convert(Path("train.py"), ConvertOptions(target="fsdp", amp="off"), output=out) == 0
+    converted = (out / "train.py").read_text()
+    computed = converted.index("= model(dataset[0][0][None])")
+    assert computed < converted.index("if RANK == 0:\n        print(", computed)

@@ -15,7 +15,6 @@ from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import DistributedStep, parse_statements
-from autoaccel.convert.transforms.fully_sharded._helpers import SHARD
 from autoaccel.convert.transforms.fully_sharded._sharded import (
     fresh_name,
     runs_sharded_model,
@@ -27,7 +26,6 @@ from autoaccel.convert.transforms.fully_sharded._sharded import (
 class ComputeBeforePrinting(DistributedStep):
     DESCRIPTION = "Run sharded-model calls of a print on every process, before the print."
     code = "fsdp"
-    needs = (SHARD,)
 
     def visit_Module(self, node: cst.Module) -> None:
         self.hoisted: dict[cst.Call, cst.Name] = {}

@@ -13,7 +13,6 @@ import libcst as cst
 from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import DistributedStep
-from autoaccel.convert.transforms.fully_sharded._helpers import SHARD
 from autoaccel.convert.transforms.fully_sharded._sharded import (
     runs_sharded_model,
     script_functions,
@@ -24,7 +23,6 @@ from autoaccel.convert.transforms.fully_sharded._sharded import (
 class EveryRankComputes(DistributedStep):
     DESCRIPTION = "Refuse sharded-model computations that only some processes run."
     code = "fsdp"
-    needs = (SHARD,)
 
     def visit_Module(self, node: cst.Module) -> None:
         sharded, functions = sharded_models(node, self.script), script_functions(node)
