@@ -52,6 +52,7 @@ torch is imported only inside functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -303,7 +304,13 @@ class _StepRecorder:
 
     def _digest_first(self, original: Callable) -> Callable:
         def destroy(*args, **kwargs):
-            self.digest = self._param_digest()
+            if self.digest is None:  # the first end of the group: what trained
+                self.digest = self._param_digest()
+            # Held past the process group, FSDP's sharded parameters may abort the process
+            # at exit (see fully_sharded/destroy_after_models.py): let them go first.
+            self.optimizers.clear()
+            self.wrapped.clear()
+            gc.collect()
             return original(*args, **kwargs)
 
         return destroy
