@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from command_runs import autoaccel
 from running import FIXTURES_DIR, TIMEOUT_S, SessionRuns, _check, _env
 from test_convert_ddp_runs import run_torchrun
 
@@ -132,29 +133,11 @@ def test_original_script_resumes_from_the_fsdp_checkpoint(fsdp_runs, tmp_path):
 def test_verify_checks_an_fsdp_conversion(tmp_path):
     """`convert --to fsdp --verify`: the parameters compared across the ranks are the
     DTensors gathered whole."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autoaccel",
-            "convert",
-            str(FSDP_FIXTURES / "conv_net.py"),
-            "--to",
-            "fsdp",
-            "--amp",
-            "off",
-            "--verify",
-            "--verify-steps",
-            "6",
-            "-o",
-            "out.py",
-        ],
+    proc = autoaccel(
+        "convert", FSDP_FIXTURES / "conv_net.py",
+        "--to", "fsdp", "--amp", "off", "--verify", "--verify-steps", "6", "-o", "out.py",
         cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    )  # fmt: skip
     _check(proc, "convert --to fsdp --verify")
     assert (
         "--verify ok   parameters equal on every process: 1 parameter set(s)"

@@ -47,6 +47,15 @@ def parse_statements(code: str) -> Statements:
     return body
 
 
+def fresh_name(name: str, bound: set[str]) -> str:
+    """`name`, or `name2`, `name3`, ... when the script binds it already."""
+    candidate, number = name, 1
+    while candidate in bound:
+        number += 1
+        candidate = f"{name}{number}"
+    return candidate
+
+
 def has_setup_block(module: cst.Module) -> bool:
     """Whether the module has the set-up block: `DISTRIBUTED = "LOCAL_RANK" in os.environ`
     at top level (a `DISTRIBUTED` of the script's own is not one)."""

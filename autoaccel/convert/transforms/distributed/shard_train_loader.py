@@ -22,6 +22,7 @@ from autoaccel.convert.transforms.distributed._base import (
     RANK,
     WORLD_SIZE,
     DistributedStep,
+    fresh_name,
     parse_statements,
 )
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
@@ -298,12 +299,10 @@ class ShardTrainLoader(DistributedStep):
         )
 
     def _fresh(self, name: str) -> str:
-        candidate, number = name, 1
-        while candidate in self.bound:
-            number += 1
-            candidate = f"{name}{number}"
-        self.bound.add(candidate)
-        return candidate
+        """A new name for the script, reserved for the rest of this step."""
+        chosen = fresh_name(name, self.bound)
+        self.bound.add(chosen)
+        return chosen
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         for keyword, value in self.calls.get(original_node, {}).items():

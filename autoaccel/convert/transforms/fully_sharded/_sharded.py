@@ -75,12 +75,3 @@ def runs_sharded_model(call: cst.Call, sharded: set[str], functions: set[str]) -
         return func.attr.value not in _LOCAL_METHODS
     callee = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
     return callee in functions and any(name_key(arg.value) in sharded for arg in call.args)
-
-
-def fresh_name(name: str, bound: set[str]) -> str:
-    """`name`, or `name_2`, ... when the script binds it already."""
-    candidate, number = name, 1
-    while candidate in bound:
-        number += 1
-        candidate = f"{name}_{number}"
-    return candidate

@@ -14,9 +14,12 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find
 from autoaccel.analysis.side_effects import PRINTS
-from autoaccel.convert.transforms.distributed._base import DistributedStep, parse_statements
-from autoaccel.convert.transforms.fully_sharded._sharded import (
+from autoaccel.convert.transforms.distributed._base import (
+    DistributedStep,
     fresh_name,
+    parse_statements,
+)
+from autoaccel.convert.transforms.fully_sharded._sharded import (
     runs_sharded_model,
     script_functions,
     sharded_models,

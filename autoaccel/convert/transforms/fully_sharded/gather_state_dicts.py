@@ -18,14 +18,11 @@ from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.shapes import find, is_method_call
 from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
+    fresh_name,
     parameters_of,
     parse_statements,
 )
-from autoaccel.convert.transforms.fully_sharded._sharded import (
-    fresh_name,
-    sharded_models,
-    with_receivers,
-)
+from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models, with_receivers
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     FULL_OPTIMIZER_STATE,
     FULL_STATE,
