@@ -87,6 +87,9 @@ class Positions(Mapping[cst.CSTNode, CodeRange]):
 
     def _generated(self, node: cst.CSTNode) -> _Generated:
         """The code generation `node` was written in."""
+        return self._whole_module()
+
+    def _whole_module(self) -> _Generated:
         if self._whole is None:
             module = self._module
             state = _SpanRecorder(module.default_indent, module.default_newline)
@@ -105,10 +108,10 @@ class Positions(Mapping[cst.CSTNode, CodeRange]):
         return CodeRange(self._position(offsets[start]), self._position(offsets[end]))
 
     def __iter__(self) -> Iterator[cst.CSTNode]:
-        return iter(Positions._generated(self, self._module).spans)
+        return iter(self._whole_module().spans)
 
     def __len__(self) -> int:
-        return len(Positions._generated(self, self._module).spans)
+        return len(self._whole_module().spans)
 
 
 class SourcePositions(Positions):
@@ -142,7 +145,7 @@ class SourcePositions(Positions):
                 generated = self._statements[statement]
                 if generated is not None and node in generated.spans:
                     return generated
-        return super()._generated(node)
+        return self._whole_module()
 
     def _statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
         """The statement `node` is written in (an `elif` is written by its `if`)."""
