@@ -52,7 +52,7 @@ class StepLoop:
     # Functions that call `.backward()` themselves, reached from the loop through calls
     # (`_run_batch`, `train_step`); empty when the loop body calls it.
     step_functions: tuple[FunctionInfo, ...] = ()
-    reached: frozenset[FunctionInfo] = frozenset()  # every project function its body runs
+    reached: tuple[FunctionInfo, ...] = ()  # every project function its body runs
     micro_loops: tuple[cst.For | cst.While, ...] = ()  # loops over chunks of the batch
 
 
@@ -211,7 +211,10 @@ class _Finder:
         program = self.program
         module = program.module_of[loop]
         step_functions: tuple[FunctionInfo, ...] = ()
-        reached = self._reachable(loop)
+        reachable = self._reachable(loop)
+        # In definition order, as the micro-loops: what steps report must not vary from
+        # one run to the next with the objects' hashes.
+        reached = tuple(f for f in program.functions.values() if f in reachable)
         if role is LoopRole.TRAIN and not any(_is_backward(c) for c in self.calls_in.get(loop, ())):
             step_functions = tuple(
                 f for f in reached
@@ -226,8 +229,10 @@ class _Finder:
             function=program.function_of[loop],
             loaders=loaders,
             step_functions=step_functions,
-            reached=frozenset(reached),
-            micro_loops=tuple(m for m in self.training.micro_loops if self._inside(m, loop)),
+            reached=reached,
+            micro_loops=tuple(
+                m for m in program.loops if m in self.training.micro_loops and self._inside(m, loop)
+            ),
         )
 
     def _spelling(self, loop: cst.For | cst.While, module: SourceModule) -> str | None:

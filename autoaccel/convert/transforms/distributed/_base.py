@@ -355,6 +355,8 @@ class DistributedStep(StatementRewrite):
                     break
                 if _builds(statement, key) or receiver is not None:
                     anchor = statement  # a model received ready: wrapped just before training
+            if receiver is not None and trains is None:
+                continue  # the function is a step of a loop elsewhere: not a place to wrap
             if anchor is not None:
                 found.append(TrainedModel(key, block, anchor, trains))
         return found
