@@ -4,11 +4,12 @@ and inserted lines end with the file's newline."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 import libcst as cst
 
-from autoaccel.analysis.positions import Positions
+from autoaccel.analysis.positions import INDENT, statement_lines
 from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
 
@@ -27,35 +28,25 @@ def _changed_long_lines(before: str, after: str) -> set[int]:
 
 
 class _FormatStatements(cst.CSTTransformer):
-    def __init__(self, lines: set[int], positions: Positions) -> None:
+    """Replaces the statements in `lines` and the `with` headers in `headers` with
+    black's formatting, at the column each starts on; visits the statements only."""
+
+    def __init__(self, lines: dict[cst.BaseStatement, int], headers: dict[cst.With, int]) -> None:
         super().__init__()
         self.lines = lines
-        self.positions = positions
+        self.headers = headers
 
-    def _black(self, node: cst.CSTNode, code: str) -> str | None:
-        """`code` (the statement `node` stands for) formatted at `node`'s indentation."""
-        import black
-
-        column = self.positions[node].start.column
-        mode = black.Mode(line_length=LINE_LENGTH - column, string_normalization=False)
-        try:
-            return black.format_str(code, mode=mode)
-        except black.InvalidInput:
-            return None
-
-    def _touched(self, node: cst.CSTNode, last_line: int | None = None) -> bool:
-        position = self.positions[node]
-        end = position.end.line if last_line is None else last_line
-        return any(line in self.lines for line in range(position.start.line, end + 1))
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, _HOLDS_STATEMENTS) and node not in self.lines
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.SimpleStatementLine:
-        if not self._touched(original_node):
+        column = self.lines.get(original_node)
+        if column is None:
             return updated_node
         code = cst.Module(body=[updated_node.with_changes(leading_lines=[])]).code
-        formatted = self._black(original_node, code)
-        statement = cst.parse_statement(formatted) if formatted else None
+        statement = _black_statement(code, column)
         if not isinstance(statement, cst.SimpleStatementLine):
             return updated_node
         return statement.with_changes(leading_lines=updated_node.leading_lines)
@@ -63,15 +54,14 @@ class _FormatStatements(cst.CSTTransformer):
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
         """A long `with` header (e.g. an inserted autocast): only the header is
         re-formatted; the body keeps its bytes."""
-        header_line = self.positions[original_node.body].start.line
-        if not self._touched(original_node, last_line=header_line):
+        column = self.headers.get(original_node)
+        if column is None:
             return updated_node
         header = updated_node.with_changes(
             body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]),
             leading_lines=[],
         )
-        formatted = self._black(original_node, cst.Module(body=[header]).code)
-        statement = cst.parse_statement(formatted) if formatted else None
+        statement = _black_statement(cst.Module(body=[header]).code, column)
         if not isinstance(statement, cst.With):
             return updated_node
         return updated_node.with_changes(
@@ -83,12 +73,37 @@ class _FormatStatements(cst.CSTTransformer):
         )
 
 
+# The nodes a statement can sit in (a block, or a clause of a compound statement).
+_HOLDS_STATEMENTS = (
+    cst.Module,
+    cst.BaseCompoundStatement,
+    cst.BaseSuite,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
+
+
+def _black_statement(code: str, column: int) -> cst.BaseStatement | None:
+    """The statement `code`, formatted by black to fit at `column` (None if black
+    cannot)."""
+    import black
+
+    mode = black.Mode(line_length=LINE_LENGTH - column, string_normalization=False)
+    try:
+        return cst.parse_statement(black.format_str(code, mode=mode))
+    except black.InvalidInput:
+        return None
+
+
 def format_inserted_code(before: str, after: str) -> str:
     """`after` (LibCST's code for a rewrite of `before`) with each changed statement
     longer than the line length black-formatted, and its untouched lines as in `before`."""
     lines = _changed_long_lines(before, after)
     if lines:
-        after = _format_statements(cst.parse_module(after), lines).code
+        after = _format_statements(cst.parse_module(after), after, lines).code
     return _keep_untouched_bytes(before, after)
 
 
@@ -98,14 +113,36 @@ def format_inserted_statements(before: str, tree: cst.Module, after: str) -> tup
     new parse unless bytes outside the rewrite are put back) and its code."""
     lines = _changed_long_lines(before, after)
     if lines:
-        tree = _format_statements(tree, lines)
+        tree = _format_statements(tree, after, lines)
         after = tree.code
     kept = _keep_untouched_bytes(before, after)
     return (tree if kept == after else cst.parse_module(kept)), kept
 
 
-def _format_statements(module: cst.Module, lines: set[int]) -> cst.Module:
-    return module.visit(_FormatStatements(lines, Positions(module)))
+def _format_statements(module: cst.Module, code: str, lines: set[int]) -> cst.Module:
+    """`module` (whose code is `code`) with each statement and `with` header that has
+    a line in `lines` black-formatted. Where the statements are comes from CPython's
+    parse of `code`: only the statements are visited, no position computed."""
+    try:
+        located = statement_lines(module, ast.parse(code))
+    except SyntaxError:  # not Python to CPython either: the compile check reports it
+        return module
+    text = source_lines(code)
+    touched: dict[cst.BaseStatement, int] = {}
+    headers: dict[cst.With, int] = {}
+    for statement, where in located.items():
+        column = len(INDENT.match(text[where.own - 1]).group())  # type: ignore[union-attr]
+        if isinstance(statement, cst.SimpleStatementLine):
+            if any(line in lines for line in range(where.own, where.last + 1)):
+                touched[statement] = column
+        elif isinstance(statement, cst.With):
+            body = statement.body
+            colon = located[body.body[0]].first - 1 if isinstance(body, cst.IndentedBlock) else where.last
+            if any(line in lines for line in range(where.own, colon + 1)):
+                headers[statement] = column
+    if not touched and not headers:
+        return module
+    return module.visit(_FormatStatements(touched, headers))
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")

@@ -93,6 +93,16 @@ def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         stack.extend(reversed(list(children(current))))
 
 
+def repeats_a_node(module: cst.Module) -> bool:
+    """Whether one node object sits at two places of `module` (whitespace aside)."""
+    seen: set[cst.CSTNode] = set()
+    for node in descendants(module):
+        if node in seen:
+            return True
+        seen.add(node)
+    return False
+
+
 # Nodes whose end LibCST's scope analysis counts as a new binding point (a set of
 # exact types: cheaper than `isinstance` with LibCST's ABCs, for every node).
 _BINDING_STATEMENTS = frozenset({

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
+from typing import NamedTuple
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
@@ -133,7 +134,7 @@ class SourcePositions(Positions):
         self._tree = tree
         self._parents = parents
         self._line_starts = _line_starts(self._text)
-        self._first_lines: dict[cst.BaseStatement, tuple[int, int]] | None = None
+        self._lines: dict[cst.BaseStatement, StatementLines] | None = None
         self._statements: dict[cst.BaseStatement, _Generated | None] = {}
 
     def _generated(self, node: cst.CSTNode) -> _Generated:
@@ -160,9 +161,9 @@ class SourcePositions(Positions):
     def _generate(self, statement: cst.BaseStatement) -> _Generated | None:
         """`statement` generated from the start of its first line (its leading blank and
         comment lines included), or None when that does not reproduce the source."""
-        if self._first_lines is None:
-            self._first_lines = _first_lines(self._module, self._tree)
-        first, own = self._first_lines.get(statement, (0, 0))
+        if self._lines is None:
+            self._lines = statement_lines(self._module, self._tree)
+        first, own, _ = self._lines.get(statement, _NOWHERE)
         if not 1 <= first <= own <= len(self._line_starts):
             return None
         start = self._line_starts[first - 1]
@@ -179,28 +180,39 @@ def _line_starts(text: str) -> list[int]:
     return [0, *(match.end() for match in NEWLINE.finditer(text))]
 
 
-def _first_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatement, tuple[int, int]]:
-    """Each statement of `module` → the line its code generation starts on (its leading
-    lines included) and the line of its own first token, matching LibCST's statements
-    with CPython's in source order; empty when they do not match one to one."""
-    found: dict[cst.BaseStatement, tuple[int, int]] = {}
+class StatementLines(NamedTuple):
+    """The lines of a statement in its module's text (1-based)."""
+
+    first: int  # where its code generation starts: its leading blank and comment lines
+    own: int  # its own first token (the first decorator's, for a decorated definition)
+    last: int  # its last token
+
+
+_NOWHERE = StatementLines(0, 0, 0)
+
+
+def statement_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatement, StatementLines]:
+    """The lines of each statement of `module`, whose text CPython parsed into `tree`:
+    LibCST's statements matched with CPython's in source order (a one-line suite's small
+    statements are not listed); empty when they do not match one to one."""
+    found: dict[cst.BaseStatement, StatementLines] = {}
     python = _python_statements(tree)
     for node in _statements(module.body):
         if isinstance(node, cst.SimpleStatementSuite):
             for _ in node.body:
                 next(python, None)
             continue
-        first = next(python, None)
+        first = last = next(python, None)
         if first is None:
             return {}
         lines = len(node.leading_lines)
         if isinstance(node, cst.SimpleStatementLine):
             for _ in node.body[1:]:
-                next(python, None)
+                last = next(python, last)
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node.decorators:
             first = first.decorator_list[0]  # type: ignore[attr-defined]
             lines += len(node.decorators[0].leading_lines)
-        found[node] = (first.lineno - lines, first.lineno)
+        found[node] = StatementLines(first.lineno - lines, first.lineno, last.end_lineno or last.lineno)
     return found if next(python, None) is None else {}
 
 

@@ -25,8 +25,8 @@ from autoaccel.convert.transform import (
     Transform,
     TreeFacts,
     new_context,
-    repeats_a_node,
 )
+from autoaccel.analysis.index import repeats_a_node
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_statements
 from autoaccel.lint.engine import compile_quietly, parse

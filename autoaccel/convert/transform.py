@@ -7,6 +7,7 @@ be idempotent: run on their own output they change nothing.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -16,11 +17,12 @@ import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.metadata import CodeRange, MetadataWrapper
 
-from autoaccel.analysis.index import descendants
-from autoaccel.analysis.positions import Positions
+from autoaccel.analysis.index import repeats_a_node
+from autoaccel.analysis.positions import Positions, SourcePositions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
 from autoaccel.convert.dispatch import handled_types, is_token, method, touched_nodes
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
+from autoaccel.lint.engine import compile_quietly
 
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
@@ -248,9 +250,23 @@ class Transform(VisitorBasedCodemodCommand):
             assert self.context.wrapper is not None
             facts = self._facts(self.context.wrapper.module)
             if facts.positions is None:
-                facts.positions = Positions(facts.tree)
+                facts.positions = self._new_positions(facts.tree)
             self._positions = facts.positions
         return self._positions[node]
+
+    def _new_positions(self, tree: cst.Module) -> Positions:
+        """Positions in `tree`: from the statement around each asked-for node when the
+        pipeline passed the tree's code (a log asks for a few nodes; the whole module's
+        code generation costs a pass), else from the whole module."""
+        source = self.context.scratch.get(SOURCE_KEY)
+        index = self.script.index
+        if source is None or index is None or index.module is not tree:
+            return Positions(tree)
+        try:
+            python = compile_quietly(source, "<convert>", ast.PyCF_ONLY_AST)
+        except (SyntaxError, ValueError):
+            return Positions(tree)
+        return SourcePositions(tree, source, python, index.parents)
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.position_of(node).start.line
@@ -269,16 +285,6 @@ class Transform(VisitorBasedCodemodCommand):
 def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> bool:
     """Whether two sequences hold the same node objects, in the same order."""
     return len(first) == len(second) and all(a is b for a, b in zip(first, second))
-
-
-def repeats_a_node(module: cst.Module) -> bool:
-    """Whether one node object sits at two places of `module` (whitespace aside)."""
-    seen: set[cst.CSTNode] = set()
-    for node in descendants(module):
-        if node in seen:
-            return True
-        seen.add(node)
-    return False
 
 
 _DECORATED: dict[type, bool] = {}

@@ -140,11 +140,13 @@ def analyse(
     path: str | None = None,
     project: ProjectContext | None = None,
     script: Path | None = None,
+    module: cst.Module | None = None,
 ) -> Analysis:
     """Run the enabled rules over `source` (a module of `project`, when given: the
     rules then see the objects and loops of its other modules; or the text of the
-    file `script`, analysed with the local modules it imports). Raises `SourceError`
-    when it does not parse."""
+    file `script`, analysed with the local modules it imports). `module`: `source`
+    parsed by LibCST already, each node object once. Raises `SourceError` when it does
+    not parse."""
     rules = [
         rule
         for rule in all_rules()
@@ -153,7 +155,10 @@ def analyse(
     if not might_use_torch(source):
         empty = cst.Module(body=[])
         return Analysis(module=empty, wrapper=None, positions=Positions(empty))
-    module, tree = parse_checked(source)
+    if module is None:
+        module, tree = parse_checked(source)
+    else:
+        tree = _python_syntax_tree(source)
     if not rules:
         return Analysis(module=module, wrapper=None, positions=Positions(module))
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)

@@ -11,7 +11,8 @@ from libcst.metadata import CodeRange
 from autoaccel.config import LintSettings
 from autoaccel.cst_edit import add_imports
 from autoaccel.diff import original_line
-from autoaccel.formatting import format_inserted_code
+from autoaccel.formatting import format_inserted_code, format_inserted_statements
+from autoaccel.analysis.index import repeats_a_node
 from autoaccel.analysis.script_model import ProjectContext
 from autoaccel.lint.engine import Analysis, SourceError, analyse
 from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Note, Replacement
@@ -25,6 +26,7 @@ class FixResult:
     fixed: list[Diagnostic]
     remaining: list[Diagnostic]
     notes: list[Note]  # lines of the original source
+    module: cst.Module | None = None  # `source` parsed, each node object once, when it was
 
 
 def is_applicable(diagnostic: Diagnostic, settings: LintSettings) -> bool:
@@ -40,22 +42,23 @@ def fix_source(
     path: str | None = None,
     project: ProjectContext | None = None,
     script: Path | None = None,
+    module: cst.Module | None = None,
 ) -> FixResult:
-    """Apply every applicable fix; overlapping fixes wait for the next round. `project`
-    and `script`: the module's project, as `analyse` takes them."""
+    """Apply every applicable fix; overlapping fixes wait for the next round. `project`,
+    `script` and `module` (`source` parsed): as `analyse` takes them."""
     fixed: list[Diagnostic] = []
     history: list[tuple[str, str]] = []  # texts of the rounds, to report original lines
-    analysis = analyse(source, settings, path, project, script)
+    analysis = analyse(source, settings, path, project, script, module)
     project = analysis.project  # the imported modules are read once
     for _ in range(MAX_ROUNDS):
         chosen = _non_overlapping(analysis, settings)
         if not chosen:
             break
-        new_source = _apply(source, analysis.module, [d.fix for d in chosen])  # type: ignore[misc]
+        new_module, new_source = _apply(source, analysis.module, [d.fix for d in chosen])  # type: ignore[misc]
         if new_source == source:
             break
         try:
-            next_analysis = analyse(new_source, settings, path, project)
+            next_analysis = analyse(new_source, settings, path, project, module=new_module)
         except SourceError:
             # A fix that breaks the syntax is a bug in the rule; keep the last good text.
             break
@@ -63,7 +66,8 @@ def fix_source(
         history.append((source, new_source))
         source, analysis = new_source, next_analysis
     notes = [replace(n, line=original_line(history, n.line)) for n in analysis.notes]
-    return FixResult(source=source, fixed=fixed, remaining=analysis.diagnostics, notes=notes)
+    parsed = analysis.module if analysis.wrapper is not None else None  # analysed: parsed
+    return FixResult(source, fixed, analysis.diagnostics, notes, parsed)
 
 
 def _non_overlapping(analysis: Analysis, settings: LintSettings) -> list[Diagnostic]:
@@ -99,8 +103,9 @@ class _ApplyEdits(cst.CSTTransformer):
         return self.edits.get(original_node, updated_node)
 
 
-def _apply(source: str, module: cst.Module, fixes: list[Fix]) -> str:
-    """`source` (parsed as `module`) with `fixes` applied."""
+def _apply(source: str, module: cst.Module, fixes: list[Fix]) -> tuple[cst.Module | None, str]:
+    """`source` (parsed as `module`) with `fixes` applied: its tree, when no node object
+    sits in it twice (None: parse the code), and its code."""
     edits: dict[cst.CSTNode, Replacement] = {}
     imports: list[str] = []
     for fix in fixes:
@@ -109,4 +114,6 @@ def _apply(source: str, module: cst.Module, fixes: list[Fix]) -> str:
     new_module = module.visit(_ApplyEdits(edits))
     if imports:
         new_module = add_imports(new_module, tuple(imports))
-    return format_inserted_code(source, new_module.code)
+    if repeats_a_node(new_module):
+        return None, format_inserted_code(source, new_module.code)
+    return format_inserted_statements(source, new_module, new_module.code)

@@ -33,7 +33,7 @@ class RuleFixes(Codemod):
         codes = self.selected_codes(self.context.scratch[OPTIONS_KEY])
         settings = LintSettings(select=codes, extend_safe_fixes=self.speed_ups)
         source = source_of(self.context, tree)
-        result = fix_source(source, settings, project=self.context.scratch.get(PROJECT_KEY))
+        result = fix_source(source, settings, project=self.context.scratch.get(PROJECT_KEY), module=tree)
         log = self.context.scratch[LOG_KEY]
         for diagnostic in result.fixed:
             log.changes.append(Change(diagnostic.code, diagnostic.line, diagnostic.fix_title or ""))
@@ -43,7 +43,14 @@ class RuleFixes(Codemod):
             )
         for note in result.notes:
             log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
-        return tree if result.source == source else cst.parse_module(result.source)
+        if result.source == source:
+            return tree
+        return cst.parse_module(result.source) if result.module is None else result.module
+
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        """Without LibCST's copy of the tree for its metadata: none is asked for (the
+        lint analysis has its own)."""
+        return self.transform_module_impl(tree)
 
 
 class SingleProcessFixes(RuleFixes):
