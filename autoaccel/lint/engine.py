@@ -132,6 +132,7 @@ class Analysis:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
     project: ProjectContext | None = None  # what the module was analysed with
+    index: ModuleIndex | None = None  # of `module`, when the rules ran
 
 
 def analyse(
@@ -196,6 +197,7 @@ def analyse(
         diagnostics=_unique(diagnostics),
         notes=notes,
         project=project,
+        index=index,
     )
 
 

@@ -54,7 +54,7 @@ def fix_source(
         chosen = _non_overlapping(analysis, settings)
         if not chosen:
             break
-        new_module, new_source = _apply(source, analysis.module, [d.fix for d in chosen])  # type: ignore[misc]
+        new_module, new_source = _apply(source, analysis, [d.fix for d in chosen])  # type: ignore[misc]
         if new_source == source:
             break
         try:
@@ -93,9 +93,16 @@ def _overlaps(a: CodeRange, b: CodeRange) -> bool:
 
 
 class _ApplyEdits(cst.CSTTransformer):
-    def __init__(self, edits: dict[cst.CSTNode, Replacement]) -> None:
+    """Replaces the nodes of `edits`, visiting only the nodes in `around` (those that
+    hold an edited node): nothing else can change."""
+
+    def __init__(self, edits: dict[cst.CSTNode, Replacement], around: set[cst.CSTNode]) -> None:
         super().__init__()
         self.edits = edits
+        self.around = around
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node in self.around
 
     def on_leave(
         self, original_node: cst.CSTNode, updated_node: cst.CSTNode
@@ -103,15 +110,18 @@ class _ApplyEdits(cst.CSTTransformer):
         return self.edits.get(original_node, updated_node)
 
 
-def _apply(source: str, module: cst.Module, fixes: list[Fix]) -> tuple[cst.Module | None, str]:
-    """`source` (parsed as `module`) with `fixes` applied: its tree, when no node object
-    sits in it twice (None: parse the code), and its code."""
+def _apply(source: str, analysis: Analysis, fixes: list[Fix]) -> tuple[cst.Module | None, str]:
+    """`source` (as `analysis` parsed it) with `fixes` applied: its tree, when no node
+    object sits in it twice (None: parse the code), and its code."""
     edits: dict[cst.CSTNode, Replacement] = {}
     imports: list[str] = []
     for fix in fixes:
         edits.update(fix.edits)
         imports.extend(fix.imports)
-    new_module = module.visit(_ApplyEdits(edits))
+    index = analysis.index
+    assert index is not None  # the rules ran: they found the fixes
+    around = {ancestor for node in edits for ancestor in index.ancestors(node)}
+    new_module = analysis.module.visit(_ApplyEdits(edits, around))
     if imports:
         new_module = add_imports(new_module, tuple(imports))
     if repeats_a_node(new_module):
