@@ -10,6 +10,7 @@ import re
 import libcst as cst
 
 from autoaccel.analysis.positions import INDENT, statement_lines
+from autoaccel.analysis.statements import HOLDS_STATEMENTS
 from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
 
@@ -37,7 +38,7 @@ class _FormatStatements(cst.CSTTransformer):
         self.headers = headers
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, _HOLDS_STATEMENTS) and node not in self.lines
+        return isinstance(node, HOLDS_STATEMENTS) and node not in self.lines
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -71,19 +72,6 @@ class _FormatStatements(cst.CSTTransformer):
             whitespace_after_with=statement.whitespace_after_with,
             whitespace_before_colon=statement.whitespace_before_colon,
         )
-
-
-# The nodes a statement can sit in (a block, or a clause of a compound statement).
-_HOLDS_STATEMENTS = (
-    cst.Module,
-    cst.BaseCompoundStatement,
-    cst.BaseSuite,
-    cst.Else,
-    cst.ExceptHandler,
-    cst.ExceptStarHandler,
-    cst.Finally,
-    cst.MatchCase,
-)
 
 
 def _black_statement(code: str, column: int) -> cst.BaseStatement | None:

@@ -20,7 +20,7 @@ PACKAGED = FIXTURES_DIR / "packaged"
 SNAPSHOT = Path(__file__).resolve().parent / "snapshots" / "packaged.ddp.diff"
 UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
 DDP = ConvertOptions(target="ddp", amp="off")
-CHANGED = ("train.py", "toygpt/trainer.py", "toygpt/data.py")
+CHANGED = ("train.py", "toygpt/data.py", "toygpt/trainer.py")  # the entry, then in import order
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_output_file_is_refused_when_modules_change(project, capsys):
     before = contents(project)
     assert command.run_convert(Path("train.py"), DDP, output=Path("out.py")) == 2
     err = capsys.readouterr().err
-    assert "out.py: error: the conversion changes 3 files (train.py, toygpt/trainer.py, toygpt/data.py)" in err
+    assert "out.py: error: the conversion changes 3 files (train.py, toygpt/data.py, toygpt/trainer.py)" in err
     assert not Path("out.py").exists() and contents(project) == before
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -22,6 +22,8 @@ from typing import NamedTuple
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 from libcst.metadata import CodePosition, CodeRange
+
+from autoaccel.analysis.statements import statements
 
 NEWLINE = re.compile(r"\r\n?|\n")
 INDENT = re.compile(r"[ \t\f]*")
@@ -197,7 +199,7 @@ def statement_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatem
     statements are not listed); empty when they do not match one to one."""
     found: dict[cst.BaseStatement, StatementLines] = {}
     python = _python_statements(tree)
-    for node in _statements(module.body):
+    for node in statements(module.body):
         if isinstance(node, cst.SimpleStatementSuite):
             for _ in node.body:
                 next(python, None)
@@ -214,36 +216,6 @@ def statement_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatem
             lines += len(node.decorators[0].leading_lines)
         found[node] = StatementLines(first.lineno - lines, first.lineno, last.end_lineno or last.lineno)
     return found if next(python, None) is None else {}
-
-
-def _statements(
-    statements: Sequence[cst.BaseStatement],
-) -> Iterator[cst.BaseStatement | cst.SimpleStatementSuite]:
-    """`statements` and the statements in them, in source order (a one-line suite
-    stands for its small statements)."""
-    for statement in statements:
-        yield statement
-        if isinstance(statement, cst.BaseCompoundStatement):
-            yield from _blocks(statement)
-
-
-_BLOCKS = ("body", "cases", "handlers", "orelse", "finalbody")  # in source order
-
-
-def _blocks(node: cst.CSTNode) -> Iterator[cst.BaseStatement | cst.SimpleStatementSuite]:
-    """The statements in the blocks of a compound statement or of a clause of one."""
-    for name in _BLOCKS:
-        value = getattr(node, name, None)
-        for part in value if isinstance(value, Sequence) else (value,):
-            if isinstance(part, cst.SimpleStatementSuite):
-                yield part
-            elif isinstance(part, cst.IndentedBlock):
-                yield from _statements(part.body)
-            elif isinstance(part, cst.If):  # an `elif`
-                yield part
-                yield from _blocks(part)
-            elif part is not None:  # else, except, finally, case
-                yield from _blocks(part)
 
 
 def _python_statements(node: ast.AST) -> Iterator[ast.stmt]:

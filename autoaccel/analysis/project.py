@@ -18,6 +18,7 @@ import libcst as cst
 
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.program import SourceModule
+from autoaccel.analysis.statements import statements
 
 SCRIPT = "__main__"
 _PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
@@ -128,35 +129,14 @@ def _imported_names(module: SourceModule) -> Iterator[str]:
                 yield f"{base}.{_dotted(alias.name)}" if base else _dotted(alias.name)
 
 
-# The statements imports may sit in (`try: import x`, an import inside `main()`).
-_HOLDING_IMPORTS = frozenset({
-    cst.Module, cst.IndentedBlock, cst.If, cst.Else, cst.Try, cst.ExceptHandler, cst.Finally,
-    cst.FunctionDef, cst.ClassDef, cst.With, cst.SimpleStatementLine, cst.SimpleStatementSuite,
-})
-
-
 def _imports(tree: cst.Module) -> Iterator[cst.Import | cst.ImportFrom]:
-    stack: list[cst.CSTNode] = [tree]
-    while stack:
-        node = stack.pop()
-        kind = type(node)
-        if kind is cst.Import or kind is cst.ImportFrom:
-            yield node  # type: ignore[misc]
-        elif kind in _HOLDING_IMPORTS:
-            stack.extend(_statement_children(node))
-
-
-def _statement_children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    if isinstance(node, (cst.Module, cst.IndentedBlock, cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-        return list(node.body)
-    found: list[cst.CSTNode] = [node.body] if hasattr(node, "body") else []  # type: ignore[list-item]
-    for name in ("orelse", "handlers", "finalbody"):
-        value = getattr(node, name, None)
-        if isinstance(value, (list, tuple)):
-            found.extend(value)
-        elif value is not None:
-            found.append(value)
-    return found
+    """The imports of `tree`, wherever they sit (`try: import x`, inside `main()` or a
+    loop), in source order."""
+    for statement in statements(tree.body):
+        if isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            for small in statement.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    yield small
 
 
 def _dotted(node: cst.BaseExpression) -> str:
