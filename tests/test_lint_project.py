@@ -105,3 +105,13 @@ def test_fix_reads_the_imported_modules_too(cli, tmp_path):
     write(tmp_path, train=TRAIN.replace(", pin_memory=True", ""), trainer=TRAINER, data=IN_MEMORY)
     assert cli("lint", "--fix", "--exit-zero", "train.py").exit_code == 0
     assert "pin_memory=torch.cuda.is_available()" in (tmp_path / "train.py").read_text()
+
+
+def test_an_import_inside_a_loop_is_followed(cli, tmp_path):
+    """The import of the step function sits in the loop's body (imports in `for`,
+    `while` and `match` bodies were not followed)."""
+    inside = TRAIN.replace("from trainer import train_step\n", "").replace(
+        "for x, y in loader:\n", "for x, y in loader:\n    from trainer import train_step\n\n"
+    )
+    write(tmp_path, train=inside, trainer=TRAINER, data=IN_MEMORY)
+    assert ("train.py", 10, "ACC301") in codes_by_line(cli, "train.py")
