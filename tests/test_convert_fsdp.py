@@ -219,6 +219,17 @@ def test_a_checkpoint_function_keeps_running_on_every_rank():
             'torch.save(model, "model.pt")\n', "pickles the whole `model`", id="pickled-model"
         ),
         pytest.param(
+            "def show(net):\n    for p in net.parameters():\n        print(p.data.norm())\n\n"
+            "show(model)\n",
+            "(`.data`)",
+            id="data-under-another-name",
+        ),
+        pytest.param(
+            'def export(net):\n    torch.save(net, "model.pt")\n\nexport(model)\n',
+            "pickles the whole `model`",
+            id="pickled-under-another-name",
+        ),
+        pytest.param(
             "if torch.distributed.get_rank() == 0:\n    print(model(torch.randn(1, 4)))\n",
             "on some processes only",
             id="forward-under-a-rank-test",

@@ -622,6 +622,11 @@ class Program:
         return self._methods_by_name
 
     # -- helpers ---------------------------------------------------------------------
+    def function_of_scope(self, scope: Scope) -> FunctionInfo | None:
+        """The function whose own namespace `scope` is (None for a module, class or
+        comprehension)."""
+        return self._functions_by_scope.get(id(scope))
+
     def class_of_self(self, node: cst.BaseExpression, module: SourceModule) -> ClassInfo | None:
         """The class whose method reads `node`, when `node` is that method's `self`."""
         if not isinstance(node, cst.Name):

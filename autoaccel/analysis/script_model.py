@@ -135,7 +135,26 @@ class ScriptModel:
         wherever in the program those were made."""
         if self.program is None or self.module is None:
             return set()
-        return {key for key, values in _spelled_values(self) if not values.isdisjoint(objects)}
+        return {key for _, key, values in _spelled_values(self) if not values.isdisjoint(objects)}
+
+    def held_by(self, key: str) -> set[Obj]:
+        """What the name `key` of this module (`model`, `self.net`) may hold, in any of
+        its scopes."""
+        if self.program is None or self.module is None:
+            return set()
+        return {obj for _, name, values in _spelled_values(self) if name == key for obj in values}
+
+    def holders(self, objects: Collection[Obj]) -> list[tuple[cst.CSTNode, str]]:
+        """The names of this module that may hold one of `objects`, each with the code it
+        is a name in: its function (`net` of `def save(net)` called as `save(model)`),
+        class (`self.net`) or the module."""
+        if self.program is None or self.module is None:
+            return []
+        return [
+            (_code_of(self, owner), key)
+            for owner, key, values in _spelled_values(self)
+            if not values.isdisjoint(objects)
+        ]
 
     def runs_training(self, node: cst.CSTNode) -> bool:
         """Whether `node` (a statement of this module) holds a training step loop or calls
@@ -335,7 +354,7 @@ def _fill(model: ScriptModel) -> ScriptModel:
     """The facts of `model.module` that come from the program: spellings and loops."""
     program, module, training = model.program, model.module, model.training
     assert program is not None and module is not None
-    for key, objects in _spelled_values(model):
+    for _, key, objects in _spelled_values(model):
         for obj in objects:
             _file(model, key, obj)
     for node, loop in training.step_loops.items():
@@ -353,17 +372,27 @@ def _fill(model: ScriptModel) -> ScriptModel:
     return model
 
 
-def _spelled_values(model: ScriptModel) -> Iterator[tuple[str, set[Obj]]]:
-    """The names of `model.module` (`model`, `self.net`: name keys) with what each may hold."""
+def _spelled_values(model: ScriptModel) -> Iterator[tuple[Scope | ClassInfo, str, set[Obj]]]:
+    """The names of `model.module` (`model`, `self.net`: name keys) with their scope or
+    class and what each may hold."""
     program, module = model.program, model.module
     assert program is not None and module is not None
     own = module.scope
     for (owner, name), objects in program.values.items():
         if isinstance(owner, Scope) and owner.module is own:
             if name != "self":  # the instance inside its own methods: not a name for the object
-                yield name, objects
+                yield owner, name, objects
         elif isinstance(owner, ClassInfo) and owner.module is module:
-            yield f"self.{name}", objects
+            yield owner, f"self.{name}", objects
+
+
+def _code_of(model: ScriptModel, owner: Scope | ClassInfo) -> cst.CSTNode:
+    """The class or function whose names `owner` holds; the module for the others."""
+    assert model.program is not None and model.module is not None
+    if isinstance(owner, ClassInfo):
+        return owner.node
+    function = model.program.function_of_scope(owner)
+    return function.node if function is not None else model.module.tree
 
 
 def _file(model: ScriptModel, key: str, obj: Obj) -> None:

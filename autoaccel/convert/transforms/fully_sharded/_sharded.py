@@ -29,36 +29,6 @@ def given_to_shard(module: cst.Module) -> set[str]:
     return given - {None}  # type: ignore[return-value]
 
 
-def with_receivers(module: cst.Module, names: set[str]) -> set[str]:
-    """`names` and the parameters of the module's functions that receive one of them, at
-    any depth (`def save(net, optim)` called as `save(model, optimizer)`): names as keys,
-    the way the script analysis tracks models."""
-    functions = {f.name.value: f for f in find(module, cst.FunctionDef)}
-    found, grew = set(names), True
-    while grew:
-        grew = False
-        for call in find(module, cst.Call):
-            func = call.func
-            callee = (
-                func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-            )
-            function = functions.get(callee)  # type: ignore[arg-type]
-            if function is None:
-                continue
-            params = [p.name.value for p in function.params.params]
-            if params[:1] == ["self"] and isinstance(func, cst.Attribute):
-                params = params[1:]
-            positional = [a for a in call.args if a.keyword is None and not a.star]
-            passed = list(zip(params, positional)) + [
-                (a.keyword.value, a) for a in call.args if a.keyword is not None
-            ]
-            for param, arg in passed:
-                if name_key(arg.value) in found and param not in found:
-                    found.add(param)
-                    grew = True
-    return found
-
-
 def script_functions(module: cst.Module) -> set[str]:
     """Names of the functions and methods the module defines."""
     return {function.name.value for function in find(module, cst.FunctionDef)}

@@ -22,7 +22,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parameters_of,
     parse_statements,
 )
-from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models, with_receivers
+from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     FULL_OPTIMIZER_STATE,
     FULL_STATE,
@@ -50,8 +50,8 @@ class GatherStateDicts(DistributedStep):
         models = sharded_models(node, self.script)
         if not models:
             return
-        sharded = sorted(with_receivers(node, models))  # `def save(net)` called as `save(model)`
-        optimizers = with_receivers(node, set(self.script.optimizers))
+        sharded = sorted(models)
+        optimizers = set(self.script.optimizers)
         bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         used: set[str] = set()
         for call in find(node, cst.Call):

@@ -133,11 +133,16 @@ class ShardModel(DistributedStep):
                     " shard; build the optimizer after the model is on its device, then convert",
                 )
         after = body[body.index(model.anchor) + 1 :]
-        for node in [*after, *self.train_code()]:
+        places = [(node, model.key) for node in [*after, *self.train_code()]]
+        # The model under other names: `net` of `def export(net)` called as `export(model)`.
+        places += [
+            (code, key)
+            for code, key in self.script.holders(self.script.held_by(model.key))
+            if key != model.key
+        ]
+        for node, key in places:
             for attribute in find(node, cst.Attribute):
-                if attribute.attr.value == "data" and _reads_parameter(
-                    attribute.value, model.key, node
-                ):
+                if attribute.attr.value == "data" and _reads_parameter(attribute.value, key, node):
                     return self._refuse(
                         attribute,
                         f"this reads a parameter's tensor of `{model.key}` (`.data`), which"
@@ -148,7 +153,7 @@ class ShardModel(DistributedStep):
                 if (
                     "torch.save" in self.qualified_names(call.func)
                     and call.args
-                    and name_key(call.args[0].value) == model.key
+                    and name_key(call.args[0].value) == key
                 ):
                     return self._refuse(
                         call,
