@@ -993,7 +993,7 @@ def test_trainer_methods_gets_what_the_tutorials_own_ddp_version_has():
     assert train.index("self.train_data.sampler.set_epoch(epoch)") < train.index("self._run_epoch(epoch)")
     save = code[code.index("    def _save_checkpoint"):code.index("    def train(")]
     assert save.index("if RANK != 0:") < save.index("torch.save(self.model.state_dict()")
-    assert code.rstrip().endswith("if DISTRIBUTED:\n        dist.destroy_process_group()")
+    assert code.rstrip().endswith("        gc.collect()\n        dist.destroy_process_group()")
 
 
 # -- the batch size in the step ----------------------------------------------------------------

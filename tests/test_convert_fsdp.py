@@ -338,8 +338,8 @@ def test_sharded_models_are_freed_before_the_process_group():
 
 def test_module_level_sharded_model_and_optimizer_are_deleted_before_the_process_group():
     """A collection does not free what module-level names still hold: an FSDP2 model
-    evaluated after training aborted 6 of 16 runs with `gc.collect()` alone, 0 of 30
-    with the model and its optimizer deleted first."""
+    evaluated after training aborted 6 of 16 runs, 0 of 30 with the model and its
+    optimizer deleted, then collected, first."""
     source = textwrap.dedent(
         """\
         import torch

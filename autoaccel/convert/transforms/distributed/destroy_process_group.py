@@ -12,11 +12,11 @@ the same way. Freed before the group (`del` of the module's names that hold them
 `gc.collect()` for the reference cycles), they go while the thread can still take the GIL.
 
 Measured, two ranks under torchrun, 2 shared cores: a DDP model at module level, 20 steps,
-then destroy: 3 aborts in 16 runs; with `dist.barrier()` first 2 in 40; with `del` and
-`gc.collect()` first 0 in 40. linear_exact.py converted `--to ddp`: 1 in 40 (torchrun)
-and 1 in 30 (`--launcher spawn`) before, 0 in 40 and 0 in 30 after. An FSDP2 model at
-module level evaluated after training: 6 in 16 with `gc.collect()` alone, 0 in 40 with
-`del` of the model and its optimizer first.
+then destroy: 3 aborts in 16 runs; with `dist.barrier()` first 3 in 40; with `del` and
+`gc.collect()` first 0 in 40. An FSDP2 model at module level evaluated after training:
+6 in 16; with `del` of the model and its optimizer and `gc.collect()` first, 0 in 30.
+linear_exact.py converted `--to ddp` aborted 1 in 40 runs (torchrun) and 1 in 30
+(`--launcher spawn`) before.
 """
 
 from __future__ import annotations
