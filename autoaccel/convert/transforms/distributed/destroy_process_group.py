@@ -7,8 +7,8 @@ objects (the context stashed by `backward()`, the tensors of an FSDP all-gather)
 thread waits for the GIL. A DDP model or a sharded model left to the exit is freed while
 the interpreter finalizes; freeing it releases the GIL, the waiting thread takes it, is
 told to exit inside a C++ destructor, and the process aborts ("terminate called without
-an active exception", exit -6). `dist.barrier()` does not help: its own work is dropped
-the same way. Freed before the group (`del` of the module's names that hold them, then
+an active exception", exit -6); `dist.barrier()` first does not prevent it (below).
+Freed before the group (`del` of the module's names that hold them, then
 `gc.collect()` for the reference cycles), they go while the thread can still take the GIL.
 
 Measured, two ranks under torchrun, 2 shared cores: a DDP model at module level, 20 steps,
