@@ -4,6 +4,7 @@ Slow patterns on purpose: DataLoader without num_workers, DataLoader without pin
 blocking .to(device) copies, no torch.backends.cudnn.benchmark in a conv script,
 loss.item() every step, torch.zeros(n).to(device) CPU-then-move tensor creation.
 """
+import gc
 import os
 import warnings
 
@@ -167,4 +168,7 @@ if RANK == 0:
     print('Saved model to cnn_model.pth')
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_model
+    gc.collect()
     dist.destroy_process_group()

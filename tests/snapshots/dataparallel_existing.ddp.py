@@ -6,6 +6,7 @@ DataLoader without pin_memory, blocking .to(device) copies, no torch.backends.cu
 in a conv script, running_loss += loss.item() every step.
 """
 import argparse
+import gc
 import os
 import time
 import warnings
@@ -178,4 +179,7 @@ if RANK == 0:
     print("best val acc: %.2f%%" % best_acc)
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_model
+    gc.collect()
     dist.destroy_process_group()

@@ -6,6 +6,7 @@ DataLoader without num_workers, DataLoader without pin_memory, blocking .to(devi
 fixed_noise samples moved back with .cpu() for logging.
 """
 import argparse
+import gc
 import math
 import os
 import warnings
@@ -250,4 +251,7 @@ for epoch in range(opt.epochs):
         torch.save(netD.state_dict(), '%s/netD_epoch_%d.pth' % (opt.outf, epoch))
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_netG, ddp_netD
+    gc.collect()
     dist.destroy_process_group()

@@ -9,6 +9,7 @@ Slow patterns on purpose: nn.DataParallel, blocking .to(device) copies, loss.ite
 every step.
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -148,4 +149,7 @@ if RANK == 0:
     torch.save(model.state_dict(), args.save)
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_model
+    gc.collect()
     dist.destroy_process_group()

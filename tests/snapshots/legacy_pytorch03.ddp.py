@@ -9,6 +9,7 @@ no torch.backends.cudnn.benchmark in a conv script, loss.data[0] accumulated eve
 """
 from __future__ import print_function
 import argparse
+import gc
 import os
 import warnings
 
@@ -199,4 +200,7 @@ if RANK == 0:
     torch.save(model.state_dict(), 'legacy_model.pth')
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_model
+    gc.collect()
     dist.destroy_process_group()

@@ -7,6 +7,7 @@ CPU-then-move tensor creation for the per-epoch loss history.
 must be bit-for-bit reproducible so a converted script can be compared parameter by parameter.)
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -125,4 +126,7 @@ if args.save_params:
         print(f"saved parameters to {args.save_params}")
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_model
+    gc.collect()
     dist.destroy_process_group()

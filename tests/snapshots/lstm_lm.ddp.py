@@ -5,6 +5,7 @@ manual SGD update loop over p.data instead of a fused optimizer, blocking .to(de
 copies, eval loss accumulated with .item() every batch, no DataLoader at all (manual batching).
 """
 import argparse
+import gc
 import math
 import os
 import time
@@ -236,4 +237,7 @@ for epoch in range(1, args.epochs + 1):
         lr /= 4.0
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_model
+    gc.collect()
     dist.destroy_process_group()

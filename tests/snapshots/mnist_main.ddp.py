@@ -6,6 +6,7 @@ blocking .to(device) copies, no torch.backends.cudnn.benchmark in a conv script,
 .item() every eval step (test_loss += ...item()), .item() in the logging branch.
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -214,4 +215,6 @@ if __name__ == '__main__':
     main()
 
     if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        gc.collect()
         dist.destroy_process_group()

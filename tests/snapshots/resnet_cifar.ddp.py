@@ -12,6 +12,7 @@ torch.backends.cudnn.benchmark, no channels_last, no autocast, loss.item() every
 correct += ....item() every eval batch.
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -236,4 +237,6 @@ if __name__ == "__main__":
     main()
 
     if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        gc.collect()
         dist.destroy_process_group()

@@ -12,6 +12,7 @@ Slow patterns on purpose: DataLoader without num_workers, blocking `.to()` copie
 evaluation without `torch.no_grad()`.
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -145,4 +146,6 @@ if __name__ == "__main__":
     main()
 
     if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        gc.collect()
         dist.destroy_process_group()

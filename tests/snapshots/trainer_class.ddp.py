@@ -6,6 +6,7 @@ Adam with weight_decay (coupled L2 instead of AdamW), DataLoader without num_wor
 DataLoader without pin_memory, blocking .to(device) copies, .item() every validation step.
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -202,4 +203,6 @@ if __name__ == "__main__":
         print(f"Best val acc: {trainer.best_val_acc:.4f}")
 
     if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        gc.collect()
         dist.destroy_process_group()

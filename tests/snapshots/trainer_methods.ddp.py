@@ -11,6 +11,7 @@ the model wrapped in `Trainer.__init__`, a DistributedSampler on the loader,
 Slow patterns on purpose: DataLoader without num_workers, blocking `.to()` copies.
 """
 import argparse
+import gc
 import os
 import warnings
 
@@ -148,4 +149,6 @@ if __name__ == "__main__":
     main(device, args.epochs, args.save_every, args.batch_size)
 
     if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        gc.collect()
         dist.destroy_process_group()

@@ -7,6 +7,7 @@ accumulation with a small micro-batch instead of one bigger batch, no autocast /
 """
 import argparse
 import contextlib
+import gc
 import math
 import os
 import time
@@ -197,4 +198,6 @@ if __name__ == "__main__":
     main()
 
     if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        gc.collect()
         dist.destroy_process_group()

@@ -10,6 +10,7 @@ scaled_dot_product_attention, DataLoader without num_workers, DataLoader without
 pin_memory, blocking .to(device) copies, loss.item() every step, no autocast.
 """
 import argparse
+import gc
 import math
 import os
 import warnings
@@ -215,4 +216,6 @@ if __name__ == "__main__":
     main()
 
     if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        gc.collect()
         dist.destroy_process_group()

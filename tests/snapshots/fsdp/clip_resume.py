@@ -226,7 +226,6 @@ if __name__ == "__main__":
     main()
 
     if DISTRIBUTED:
-        # free the sharded models first: left for the exit, after the process group,
-        # they can abort the process
+        # free the models first: left to the exit, they can abort the process
         gc.collect()
         dist.destroy_process_group()

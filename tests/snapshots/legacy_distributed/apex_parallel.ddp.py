@@ -8,6 +8,7 @@ and `torch.cuda.set_device(args.local_rank)` under `if args.distributed:`,
 saved by local rank 0.
 """
 import argparse
+import gc
 import os
 
 import torch
@@ -116,4 +117,7 @@ if LOCAL_RANK == 0:
     torch.save(state, "apex_parallel.pt")
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_model
+    gc.collect()
     dist.destroy_process_group()

@@ -10,6 +10,7 @@ averaged with `hvd.allreduce`, prints and the checkpoint on rank 0 only.
 """
 import argparse
 import contextlib
+import gc
 import os
 
 import torch
@@ -177,4 +178,7 @@ if __name__ == "__main__":
         torch.save(model.state_dict(), "horovod_mnist.pt")
 
     if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        del ddp_model
+        gc.collect()
         dist.destroy_process_group()

@@ -8,6 +8,7 @@ wrapped in DDP by the script and saved through `model.module`, a `dist.all_reduc
 validation accuracy and a `dist.barrier()` before the checkpoint.
 """
 import argparse
+import gc
 import os
 
 import torch
@@ -108,4 +109,7 @@ if RANK == 0:
     torch.save(model.state_dict(), "launch_local_rank.pt")
 
 if DISTRIBUTED:
+    # free the models first: left to the exit, they can abort the process
+    del ddp_model
+    gc.collect()
     dist.destroy_process_group()
