@@ -15,7 +15,6 @@ from autoaccel.diff import unified_diff
 from autoaccel.config import ConfigError, LintSettings, settings_for
 from autoaccel.fileio import os_error_message, read_source, write_atomic
 from autoaccel.lint.engine import TOO_DEEP, SourceError, analyse
-from autoaccel.lint.fixer import fix_source
 from autoaccel.lint.rule import Diagnostic
 from autoaccel.notebook import CellRange, Notebook, NotebookError, is_notebook, read_notebook
 
@@ -82,6 +81,8 @@ def lint_text(
         if mode is Mode.CHECK:
             result.diagnostics = analyse(text, settings, display_path, script=script).diagnostics
             return _portable(result)
+        from autoaccel.lint.fixer import fix_source  # --fix and --diff only
+
         outcome = fix_source(text, settings, display_path, script=script)
     except SourceError as error:
         result.error = f"{describe(error.line, error.column)}: {error.message}"
