@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import io
 import os
@@ -420,3 +421,19 @@ def test_plain_call_passes_what_typer_passes(monkeypatch, args):
 @pytest.mark.parametrize("args", [["--help"], ["--select", "ACC1"], ["--", "x.py"], ["-qq"]])
 def test_other_calls_are_left_to_typer(args):
     assert run_plain_call(args) is None
+
+
+@pytest.mark.parametrize("text", [SCRIPT, "import torch\ndef broken(:\n"], ids=["clean parse", "syntax error"])
+def test_the_cycle_collector_is_paused_while_a_text_is_analysed(monkeypatch, text):
+    analysed_with_collector = []
+    real_analyse = runner.analyse
+
+    def analyse(*args, **kwargs):
+        analysed_with_collector.append(gc.isenabled())
+        return real_analyse(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "analyse", analyse)
+    result = runner.lint_text(text, "train.py", LintSettings(), Mode.CHECK)
+    assert analysed_with_collector == [False]
+    assert gc.isenabled()
+    assert bool(result.error) == (text != SCRIPT)
