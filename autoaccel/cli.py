@@ -3,7 +3,6 @@ start-up stays light (pre-commit runs `autoaccel lint` on every commit)."""
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
@@ -326,40 +325,8 @@ def _choice(option: str, value: str, allowed: tuple[str, ...]) -> None:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}", param_hint=option)
 
 
-def _lint_without_typer(args: list[str]) -> int | None:
-    """Run `autoaccel lint` given only paths and on/off flags (how pre-commit calls it)
-    without typer's parsing, whose type coercion imports pydantic: ~0.07 s of the
-    0.5 s a one-file run may take. Flags and defaults are read from `lint`'s own
-    declaration. Returns None, to let typer parse, for anything else (`--help`,
-    options with values, `--`)."""
-    values = {}
-    flags = {}
-    for name, parameter in inspect.signature(lint).parameters.items():
-        declared = parameter.default
-        values[name] = declared.default
-        if declared.default is False:
-            flags.update(dict.fromkeys(declared.param_decls, name))
-    paths = []
-    for arg in args:
-        if arg in flags:
-            values[flags[arg]] = True
-        elif arg == "-" or not arg.startswith("-"):
-            paths.append(arg)
-        else:
-            return None
-    values["paths"] = paths
-    try:
-        lint(**values)
-    except typer.Exit as done:
-        return done.exit_code
-    raise AssertionError("`lint` always ends with typer.Exit")
-
-
 def main() -> None:
-    if sys.argv[1:2] == ["lint"]:
-        code = _lint_without_typer(sys.argv[2:])
-        if code is not None:
-            sys.exit(code)
+    """Every command, parsed by typer (`autoaccel.__main__` runs plain lint calls without)."""
     app(prog_name="autoaccel")
 
 

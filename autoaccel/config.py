@@ -6,21 +6,17 @@ defaults for `autoaccel convert`, one key per `ConvertOptions` field, kebab-case
 
 from __future__ import annotations
 
-import difflib
 import functools
 import sys
 from dataclasses import dataclass, fields, replace
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, Mapping, get_args, get_origin, get_type_hints
 
-from autoaccel.convert.log import ConvertOptions
 from autoaccel.fileio import os_error_message, real_path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+if TYPE_CHECKING:
+    from autoaccel.convert.log import ConvertOptions
 
 
 class ConfigError(Exception):
@@ -124,6 +120,8 @@ def check_selectors(codes: tuple[str, ...], where: str) -> None:
 
 def _suggestion(word: str, known: list[str]) -> str:
     """`, did you mean `x`?` naming the closest of `known`, or nothing."""
+    import difflib
+
     close = difflib.get_close_matches(word, known, n=1, cutoff=0.75)
     return f", did you mean `{close[0]}`?" if close else ""
 
@@ -152,6 +150,10 @@ def _patterns(value: Any, key: str, source: Path) -> tuple[str, ...]:
 def read_tool_table(pyproject: Path) -> dict[str, Any] | None:
     """The `[tool.autoaccel]` table of `pyproject`, or None when it has none. An unknown
     key or rule code in it is an error for every command, as in Ruff."""
+    if sys.version_info >= (3, 11):  # imported here: a run without a pyproject.toml skips it
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except UnicodeDecodeError as error:
@@ -268,6 +270,8 @@ def convert_settings(
     """Every `ConvertOptions` field for converting `path`: defaults, overridden by
     `[tool.autoaccel.convert]` of the nearest pyproject.toml, overridden by `command_line`
     (field name -> value). Raises `ConfigError` for unknown keys and invalid values."""
+    from autoaccel.convert.log import ConvertOptions  # not on the lint path
+
     hints = get_type_hints(ConvertOptions)
     settings = {f.name: Sourced(f.default, DEFAULT) for f in fields(ConvertOptions)}
     found = config_for(path)
@@ -290,6 +294,8 @@ def convert_settings(
 
 def convert_options(path: Path, command_line: Mapping[str, Any] | None = None) -> ConvertOptions:
     """The options `autoaccel convert` uses for `path` (see `convert_settings`)."""
+    from autoaccel.convert.log import ConvertOptions
+
     settings = convert_settings(path, command_line)
     return ConvertOptions(**{name: setting.value for name, setting in settings.items()})
 

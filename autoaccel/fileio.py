@@ -14,7 +14,6 @@ import io
 import os
 import re
 import stat
-import tempfile
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +129,8 @@ def _stage(target: Path, text: str, encoding: str, original: bytes | None) -> st
         _check_replaceable(target, existing)
     if not target.parent.is_dir():
         raise FileRefused(f"no such folder: {target.parent}")
+    import tempfile  # only writes need it (~2 ms of a lint run's start-up)
+
     handle, temporary = tempfile.mkstemp(
         prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import inspect
 import io
 import os
 import re
@@ -11,11 +13,13 @@ import sys
 
 import pytest
 from conftest import CLEAN, SCRIPT, SELECT
+from typer.testing import CliRunner
 
-from autoaccel import __version__
+from autoaccel import __version__, cli
 from autoaccel.config import LintSettings
 from autoaccel.diff import use_colour
 from autoaccel.lint import runner
+from autoaccel.lint.command import PLAIN_FLAGS, run_lint, run_plain_call
 from autoaccel.lint.fixer import fix_source
 from autoaccel.lint.runner import Mode, Overrides, lint_files
 from autoaccel.rules import all_rules
@@ -357,11 +361,11 @@ PLAIN_CALLS = [(), ("--quiet",), ("--fix",), ("--diff", "-q"), ("--unsafe-fixes"
 
 
 def _main(args: list[str], cwd) -> subprocess.CompletedProcess:
-    """`autoaccel.cli.main` with `args`; also prints whether pydantic got imported."""
+    """`autoaccel.__main__.main` with `args`; also prints whether typer got imported."""
     code = (
-        "import sys\nfrom autoaccel.cli import main\n"
+        "import sys\nfrom autoaccel.__main__ import main\n"
         f"sys.argv = ['autoaccel', *{args!r}]\n"
-        "try:\n    main()\nfinally:\n    print('pydantic' in sys.modules, file=sys.stderr)\n"
+        "try:\n    main()\nfinally:\n    print('typer' in sys.modules, file=sys.stderr)\n"
     )
     return subprocess.run(
         [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60
@@ -369,17 +373,67 @@ def _main(args: list[str], cwd) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("flags", PLAIN_CALLS, ids=" ".join)
-def test_plain_lint_call_skips_typer_parsing_with_the_same_result(tmp_path, flags):
-    """Paths and on/off flags (the pre-commit hooks' calls) are run without typer's
-    parsing, which imports pydantic; anything else, here `--format text`, is parsed by
-    typer. Both give the same output, exit code and file."""
+def test_plain_lint_call_skips_typer_with_the_same_result(tmp_path, flags):
+    """Paths and on/off flags (the pre-commit hooks' calls) are run without typer;
+    anything else, here `--format text`, is parsed by typer. Both give the same
+    output, exit code and file."""
     results = []
     for parsed_by_typer in (False, True):
         (tmp_path / "train.py").write_text(SCRIPT)
         extra = ["--format", "text"] if parsed_by_typer else []
         run = _main(["lint", *flags, *extra, "train.py"], tmp_path)
-        *report, pydantic = run.stderr.splitlines()
-        assert pydantic == str(parsed_by_typer)
+        *report, typer_imported = run.stderr.splitlines()
+        assert typer_imported == str(parsed_by_typer)
         results.append((run.returncode, run.stdout, report, (tmp_path / "train.py").read_text()))
     assert results[0] == results[1]
     assert results[0][0] in (0, 1), results[0]
+
+
+def test_plain_flags_are_the_on_off_options_typer_declares():
+    declared = {
+        spelling: name
+        for name, parameter in inspect.signature(cli.lint).parameters.items()
+        if parameter.default.default is False
+        for spelling in parameter.default.param_decls
+    }
+    assert PLAIN_FLAGS == declared
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["a.py", "-", "b"], ["--fix", "-q", "x.py"], list(PLAIN_FLAGS)], ids=repr
+)
+def test_plain_call_passes_what_typer_passes(monkeypatch, args):
+    """Every `run_lint` argument, defaults included, is what the typer command gives."""
+    calls = []
+
+    def record(*given, **keywords):
+        bound = inspect.signature(run_lint).bind(*given, **keywords)
+        bound.apply_defaults()
+        calls.append(bound.arguments)
+        return 0
+
+    monkeypatch.setattr("autoaccel.lint.command.run_lint", record)
+    assert run_plain_call(args) == 0
+    assert CliRunner().invoke(cli.app, ["lint", *args]).exit_code == 0
+    assert calls[0] == calls[1]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--select", "ACC1"], ["--", "x.py"], ["-qq"]])
+def test_other_calls_are_left_to_typer(args):
+    assert run_plain_call(args) is None
+
+
+@pytest.mark.parametrize("text", [SCRIPT, "import torch\ndef broken(:\n"], ids=["clean parse", "syntax error"])
+def test_the_cycle_collector_is_paused_while_a_text_is_analysed(monkeypatch, text):
+    analysed_with_collector = []
+    real_analyse = runner.analyse
+
+    def analyse(*args, **kwargs):
+        analysed_with_collector.append(gc.isenabled())
+        return real_analyse(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "analyse", analyse)
+    result = runner.lint_text(text, "train.py", LintSettings(), Mode.CHECK)
+    assert analysed_with_collector == [False]
+    assert gc.isenabled()
+    assert bool(result.error) == (text != SCRIPT)

@@ -15,6 +15,36 @@ from autoaccel.lint.runner import FileResult, Mode, Overrides, lint_files, lint_
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
+# The on/off options of `autoaccel lint` (declared with typer in `autoaccel.cli`), by
+# spelling, for `run_plain_call`; `tests/test_cli_lint.py` checks them against typer's.
+PLAIN_FLAGS = {
+    "--fix": "fix",
+    "--diff": "diff",
+    "--unsafe-fixes": "unsafe_fixes",
+    "--exit-zero": "exit_zero",
+    "--statistics": "statistics",
+    "--quiet": "quiet",
+    "-q": "quiet",
+    "--force-exclude": "force_exclude",
+}
+
+
+def run_plain_call(args: list[str]) -> int | None:
+    """`autoaccel lint ARGS` when ARGS are only paths and `PLAIN_FLAGS` (how pre-commit
+    calls it), without typer; the other options keep `run_lint`'s defaults, which are
+    the command's. Returns None, to let typer parse, for anything else (`--help`,
+    options with values, `--`)."""
+    paths = []
+    flags = {}
+    for arg in args:
+        if arg in PLAIN_FLAGS:
+            flags[PLAIN_FLAGS[arg]] = True
+        elif arg == "-" or not arg.startswith("-"):
+            paths.append(arg)
+        else:
+            return None
+    return run_lint(paths or ["."], **flags)
+
 
 def run_lint(
     paths: list[str],
