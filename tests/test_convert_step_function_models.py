@@ -1,15 +1,14 @@
 """A model that a step function and an evaluation function receive as their parameter,
-called from a loop elsewhere (pytorch/examples' gcn): neither function is a place to
-wrap or shard the model, since each runs once per step. Before, `--to fsdp` put
-`shard_model(model)` after `evaluate`'s `return` or at the end of `train_step`, and
-exited 0; which of the two depended on the objects' hashes, so it changed between runs."""
+called from a loop elsewhere under another name (pytorch/examples' gcn and gat). Before,
+`--to fsdp` put `shard_model(model)` after `evaluate`'s `return` or at the end of
+`train_step` and exited 0 (which of the two depended on the objects' hashes); `--to ddp`
+refused. The model is now wrapped or sharded where the loop's code builds it, and the
+wrapper is handed down. fixtures/ddp/step_receives_model.py proves it by running."""
 
 from __future__ import annotations
 
-import pytest
-
 from autoaccel.convert.log import ConvertOptions
-from autoaccel.convert.pipeline import convert_source
+from autoaccel.convert.pipeline import Conversion, convert_source
 
 SCRIPT = """\
 import torch
@@ -17,16 +16,17 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
+def evaluate(model, x, y):
+    with torch.no_grad():
+        return nn.functional.mse_loss(model(x), y).item()
+
+
 def train_step(model, optimizer, x, y):
     optimizer.zero_grad()
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
     optimizer.step()
-
-
-def evaluate(model, x, y):
-    with torch.no_grad():
-        return nn.functional.mse_loss(model(x), y).item()
+    return evaluate(model, x[:4], y[:4]), evaluate(model, x[4:], y[4:])
 
 
 if __name__ == "__main__":
@@ -34,17 +34,44 @@ if __name__ == "__main__":
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
     for x, y in loader:
-        train_step(net, optimizer, x, y)
-        print(evaluate(net, x, y))
+        print(train_step(net, optimizer, x, y))
 """
-LOOP_LINE = SCRIPT.splitlines().index("    for x, y in loader:") + 1
 
 
-@pytest.mark.parametrize(("target", "step"), [("ddp", "DistributedDataParallel"), ("fsdp", "fully_shard")])
-def test_a_model_received_by_the_step_function_is_refused_at_the_loop(target, step):
-    conversion = convert_source(SCRIPT, ConvertOptions(target=target, amp="off"), "train.py")
+def convert(script: str, target: str) -> Conversion:
+    return convert_source(script, ConvertOptions(target=target, amp="off"), "train.py")
 
-    refused = [(item.what, item.line) for item in conversion.log.skipped if item.wrong]
-    assert refused == [(step, LOOP_LINE)]
-    assert "shard_model(model)" not in conversion.converted
-    assert "DDP(model" not in conversion.converted
+
+def refusals(conversion: Conversion) -> list[tuple[str, int | None]]:
+    return [(item.what, item.line) for item in conversion.log.skipped if item.wrong]
+
+
+def test_ddp_wraps_the_model_where_it_is_built_and_hands_the_wrapper_down():
+    conversion = convert(SCRIPT, "ddp")
+
+    assert refusals(conversion) == []
+    converted = conversion.converted
+    assert converted.index("ddp_net = DDP(") < converted.index("optimizer = torch.optim.SGD(")
+    assert "train_step(ddp_net, optimizer, x, y)" in converted
+    # `model` is the wrapper there, for both calls (the second one was refused)
+    assert "return evaluate(model, x[:4], y[:4]), evaluate(model, x[4:], y[4:])" in converted
+
+
+def test_fsdp_shards_the_model_where_it_is_built():
+    conversion = convert(SCRIPT, "fsdp")
+
+    assert refusals(conversion) == []
+    converted = conversion.converted
+    assert converted.index("shard_model(net)") < converted.index("optimizer = torch.optim.SGD(")
+    assert converted.count("shard_model(") == 2  # the helper's definition and the call
+
+
+def test_two_names_that_may_hold_the_model_are_refused_at_the_loop():
+    """`net` or `copy` may be the model the step trains: no single place to wrap it."""
+    ambiguous = SCRIPT.replace(
+        "    net = nn.Linear(4, 1)\n", "    net = nn.Linear(4, 1)\n    copy = net\n"
+    ).replace("train_step(net,", "train_step(copy if x.sum() > 0 else net,")
+    loop = ambiguous.splitlines().index("    for x, y in loader:") + 1
+
+    for target, step in (("ddp", "DistributedDataParallel"), ("fsdp", "fully_shard")):
+        assert refusals(convert(ambiguous, target)) == [(step, loop)]

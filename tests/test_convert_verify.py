@@ -145,7 +145,8 @@ def _convert(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.runs
 @pytest.mark.parametrize(
-    "name", ["summed_loss.py", "stop_on_loss.py", "fresh_batches.py", "gan_batch_shapes.py"]
+    "name",
+    ["summed_loss.py", "stop_on_loss.py", "fresh_batches.py", "gan_batch_shapes.py", "step_receives_model.py"],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, tmp_path):
     """Each fixture converts without a refusal and its conversion passes --verify on two

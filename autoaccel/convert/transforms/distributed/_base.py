@@ -338,28 +338,53 @@ class DistributedStep(StatementRewrite):
         )
         training = self.training_functions(module)
         loops = set(self.train_loops())
-        found = []
         assignments = find(module, (cst.Assign, cst.AnnAssign))
+
+        def assigned(key: str) -> list[cst.CSTNode]:
+            return [a for a in assignments if any(name_key(t) == key for t in _targets(a))]
+
+        found = []
         for key in keys:
-            assigns = [a for a in assignments if any(name_key(t) == key for t in _targets(a))]
+            assigns = assigned(key)
             receiver = None if assigns else self._receiving_function(key)
             if receiver is None and not assigns:
                 continue
-            block = self.scope_block(assigns[0]) if assigns else receiver.body  # type: ignore[union-attr]
-            anchor = trains = None
-            for statement in block.body:
-                if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-                    continue
-                if called_function(statement, training) or any(n in loops for n in descendants(statement)):
-                    trains = statement
-                    break
-                if _builds(statement, key) or receiver is not None:
-                    anchor = statement  # a model received ready: wrapped just before training
-            if receiver is not None and trains is None:
-                continue  # the function is a step of a loop elsewhere: not a place to wrap
-            if anchor is not None:
-                found.append(TrainedModel(key, block, anchor, trains))
+            model = self._ready(key, self.scope_block(assigns[0]) if assigns else receiver.body, receiver is not None, training, loops)  # type: ignore[union-attr]
+            if model is None and receiver is not None:
+                # A step function that receives the model (`def train_iter(model, ...)`
+                # called as `train_iter(gcn, ...)` in the loop): the model is ready where
+                # the caller builds it, under its own name.
+                builders = sorted(
+                    alias
+                    for alias in self.script.names_of(self.script.held_by(key)) - {key}
+                    if assigned(alias)
+                )
+                if len(builders) == 1:
+                    alias = builders[0]
+                    block = self.scope_block(assigned(alias)[0])
+                    model = self._ready(alias, block, False, training, loops)
+            if model is not None:
+                found.append(model)
         return found
+
+    def _ready(
+        self, key: str, block: cst.IndentedBlock | cst.Module, received: bool, training: set[str], loops: set
+    ) -> TrainedModel | None:
+        """Where in `block` the model `key` is ready, before the first statement that
+        trains (None when it is not: no statement builds it there, or a model the block's
+        function `received` is not trained there, since the function is a step itself)."""
+        anchor = trains = None
+        for statement in block.body:
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            if called_function(statement, training) or any(n in loops for n in descendants(statement)):
+                trains = statement
+                break
+            if _builds(statement, key) or received:
+                anchor = statement  # a model received ready: wrapped just before training
+        if anchor is None or (received and trains is None):
+            return None
+        return TrainedModel(key, block, anchor, trains)
 
 
     def _receiving_function(self, key: str) -> cst.FunctionDef | None:

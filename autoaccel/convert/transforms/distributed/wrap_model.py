@@ -62,11 +62,13 @@ class WrapModel(DistributedStep):
                 self._wrap(model)
 
     def _wrap(self, model: TrainedModel) -> None:
+        # The model under its own name, or as a parameter of the functions it is given to.
+        names = {model.key} | self.script.names_of(self.script.held_by(model.key))
         forwards = [
             call
             for code in self.train_code()
             for call in find(code, cst.Call)
-            if name_key(call.func) == model.key
+            if name_key(call.func) in names
         ]
         plan: dict[cst.CSTNode, str] = {}
         for call in forwards:
@@ -104,10 +106,11 @@ class WrapModel(DistributedStep):
         argument of a training function (through any number of calls). False when
         neither works."""
         function = self.scope_of(call)
-        if self._holds(model, function):
+        name = name_key(call.func)
+        if name == model.key and self._holds(model, function):
             plan[call] = ddp_name(model.key)
             return True
-        return self._route_through(model, function, plan, set())
+        return name is not None and self._route_through(model, function, name, plan, {})
 
     def _holds(self, model: TrainedModel, function: cst.FunctionDef | None) -> bool:
         """Whether code of `function` sees the model itself under `model.key`."""
@@ -119,29 +122,39 @@ class WrapModel(DistributedStep):
         )
 
     def _route_through(
-        self, model: TrainedModel, function: cst.FunctionDef | None, plan: dict[cst.CSTNode, str], seen: set
+        self,
+        model: TrainedModel,
+        function: cst.FunctionDef | None,
+        name: str,
+        plan: dict[cst.CSTNode, str],
+        routed: dict[cst.FunctionDef, bool],
     ) -> bool:
-        """Pass the wrapper for `function`'s parameter `model.key` at every call site."""
+        """Pass the wrapper for `function`'s parameter `name` at every call site: the
+        model itself where the caller holds it, else the caller's own parameter, passed
+        on the same way. `routed`: the functions planned so far, and whether they could
+        be (False while under way: a recursion is not routed)."""
+        if function in routed:
+            return routed[function]  # type: ignore[index]
         params = parameters_of(function)
-        if function is None or function in seen or model.key not in params:
+        if function is None or name not in params or not _uses_like_ddp(function, name):
             return False
-        if not _uses_like_ddp(function, model.key):
-            return False
-        seen.add(function)
-        index = params.index(model.key)
+        routed[function] = False
+        index = params.index(name)
         sites = name_calls(self.tree, function.name.value)
         for site in sites:
             positional = [a for a in site.args if a.keyword is None and not a.star]
-            arg = next((a for a in site.args if a.keyword and a.keyword.value == model.key), None)
+            arg = next((a for a in site.args if a.keyword and a.keyword.value == name), None)
             arg = arg or (positional[index] if index < len(positional) else None)
-            if arg is None or name_key(arg.value) != model.key:
+            passed = None if arg is None else name_key(arg.value)
+            if passed is None:
                 return False
             caller = self.scope_of(site)
-            if self._holds(model, caller):
+            if passed == model.key and self._holds(model, caller):
                 plan[arg] = ddp_name(model.key)
-            elif not self._route_through(model, caller, plan, seen):
+            elif not self._route_through(model, caller, passed, plan, routed):
                 return False
-        return bool(sites)
+        routed[function] = bool(sites)
+        return routed[function]
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         return self._to_wrapper(original_node, updated_node, "func", "training forward pass through")
