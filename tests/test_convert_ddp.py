@@ -19,6 +19,7 @@ from autoaccel.convert.pipeline import convert_source
 from autoaccel.convert.transform import new_context
 from autoaccel.convert.transforms.distributed import (
     DDP_STEPS,
+    ComputeBeforePrinting,
     ConvertSyncBatchNorm,
     DestroyProcessGroup,
     FollowPerProcessBatch,
@@ -532,6 +533,39 @@ def test_adjacent_prints_and_saves_share_one_rank_zero_guard():
         """
     )
     assert [c.code for c in log.changes] == ["ddp", "ACC403"]
+
+
+def test_a_print_that_runs_the_ddp_model_computes_it_on_every_rank_first():
+    """A DDP forward broadcasts the model's buffers (BatchNorm): run on rank 0 alone under
+    the print's guard, it aborted both processes (gloo: "Received data size doesn't match
+    expected size")."""
+    code, log = run_step(
+        ComputeBeforePrinting,
+        """\
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+        def evaluate(m, x, y):
+            return m(x)
+
+
+        ddp_model = DDP(model)
+        for x, y in loader:
+            print(evaluate(ddp_model, x, y), ddp_model(x).sum().item())
+        """,
+    )
+    assert dedent(
+        """\
+        for x, y in loader:
+            evaluate_result = evaluate(ddp_model, x, y)
+            ddp_model_result = ddp_model(x)
+            print(evaluate_result, ddp_model_result.sum().item())
+        """
+    ) in code
+    assert [c.description for c in log.changes] == [
+        "`evaluate_result` computed on every process before the rank-0 print",
+        "`ddp_model_result` computed on every process before the rank-0 print",
+    ]
 
 
 def test_file_opened_for_writing_is_written_on_rank_zero():

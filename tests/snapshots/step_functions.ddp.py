@@ -38,6 +38,13 @@ if DISTRIBUTED:
     dist.init_process_group(backend, init_method="env://")
 
 
+def all_reduce_sums(*sums):
+    """The sums over every process of `sums` (each process summed its share of a set)."""
+    totals = torch.tensor(sums, dtype=torch.float64)
+    dist.all_reduce(totals)
+    return [type(value)(total) for value, total in zip(sums, totals.tolist())]
+
+
 def per_process_batch_size(global_batch_size):
     """Each process loads an equal share of the original (global) batch."""
     if global_batch_size % WORLD_SIZE:
@@ -75,7 +82,11 @@ def make_loaders(batch_size):
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )
-    val_loader = DataLoader(val, batch_size=batch_size)
+    val_loader = DataLoader(
+        val,
+        batch_size=batch_size,
+        sampler=range(RANK, len(val), WORLD_SIZE) if DISTRIBUTED else None,
+    )
     return train_loader, val_loader
 
 
@@ -93,6 +104,8 @@ def evaluate(net, loader, device):
     with torch.no_grad():
         for x, y in loader:
             correct += (net(x.to(device)).argmax(1) == y.to(device)).sum().item()
+        if DISTRIBUTED:  # each process evaluated its share: add up
+            (correct,) = all_reduce_sums(correct)
     net.train()
     return correct / len(loader.dataset)
 
@@ -126,8 +139,9 @@ def main():
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     criterion = FocalLoss()
     train_loader, val_loader = make_loaders(args.batch_size)
+    evaluate_result = evaluate(net, val_loader, device)
     if RANK == 0:
-        print(f"accuracy before training: {evaluate(net, val_loader, device):.3f}")
+        print(f"accuracy before training: {evaluate_result:.3f}")
     # Same model and data on every process so far; from here each draws its own random
     # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
     if DISTRIBUTED:
@@ -136,8 +150,9 @@ def main():
         if DISTRIBUTED:
             train_loader.sampler.set_epoch(epoch)
         train_epoch(ddp_net, optimizer, criterion, train_loader, device)
+        evaluate_result2 = evaluate(net, val_loader, device)
         if RANK == 0:
-            print(f"epoch {epoch}: accuracy {evaluate(net, val_loader, device):.3f}")
+            print(f"epoch {epoch}: accuracy {evaluate_result2:.3f}")
     if RANK == 0:
         torch.save(net.state_dict(), "step_functions.pt")
 

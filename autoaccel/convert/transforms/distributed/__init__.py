@@ -6,6 +6,7 @@ up is left alone as a whole.
 """
 
 from autoaccel.convert.transforms.distributed.convert_sync_batchnorm import ConvertSyncBatchNorm
+from autoaccel.convert.transforms.distributed.compute_before_printing import ComputeBeforePrinting
 from autoaccel.convert.transforms.distributed.destroy_process_group import DestroyProcessGroup
 from autoaccel.convert.transforms.distributed.follow_per_process_batch import FollowPerProcessBatch
 from autoaccel.convert.transforms.distributed.guard_rank_zero import GuardRankZero
@@ -41,6 +42,9 @@ DDP_STEPS = [
     ShareNodeCpus,
     SetSamplerEpoch,
     PrintShardSizes,
+    # before ShardEvaluation, which then sees the evaluations a print reported, and
+    # before GuardRankZero puts the prints under `if RANK == 0:`
+    ComputeBeforePrinting,
     ShardEvaluation,
     NoSyncAccumulation,
     StopTogether,

@@ -11,6 +11,7 @@ sets up torch.distributed"), each use of Horovod by `RefuseHorovod`.
 
 from autoaccel.convert.transforms.distributed import (
     DDP_STEPS,
+    ComputeBeforePrinting,
     DestroyProcessGroup,
     GuardRankZero,
     MigrateHorovod,
@@ -20,7 +21,7 @@ from autoaccel.convert.transforms.distributed import (
     WrapModel,
 )
 from autoaccel.convert.transforms.fully_sharded.compute_before_printing import (
-    ComputeBeforePrinting,
+    ShardedComputeBeforePrinting,
 )
 from autoaccel.convert.transforms.fully_sharded.destroy_after_models import DestroyAfterModels
 from autoaccel.convert.transforms.fully_sharded.every_rank_computes import EveryRankComputes
@@ -35,12 +36,14 @@ _REPLACED = {
     DestroyProcessGroup: [DestroyAfterModels],
     GuardRankZero: [
         GatherStateDicts,
-        ComputeBeforePrinting,
+        ShardedComputeBeforePrinting,
         GuardRankZeroGathering,
         EveryRankComputes,
     ],
 }
-_LEFT_OUT = (NoSyncAccumulation, ShardEvaluation, MigrateLaunch)
+# ComputeBeforePrinting comes before ShardEvaluation in ddp; fsdp has no ShardEvaluation
+# and runs its own version with the steps that replace GuardRankZero.
+_LEFT_OUT = (NoSyncAccumulation, ShardEvaluation, MigrateLaunch, ComputeBeforePrinting)
 
 FSDP_STEPS = [
     replacement

@@ -13,11 +13,12 @@ import libcst as cst
 from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import DistributedStep
-from autoaccel.convert.transforms.fully_sharded._sharded import (
-    runs_sharded_model,
+from autoaccel.convert.transforms.distributed.compute_before_printing import (
+    runs_model,
     script_functions,
-    sharded_models,
 )
+from autoaccel.convert.transforms.fully_sharded._helpers import COLLECTIVES
+from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
 
 
 class EveryRankComputes(DistributedStep):
@@ -27,7 +28,7 @@ class EveryRankComputes(DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         sharded, functions = sharded_models(node, self.script), script_functions(node)
         for call in find(node, cst.Call):
-            if runs_sharded_model(call, sharded, functions) and rank_guarded(
+            if runs_model(call, sharded, functions, COLLECTIVES) and rank_guarded(
                 call, self.ancestors(call)
             ):
                 self.skipped(

@@ -1,0 +1,97 @@
+"""Run the distributed model on every process before a print that only rank 0 will run.
+
+`print(f"accuracy {evaluate(model, loader):.3f}")` goes under `if RANK == 0:` in the next
+step, but `evaluate()` runs a forward pass that every process must take part in: a DDP
+model with buffers (BatchNorm) broadcasts them at each forward, and a forward of a sharded
+model gathers its parameters. On rank 0 alone the collective does not match the other
+processes' (gloo: "Received data size doesn't match expected size", an abort). The call
+moves into a statement of its own just before the print (`evaluate_result =
+evaluate(model, loader)`), which every process runs, and the print reads its result.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.rank_guards import rank_guarded
+from autoaccel.analysis.shapes import find, is_name
+from autoaccel.analysis.side_effects import PRINTS
+from autoaccel.convert.transforms.distributed._base import (
+    DistributedStep,
+    fresh_name,
+    parse_statements,
+)
+
+# Methods of a distributed model that run no forward pass and communicate nothing.
+_LOCAL_METHODS = frozenset(
+    {"train", "eval", "parameters", "named_parameters", "modules", "children", "zero_grad", "to"}
+)
+
+
+class ComputeBeforePrinting(DistributedStep):
+    DESCRIPTION = "Run distributed-model calls of a print on every process, before the print."
+    code = "ddp"
+    # Functions the conversion defines that every process must call (none for DDP).
+    collectives: tuple[str, ...] = ()
+
+    def models(self, module: cst.Module) -> set[str]:
+        """The names that hold a model whose calls communicate: the DDP wrappers."""
+        return self.ddp_wrappers(module)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.hoisted: dict[cst.Call, cst.Name] = {}
+        models, functions = self.models(node), script_functions(node)
+        bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
+        for call in find(node, cst.Call):
+            if not self.qualified_names(call.func) & PRINTS or rank_guarded(
+                call, self.ancestors(call)
+            ):
+                continue
+            statement = self.statement_of(call)
+            inner = [
+                c
+                for c in find(call, cst.Call)
+                if c is not call and runs_model(c, models, functions, self.collectives)
+            ]
+            outermost = [
+                c
+                for c in inner
+                if not any(c in find(other, cst.Call) for other in inner if other is not c)
+            ]
+            for value in outermost:
+                name = fresh_name(f"{_callee(value)}_result", bound)
+                bound.add(name)
+                self.before.setdefault(statement, []).extend(
+                    parse_statements(f"{name} = {cst.Module([]).code_for_node(value)}\n")
+                )
+                self.hoisted[value] = cst.Name(name)
+                self.changed(value, f"`{name}` computed on every process before the rank-0 print")
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return self.hoisted.get(original_node, updated_node)
+
+
+def script_functions(module: cst.Module) -> set[str]:
+    """Names of the functions and methods the module defines."""
+    return {function.name.value for function in find(module, cst.FunctionDef)}
+
+
+def runs_model(
+    call: cst.Call, models: set[str], functions: set[str], collectives: tuple[str, ...] = ()
+) -> bool:
+    """Whether `call` needs every process: a forward pass of one of `models` (`model(x)`,
+    `model.generate(x)`), a function of the script given one (`evaluate(model, loader)`),
+    or one of the `collectives`."""
+    func = call.func
+    if name_key(func) in models or (collectives and is_name(func, *collectives)):
+        return True
+    if isinstance(func, cst.Attribute) and name_key(func.value) in models:
+        return func.attr.value not in _LOCAL_METHODS
+    callee = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    return callee in functions and any(name_key(arg.value) in models for arg in call.args)
+
+
+def _callee(call: cst.Call) -> str:
+    func = call.func
+    return func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "value")
