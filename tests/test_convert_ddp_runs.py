@@ -29,17 +29,23 @@ from pathlib import Path
 
 import pytest
 
-from running import FIXTURES_DIR, TIMEOUT_S, SessionRuns, _check, _env, convert
+from running import (
+    DDP_OPTIONS,
+    FIXTURES_DIR,
+    TIMEOUT_S,
+    UNSHARDED,
+    SessionRuns,
+    _check,
+    _env,
+    convert,
+    ddp_options,
+)
 from test_convert_runs import CASES, EXACT_REL, final_loss, rel_gap
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
 WORLD_SIZE = 2
-DDP_OPTIONS = ("--to", "ddp", "--amp", "off")
-# Fixtures without a DataLoader: the conversion cannot shard their data, so it refuses;
-# `--allow-partial` writes it (every rank then trains on all the data).
-UNSHARDED = {"lstm_lm.py"}
 # Fixtures whose weighted sampler each process reads a share of (no DistributedSampler):
 # tests/test_convert_data_runs.py checks what they read.
 WEIGHTED = {"imbalanced_resume.py"}
@@ -120,8 +126,7 @@ def run_torchrun(script: Path, args: tuple[str, ...], cwd: Path) -> list[dict]:
 
 def _job(name: str, tmp: Path, shared: SessionRuns) -> dict:
     args = CASES[name].args
-    partial = ("--allow-partial",) if name in UNSHARDED else ()
-    converted = shared.convert(name, *DDP_OPTIONS, *partial)
+    converted = shared.convert(name, *ddp_options(name))
     return {
         "orig": shared.run(FIXTURES_DIR / name, args).losses,
         "python": shared.run(converted, args).losses,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from running import fixture_names
+from running import DDP_OPTIONS, ddp_options, fixture_names
 
 SNAPSHOTS_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
@@ -25,10 +25,16 @@ VARIANTS = {
     "default": (),
     "amp-off": ("--amp", "off"),
     "dp": ("--to", "dp", "--amp", "off"),
-    # lstm_lm.py has no DataLoader to shard: --to ddp refuses it (tests/test_convert_refuses.py);
-    # the snapshot is what --allow-partial writes
-    "ddp": ("--to", "ddp", "--amp", "off", "--allow-partial"),
+    "ddp": DDP_OPTIONS,
 }
+
+
+def options(name: str, variant: str) -> tuple[str, ...]:
+    """The variant's options; for `ddp` the ddp run tests' (their conversion is shared):
+    `--allow-partial` only for lstm_lm.py, which --to ddp refuses without it (it has no
+    DataLoader to shard, tests/test_convert_refuses.py), so each other snapshot also shows
+    that its fixture converts without a refusal."""
+    return ddp_options(name) if variant == "ddp" else VARIANTS[variant]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +48,7 @@ def converted(request, session_runs):
             selected.add((params["name"], params.get("variant", "default")))
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {
-            (n, v): pool.submit(session_runs.convert, n, *VARIANTS[v]) for n, v in sorted(selected)
+            (n, v): pool.submit(session_runs.convert, n, *options(n, v)) for n, v in sorted(selected)
         }
 
 
