@@ -9,12 +9,12 @@ to the converter, regenerate them and review the diff:
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from running import DDP_OPTIONS, ddp_options, fixture_names
+from running import DDP_OPTIONS, SessionRuns, ddp_options, fixture_names, runs_fixture
 
 SNAPSHOTS_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
@@ -37,19 +37,18 @@ def options(name: str, variant: str) -> tuple[str, ...]:
     return ddp_options(name) if variant == "ddp" else VARIANTS[variant]
 
 
-@pytest.fixture(scope="module")
-def converted(request, session_runs):
-    """(fixture, variant) -> future of the converted file; the selected tests' conversions all
-    start up front, two at a time (those the run tests made already are done)."""
-    selected = set()
-    for item in request.session.items:
-        params = getattr(item, "callspec", None) and item.callspec.params
-        if item.module is request.module and params and "name" in params:
-            selected.add((params["name"], params.get("variant", "default")))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            (n, v): pool.submit(session_runs.convert, n, *options(n, v)) for n, v in sorted(selected)
-        }
+def _convert(shared: SessionRuns, name: str, variant: str) -> Path:
+    return shared.convert(name, *options(name, variant))
+
+
+def start_runs(shared: SessionRuns, tests: list) -> dict[tuple[str, str], Future]:
+    """(fixture, variant) -> future of the converted file, for the selected tests, in the
+    background (see running.py); those the run tests made already are done."""
+    pairs = {(t.callspec.params["name"], t.callspec.params.get("variant", "default")) for t in tests}
+    return {pair: shared.start(_convert, *pair) for pair in sorted(pairs)}
+
+
+converted = runs_fixture(start_runs)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
