@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Iterator
+from typing import Callable
 
-import pytest
-
-from running import FIXTURES_DIR
+from running import FIXTURES_DIR, SessionRuns, selected
 
 
 def autoaccel(command: str, script: Path, *options: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -24,26 +22,22 @@ def autoaccel(command: str, script: Path, *options: str, cwd: Path) -> subproces
     )
 
 
-def runs_on_fixtures(test: str, command: str, *options: str):
-    """A module-scoped pytest fixture: name -> future of `autoaccel COMMAND FIXTURE *options`,
-    started for every fixture the selected runs of `test` (parametrized by `name`) need,
-    two at a time; each test waits for its own."""
+def _on_fixture(
+    shared: SessionRuns, command: str, name: str, options: tuple[str, ...]
+) -> subprocess.CompletedProcess:
+    folder = shared.folder(f"{command}-{name.removesuffix('.py')}")
+    return autoaccel(command, FIXTURES_DIR / name, *options, cwd=folder)
 
-    @pytest.fixture(scope="module")
-    def fixture_runs(request, tmp_path_factory) -> Iterator[dict[str, Future]]:
-        pytest.importorskip("torch")
-        selected = sorted({
-            item.callspec.params["name"]
-            for item in request.session.items
-            if item.originalname == test and hasattr(item, "callspec")
-        })
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            yield {
-                name: pool.submit(
-                    autoaccel, command, FIXTURES_DIR / name, *options,
-                    cwd=tmp_path_factory.mktemp(name.removesuffix(".py")),
-                )
-                for name in selected
-            }
 
-    return fixture_runs
+def runs_on_fixtures(
+    test: str, command: str, *options: str
+) -> Callable[[SessionRuns, list], dict[str, Future]]:
+    """A module's `start_runs` (see running.py): name -> future of `autoaccel COMMAND
+    FIXTURE *options`, for every fixture the selected runs of `test` (parametrized by
+    `name`) need."""
+
+    def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+        names = selected(item for item in tests if item.originalname == test)
+        return {name: shared.start(_on_fixture, command, name, options) for name in names}
+
+    return start_runs

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
+from typing import Iterator
 
 import pytest
 from typer.testing import CliRunner
 
 from autoaccel.cli import app
-from running import SessionRuns
+from running import SessionRuns, runs_tests_by_module
 
 # ACC101 (unsafe fix) and ACC102 (safe fix) both fire on line 4, column 10.
 SCRIPT = textwrap.dedent(
@@ -57,6 +58,18 @@ def cli(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def session_runs(tmp_path_factory) -> SessionRuns:
+def session_runs(tmp_path_factory) -> Iterator[SessionRuns]:
     """Harness runs and conversions done once for the whole session (see running.py)."""
-    return SessionRuns(tmp_path_factory.mktemp("session-runs"))
+    shared = SessionRuns(tmp_path_factory.mktemp("session-runs"))
+    yield shared
+    shared.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runs_started_early(request, session_runs) -> None:
+    """Before the first test, start the background jobs of every selected `runs` test (each
+    module's `start_runs`, see running.py), in the order of the tests. `-m "not runs"`
+    starts none."""
+    for module, tests in runs_tests_by_module(request.session.items).items():
+        if hasattr(module, "start_runs"):
+            module.start_runs(session_runs, tests)

@@ -2,7 +2,14 @@
 
 `convert` runs `autoaccel convert` in a subprocess, `run_under_harness` runs a script under
 `autoaccel.harness`, which records the loss of every backward call. `SessionRuns` (the
-`session_runs` fixture of conftest.py) does each of those once per test session.
+`session_runs` fixture of conftest.py) does each of those once per test session, and runs
+the jobs of the run tests in the background.
+
+A test module whose tests wait for such jobs defines `start_runs(shared, tests)`: it starts
+(`shared.start`) the jobs its selected `runs` tests need and returns their futures, which
+its tests read through the fixture `runs_fixture(start_runs)`. conftest.py calls every
+module's `start_runs` before the first test of the session, so the jobs run on the second
+core while the unit tests keep the first one busy.
 """
 
 from __future__ import annotations
@@ -12,19 +19,47 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from types import ModuleType
+from typing import Callable, Hashable, Iterable, TypeVar
+
+import pytest
 
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 TIMEOUT_S = 120
+DDP_OPTIONS = ("--to", "ddp", "--amp", "off")
+# Fixtures without a DataLoader: the conversion cannot shard their data, so it refuses;
+# `--allow-partial` writes it (every rank then trains on all the data).
+UNSHARDED = {"lstm_lm.py"}
+# Jobs run side by side in the background (the machine the suite is timed on has 2 cores;
+# with the test that runs meanwhile, that keeps both busy).
+BACKGROUND_THREADS = 2
 
 
 def fixture_names() -> list[str]:
     """The fixture scripts, sorted (hidden files, e.g. an editor's, are not fixtures)."""
     return sorted(p.name for p in FIXTURES_DIR.glob("*.py") if not p.name.startswith("."))
+
+
+def runs_tests_by_module(items: Iterable) -> dict[ModuleType, list]:
+    """The tests marked `runs` among pytest's `items`, by module, in their order."""
+    tests: dict[ModuleType, list] = {}
+    for item in items:
+        if item.get_closest_marker("runs"):
+            tests.setdefault(item.module, []).append(item)
+    return tests
+
+
+def selected(items: Iterable, param: str = "name", default: Hashable = None) -> list:
+    """The values the pytest `items` take for parameter `param`, sorted, each once; an item
+    without it counts as `default` (left out when that is None)."""
+    values = {item.callspec.params.get(param, default) if hasattr(item, "callspec") else default
+              for item in items}  # fmt: skip
+    return sorted(values - {None})
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -85,6 +120,12 @@ def run_with_losses(script_path, args, tmp_path, env=None, max_steps=None) -> li
     return run_under_harness(script_path, args, tmp_path, env, max_steps).losses
 
 
+def ddp_options(name: str) -> tuple[str, ...]:
+    """The options the tests convert fixture `name` with for `--to ddp`: `--allow-partial`
+    only where the conversion refuses, so that the snapshot and the runs share it."""
+    return DDP_OPTIONS + (("--allow-partial",) if name in UNSHARDED else ())
+
+
 def _fixture_path(fixture) -> Path:
     fixture = Path(fixture)
     return fixture if fixture.is_absolute() else FIXTURES_DIR / fixture
@@ -112,12 +153,34 @@ class SessionRuns:
     by the script's content, its arguments and environment, a conversion by the
     fixture's content and the options. Safe to call from several threads; callers that
     ask for what is under way wait for it. Callers read the results and never change
-    the files: a script that must be edited is converted with `convert` instead."""
+    the files: a script that must be edited is converted with `convert` instead.
+
+    `start` runs a test module's jobs (which call the above) on background threads."""
 
     def __init__(self, root: Path) -> None:
         self._root = root
         self._lock = threading.Lock()
         self._results: dict[tuple, Future] = {}
+        self._started: dict[tuple, Future] = {}
+        self._pool = ThreadPoolExecutor(BACKGROUND_THREADS, thread_name_prefix="session-runs")
+
+    def start(self, job: Callable[..., Result], *args: Hashable) -> Future:
+        """The future of `job(self, *args)`, queued on the background threads by the first
+        caller with the same job and arguments. The jobs start in the order they are
+        asked for; a job must not wait for another started job (it might wait for ever)."""
+        with self._lock:
+            key = (job, args)
+            if key not in self._started:
+                self._started[key] = self._pool.submit(job, self, *args)
+            return self._started[key]
+
+    def folder(self, name: str) -> Path:
+        """A new empty folder, its name starting with `name`, for a job's files."""
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self._root))
+
+    def close(self) -> None:
+        """Drop the jobs not yet started (the session ends early) and wait for the others."""
+        self._pool.shutdown(cancel_futures=True)
 
     def run(self, script, args=(), env: dict[str, str] | None = None) -> HarnessRun:
         """`run_under_harness(script, args)` in a folder of its own."""
@@ -152,3 +215,15 @@ class SessionRuns:
             except Exception as error:  # every caller of this key gets it
                 future.set_exception(error)
         return future.result()
+
+
+def runs_fixture(start_runs: Callable[[SessionRuns, list], Result]):
+    """A module-scoped pytest fixture: what `start_runs` returns for the module's selected
+    tests marked `runs` (the futures of the jobs conftest.py started already)."""
+
+    @pytest.fixture(scope="module")
+    def started(request, session_runs: SessionRuns) -> Result:
+        tests = runs_tests_by_module(request.session.items).get(request.module, [])
+        return start_runs(session_runs, tests)
+
+    return started

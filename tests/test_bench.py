@@ -36,7 +36,7 @@ from autoaccel.bench.report import (
 from autoaccel.bench.runner import Run, merge_ranks
 from autoaccel.convert.log import ConvertOptions
 from command_runs import autoaccel, runs_on_fixtures
-from running import FIXTURES_DIR, fixture_names
+from running import FIXTURES_DIR, fixture_names, runs_fixture
 
 FIXTURES = fixture_names()
 # Written for PyTorch 0.3: the original crashes at its first step, so there is nothing to
@@ -50,14 +50,18 @@ FEW_STEPS = ("--steps", "6", "--warmup", "2", "--repeats", "1")
 bench = partial(autoaccel, "bench")
 # The default conversion (`--amp bf16`): on a CPU its autocast is disabled, so it must agree
 # exactly (EXACT) with the original.
-fixture_runs = runs_on_fixtures(
+start_runs = runs_on_fixtures(
     "test_conversion_trains_like_the_original", "bench", "--json", *FEW_STEPS
 )
+
+
+fixture_runs = runs_fixture(start_runs)
 
 
 @pytest.mark.runs
 @pytest.mark.parametrize("name", FIXTURES)
 def test_conversion_trains_like_the_original(name, fixture_runs):
+    pytest.importorskip("torch")
     proc = fixture_runs[name].result()
     if name == BROKEN_ORIGINAL:
         assert proc.returncode == 2

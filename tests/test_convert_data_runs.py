@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from running import FIXTURES_DIR
-from test_convert_ddp_runs import DDP_OPTIONS, run_torchrun
+from test_convert_ddp_runs import DDP_OPTIONS, run_torchrun, _job as ddp_runs_of
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
@@ -21,9 +21,9 @@ MAJORITY = 448  # samples of class 0 come first; 64 of class 1 follow
 STEPS_PER_EPOCH = 512 // 32
 
 
-def test_two_processes_read_one_weighted_draw(tmp_path, session_runs):
-    converted = session_runs.convert(NAME, *DDP_OPTIONS)
-    ranks = run_torchrun(converted, (), tmp_path)
+def test_two_processes_read_one_weighted_draw(session_runs):
+    # the run of the same conversion that tests/test_convert_ddp_runs.py checks
+    ranks = session_runs.start(ddp_runs_of, NAME).result()["ranks"]
     assert [r["exit"] for r in ranks] == ["ok", "ok"]
     assert [len(r["losses"]) for r in ranks] == [2 * STEPS_PER_EPOCH] * 2  # the global batch kept
     read = [[i for _, ids in r["sample_ids"] for i in ids] for r in ranks]

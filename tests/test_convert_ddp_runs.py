@@ -24,22 +24,30 @@ import socket
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from running import FIXTURES_DIR, TIMEOUT_S, SessionRuns, _check, _env, convert
+from running import (
+    DDP_OPTIONS,
+    FIXTURES_DIR,
+    TIMEOUT_S,
+    UNSHARDED,
+    SessionRuns,
+    _check,
+    _env,
+    convert,
+    ddp_options,
+    runs_fixture,
+    selected,
+)
 from test_convert_runs import CASES, EXACT_REL, final_loss, rel_gap
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
 WORLD_SIZE = 2
-DDP_OPTIONS = ("--to", "ddp", "--amp", "off")
-# Fixtures without a DataLoader: the conversion cannot shard their data, so it refuses;
-# `--allow-partial` writes it (every rank then trains on all the data).
-UNSHARDED = {"lstm_lm.py"}
 # Fixtures whose weighted sampler each process reads a share of (no DistributedSampler):
 # tests/test_convert_data_runs.py checks what they read.
 WEIGHTED = {"imbalanced_resume.py"}
@@ -118,34 +126,26 @@ def run_torchrun(script: Path, args: tuple[str, ...], cwd: Path) -> list[dict]:
     ]
 
 
-def _job(name: str, tmp: Path, shared: SessionRuns) -> dict:
+def _job(shared: SessionRuns, name: str) -> dict:
     args = CASES[name].args
-    partial = ("--allow-partial",) if name in UNSHARDED else ()
-    converted = shared.convert(name, *DDP_OPTIONS, *partial)
+    converted = shared.convert(name, *ddp_options(name))
+    folder = shared.folder(f"ddp-{name.removesuffix('.py')}")
     return {
         "orig": shared.run(FIXTURES_DIR / name, args).losses,
         "python": shared.run(converted, args).losses,
-        "ranks": run_torchrun(converted, args, tmp),
-        "cwd": tmp,  # where the ranks ran (and rank 0 saved)
+        "ranks": run_torchrun(converted, args, folder),
+        "cwd": folder,  # where the ranks ran (and rank 0 saved)
     }
 
 
-@pytest.fixture(scope="module")
-def ddp_runs(request, tmp_path_factory, session_runs):
-    """Start every selected fixture's runs up front, two at a time (2 cores); tests
-    without a `name` that use these runs read linear_exact.py's."""
-    selected = sorted({
-        item.callspec.params.get("name", "linear_exact.py")
-        for item in request.session.items
-        if item.module is request.module and "ddp_runs" in item.fixturenames and hasattr(item, "callspec")
-    })
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            name: pool.submit(
-                _job, name, tmp_path_factory.mktemp(f"ddp-{name.removesuffix('.py')}"), session_runs
-            )
-            for name in selected
-        }
+def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+    """Each selected fixture's runs, in the background (see running.py); tests without a
+    `name` that use these runs read linear_exact.py's."""
+    tests = [test for test in tests if "ddp_runs" in test.fixturenames]
+    return {name: shared.start(_job, name) for name in selected(tests, default="linear_exact.py")}
+
+
+ddp_runs = runs_fixture(start_runs)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

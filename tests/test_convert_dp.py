@@ -9,7 +9,7 @@ Unit tests run both steps on small sources; run tests convert every fixture with
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from textwrap import dedent
 
 import libcst as cst
@@ -18,7 +18,7 @@ import pytest
 from autoaccel.convert.log import ConversionLog, ConvertOptions
 from autoaccel.convert.transform import new_context
 from autoaccel.convert.transforms.data_parallel import DP_STEPS
-from running import FIXTURES_DIR, HarnessRun, SessionRuns
+from running import FIXTURES_DIR, HarnessRun, SessionRuns, runs_fixture, selected
 from test_convert_runs import CASES, EXACT_REL, LEGACY, final_loss, rel_gap
 
 OPTIONS = ConvertOptions(target="dp", amp="off")
@@ -420,7 +420,7 @@ DP_CHANGES = {  # fixtures whose training step the dp target rewrites; gan.py (t
 }
 
 
-def _dp_job(name: str, shared: SessionRuns) -> tuple[str, dict[str, HarnessRun]]:
+def _dp_job(shared: SessionRuns, name: str) -> tuple[str, dict[str, HarnessRun]]:
     converted = shared.convert(name, "--to", "dp", "--amp", "off")
     reference = shared.convert(name, "--amp", "off") if name == LEGACY else FIXTURES_DIR / name
     args = CASES[name].args if name in CASES else ()
@@ -433,15 +433,12 @@ def _written(run: HarnessRun) -> list[str]:
     return sorted(p.name for p in run.cwd.iterdir() if not p.name.startswith("losses-"))
 
 
-@pytest.fixture(scope="module")
-def dp_runs(request, session_runs):
-    selected = sorted({
-        item.callspec.params["name"]
-        for item in request.session.items
-        if item.module is request.module and "name" in getattr(getattr(item, "callspec", None), "params", {})
-    })
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {name: pool.submit(_dp_job, name, session_runs) for name in selected}
+def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+    """Each selected fixture's runs, in the background (see running.py)."""
+    return {name: shared.start(_dp_job, name) for name in selected(tests)}
+
+
+dp_runs = runs_fixture(start_runs)
 
 
 @pytest.mark.runs

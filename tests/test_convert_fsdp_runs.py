@@ -15,13 +15,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from command_runs import autoaccel
-from running import FIXTURES_DIR, TIMEOUT_S, SessionRuns, _check, _env
+from running import FIXTURES_DIR, TIMEOUT_S, SessionRuns, _check, _env, runs_fixture, selected
 from test_convert_ddp_runs import run_torchrun
 
 torch = pytest.importorskip("torch")
@@ -46,27 +46,24 @@ def checkpoint_of(folder: Path, name: str) -> dict:
     return saved["model"] if "model" in saved else saved
 
 
-def _job(name: str, root: Path, shared: SessionRuns) -> dict:
+def _job(shared: SessionRuns, name: str) -> dict:
     script = FSDP_FIXTURES / name
     runs = {"orig": shared.run(script)}
     for target in TARGETS:
-        folder = root / target
-        folder.mkdir()
+        folder = shared.folder(f"{target}-{name[:-3]}")
         converted = shared.convert(script, "--to", target, "--amp", "off")
         runs[target] = {"ranks": run_torchrun(converted, (), folder), "folder": folder}
     return runs
 
 
-@pytest.fixture(scope="module")
-def fsdp_runs(tmp_path_factory, session_runs):
-    """Every fixture's runs, started up front, two at a time (2 cores)."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            name: pool.submit(
-                _job, name, tmp_path_factory.mktemp(f"fsdp-{name[:-3]}"), session_runs
-            )
-            for name in NAMES
-        }
+def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+    """Each selected fixture's runs, in the background (see running.py); the test without
+    a `name` reads clip_resume.py's."""
+    tests = [test for test in tests if "fsdp_runs" in test.fixturenames]
+    return {name: shared.start(_job, name) for name in selected(tests, default="clip_resume.py")}
+
+
+fsdp_runs = runs_fixture(start_runs)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -12,10 +12,12 @@ only rank 0 may save. The converted scripts are snapshots too
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+
+from running import SessionRuns, runs_fixture, selected
 from test_convert_ddp_runs import run_torchrun
 
 pytest.importorskip("torch")
@@ -29,21 +31,22 @@ UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
 PARAMETER_TOLERANCE = 1e-6  # relative: both ranks apply the same averaged gradients
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, session_runs):
-    """Each fixture converted once and run once each way, two fixtures at a time (2 cores)."""
+def _job(shared: SessionRuns, name: str) -> dict:
+    converted = shared.convert(f"legacy_distributed/{name}", *OPTIONS)
+    return {
+        "converted": converted,
+        "ranks": run_torchrun(converted, ARGS, shared.folder(f"legacy-{name.removesuffix('.py')}")),
+        "python": shared.run(converted, ARGS),
+    }
 
-    def job(name: str) -> dict:
-        converted = session_runs.convert(f"legacy_distributed/{name}", *OPTIONS)
-        folder = tmp_path_factory.mktemp(f"legacy-{name.removesuffix('.py')}")
-        return {
-            "converted": converted,
-            "ranks": run_torchrun(converted, ARGS, folder),
-            "python": session_runs.run(converted, ARGS),
-        }
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {name: pool.submit(job, name) for name in FIXTURES}
+def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+    """Each selected fixture converted once and run once each way, in the background (see
+    running.py)."""
+    return {name: shared.start(_job, name) for name in selected(tests)}
+
+
+runs = runs_fixture(start_runs)
 
 
 @pytest.mark.parametrize("name", FIXTURES)

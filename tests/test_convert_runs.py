@@ -20,13 +20,12 @@ to float rounding; after that only the end of training is compared, with a toler
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pytest
 
-from running import FIXTURES_DIR, SessionRuns, fixture_names
+from running import FIXTURES_DIR, SessionRuns, fixture_names, runs_fixture, selected
 
 pytest.importorskip("torch")
 
@@ -77,28 +76,24 @@ CASES = {
     "imbalanced_resume.py": Case((), 16, True, 0.15, 0.15),
 }
 LEGACY = "legacy_pytorch03.py"
-PARALLEL = max(1, min(2, os.cpu_count() or 1))
 
 
-def _job(name: str, case: Case, shared: SessionRuns) -> dict[str, list[float]]:
+def _job(shared: SessionRuns, name: str) -> dict[str, list[float]]:
+    args = CASES[name].args
     converted = shared.convert(name)
     return {
-        "orig": shared.run(FIXTURES_DIR / name, case.args).losses,
-        "cpu": shared.run(converted, case.args).losses,
-        "bf16": shared.run(converted, case.args, FORCED_BF16).losses,
+        "orig": shared.run(FIXTURES_DIR / name, args).losses,
+        "cpu": shared.run(converted, args).losses,
+        "bf16": shared.run(converted, args, FORCED_BF16).losses,
     }
 
 
-@pytest.fixture(scope="module")
-def loss_runs(request, session_runs):
-    """Start every selected fixture's runs at once; each test waits for its own."""
-    selected = sorted({
-        item.callspec.params["name"]
-        for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec") and "name" in item.callspec.params
-    })
-    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        yield {name: pool.submit(_job, name, CASES[name], session_runs) for name in selected}
+def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+    """Each selected fixture's runs, in the background (see running.py)."""
+    return {name: shared.start(_job, name) for name in selected(tests)}
+
+
+loss_runs = runs_fixture(start_runs)
 
 
 def final_loss(losses: list[float], case: Case) -> float:

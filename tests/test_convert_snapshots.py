@@ -9,12 +9,12 @@ to the converter, regenerate them and review the diff:
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from running import fixture_names
+from running import DDP_OPTIONS, SessionRuns, ddp_options, fixture_names, runs_fixture
 
 SNAPSHOTS_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
@@ -25,25 +25,30 @@ VARIANTS = {
     "default": (),
     "amp-off": ("--amp", "off"),
     "dp": ("--to", "dp", "--amp", "off"),
-    # lstm_lm.py has no DataLoader to shard: --to ddp refuses it (tests/test_convert_refuses.py);
-    # the snapshot is what --allow-partial writes
-    "ddp": ("--to", "ddp", "--amp", "off", "--allow-partial"),
+    "ddp": DDP_OPTIONS,
 }
 
 
-@pytest.fixture(scope="module")
-def converted(request, session_runs):
-    """(fixture, variant) -> future of the converted file; the selected tests' conversions all
-    start up front, two at a time (those the run tests made already are done)."""
-    selected = set()
-    for item in request.session.items:
-        params = getattr(item, "callspec", None) and item.callspec.params
-        if item.module is request.module and params and "name" in params:
-            selected.add((params["name"], params.get("variant", "default")))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            (n, v): pool.submit(session_runs.convert, n, *VARIANTS[v]) for n, v in sorted(selected)
-        }
+def options(name: str, variant: str) -> tuple[str, ...]:
+    """The variant's options; for `ddp` the ddp run tests' (their conversion is shared):
+    `--allow-partial` only for lstm_lm.py, which --to ddp refuses without it (it has no
+    DataLoader to shard, tests/test_convert_refuses.py), so each other snapshot also shows
+    that its fixture converts without a refusal."""
+    return ddp_options(name) if variant == "ddp" else VARIANTS[variant]
+
+
+def _convert(shared: SessionRuns, name: str, variant: str) -> Path:
+    return shared.convert(name, *options(name, variant))
+
+
+def start_runs(shared: SessionRuns, tests: list) -> dict[tuple[str, str], Future]:
+    """(fixture, variant) -> future of the converted file, for the selected tests, in the
+    background (see running.py); those the run tests made already are done."""
+    pairs = {(t.callspec.params["name"], t.callspec.params.get("variant", "default")) for t in tests}
+    return {pair: shared.start(_convert, *pair) for pair in sorted(pairs)}
+
+
+converted = runs_fixture(start_runs)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -9,11 +9,12 @@ None of these scripts shuffles or uses dropout, so the one RNG draw per epoch th
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from running import convert, run_with_losses
+from running import HarnessRun, SessionRuns, runs_fixture, selected
 
 STYLES_DIR = Path(__file__).resolve().parent / "styles"
 SCRIPTS = sorted(p.name for p in STYLES_DIR.glob("*.py"))
@@ -49,23 +50,33 @@ def test_every_style_script_has_expectations():
     assert set(SCRIPTS) == set(EXPECTED)
 
 
+def _job(shared: SessionRuns, name: str) -> tuple[str, dict[str, HarnessRun]]:
+    """The bf16 conversion of style script `name`, and the runs of it and of the original."""
+    original = STYLES_DIR / name
+    bf16 = shared.convert(original, "--amp", "bf16")
+    return bf16.read_text(encoding="utf-8"), {
+        "orig": shared.run(original),
+        "cpu": shared.run(bf16),
+        "bf16": shared.run(bf16, (), {"AUTOACCEL_FORCE_AUTOCAST": "1"}),
+    }
+
+
+def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+    """Each selected script's runs, in the background (see running.py)."""
+    return {name: shared.start(_job, name) for name in selected(tests)}
+
+
+style_runs = runs_fixture(start_runs)
+
+
 @pytest.mark.runs
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_style_converts_and_trains_like_the_original(name, tmp_path):
-    original = STYLES_DIR / name
-    bf16 = convert(original, tmp_path, "--amp", "bf16")
-    converted = bf16.read_text(encoding="utf-8")
+def test_style_converts_and_trains_like_the_original(name, style_runs):
+    converted, harness_runs = style_runs[name].result()
     for code, text in EXPECTED[name]:
         assert text in converted, f"{code}: expected {text!r} in the converted {name}"
 
-    runs = {}
-    for label, script, env in (
-        ("orig", original, None),
-        ("cpu", bf16, None),
-        ("bf16", bf16, {"AUTOACCEL_FORCE_AUTOCAST": "1"}),
-    ):
-        (tmp_path / label).mkdir()
-        runs[label] = run_with_losses(script, [], tmp_path / label, env)
+    runs = {label: run.losses for label, run in harness_runs.items()}
     assert runs["cpu"] == runs["orig"]
     assert len(runs["bf16"]) == len(runs["orig"])
     assert all(math.isfinite(v) for v in runs["bf16"])

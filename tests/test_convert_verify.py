@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from autoaccel.bench.runner import Run
 from autoaccel.convert.verify import Check, checks
+from running import DDP_OPTIONS, SessionRuns, runs_fixture, selected
 
 DDP_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ddp"
 
@@ -143,21 +145,37 @@ def _convert(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def _verify(shared: SessionRuns, name: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`convert --to ddp --verify` of ddp fixture `name`, in a folder of its own."""
+    folder = shared.folder(f"verify-{name.removesuffix('.py')}")
+    proc = _convert(str(DDP_FIXTURES / name), *DDP_OPTIONS, "--verify", "--verify-steps", "30",
+                    "-o", "ddp.py", cwd=folder)  # fmt: skip
+    return proc, folder
+
+
+def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+    """The selected fixtures' `--verify` runs, in the background (see running.py)."""
+    tests = [test for test in tests if test.originalname == "test_each_ddp_fixture_converts_and_verifies"]
+    return {name: shared.start(_verify, name) for name in selected(tests)}
+
+
+verified = runs_fixture(start_runs)
+
+
 @pytest.mark.runs
 @pytest.mark.parametrize(
     "name",
     ["summed_loss.py", "stop_on_loss.py", "fresh_batches.py", "gan_batch_shapes.py", "step_receives_model.py"],
 )
-def test_each_ddp_fixture_converts_and_verifies(name, tmp_path):
+def test_each_ddp_fixture_converts_and_verifies(name, verified):
     """Each fixture converts without a refusal and its conversion passes --verify on two
     processes: disjoint data, equal parameters, one writer, the original's loss."""
-    proc = _convert(str(DDP_FIXTURES / name), "--to", "ddp", "--amp", "off", "--verify",
-                    "--verify-steps", "30", "-o", "ddp.py", cwd=tmp_path)  # fmt: skip
+    proc, folder = verified[name].result()
     assert proc.returncode == 0, proc.stderr
     verdicts = [line for line in proc.stderr.splitlines() if line.startswith("--verify")]
     assert len(verdicts) == 6 and all(line.startswith("--verify ok") for line in verdicts), proc.stderr
-    assert (tmp_path / "ddp.py").exists()
-    assert not list(tmp_path.glob("*.pt")) and not list(tmp_path.glob("*.ckpt")), "saves go to scratch"
+    assert (folder / "ddp.py").exists()
+    assert not list(folder.glob("*.pt")) and not list(folder.glob("*.ckpt")), "saves go to scratch"
 
 
 @pytest.mark.runs
@@ -174,15 +192,15 @@ def test_each_ddp_fixture_converts_and_verifies(name, tmp_path):
     ],
     ids=["unsharded", "unsynchronised", "unscaled-sum"],
 )
-def test_a_broken_conversion_fails_verify_and_nothing_is_written(good, broken, reason, tmp_path, monkeypatch, capsys):
-    """A good conversion of summed_loss.py, broken on purpose the ways real conversions
-    were wrong: each fails with its reason, and the CLI writes nothing."""
+def test_a_broken_conversion_fails_verify_and_nothing_is_written(
+    good, broken, reason, tmp_path, monkeypatch, capsys, session_runs
+):
+    """A good conversion of summed_loss.py (made once for the three), broken on purpose
+    the ways real conversions were wrong: each fails with its reason, and the CLI writes
+    nothing."""
     from autoaccel.convert import command
 
-    conversion = _convert(str(DDP_FIXTURES / "summed_loss.py"), "--to", "ddp", "--amp", "off",
-                          "-o", "good.py", cwd=tmp_path)  # fmt: skip
-    assert conversion.returncode == 0, conversion.stderr
-    good_text = (tmp_path / "good.py").read_text()
+    good_text = session_runs.convert(DDP_FIXTURES / "summed_loss.py", *DDP_OPTIONS).read_text()
     assert good in good_text
     real_convert = command.convert_source
 

@@ -7,14 +7,13 @@ legacy_pytorch03.py, which is written for PyTorch 0.3 and must crash on current 
 (``loss.data[0]`` on a 0-dim tensor) - converting it is what fixes it.
 """
 import ast
-import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 
 import pytest
 
 pytest.importorskip("torch")
 
-from running import FIXTURES_DIR, fixture_names
+from running import FIXTURES_DIR, SessionRuns, fixture_names, runs_fixture, selected
 
 # name -> (extra argv, files the run must leave in its working directory)
 FIXTURES = {
@@ -39,24 +38,16 @@ EXPECTED_FAILURES = {
 }
 
 
-# The scripts are tiny; most of each run is interpreter + torch start-up, so run a few of them
-# side by side (one intra-op thread each) to keep this module well under 30 s.
-PARALLEL = max(1, min(4, os.cpu_count() or 1))
+def _run(shared: SessionRuns, name: str):
+    return shared.run(FIXTURES_DIR / name, FIXTURES[name][0])
 
 
-@pytest.fixture(scope="module")
-def fixture_runs(request, session_runs):
-    """Start every selected fixture script at once; each test waits for its own result."""
-    selected = sorted({
-        item.callspec.params["name"]
-        for item in request.session.items
-        if item.originalname == "test_fixture_runs" and hasattr(item, "callspec")
-    })
-    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        yield {
-            name: pool.submit(session_runs.run, FIXTURES_DIR / name, FIXTURES[name][0])
-            for name in selected
-        }
+def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
+    """Each selected fixture's run, in the background (see running.py)."""
+    return {name: shared.start(_run, name) for name in selected(tests)}
+
+
+fixture_runs = runs_fixture(start_runs)
 
 
 def test_fixture_list_is_complete():

@@ -13,7 +13,7 @@ import pytest
 from autoaccel.tune.set_loader_arguments import set_loader_arguments
 from autoaccel.tune.sweep import LoaderSetting, Measurement, planned_count, sweep, worker_counts
 from command_runs import autoaccel, runs_on_fixtures
-from running import FIXTURES_DIR, fixture_names
+from running import FIXTURES_DIR, fixture_names, runs_fixture
 
 FIXTURES = fixture_names()
 # Fixtures whose script creates no DataLoader before training.
@@ -216,12 +216,16 @@ UNPICKLABLE = textwrap.dedent(
 
 
 tune = partial(autoaccel, "tune")
-fixture_runs = runs_on_fixtures("test_tune_runs_on_fixture", "tune", "--json", *TINY_SWEEP)
+start_runs = runs_on_fixtures("test_tune_runs_on_fixture", "tune", "--json", *TINY_SWEEP)
+
+
+fixture_runs = runs_fixture(start_runs)
 
 
 @pytest.mark.runs
 @pytest.mark.parametrize("name", FIXTURES)
 def test_tune_runs_on_fixture(name, fixture_runs):
+    pytest.importorskip("torch")
     proc = fixture_runs[name].result()
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
