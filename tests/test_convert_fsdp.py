@@ -371,3 +371,26 @@ def test_module_level_sharded_model_and_optimizer_are_deleted_before_the_process
     assert text.endswith(
         "    del model, optimizer\n    gc.collect()\n    dist.destroy_process_group()\n"
     )
+
+
+def test_a_model_the_script_deletes_itself_is_not_deleted_again():
+    """`del model` of the script's own, at the end: a second `del` would raise NameError."""
+    source = textwrap.dedent(
+        """\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(dataset, batch_size=32)
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+        del model
+        """
+    )
+    text = convert_source(source, FSDP, "train.py").converted
+    assert text.endswith("    del optimizer\n    gc.collect()\n    dist.destroy_process_group()\n")

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.shapes import method_calls
+from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -71,10 +71,14 @@ class DestroyProcessGroup(DistributedStep):
 
 def _bound_by(statements: Iterable[cst.BaseStatement], names: set[str]) -> list[str]:
     """The `names` that one of `statements` itself assigns (not a block inside one), in
-    the order they are first bound."""
+    the order they are first bound, less those a later one deletes (`del model`)."""
     bound: list[str] = []
     for statement in statements:
         for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Del):
+                deleted = {t.value for t in find(small.target, cst.Name)}
+                bound = [name for name in bound if name not in deleted]
+                continue
             targets = (
                 [t.target for t in small.targets] if isinstance(small, cst.Assign)
                 else [small.target] if isinstance(small, cst.AnnAssign)
