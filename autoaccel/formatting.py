@@ -13,6 +13,7 @@ from autoaccel.analysis.positions import INDENT, statement_lines
 from autoaccel.analysis.statements import HOLDS_STATEMENTS
 from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
+from autoaccel.lint.engine import compile_quietly
 
 LINE_LENGTH = 88
 
@@ -29,21 +30,21 @@ def _changed_long_lines(before: str, after: str) -> set[int]:
 
 
 class _FormatStatements(cst.CSTTransformer):
-    """Replaces the statements in `lines` and the `with` headers in `headers` with
-    black's formatting, at the column each starts on; visits the statements only."""
+    """Replaces the `statements` and the `with` headers in `headers` with black's
+    formatting, at the column each starts on (the values); visits the statements only."""
 
-    def __init__(self, lines: dict[cst.BaseStatement, int], headers: dict[cst.With, int]) -> None:
+    def __init__(self, statements: dict[cst.BaseStatement, int], headers: dict[cst.With, int]) -> None:
         super().__init__()
-        self.lines = lines
+        self.statements = statements
         self.headers = headers
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, HOLDS_STATEMENTS) and node not in self.lines
+        return isinstance(node, HOLDS_STATEMENTS) and node not in self.statements
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.SimpleStatementLine:
-        column = self.lines.get(original_node)
+        column = self.statements.get(original_node)
         if column is None:
             return updated_node
         code = cst.Module(body=[updated_node.with_changes(leading_lines=[])]).code
@@ -112,8 +113,8 @@ def _format_statements(module: cst.Module, code: str, lines: set[int]) -> cst.Mo
     a line in `lines` black-formatted. Where the statements are comes from CPython's
     parse of `code`: only the statements are visited, no position computed."""
     try:
-        located = statement_lines(module, ast.parse(code))
-    except SyntaxError:  # not Python to CPython either: the compile check reports it
+        located = statement_lines(module, compile_quietly(code, "<format>", ast.PyCF_ONLY_AST))
+    except (SyntaxError, ValueError):  # not Python to CPython: the compile check reports it
         return module
     text = source_lines(code)
     touched: dict[cst.BaseStatement, int] = {}
