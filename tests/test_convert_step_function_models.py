@@ -75,3 +75,53 @@ def test_two_names_that_may_hold_the_model_are_refused_at_the_loop():
 
     for target, step in (("ddp", "DistributedDataParallel"), ("fsdp", "fully_shard")):
         assert refusals(convert(ambiguous, target)) == [(step, loop)]
+
+
+GRADIENT_PENALTY = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def gradient_penalty(D, x):
+    x = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(D(x).sum(), x, create_graph=True)
+    return (grad.norm(dim=1) - 1).pow(2).mean()
+
+
+D_A, D_B = nn.Linear(4, 1), nn.Linear(4, 1)
+opt_A = torch.optim.SGD(D_A.parameters(), lr=0.1)
+opt_B = torch.optim.SGD(D_B.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 4)), batch_size=8)
+for a, b in loader:
+    opt_A.zero_grad()
+    loss_A = -D_A(a).mean() + gradient_penalty(D_A, a)
+    loss_A.backward()
+    opt_A.step()
+    opt_B.zero_grad()
+    loss_B = -D_B(b).mean() + gradient_penalty(D_B, b)
+    loss_B.backward()
+    opt_B.step()
+"""
+
+
+def test_a_helper_given_either_model_keeps_the_bare_one_beside_a_wrapper_forward():
+    """PyTorch-GAN's dualgan: `compute_gradient_penalty(D, ...)` is given `D_A` and `D_B`,
+    so no one wrapper reaches it; its gradients join those of `ddp_D_A(a)` in one
+    backward, which DDP averages, so it stays on the bare model."""
+    conversion = convert(GRADIENT_PENALTY, "ddp")
+
+    assert refusals(conversion) == []
+    converted = conversion.converted
+    assert "loss_A = -ddp_D_A(a).mean() + gradient_penalty(D_A, a)" in converted
+    assert "loss_B = -ddp_D_B(b).mean() + gradient_penalty(D_B, b)" in converted
+
+
+def test_a_model_called_only_through_an_unroutable_helper_is_refused():
+    """Without a forward through the wrapper, DDP would average nothing."""
+    only_helper = GRADIENT_PENALTY.replace("-D_A(a).mean() + ", "").replace("-D_B(b).mean() + ", "")
+
+    conversion = convert(only_helper, "ddp")
+
+    assert [what for what, _ in refusals(conversion)] == ["DistributedDataParallel"]
+    assert "DDP(" not in conversion.converted

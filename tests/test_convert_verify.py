@@ -165,7 +165,14 @@ verified = runs_fixture(start_runs)
 @pytest.mark.runs
 @pytest.mark.parametrize(
     "name",
-    ["summed_loss.py", "stop_on_loss.py", "fresh_batches.py", "gan_batch_shapes.py", "step_receives_model.py"],
+    [
+        "summed_loss.py",
+        "stop_on_loss.py",
+        "fresh_batches.py",
+        "gan_batch_shapes.py",
+        "step_receives_model.py",
+        "gan_samples.py",
+    ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):
     """Each fixture converts without a refusal and its conversion passes --verify on two

@@ -15,6 +15,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Obj
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
 from autoaccel.analysis.shapes import called_function, find, is_method_call
+from autoaccel.analysis.side_effects import find_side_effects
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.cst_edit import keyword_value, leading_import_block
 
@@ -324,14 +325,25 @@ class DistributedStep(StatementRewrite):
                 return ancestor  # type: ignore[return-value]
         raise ValueError("node outside a module")
 
+    def step_calls(self, module: cst.Module) -> list[cst.Call]:
+        """The calls of the training code that every process runs: those of a function
+        that only writes (PyTorch-GAN's `sample_image()` runs the generator to save a
+        grid) are left out, since only rank 0 will run it."""
+        writers = find_side_effects(module, self.script.index).writer_functions
+        return [
+            call
+            for code in self.train_code()
+            for call in find(code, cst.Call)
+            if self.scope_of(call) not in writers
+        ]
+
     def trained_models(self, module: cst.Module) -> list[TrainedModel]:
         """Models called in a training step loop, each with the statement after which it
         is built and on its device (before the first statement that trains)."""
         keys = sorted(
             {
                 key
-                for code in self.train_code()
-                for call in find(code, cst.Call)
+                for call in self.step_calls(module)
                 if (key := name_key(call.func)) in self.script.models
             }
             - self.ddp_wrappers(module)

@@ -64,15 +64,22 @@ class WrapModel(DistributedStep):
     def _wrap(self, model: TrainedModel) -> None:
         # The model under its own name, or as a parameter of the functions it is given to.
         names = {model.key} | self.script.names_of(self.script.held_by(model.key))
-        forwards = [
-            call
-            for code in self.train_code()
-            for call in find(code, cst.Call)
-            if name_key(call.func) in names
-        ]
+        forwards = [call for call in self.step_calls(self.tree) if name_key(call.func) in names]
+        # Calls under the model's own name first: each must reach the wrapper. A call
+        # under another name that cannot (a gradient penalty `D(x)` in a helper given
+        # either discriminator) then stays on the bare model: its gradients add up in the
+        # same backward as the wrapper's forward, which DDP averages. Without such a
+        # wrapper forward (the model only ever called under other names), it is refused.
+        forwards.sort(key=lambda call: name_key(call.func) != model.key)
         plan: dict[cst.CSTNode, str] = {}
+        through_wrapper = False
         for call in forwards:
-            if not self._route(model, call, plan):
+            attempt = dict(plan)  # a route that fails half-way leaves no rewrite behind
+            own_name = name_key(call.func) == model.key
+            if self._route(model, call, attempt):
+                plan = attempt
+                through_wrapper = through_wrapper or own_name
+            elif own_name or not through_wrapper:
                 self.skipped(
                     "DistributedDataParallel",
                     f"this forward pass cannot be routed to a DDP wrapper of `{model.key}`, so"
