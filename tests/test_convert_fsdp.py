@@ -347,27 +347,27 @@ def test_sharded_models_are_freed_before_the_process_group():
     assert text.index("gc.collect()") < text.index("dist.destroy_process_group()")
 
 
+MODULE_LEVEL = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+loader = DataLoader(dataset, batch_size=32)
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    optimizer.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    optimizer.step()
+"""
+
+
 def test_module_level_sharded_model_and_optimizer_are_deleted_before_the_process_group():
     """A collection does not free what module-level names still hold: an FSDP2 model
     evaluated after training aborted 6 of 16 runs, 0 of 30 with the model and its
     optimizer deleted, then collected, first."""
-    source = textwrap.dedent(
-        """\
-        import torch
-        import torch.nn as nn
-        from torch.utils.data import DataLoader
-
-        loader = DataLoader(dataset, batch_size=32)
-        model = nn.Linear(4, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = ((model(x) - y) ** 2).mean()
-            loss.backward()
-            optimizer.step()
-        """
-    )
-    text = convert_source(source, FSDP, "train.py").converted
+    text = convert_source(MODULE_LEVEL, FSDP, "train.py").converted
     assert text.endswith(
         "    del model, optimizer\n    gc.collect()\n    dist.destroy_process_group()\n"
     )
@@ -375,22 +375,5 @@ def test_module_level_sharded_model_and_optimizer_are_deleted_before_the_process
 
 def test_a_model_the_script_deletes_itself_is_not_deleted_again():
     """`del model` of the script's own, at the end: a second `del` would raise NameError."""
-    source = textwrap.dedent(
-        """\
-        import torch
-        import torch.nn as nn
-        from torch.utils.data import DataLoader
-
-        loader = DataLoader(dataset, batch_size=32)
-        model = nn.Linear(4, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = ((model(x) - y) ** 2).mean()
-            loss.backward()
-            optimizer.step()
-        del model
-        """
-    )
-    text = convert_source(source, FSDP, "train.py").converted
+    text = convert_source(MODULE_LEVEL + "del model\n", FSDP, "train.py").converted
     assert text.endswith("    del optimizer\n    gc.collect()\n    dist.destroy_process_group()\n")
