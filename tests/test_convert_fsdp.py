@@ -377,3 +377,25 @@ def test_a_model_the_script_deletes_itself_is_not_deleted_again():
     """`del model` of the script's own, at the end: a second `del` would raise NameError."""
     text = convert_source(MODULE_LEVEL + "del model\n", FSDP, "train.py").converted
     assert text.endswith("    del optimizer\n    gc.collect()\n    dist.destroy_process_group()\n")
+
+
+def test_a_function_that_runs_the_sharded_model_to_write_runs_on_every_rank():
+    """PyTorch-GAN's `sample_image()`: the generator's forward pass needs every process,
+    so only the save goes under the rank test (it was refused as rank-0-only compute;
+    `fixtures/ddp/gan_samples.py` passes `--to fsdp --verify` this way)."""
+    source = MODULE_LEVEL.replace(
+        "for x, y in loader:\n",
+        "def sample(step):\n"
+        "    out = model(torch.ones(1, 4))\n"
+        '    torch.save(out.detach(), "sample_%d.pt" % step)\n\n\n'
+        "for step, (x, y) in enumerate(loader):\n",
+    ).replace("    optimizer.step()\n", "    optimizer.step()\n    sample(step)\n")
+    conversion = convert_source(source, FSDP, "train.py")
+
+    assert refusals(conversion) == []
+    assert (
+        "def sample(step):\n"
+        "    out = model(torch.ones(1, 4))\n"
+        "    if RANK == 0:\n"
+        '        torch.save(out.detach(), "sample_%d.pt" % step)\n'
+    ) in conversion.converted

@@ -27,11 +27,14 @@ class GuardRankZero(DistributedStep):
     # writer function that calls one runs on every rank, its writes guarded one by one.
     collectives: tuple[str, ...] = ()
 
+    def runs_on_every_rank(self, module: cst.Module, function: cst.FunctionDef) -> bool:
+        """Whether the writer `function` must run on every rank (its writes guarded one
+        by one) rather than return early on the others."""
+        return bool(self.collectives and name_calls(function, *self.collectives))
+
     def visit_Module(self, node: cst.Module) -> None:
         found = find_side_effects(node, self.script.index)
-        writers = {
-            f for f in found.writer_functions if not (self.collectives and name_calls(f, *self.collectives))
-        }
+        writers = {f for f in found.writer_functions if not self.runs_on_every_rank(node, f)}
         for function in writers:
             self._return_early(function)
         groups: dict[cst.CSTNode, list[SideEffect]] = {}

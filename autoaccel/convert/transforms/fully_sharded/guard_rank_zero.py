@@ -1,11 +1,27 @@
-"""Rank-0 IO as under `--to ddp`, except that a function saving a checkpoint keeps
-running on every rank: it gathers the model's shards first (`full_state_dict()`)."""
+"""Rank-0 IO as under `--to ddp`, except that a function that writes keeps running on
+every rank when it gathers the model's shards (`full_state_dict()` before a checkpoint
+save) or runs the sharded model (PyTorch-GAN's `sample_image()`: the generator's forward
+pass needs every process); only its writes go under `if RANK == 0:`."""
 
 from __future__ import annotations
 
+import libcst as cst
+
+from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed import GuardRankZero
+from autoaccel.convert.transforms.distributed.compute_before_printing import (
+    runs_model,
+    script_functions,
+)
 from autoaccel.convert.transforms.fully_sharded._helpers import COLLECTIVES
+from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
 
 
 class GuardRankZeroGathering(GuardRankZero):
     collectives = COLLECTIVES
+
+    def runs_on_every_rank(self, module: cst.Module, function: cst.FunctionDef) -> bool:
+        sharded, functions = sharded_models(module, self.script), script_functions(module)
+        return super().runs_on_every_rank(module, function) or any(
+            runs_model(call, sharded, functions) for call in find(function, cst.Call)
+        )
