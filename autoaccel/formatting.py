@@ -4,7 +4,6 @@ and inserted lines end with the file's newline."""
 
 from __future__ import annotations
 
-import ast
 import re
 
 import libcst as cst
@@ -13,7 +12,7 @@ from autoaccel.analysis.positions import INDENT, statement_lines
 from autoaccel.analysis.statements import HOLDS_STATEMENTS
 from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
-from autoaccel.lint.engine import compile_quietly
+from autoaccel.lint.engine import python_tree
 
 LINE_LENGTH = 88
 
@@ -112,10 +111,10 @@ def _format_statements(module: cst.Module, code: str, lines: set[int]) -> cst.Mo
     """`module` (whose code is `code`) with each statement and `with` header that has
     a line in `lines` black-formatted. Where the statements are comes from CPython's
     parse of `code`: only the statements are visited, no position computed."""
-    try:
-        located = statement_lines(module, compile_quietly(code, "<format>", ast.PyCF_ONLY_AST))
-    except (SyntaxError, ValueError):  # not Python to CPython: the compile check reports it
+    python = python_tree(code)
+    if python is None:  # not Python to CPython: the compile check reports it
         return module
+    located = statement_lines(module, python)
     text = source_lines(code)
     touched: dict[cst.BaseStatement, int] = {}
     headers: dict[cst.With, int] = {}

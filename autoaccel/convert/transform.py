@@ -7,7 +7,6 @@ be idempotent: run on their own output they change nothing.
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -22,7 +21,7 @@ from autoaccel.analysis.positions import Positions, SourcePositions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
 from autoaccel.convert.dispatch import handled_types, is_token, method, touched_nodes
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
-from autoaccel.lint.engine import compile_quietly
+from autoaccel.lint.engine import python_tree
 
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
@@ -260,13 +259,11 @@ class Transform(VisitorBasedCodemodCommand):
         code generation costs a pass), else from the whole module."""
         source = self.context.scratch.get(SOURCE_KEY)
         index = self.script.index
-        if source is None or index is None or index.module is not tree:
-            return Positions(tree)
-        try:
-            python = compile_quietly(source, "<convert>", ast.PyCF_ONLY_AST)
-        except (SyntaxError, ValueError):
-            return Positions(tree)
-        return SourcePositions(tree, source, python, index.parents)
+        if source is not None and index is not None and index.module is tree:
+            python = python_tree(source)
+            if python is not None:
+                return SourcePositions(tree, source, python, index.parents)
+        return Positions(tree)
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.position_of(node).start.line

@@ -105,6 +105,15 @@ def compile_quietly(source: str, filename: str, flags: int = 0) -> Any:
         return compile(source, filename, "exec", flags=flags, dont_inherit=True)
 
 
+def python_tree(source: str) -> ast.Module | None:
+    """CPython's syntax tree of `source`, without its warnings about the user's code;
+    None where CPython rejects it (or cannot say: null bytes)."""
+    try:
+        return compile_quietly(source, "<autoaccel>", ast.PyCF_ONLY_AST)
+    except (SyntaxError, ValueError):
+        return None
+
+
 def _libcst_levels(node: ast.AST) -> int:
     """How many levels LibCST nests `node` in: `a and b and c` is one `ast.BoolOp` but
     nested `BooleanOperation`s, and the dotted name of an import nested `Attribute`s."""
