@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Callable
 
@@ -103,6 +104,11 @@ def repeats_a_node(module: cst.Module) -> bool:
     return False
 
 
+def _binds(statement: cst.Import | cst.ImportFrom, bindings: list, count: int) -> bool:
+    """Whether `statement` made one of the first `count` of `bindings`."""
+    return any(b is not None and b[2] is statement for b in bindings[:count])
+
+
 # Nodes whose end LibCST's scope analysis counts as a new binding point (a set of
 # exact types: cheaper than `isinstance` with LibCST's ABCs, for every node).
 _BINDING_STATEMENTS = frozenset({
@@ -178,6 +184,7 @@ class ModuleIndex:
         self._stores: set[cst.CSTNode] = set()
         self._names: dict[cst.CSTNode, frozenset[str]] = {}
         self._import_names: dict[tuple[cst.CSTNode, str], frozenset[str]] = {}
+        self._bound_names: dict[tuple[int, int, str], frozenset[str]] = {}
         self._attribute: cst.Attribute | None = None  # outermost attribute being walked
         self._pending: list[tuple[cst.Name, cst.Attribute | None, Scope, int]] = []
         self._visit(module, Scope(None), False)
@@ -221,7 +228,7 @@ class ModuleIndex:
                 self._accesses_by_name.setdefault(access[0].partition(".")[0], []).append(access)
         return sum(
             (accessed == name or accessed.startswith(name + "."))
-            and any(b is not None and b[2] is statement for b in self._earlier(scope, accessed, index))
+            and _binds(statement, *self._earlier(scope, accessed, index))
             for accessed, scope, index in self._accesses_by_name.get(name.partition(".")[0], ())
         )
 
@@ -229,50 +236,63 @@ class ModuleIndex:
         """Whether the name `statement` binds as `name` is read anywhere."""
         return self.reads(statement, name) > 0
 
-    def _resolve(self, node: cst.CSTNode) -> set[str]:
+    def _resolve(self, node: cst.CSTNode) -> frozenset[str]:
         access = self._accesses.get(node)
         if access is not None:
             name, scope, index = access
-            return self._names_of(self._earlier(scope, name, index), name)
+            return self._names_of(*self._earlier(scope, name, index), name)
         scope = self.scopes.get(node)
         if scope is None or node in self._stores or isinstance(node, _DEFINITIONS):
-            return set()  # a name being bound: local, never an import
+            return frozenset()  # a name being bound: local, never an import
         full = _full_name(node)
         if full is None:
-            return set()
+            return frozenset()
         prefix: str | None = full
         while prefix:
             if scope.contains(prefix):
-                return self._names_of(scope.lookup(prefix), full)
+                bindings = scope.lookup(prefix)
+                return self._names_of(bindings, len(bindings), full)
             cut = prefix.rfind(".")
             prefix = prefix[:cut] if cut > 0 else None
-        return set()
+        return frozenset()
 
     @staticmethod
-    def _earlier(scope: Scope, name: str, index: int) -> list:
-        """What a plain name read refers to: bindings in its own scope count only when
-        made before it (LibCST's rule), else the enclosing scopes' ones."""
+    def _earlier(scope: Scope, name: str, index: int) -> tuple[list, int]:
+        """What a plain name read refers to, as `(bindings, count)`: the first `count`
+        of `bindings`. Bindings in its own scope count only when made before it
+        (LibCST's rule), else the enclosing scopes' ones."""
         found = scope.lookup(name)
-        earlier = [b for b in found if b is None or b[1] is not scope or b[0] < index]
-        if not earlier and found and scope.parent is not None:
-            earlier = scope.parent.lookup(name, scope)
-        return earlier
+        if found and found[0] is not None and found[0][1] is scope:
+            # one scope's bindings, in the order they were made
+            count = bisect_left(found, index, key=lambda binding: binding[0])
+            if count or scope.parent is None:
+                return found, count
+            found = scope.parent.lookup(name, scope)
+        return found, len(found)
 
-    def _names_of(self, bindings: list, full: str) -> set[str]:
-        """What `full` names through `bindings`: a builtin, or what the imports among them
-        bind (each import's answer kept: a script that imports `torch` again in every
-        function asks the same import about the same name many times)."""
-        found: set[str] = set()
-        for binding in bindings:
-            if binding is None:
-                found.add(f"builtins.{full.split('.')[0]}")
-            elif binding[2] is not None:
-                key = (binding[2], full)
-                names = self._import_names.get(key)
-                if names is None:
-                    names = self._import_names[key] = frozenset(_imported_names(binding[2], full))
-                found |= names
+    def _names_of(self, bindings: list, count: int, full: str) -> frozenset[str]:
+        """What `full` names through the first `count` of `bindings`: a builtin, or what
+        the imports among them bind. Kept per import and per binding list: a script that
+        imports `torch` in every function, or a file of many scripts joined together,
+        asks the same imports about the same name many times."""
+        if not bindings or bindings[0] is None:
+            return frozenset({f"builtins.{full.split('.')[0]}"} if bindings else ())
+        key = (id(bindings), count, full)  # the lists live in the scopes, as long as this index
+        found = self._bound_names.get(key)
+        if found is None:
+            names: set[str] = set()
+            for binding in bindings[:count]:
+                if binding[2] is not None:
+                    names |= self._import_names_of(binding[2], full)
+            found = self._bound_names[key] = frozenset(names)
         return found
+
+    def _import_names_of(self, statement: cst.Import | cst.ImportFrom, full: str) -> frozenset[str]:
+        key = (statement, full)
+        names = self._import_names.get(key)
+        if names is None:
+            names = self._import_names[key] = frozenset(_imported_names(statement, full))
+        return names
 
     # -- the pass ------------------------------------------------------------------
     def _visit(self, node: cst.CSTNode, scope: Scope, store: bool) -> None:
