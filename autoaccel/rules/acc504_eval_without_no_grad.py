@@ -56,6 +56,10 @@ class EvalWithoutNoGrad(LintRule):
         # The caller turns autograd off.
         _SETUP + "def test():\n    for x, y in loader:\n        out = model(x)\n"
         "with torch.set_grad_enabled(False):\n    test()\n",
+        # ... or through a function between them.
+        _SETUP + "def test():\n    for x, y in loader:\n        out = model(x)\n"
+        "def evaluate():\n    test()\n"
+        "with torch.no_grad():\n    evaluate()\n",
         # Gradients on or off depending on a flag we cannot read.
         _SETUP + "def run(train):\n    with torch.set_grad_enabled(train):\n"
         "        for x, y in loader:\n            out = model(x)\n",
@@ -82,6 +86,16 @@ class EvalWithoutNoGrad(LintRule):
             "    # every batch\n    with torch.no_grad():\n        for x, y in loader:\n"
             "            out = model(x)  # forward\n",
         ),
+        # Functions calling each other, none of them with autograd off.
+        Invalid(
+            _SETUP + "def test(again):\n    for x, y in loader:\n        out = model(x)\n"
+            "    if again:\n        rerun()\n"
+            "def rerun():\n    test(False)\n",
+            fixed=_SETUP + "def test(again):\n    with torch.no_grad():\n"
+            "        for x, y in loader:\n            out = model(x)\n"
+            "    if again:\n        rerun()\n"
+            "def rerun():\n    test(False)\n",
+        ),
         # Found by what the loop does, whatever the loader is called.
         Invalid(
             "from torch import nn\nfrom torch.utils.data import DataLoader\n"
@@ -98,6 +112,8 @@ class EvalWithoutNoGrad(LintRule):
         self.functions: dict[str, list[cst.FunctionDef]] = {}
         self.no_grad_functions: set[str] = set()  # decorated with `@torch.no_grad()`
         self.callers: dict[str, list[cst.Call]] = {}  # function name -> its call sites
+        self._grad_off: set[str] | None = None  # found after the walk, on the first question
+        self._grad_off_withs: dict[cst.With, bool] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.setdefault(node.name.value, []).append(node)
@@ -122,30 +138,45 @@ class EvalWithoutNoGrad(LintRule):
             return is_false(call.args[0].value)
         return False
 
-    def _without_grad(self, node: cst.CSTNode, seen: frozenset[str] = frozenset()) -> bool:
+    def _without_grad(self, node: cst.CSTNode) -> bool:
         """Whether `node` certainly or possibly runs with autograd off: inside a
         no-grad `with`, or in a function that is decorated or called that way."""
+        return self._in_grad_off_context(node, self._grad_off_functions())
+
+    def _in_grad_off_context(self, node: cst.CSTNode, off: set[str]) -> bool:
+        """Whether a `with` around `node` turns autograd off, or a function around it is
+        one of `off`."""
         for ancestor in self.ancestors(node):
-            if isinstance(ancestor, (cst.With, cst.FunctionDef)) and self._turns_grad_off(
-                ancestor, seen
-            ):
+            if isinstance(ancestor, cst.FunctionDef) and ancestor.name.value in off:
+                return True
+            if isinstance(ancestor, cst.With) and self._turns_grad_off(ancestor):
                 return True
         return False
 
-    def _turns_grad_off(self, node: cst.With | cst.FunctionDef, seen: frozenset[str]) -> bool:
-        if isinstance(node, cst.With):
-            return any(
+    def _grad_off_functions(self) -> set[str]:
+        """The functions that may run with autograd off: those decorated so, and those
+        called from such a place (a fixed point over the call sites, found once: a file
+        of many scripts asks about the same callers for every loop)."""
+        if self._grad_off is None:
+            off = set(self.no_grad_functions)
+            grew = True
+            while grew:
+                grew = False
+                for name in self.functions.keys() - off:
+                    if any(self._in_grad_off_context(c, off) for c in self.callers.get(name, ())):
+                        off.add(name)
+                        grew = True
+            self._grad_off = off
+        return self._grad_off
+
+    def _turns_grad_off(self, node: cst.With) -> bool:
+        known = self._grad_off_withs.get(node)
+        if known is None:
+            known = self._grad_off_withs[node] = any(
                 self._is_no_grad(item.item) or _grad_may_be_off(self, item.item)
                 for item in node.items
             )
-        name = node.name.value
-        if name in self.no_grad_functions:
-            return True
-        if name in seen:
-            return False
-        return any(
-            self._without_grad(call, seen | {name}) for call in self.callers.get(name, [])
-        )
+        return known
 
     def _needs_grad(self, node: cst.CSTNode, seen: frozenset[str] = frozenset()) -> bool:
         """Whether `node` (or a function of this file it calls) needs gradients."""
