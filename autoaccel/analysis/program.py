@@ -9,6 +9,15 @@ names (a function's `loader` is not the module's), `(class family, attr)` for `s
 and for attributes of instances of that class, `(function, "return")` for what a function
 returns.
 
+Module-level names are read in order: a binding made by a top-level statement is a
+version of the name of its own, and a read sees the versions that can reach it (the
+last unconditional one before it and any conditional ones since). Module-level code
+reads at its statement; a function reads at the statements it is called from
+(`(function, CALLED_AT)`, found with the calls), or after the whole module when no code
+of the program calls it. A script of many `main`s that each train then costs what they
+cost apart, and a name rebound at top level (`model = DataParallel(model)`) holds what
+each statement left in it. Bindings made by functions (`global x`) reach every read.
+
 Values flow through assignments (tuple unpacking included), arguments bound per call site
 to the parameters of functions, methods and constructors of the project, `return`,
 `for` targets and comprehensions, `self.x` across the methods of a class, and wrappers
@@ -19,9 +28,11 @@ one pass over the assignments and calls of the program.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 import libcst as cst
 
@@ -174,6 +185,21 @@ class Obj:
 Var = tuple[object, object]
 Values = frozenset[Obj]
 ModuleResolver = Callable[[str, SourceModule], "SourceModule | None"]
+CALLED_AT = "called at"  # `(function, CALLED_AT)`: the (module, position) it may run at
+LATE = -1  # the position of bindings functions make (`global x`): any time
+END = sys.maxsize  # the position after a module's last statement
+
+
+class At(NamedTuple):
+    """A version of a module-level name: `(At(scope, position), name)` holds what the
+    top-level statement at `position` binds (`(scope, name)` holds every version)."""
+
+    scope: Scope
+    position: int
+
+
+# The top-level statements whose bindings surely happen once reached.
+_UNCONDITIONAL = (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)
 
 
 class Program:
@@ -204,6 +230,11 @@ class Program:
         self._not_modules: set[tuple[str, int]] = set()  # (dotted, id(origin)) resolving to none
         self._not_imported: set[int] = set()  # ids of names no module of the project binds
         self._owners: dict[int, Scope | None] = {}  # id of a name -> the scope it reads
+        # (id(module scope), name) -> [(position, unconditional)] of its versions, sorted
+        self._versions: dict[tuple[int, str], list[tuple[int, bool]]] = {}
+        self._live_versions: dict[tuple[int, str, int], list[int]] = {}
+        self._sites: dict[int, int | FunctionInfo | None] = {}  # id of a node -> where it runs
+        self._positions: dict[int, dict[int, int]] = {}  # id(tree) -> id(statement) -> index
 
     @classmethod
     def of(cls, modules: list[SourceModule], resolve_module: ModuleResolver | None = None) -> Program:
@@ -220,16 +251,22 @@ class Program:
                 handler(self, *args)  # classes are linked to their bases by name first
         self._link_classes()
         self._functions_by_scope = {id(f.scope): f for f in self.functions.values()}
+        self._find_versions()
         self._pending = set(range(len(self._constraints)))
         self._drain()
         opened: set[FunctionInfo] = set()
         while True:
             # A function no code of the program calls (a library-style Trainer, a
             # callback) receives arguments the analysis cannot see: objects of their own.
+            # Such a function, and one only such functions call (or only itself), runs
+            # after the module ran as far as the analysis can tell.
             called = {f for functions in self.callees.values() for f in functions}
             fresh = [f for f in self.functions.values() if f not in called and f not in opened]
-            if not fresh:
+            unreached = [f for f in self.functions.values() if not self.values.get((f, CALLED_AT))]
+            if not fresh and not unreached:
                 break
+            for function in unreached:
+                self._store((function, CALLED_AT), {(function.module, END)})
             for function in fresh:
                 opened.add(function)
                 params = function.node.params
@@ -316,7 +353,7 @@ class Program:
             made = self.obj(Kind.FUNCTION, node, module, function=self.functions[node])
         else:
             made = self.obj(Kind.CLASS, node, module, cls=self.classes[node])
-        self._store((scope.owner(node.name.value), node.name.value), {made})
+        self._store_name(scope.owner(node.name.value), node.name, {made}, module)
 
     def _assign(self, targets: list[cst.BaseExpression], value: cst.BaseExpression, module: SourceModule) -> None:
         values = self._eval(value, module)
@@ -365,14 +402,20 @@ class Program:
             for obj in self._eval(call, module):
                 self._store((obj, "of"), self._trained_part(call.func.value, module))
             return
+        called: set[FunctionInfo] = set()
         for function, bound in self._targets(call, module):
-            self.callees.setdefault(call, set()).add(function)
+            called.add(function)
             self._bind(function, call, bound, module)
         for arg in call.args:
             # a function of the project passed along is called back (`optimizer.step(closure)`)
             for obj in self._eval(arg.value, module):
                 if obj.kind is Kind.FUNCTION and obj.function is not None:
-                    self.callees.setdefault(call, set()).add(obj.function)
+                    called.add(obj.function)
+        if called:
+            self.callees.setdefault(call, set()).update(called)
+            times = self._times_of(call, module)
+            for function in called:
+                self._store((function, CALLED_AT), times)
 
     def _bind(self, function: FunctionInfo, call: cst.Call, bound: set[Obj] | None, module: SourceModule) -> None:
         params = function.positional
@@ -387,6 +430,115 @@ class Program:
         for arg in call.args:
             if arg.keyword is not None:
                 self._store((function.scope, arg.keyword.value), self._eval(arg.value, module))
+
+    # -- module-level names, read in order ---------------------------------------------
+    def _find_versions(self) -> None:
+        """The positions where each module-level name is bound, from the constraints
+        that store names (before any is solved: a read must know every version)."""
+        found: dict[tuple[int, str], dict[int, bool]] = {}
+        for handler, *args in self._constraints:
+            if handler is Program._define:
+                names, module = [args[0].name], args[1]
+            elif handler is Program._assign:
+                names, module = [n for t in args[0] for n in _bound_names(t)], args[2]
+            elif handler is Program._iterate:
+                names, module = _bound_names(args[0]), args[2]
+            else:
+                continue
+            for name in names:
+                scope = module.index.scopes.get(name)
+                owner = scope.owner(name.value) if scope is not None else None
+                if owner is not None and owner is owner.module:
+                    position, unconditional = self._binding_position(name, module)
+                    versions = found.setdefault((id(owner), name.value), {})
+                    versions[position] = versions.get(position, False) or unconditional
+        self._versions = {key: sorted(versions.items()) for key, versions in found.items()}
+
+    def _binding_position(self, name: cst.Name, module: SourceModule) -> tuple[int, bool]:
+        """The top-level statement binding `name` (LATE for a function's `global x`)
+        and whether reaching it surely binds the name."""
+        site = self._site(name, module)
+        if not isinstance(site, int):
+            return LATE, False
+        statement = module.tree.body[site]
+        walrus = isinstance(module.index.parent(name), cst.NamedExpr)
+        return site, isinstance(statement, _UNCONDITIONAL) and not walrus
+
+    def _site(self, node: cst.CSTNode, module: SourceModule) -> int | FunctionInfo | None:
+        """Where `node` runs: the position of its top-level statement (module-level code,
+        class bodies included), the function whose body holds it, or None in a lambda."""
+        key = id(node)
+        if key not in self._sites:
+            parents = module.index.parents
+            child, parent = node, parents.get(node)
+            site: int | FunctionInfo | None = None
+            while parent is not None:
+                if isinstance(parent, (cst.FunctionDef, cst.Lambda)) and child is parent.body:
+                    site = self.functions.get(parent) if isinstance(parent, cst.FunctionDef) else None
+                    break
+                if parent is module.tree:
+                    site = self._statement_positions(module).get(id(child))
+                    break
+                child, parent = parent, parents.get(parent)
+            self._sites[key] = site
+        return self._sites[key]
+
+    def _statement_positions(self, module: SourceModule) -> dict[int, int]:
+        found = self._positions.get(id(module.tree))
+        if found is None:
+            found = {id(s): i for i, s in enumerate(module.tree.body)}
+            self._positions[id(module.tree)] = found
+        return found
+
+    def _times_of(self, node: cst.CSTNode, module: SourceModule) -> set[tuple[SourceModule, int]]:
+        """When `node` may run: (module, position) of the top-level statements running it."""
+        site = self._site(node, module)
+        if isinstance(site, FunctionInfo):
+            return self._read((site, CALLED_AT))  # type: ignore[return-value]
+        return {(module, END if site is None else site)}
+
+    def _read_global(self, owner: Scope, node: cst.Name, module: SourceModule) -> set[Obj]:
+        """What the module-level name `node` holds where it is read."""
+        if (id(owner), node.value) not in self._versions:
+            return set()  # bound by imports alone
+        found: set[Obj] = set()
+        for origin, position in self._times_of(node, module):
+            if origin.scope is owner and position != END:
+                found |= self._read_at(owner, node.value, position, origin.tree.body[position])
+            else:  # another module's code runs after this one was imported
+                found |= self._read_at(owner, node.value, END)
+        return found
+
+    def _read_at(
+        self, owner: Scope, name: str, at: int, statement: cst.CSTNode | None = None
+    ) -> set[Obj]:
+        """What the module-level `name` of `owner` holds while `statement`, the one at
+        position `at`, runs (None: after the module ran)."""
+        found: set[Obj] = set()
+        for position in self._live(owner, name, at, statement):
+            found |= self._read((At(owner, position), name))
+        return found
+
+    def _live(self, owner: Scope, name: str, at: int, statement: cst.CSTNode | None) -> list[int]:
+        """The versions of a module-level name that may be seen at position `at`: the
+        conditional ones before it back to the last unconditional one, those functions
+        bind, and the statement's own when its code may run after it binds (a loop, an
+        `if`; not `x = f(x)`)."""
+        key = (id(owner), name, at)
+        live = self._live_versions.get(key)
+        if live is None:
+            own = statement is not None and _reads_own_bindings(statement)
+            versions = self._versions.get((id(owner), name), [])
+            live = self._live_versions[key] = _reaching(versions, at, own)
+        return live
+
+    def _store_name(self, owner: Scope, name: cst.Name, values: Iterable[Obj], module: SourceModule) -> None:
+        """Store into a plain name; a module-level one also into its version."""
+        values = set(values)
+        if owner is owner.module:
+            position, _ = self._binding_position(name, module)
+            self._store((At(owner, position), name.value), values)
+        self._store((owner, name.value), values)
 
     # -- evaluation ------------------------------------------------------------------
     def _eval(self, node: cst.CSTNode, module: SourceModule) -> set[Obj]:
@@ -416,7 +568,11 @@ class Program:
         if imported is not None:
             return imported
         owner = self._owner(node, module)
-        return self._read((owner, node.value)) if owner is not None else set()
+        if owner is None:
+            return set()
+        if owner is owner.module:
+            return self._read_global(owner, node, module)
+        return self._read((owner, node.value))
 
     def _owner(self, node: cst.Name, module: SourceModule) -> Scope | None:
         """The scope whose binding `node` reads (scopes are fixed: found once a node)."""
@@ -480,7 +636,7 @@ class Program:
             elif obj.cls is not None and obj.kind in (Kind.MODULE, Kind.INSTANCE):
                 found |= self._read((obj.cls.family, attr))
             elif obj.kind is Kind.SOURCE_MODULE and obj.source is not None:
-                found |= self._read((obj.source.scope, attr))
+                found |= self._read_at(obj.source.scope, attr, END)
                 nested = self._resolve_module(f"{obj.source.name}.{attr}", obj.source)
                 if nested is not None:
                     found.add(self.obj(Kind.SOURCE_MODULE, nested.tree, nested, source=nested))
@@ -675,7 +831,7 @@ class Program:
         if isinstance(target, cst.Name):
             scope = module.index.scopes.get(target)
             if scope is not None:
-                self._store((scope.owner(target.value), target.value), values)
+                self._store_name(scope.owner(target.value), target, values, module)
         elif isinstance(target, cst.Attribute):
             own = self.class_of_self(target.value, module)
             if own is not None:
@@ -709,6 +865,38 @@ _MODEL_LIKE = frozenset({Kind.MODULE, Kind.CRITERION, Kind.EXTERNAL})
 _DISPLAYS = frozenset(
     {cst.Tuple, cst.List, cst.Set, cst.Dict, cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp}
 )
+
+
+def _reaching(versions: list[tuple[int, bool]], at: int, own: bool) -> list[int]:
+    """The positions among `versions` (sorted `(position, unconditional)` pairs) whose
+    bindings a read at position `at` may see; `own`: that position's bindings too."""
+    live: list[int] = []
+    earlier = True  # no unconditional binding between the read and the positions left
+    for position, unconditional in reversed(versions):
+        if position == LATE or (position == at and own):
+            live.append(position)
+        elif position < at and earlier:
+            live.append(position)
+            earlier = not unconditional
+    return live
+
+
+def _reads_own_bindings(statement: cst.CSTNode) -> bool:
+    """Whether code of a top-level statement may run after the statement bound a name:
+    a compound statement (a loop, `if`, `with`, `try`) or a line of several statements.
+    A `def` or `class` binds its name last, an assignment after its value."""
+    if isinstance(statement, cst.SimpleStatementLine):
+        return len(statement.body) > 1
+    return not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+
+
+def _bound_names(target: cst.BaseExpression) -> list[cst.Name]:
+    """The plain names an assignment target binds (`a`, `a, (b, *c)`)."""
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _bound_names(element.value)]
+    return []
 
 
 def _dotted_root(node: cst.BaseExpression) -> cst.Name | None:

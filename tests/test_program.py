@@ -1,0 +1,143 @@
+"""The whole-program model reads module-level names in order, as Python runs them."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from autoaccel.analysis.program import Kind
+from autoaccel.analysis.script_model import ScriptModel, build_script_model
+from autoaccel.analysis.shapes import find
+
+HEADER = "import torch.nn as nn\n"
+
+
+def model_of(source: str) -> ScriptModel:
+    module = cst.parse_module(HEADER + textwrap.dedent(source).lstrip("\n"))
+    return build_script_model(MetadataWrapper(module, unsafe_skip_copy=True))
+
+
+def callees(script: ScriptModel, spelled: str) -> list[list[int]]:
+    """For each call written `spelled` (in source order): the lines of the `def`s it runs."""
+    assert script.program is not None and script.module is not None
+    tree = script.module.tree
+    positions = MetadataWrapper(tree, unsafe_skip_copy=True).resolve(PositionProvider)
+    lines = {node: positions[node].start.line for node in find(tree, cst.FunctionDef)}
+    calls = [c for c in find(tree, cst.Call) if tree.code_for_node(c) == spelled]
+    return [sorted(lines[f.node] for f in script.program.callees.get(c, ())) for c in calls]
+
+
+def test_a_call_at_top_level_runs_the_definition_before_it():
+    script = model_of(
+        """
+        def main():  # line 2
+            pass
+        main()
+        def main():  # line 5
+            pass
+        main()
+        """
+    )
+    assert callees(script, "main()") == [[2], [5]]
+
+
+def test_a_function_reads_globals_when_it_is_called():
+    # `run` is defined once, but each call finds the `train` bound at that time.
+    script = model_of(
+        """
+        def run():
+            train()
+        def train():  # line 4
+            pass
+        run()
+        def train():  # line 7
+            pass
+        run()
+        def main():
+            train()
+        main()
+        """
+    )
+    assert callees(script, "train()") == [[4, 7], [7]]
+
+
+def test_conditional_bindings_all_reach_later_reads():
+    script = model_of(
+        """
+        def step():  # line 2
+            pass
+        if flag:
+            def step():  # line 5
+                pass
+        else:
+            def step():  # line 8
+                pass
+        step()
+        def step():  # line 11
+            pass
+        step()
+        """
+    )
+    assert callees(script, "step()") == [[2, 5, 8], [11]]
+
+
+def test_bindings_made_by_functions_reach_every_read():
+    script = model_of(
+        """
+        def make():  # line 2
+            global step
+            def step():  # line 4
+                pass
+        def step():  # line 6
+            pass
+        step()
+        make()
+        """
+    )
+    assert callees(script, "step()") == [[4, 6]]
+
+
+def test_a_function_no_code_calls_sees_the_module_as_it_ends():
+    script = model_of(
+        """
+        def callback():
+            helper()
+        def helper():  # line 4
+            pass
+        def helper():  # line 6
+            pass
+        """
+    )
+    assert callees(script, "helper()") == [[6]]
+
+
+def test_a_wrapper_rebinding_its_model_wraps_the_model_only():
+    script = model_of(
+        """
+        model = nn.Linear(4, 2)
+        model = nn.DataParallel(model)
+        """
+    )
+    assert script.program is not None
+    (wrapper,) = [o for o in script.program.objects(Kind.MODULE) if o.parallel]
+    (wrapped,) = script.program.read((wrapper, "wraps"))
+    assert wrapped.parallel is None
+    assert "model" in script.data_parallel
+
+
+def test_methods_only_calling_each_other_see_the_module_as_it_ends():
+    script = model_of(
+        """
+        class Worker:
+            def ping(self):
+                self.pong()
+                log()
+            def pong(self):
+                self.ping()
+        def log():  # line 8
+            pass
+        """
+    )
+    assert callees(script, "log()") == [[8]]
