@@ -13,6 +13,7 @@ from autoaccel.analysis.statements import HOLDS_STATEMENTS
 from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
 from autoaccel.lint.engine import python_tree
+from autoaccel.module_code import ModuleCode
 
 LINE_LENGTH = 88
 
@@ -30,15 +31,24 @@ def _changed_long_lines(before: str, after: str) -> set[int]:
 
 class _FormatStatements(cst.CSTTransformer):
     """Replaces the `statements` and the `with` headers in `headers` with black's
-    formatting, at the column each starts on (the values); visits the statements only."""
+    formatting, at the column each starts on (the values); visits only the compound
+    statements `around` them, so every other statement stays the node it was."""
 
-    def __init__(self, statements: dict[cst.BaseStatement, int], headers: dict[cst.With, int]) -> None:
+    def __init__(
+        self,
+        statements: dict[cst.BaseStatement, int],
+        headers: dict[cst.With, int],
+        around: set[cst.BaseStatement],
+    ) -> None:
         super().__init__()
         self.statements = statements
         self.headers = headers
+        self.around = around
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, HOLDS_STATEMENTS) and node not in self.statements
+        if isinstance(node, cst.BaseStatement):
+            return node in self.around
+        return isinstance(node, HOLDS_STATEMENTS)  # a block or clause of a visited statement
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -95,14 +105,17 @@ def format_inserted_code(before: str, after: str) -> str:
     return _keep_untouched_bytes(before, after)
 
 
-def format_inserted_statements(before: str, tree: cst.Module, after: str) -> tuple[cst.Module, str]:
-    """`format_inserted_code` for a rewritten `tree` whose code is `after` and which
-    holds each node object once: the tree of the result (`tree` re-formatted, without a
-    new parse unless bytes outside the rewrite are put back) and its code."""
+def format_inserted_statements(
+    before: str, tree: cst.Module, after: str, module_code: ModuleCode
+) -> tuple[cst.Module, str]:
+    """`format_inserted_code` for a rewritten `tree` whose code is `after` (generated
+    by `module_code`) and which holds each node object once: the tree of the result
+    (`tree` re-formatted, without a new parse unless bytes outside the rewrite are put
+    back) and its code."""
     lines = _changed_long_lines(before, after)
     if lines:
         tree = _format_statements(tree, after, lines)
-        after = tree.code
+        after = module_code(tree)
     kept = _keep_untouched_bytes(before, after)
     return (tree if kept == after else cst.parse_module(kept)), kept
 
@@ -130,7 +143,14 @@ def _format_statements(module: cst.Module, code: str, lines: set[int]) -> cst.Mo
                 headers[statement] = column
     if not touched and not headers:
         return module
-    return module.visit(_FormatStatements(touched, headers))
+    lines_of_targets = [located[target].own for target in (*touched, *headers)]
+    around = {
+        statement
+        for statement, where in located.items()
+        if isinstance(statement, cst.BaseCompoundStatement)
+        and any(where.own <= line <= where.last for line in lines_of_targets)
+    }
+    return module.visit(_FormatStatements(touched, headers, around))
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from autoaccel.formatting import format_inserted_code
+import libcst as cst
+
+from autoaccel.formatting import format_inserted_code, format_inserted_statements
+from autoaccel.module_code import ModuleCode
 
 LONG_CALL = "with torch.autocast(device_type='cuda' if torch.cuda.is_available() else 'cpu', dtype=torch.bfloat16):"
 
@@ -41,3 +44,14 @@ def test_short_changes_are_not_reformatted():
     before = "x = f( a )\n"
     after = "x = f( a, b )\n"
     assert format_inserted_code(before, after) == after
+
+
+def test_statements_away_from_a_long_change_stay_the_nodes_they_were():
+    # The next code generation reuses their text: they must be the same objects.
+    before = "class A:\n    x = 1\n\n\ndef step(x):\n    y = model(x)\n\n\nif x:\n    z = 1\n"
+    after = before.replace("    y = model(x)\n", f"    {LONG_CALL}\n        y = model(x)\n")
+    tree = cst.parse_module(after)
+    formatted, code = format_inserted_statements(before, tree, after, ModuleCode())
+    assert code == formatted.code == format_inserted_code(before, after) != after
+    assert formatted.body[0] is tree.body[0] and formatted.body[2] is tree.body[2]
+    assert formatted.body[1] is not tree.body[1]

@@ -17,11 +17,18 @@ from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.metadata import CodeRange, MetadataWrapper
 
 from autoaccel.analysis.index import repeats_a_node
-from autoaccel.analysis.positions import Positions, SourcePositions
+from autoaccel.analysis.positions import Positions, SourcePositions, TopLevelPositions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
-from autoaccel.convert.dispatch import handled_types, is_token, method, touched_nodes
+from autoaccel.convert.dispatch import (
+    handled_types,
+    has_field_methods,
+    is_token,
+    method,
+    touched_nodes,
+)
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 from autoaccel.lint.engine import python_tree
+from autoaccel.module_code import ModuleCode
 
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
@@ -31,6 +38,7 @@ SOURCE_KEY = "autoaccel.source"
 PROJECT_KEY = "autoaccel.project"
 ENTRY_KEY = "autoaccel.entry"
 ANALYSES_KEY = "autoaccel.analyses"
+MODULE_CODE_KEY = "autoaccel.module_code"
 
 
 
@@ -54,15 +62,18 @@ def new_context(
     path: str | None = None,
     source: str | None = None,
     analyses: Analyses | None = None,
+    module_code: ModuleCode | None = None,
 ) -> CodemodContext:
     """The context of one step; `path` names the script (launch commands use it),
     `source` is the code of the tree the step gets, when the caller has it, `analyses`
-    the script models the steps of one conversion share."""
+    the script models the steps of one conversion share, `module_code` their code
+    generation."""
     scratch = {
         OPTIONS_KEY: options,
         LOG_KEY: log,
         SOURCE_KEY: source,
         ANALYSES_KEY: {} if analyses is None else analyses,
+        MODULE_CODE_KEY: module_code or ModuleCode(),
     }
     return CodemodContext(filename=path, scratch=scratch)
 
@@ -106,16 +117,25 @@ class Transform(VisitorBasedCodemodCommand):
             _DECORATED[type(self)] = decorated
         self._decorated = decorated
         self._touched: set[cst.CSTNode] | None = None  # None: visit every node
-        # Whether a `leave_*` method returned a node of its own: a pass without one
-        # gives back a tree that writes the same code, so the input is passed on as it is.
-        # (Unknown, so assumed, where LibCST's dispatch or the class's own hook runs.)
-        self._edited = decorated or type(self).on_leave is not Transform.on_leave
+        # How many nodes `leave_*` methods replaced so far, and that count when each node
+        # being visited was entered: a node with no replacement below it leaves the pass
+        # as the very object it was, so the next steps (code generation, analyses) can
+        # tell it unchanged. An unchanged tree is passed on as it is. (Not where the
+        # class's own `on_leave` hook may replace nodes unseen.)
+        self._edits = 0
+        self._entered: list[int] = []
+        self._keeps_nodes = type(self).on_leave is Transform.on_leave
+        if not decorated and not has_field_methods(type(self)):
+            # LibCST calls these around every field of every node it visits (~700,000
+            # calls a conversion): no-ops found on the instance, without a method lookup.
+            self.on_visit_attribute = self.on_leave_attribute = _no_field_hook  # type: ignore[method-assign]
         self.script: ScriptModel = ScriptModel()
         self._positions: Positions | None = None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._decorated:
             return super().on_visit(node)
+        self._entered.append(self._edits)
         if self._touched is not None and node not in self._touched:
             # A token holds no node the step has a method for; any other node of the
             # indexed tree outside `_touched` holds none either.
@@ -127,12 +147,14 @@ class Transform(VisitorBasedCodemodCommand):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         if self._decorated:
             return super().on_leave(original_node, updated_node)
+        unchanged = self._entered.pop() == self._edits
         leave = method(type(self), "leave_", type(original_node))
-        if leave is None:
-            return updated_node
-        result = leave(self, original_node, updated_node)
-        self._edited = self._edited or result is not updated_node
-        return result
+        if leave is not None:
+            result = leave(self, original_node, updated_node)
+            if result is not updated_node:
+                self._edits += 1
+                return result
+        return original_node if unchanged and self._keeps_nodes else updated_node
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         if self._decorated:
@@ -201,8 +223,7 @@ class Transform(VisitorBasedCodemodCommand):
         self._touched = None
         if kinds is not None and index is not None and index.module is tree:
             self._touched = touched_nodes(tree, index.parents, kinds)
-        result = super().transform_module_impl(tree)
-        return result if self._edited else tree
+        return super().transform_module_impl(tree)
 
     def _indexed(self, node: cst.CSTNode) -> bool:
         """Whether `node` belongs to the tree the step's analysis indexed."""
@@ -256,13 +277,20 @@ class Transform(VisitorBasedCodemodCommand):
     def _new_positions(self, tree: cst.Module) -> Positions:
         """Positions in `tree`: from the statement around each asked-for node when the
         pipeline passed the tree's code (a log asks for a few nodes; the whole module's
-        code generation costs a pass), else from the whole module."""
+        code generation costs a pass), else from the whole module. Where the top-level
+        statements start is known when the pipeline generated the tree's code; else
+        CPython's parse of it tells."""
         source = self.context.scratch.get(SOURCE_KEY)
         index = self.script.index
-        if source is not None and index is not None and index.module is tree:
-            python = python_tree(source)
-            if python is not None:
-                return SourcePositions(tree, source, python, index.parents)
+        if source is None or index is None or index.module is not tree:
+            return Positions(tree)
+        module_code: ModuleCode = self.context.scratch[MODULE_CODE_KEY]
+        starts = module_code.statement_starts(tree)
+        if starts is not None:
+            return TopLevelPositions(tree, source, starts, index.parents)
+        python = python_tree(source)
+        if python is not None:
+            return SourcePositions(tree, source, python, index.parents)
         return Positions(tree)
 
     def line_of(self, node: cst.CSTNode) -> int:
@@ -285,6 +313,10 @@ def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> b
 
 
 _DECORATED: dict[type, bool] = {}
+
+
+def _no_field_hook(node: cst.CSTNode, attribute: str) -> None:
+    """The field hook of a class without field methods."""
 
 
 class StatementRewrite(Transform):

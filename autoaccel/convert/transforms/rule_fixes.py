@@ -7,7 +7,13 @@ from libcst.codemod import Codemod
 
 from autoaccel.config import LintSettings
 from autoaccel.convert.log import Change, ConvertOptions, Skipped
-from autoaccel.convert.transform import LOG_KEY, OPTIONS_KEY, PROJECT_KEY, source_of
+from autoaccel.convert.transform import (
+    LOG_KEY,
+    MODULE_CODE_KEY,
+    OPTIONS_KEY,
+    PROJECT_KEY,
+    source_of,
+)
 from autoaccel.lint.fixer import fix_source
 from autoaccel.lint.rule import Applicability, Diagnostic
 
@@ -33,7 +39,14 @@ class RuleFixes(Codemod):
         codes = self.selected_codes(self.context.scratch[OPTIONS_KEY])
         settings = LintSettings(select=codes, extend_safe_fixes=self.speed_ups)
         source = source_of(self.context, tree)
-        result = fix_source(source, settings, project=self.context.scratch.get(PROJECT_KEY), module=tree)
+        scratch = self.context.scratch
+        result = fix_source(
+            source,
+            settings,
+            project=scratch.get(PROJECT_KEY),
+            module=tree,
+            module_code=scratch.get(MODULE_CODE_KEY),
+        )
         log = self.context.scratch[LOG_KEY]
         for diagnostic in result.fixed:
             log.changes.append(Change(diagnostic.code, diagnostic.line, diagnostic.fix_title or ""))
