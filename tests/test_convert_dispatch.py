@@ -10,7 +10,7 @@ import typing
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.index import ModuleIndex, child_fields
+from autoaccel.analysis.index import ModuleIndex, child_fields, descendants
 from autoaccel.convert.dispatch import (
     TOKEN_TYPES,
     handled_types,
@@ -19,7 +19,7 @@ from autoaccel.convert.dispatch import (
     touched_nodes,
 )
 from autoaccel.convert.log import ConversionLog, ConvertOptions
-from autoaccel.convert.transform import Transform, new_context
+from autoaccel.convert.transform import Transform, new_context, same_nodes
 
 
 class RenameA(Transform):
@@ -203,3 +203,27 @@ def test_field_methods_are_called_where_a_class_has_them() -> None:
     step = FuncFields(new_context(ConvertOptions(), ConversionLog()))
     step.transform_module(cst.parse_module(SOURCE))
     assert step.fields == 2  # f(...) and print(...)
+
+
+class RenameLastA(Transform):
+    """Plans in `visit_Module` to rename the last `a` only, and says so (`edited`)."""
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.planned = [n for n in descendants(node) if isinstance(n, cst.Name) and n.value == "a"][-1:]
+        self.left: list[cst.Name] = []
+
+    def edited(self) -> list[cst.CSTNode]:
+        return self.planned
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        self.left.append(original_node)
+        return updated_node.with_changes(value="b") if original_node in self.planned else updated_node
+
+
+def test_a_step_that_plans_its_edits_visits_only_the_way_to_them() -> None:
+    tree = cst.parse_module(SOURCE)
+    step = RenameLastA(new_context(ConvertOptions(), ConversionLog()))
+    result = step.transform_module(tree)
+    assert result.code == SOURCE.replace("print(a)", "print(b)")
+    assert step.left == step.planned  # not `print`, nor the names of the other lines
+    assert same_nodes(result.body[:-1], tree.body[:-1])

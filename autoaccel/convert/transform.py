@@ -7,7 +7,7 @@ be idempotent: run on their own output they change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -135,19 +135,44 @@ class Transform(VisitorBasedCodemodCommand):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self._decorated:
             return super().on_visit(node)
-        self._entered.append(self._edits)
         if self._touched is not None and node not in self._touched:
             # A token holds no node the step has a method for; any other node of the
-            # indexed tree outside `_touched` holds none either.
+            # indexed tree outside `_touched` holds none either, or none it edits.
             if is_token(type(node)) or self._indexed(node):
+                self._entered.append(_SKIPPED)
                 return False
+        self._entered.append(self._edits)
         visit = method(type(self), "visit_", type(node))
-        return visit is None or visit(self, node) is not False
+        visit_children = visit is None or visit(self, node) is not False
+        if type(node) is cst.Module and self._touched is not None:
+            self._touch_edited_only()
+        return visit_children
+
+    def edited(self) -> Iterable[cst.CSTNode] | None:
+        """The nodes the `leave_*` methods replace, once `visit_Module` planned them
+        (None: unknown). A step that plans every edit there and visits no other node
+        for what it learns says so: its pass then visits only the way to those nodes."""
+        return None
+
+    def _touch_edited_only(self) -> None:
+        edited = self.edited()
+        index = self.script.index
+        if edited is None or index is None:
+            return
+        touched: set[cst.CSTNode] = {index.module}
+        for node in edited:
+            while node is not None and node not in touched:
+                touched.add(node)
+                node = index.parents.get(node)
+        self._touched = touched
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         if self._decorated:
             return super().on_leave(original_node, updated_node)
-        unchanged = self._entered.pop() == self._edits
+        entered = self._entered.pop()
+        if entered == _SKIPPED:
+            return original_node  # no method of the step's acts there
+        unchanged = entered == self._edits
         leave = method(type(self), "leave_", type(original_node))
         if leave is not None:
             result = leave(self, original_node, updated_node)
@@ -313,6 +338,7 @@ def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> b
 
 
 _DECORATED: dict[type, bool] = {}
+_SKIPPED = -1  # entered, in place of the count of edits, for a node the pass skips
 
 
 def _no_field_hook(node: cst.CSTNode, attribute: str) -> None:

@@ -169,6 +169,10 @@ class DistributedStep(StatementRewrite):
         self.imports: list[str] = []
         return super().transform_module_impl(tree)
 
+    def planned_statements(self) -> list[cst.CSTNode]:
+        """The statements `rebuild` inserts around or replaces (for `edited`)."""
+        return [*self.before, *self.after, *self.replace]
+
     # -- edits ------------------------------------------------------------------------
     def rebuild(self, originals: Statements, updated: Statements) -> Statements:
         if len(originals) != len(updated):
