@@ -41,9 +41,9 @@ class ModuleCode:
         self._layout, self._texts = layout, texts
         return "".join(state.tokens) or module.default_newline  # an empty module: a newline
 
-    def statement_starts(self, module: cst.Module) -> dict[cst.BaseStatement, int] | None:
-        """Where each top-level statement of `module` starts in its code, when each was
-        in the last module generated here (None otherwise)."""
+    def statement_spans(self, module: cst.Module) -> dict[cst.BaseStatement, tuple[int, int]] | None:
+        """Where each top-level statement of `module` starts and ends in its code, when
+        each was in the last module generated here (None otherwise)."""
         layout = (module.default_indent, module.default_newline)
         if not module.has_trailing_newline or layout != self._layout:
             return None
@@ -51,11 +51,11 @@ class ModuleCode:
         for line in module.header:
             line._codegen(state)
         start = sum(map(len, state.tokens))
-        starts: dict[cst.BaseStatement, int] = {}
+        spans: dict[cst.BaseStatement, tuple[int, int]] = {}
         for statement in module.body:
             text = self._texts.get(statement)
             if text is None:
                 return None
-            starts[statement] = start
+            spans[statement] = (start, start + len(text))
             start += len(text)
-        return starts
+        return spans

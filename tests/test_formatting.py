@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import libcst as cst
+import pytest
 
 from autoaccel.formatting import format_inserted_code, format_inserted_statements
 from autoaccel.module_code import ModuleCode
@@ -55,3 +56,21 @@ def test_statements_away_from_a_long_change_stay_the_nodes_they_were():
     assert code == formatted.code == format_inserted_code(before, after) != after
     assert formatted.body[0] is tree.body[0] and formatted.body[2] is tree.body[2]
     assert formatted.body[1] is not tree.body[1]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_statements_parsed_alone_are_formatted_as_in_the_whole_module(newline):
+    # Where the code generation knows the top-level statements' spans, CPython parses
+    # only those with a changed long line: the lines it gives must be the module's.
+    before = "# c\nimport torch\n\n\nclass A:\n    x = 1\n\n\ndef step(x):\n    # c\n    if x:\n        y = model(x)\n        z = 1\n"
+    after = (
+        before.replace("        y = model(x)\n", f"        {LONG_CALL}\n            y = model(x)\n")
+        .replace("z = 1", "z = data.to(device, non_blocking=True), target.to(device, non_blocking=True)")
+        .replace("\n", newline)
+    )
+    before = before.replace("\n", newline)
+    tree = cst.parse_module(after)
+    module_code = ModuleCode()
+    assert module_code(tree) == after
+    _, code = format_inserted_statements(before, tree, after, module_code)
+    assert code == format_inserted_code(before, after) != after

@@ -45,15 +45,15 @@ def test_statements_are_generated_again_in_another_layout() -> None:
     assert module_code(tabs) == tabs.code == "if x:\r\n\ty = 2\r\n"
 
 
-def test_statement_starts_are_offsets_in_the_code() -> None:
-    module = cst.parse_module("# header\n\nx = 1\n\ndef f():\n    pass\n")
+def test_statement_spans_are_where_each_is_in_the_code() -> None:
+    module = cst.parse_module("# header\n\nx = 1\n\ndef f():\n    pass\n# footer\n")
     module_code = ModuleCode()
     text = module_code(module)
-    starts = module_code.statement_starts(module)
-    assert starts is not None
-    assert [text[starts[statement] :] for statement in module.body] == [
-        "x = 1\n\ndef f():\n    pass\n",
+    spans = module_code.statement_spans(module)
+    assert spans is not None
+    assert [text[start:end] for start, end in spans.values()] == [
+        "x = 1\n",
         "\ndef f():\n    pass\n",  # from its leading blank line
     ]
     other = cst.parse_module("y = 2\n")
-    assert module_code.statement_starts(other) is None  # statements not generated here
+    assert module_code.statement_spans(other) is None  # statements not generated here

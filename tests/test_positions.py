@@ -50,12 +50,12 @@ def test_top_level_statement_ranges_match_libcst(source):
     expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     module_code = ModuleCode()
     text = module_code(module)
-    starts = module_code.statement_starts(module)
+    spans = module_code.statement_spans(module)
     if not module.has_trailing_newline:
-        assert starts is None  # then CPython's parse tells (`SourcePositions`)
+        assert spans is None  # then CPython's parse tells (`SourcePositions`)
         return
-    assert starts is not None
-    positions = TopLevelPositions(module, text, starts, ModuleIndex(module).parents)
+    assert spans is not None
+    positions = TopLevelPositions(module, text, spans, ModuleIndex(module).parents)
     assert all(positions[node] == expected[node] for node in ModuleIndex(module).parents)
     assert positions._whole is None  # each from its top-level statement
     assert all(positions[node] == expected[node] for node in expected)

@@ -310,9 +310,9 @@ class Transform(VisitorBasedCodemodCommand):
         if source is None or index is None or index.module is not tree:
             return Positions(tree)
         module_code: ModuleCode = self.context.scratch[MODULE_CODE_KEY]
-        starts = module_code.statement_starts(tree)
-        if starts is not None:
-            return TopLevelPositions(tree, source, starts, index.parents)
+        spans = module_code.statement_spans(tree)
+        if spans is not None:
+            return TopLevelPositions(tree, source, spans, index.parents)
         python = python_tree(source)
         if python is not None:
             return SourcePositions(tree, source, python, index.parents)
