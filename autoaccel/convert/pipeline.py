@@ -26,7 +26,7 @@ from autoaccel.convert.transform import (
     TreeFacts,
     new_context,
 )
-from autoaccel.analysis.index import repeats_a_node
+from autoaccel.analysis.index import repeats_a_node, repeats_a_node_since
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_statements
 from autoaccel.lint.engine import compile_quietly, parse
@@ -124,7 +124,7 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     generated = state.module_code(transformed)
     if generated == state.text:
         return  # the same code: the next step gets the tree analysed already
-    if repeats_a_node(transformed):
+    if _repeats_a_node(transformed, state):
         transformed = cst.parse_module(generated)  # each occurrence a node of its own
     state.tree, after = format_inserted_statements(
         state.text, transformed, generated, state.module_code
@@ -135,6 +135,16 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     if after != state.text:
         state.history.append((state.text, after))
     state.text = after
+
+
+def _repeats_a_node(transformed: cst.Module, state: ModuleState) -> bool:
+    """Whether a node object sits twice in `transformed`, a step's rewrite of
+    `state.tree`: found from the nodes the step made where `state.tree` was indexed."""
+    facts = state.analyses.get(id(state.tree))
+    index = facts.script.index if facts is not None and facts.script is not None else None
+    if index is None or index.module is not state.tree:
+        return repeats_a_node(transformed)
+    return repeats_a_node_since(transformed, index)
 
 
 def _run(
