@@ -129,9 +129,13 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     state.tree, after = format_inserted_statements(
         state.text, transformed, generated, state.module_code
     )
-    state.analyses.clear()  # what is known of trees no step will get again
-    # Formatting only puts freshly parsed statements in: still each node once.
-    state.analyses[id(state.tree)] = TreeFacts(state.tree, repeats_a_node=False)
+    # What is known of trees no step will get again goes (the step may have analysed
+    # the tree it hands on: the rule fixes do).
+    known = state.analyses.get(id(state.tree))
+    state.analyses.clear()
+    facts = known if known is not None and known.tree is state.tree else TreeFacts(state.tree)
+    facts.repeats_a_node = False  # formatting only puts freshly parsed statements in
+    state.analyses[id(state.tree)] = facts
     if after != state.text:
         state.history.append((state.text, after))
     state.text = after

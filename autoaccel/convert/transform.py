@@ -78,6 +78,15 @@ def new_context(
     return CodemodContext(filename=path, scratch=scratch)
 
 
+def tree_facts(context: CodemodContext, tree: cst.Module) -> TreeFacts:
+    """What the steps of the conversion `context` belongs to know about `tree`."""
+    analyses: Analyses = context.scratch.setdefault(ANALYSES_KEY, {})
+    facts = analyses.get(id(tree))
+    if facts is None or facts.tree is not tree:
+        facts = analyses[id(tree)] = TreeFacts(tree)
+    return facts
+
+
 def source_of(context: CodemodContext, tree: cst.Module) -> str:
     """The code of `tree`, the module a step is given: from the context when the
     pipeline passed it along (code generation costs a pass over the tree)."""
@@ -257,10 +266,7 @@ class Transform(VisitorBasedCodemodCommand):
 
     def _facts(self, tree: cst.Module) -> TreeFacts:
         """What this conversion knows about `tree` (whether a node repeats: found now)."""
-        analyses: Analyses = self.context.scratch.setdefault(ANALYSES_KEY, {})
-        facts = analyses.get(id(tree))
-        if facts is None or facts.tree is not tree:
-            facts = analyses[id(tree)] = TreeFacts(tree)
+        facts = tree_facts(self.context, tree)
         if facts.repeats_a_node is None:
             facts.repeats_a_node = repeats_a_node(tree)
         return facts

@@ -13,7 +13,7 @@ from autoaccel.cst_edit import add_imports
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code, format_inserted_statements
 from autoaccel.analysis.index import repeats_a_node
-from autoaccel.analysis.script_model import ProjectContext
+from autoaccel.analysis.script_model import ProjectContext, ScriptModel
 from autoaccel.lint.engine import Analysis, SourceError, analyse
 from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Note, Replacement
 from autoaccel.module_code import ModuleCode
@@ -28,6 +28,7 @@ class FixResult:
     remaining: list[Diagnostic]
     notes: list[Note]  # lines of the original source
     module: cst.Module | None = None  # `source` parsed, each node object once, when it was
+    script: ScriptModel | None = None  # the script model of `module`, when the rules ran
 
 
 def is_applicable(diagnostic: Diagnostic, settings: LintSettings) -> bool:
@@ -71,7 +72,7 @@ def fix_source(
         source, analysis = new_source, next_analysis
     notes = [replace(n, line=original_line(history, n.line)) for n in analysis.notes]
     parsed = analysis.module if analysis.wrapper is not None else None  # analysed: parsed
-    return FixResult(source, fixed, analysis.diagnostics, notes, parsed)
+    return FixResult(source, fixed, analysis.diagnostics, notes, parsed, analysis.script)
 
 
 def _non_overlapping(analysis: Analysis, settings: LintSettings) -> list[Diagnostic]:

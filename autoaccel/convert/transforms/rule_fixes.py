@@ -13,8 +13,9 @@ from autoaccel.convert.transform import (
     OPTIONS_KEY,
     PROJECT_KEY,
     source_of,
+    tree_facts,
 )
-from autoaccel.lint.fixer import fix_source
+from autoaccel.lint.fixer import FixResult, fix_source
 from autoaccel.lint.rule import Applicability, Diagnostic
 
 
@@ -57,8 +58,18 @@ class RuleFixes(Codemod):
         for note in result.notes:
             log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
         if result.source == source:
-            return tree
-        return cst.parse_module(result.source) if result.module is None else result.module
+            return self._analysed(tree, result)
+        if result.module is None:
+            return cst.parse_module(result.source)
+        return self._analysed(result.module, result)
+
+    def _analysed(self, tree: cst.Module, result: FixResult) -> cst.Module:
+        """`tree`, the fixed module, with the script model the rules saw kept for the
+        next step (the same analysis, ~75 ms at 2,000 lines; not in a project, where
+        steps analyse the other modules as they are then)."""
+        if result.script is not None and PROJECT_KEY not in self.context.scratch:
+            tree_facts(self.context, tree).script = result.script
+        return tree
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
         """Without LibCST's copy of the tree for its metadata: none is asked for (the
