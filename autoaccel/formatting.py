@@ -5,16 +5,19 @@ and inserted lines end with the file's newline."""
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 
 import libcst as cst
 
-from autoaccel.analysis.positions import INDENT, statement_lines
+from autoaccel.analysis.positions import INDENT, NEWLINE, StatementLines, statement_lines
 from autoaccel.analysis.statements import HOLDS_STATEMENTS
 from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
 from autoaccel.lint.engine import python_tree
+from autoaccel.module_code import ModuleCode
 
 LINE_LENGTH = 88
+Spans = dict[cst.BaseStatement, tuple[int, int]]  # top-level statements -> (start, end) in the code
 
 
 def _changed_long_lines(before: str, after: str) -> set[int]:
@@ -30,15 +33,24 @@ def _changed_long_lines(before: str, after: str) -> set[int]:
 
 class _FormatStatements(cst.CSTTransformer):
     """Replaces the `statements` and the `with` headers in `headers` with black's
-    formatting, at the column each starts on (the values); visits the statements only."""
+    formatting, at the column each starts on (the values); visits only the compound
+    statements `around` them, so every other statement stays the node it was."""
 
-    def __init__(self, statements: dict[cst.BaseStatement, int], headers: dict[cst.With, int]) -> None:
+    def __init__(
+        self,
+        statements: dict[cst.BaseStatement, int],
+        headers: dict[cst.With, int],
+        around: set[cst.BaseStatement],
+    ) -> None:
         super().__init__()
         self.statements = statements
         self.headers = headers
+        self.around = around
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, HOLDS_STATEMENTS) and node not in self.statements
+        if isinstance(node, cst.BaseStatement):
+            return node in self.around
+        return isinstance(node, HOLDS_STATEMENTS)  # a block or clause of a visited statement
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -91,30 +103,33 @@ def format_inserted_code(before: str, after: str) -> str:
     longer than the line length black-formatted, and its untouched lines as in `before`."""
     lines = _changed_long_lines(before, after)
     if lines:
-        after = _format_statements(cst.parse_module(after), after, lines).code
+        after = _format_statements(cst.parse_module(after), after, lines, None).code
     return _keep_untouched_bytes(before, after)
 
 
-def format_inserted_statements(before: str, tree: cst.Module, after: str) -> tuple[cst.Module, str]:
-    """`format_inserted_code` for a rewritten `tree` whose code is `after` and which
-    holds each node object once: the tree of the result (`tree` re-formatted, without a
-    new parse unless bytes outside the rewrite are put back) and its code."""
+def format_inserted_statements(
+    before: str, tree: cst.Module, after: str, module_code: ModuleCode
+) -> tuple[cst.Module, str]:
+    """`format_inserted_code` for a rewritten `tree` whose code is `after` (generated
+    by `module_code`) and which holds each node object once: the tree of the result
+    (`tree` re-formatted, without a new parse unless bytes outside the rewrite are put
+    back) and its code."""
     lines = _changed_long_lines(before, after)
     if lines:
-        tree = _format_statements(tree, after, lines)
-        after = tree.code
+        tree = _format_statements(tree, after, lines, module_code.statement_spans(tree))
+        after = module_code(tree)
     kept = _keep_untouched_bytes(before, after)
     return (tree if kept == after else cst.parse_module(kept)), kept
 
 
-def _format_statements(module: cst.Module, code: str, lines: set[int]) -> cst.Module:
-    """`module` (whose code is `code`) with each statement and `with` header that has
-    a line in `lines` black-formatted. Where the statements are comes from CPython's
-    parse of `code`: only the statements are visited, no position computed."""
-    python = python_tree(code)
-    if python is None:  # not Python to CPython: the compile check reports it
-        return module
-    located = statement_lines(module, python)
+def _format_statements(
+    module: cst.Module, code: str, lines: set[int], spans: Spans | None
+) -> cst.Module:
+    """`module` (whose code is `code`, its top-level statements at `spans` when known)
+    with each statement and `with` header that has a line in `lines` black-formatted.
+    Where the statements are comes from CPython's parse: only the statements are
+    visited, no position computed."""
+    located = _statement_lines(module, code, lines, spans)
     text = source_lines(code)
     touched: dict[cst.BaseStatement, int] = {}
     headers: dict[cst.With, int] = {}
@@ -130,7 +145,51 @@ def _format_statements(module: cst.Module, code: str, lines: set[int]) -> cst.Mo
                 headers[statement] = column
     if not touched and not headers:
         return module
-    return module.visit(_FormatStatements(touched, headers))
+    lines_of_targets = [located[target].own for target in (*touched, *headers)]
+    around = {
+        statement
+        for statement, where in located.items()
+        if isinstance(statement, cst.BaseCompoundStatement)
+        and any(where.own <= line <= where.last for line in lines_of_targets)
+    }
+    return module.visit(_FormatStatements(touched, headers, around))
+
+
+def _statement_lines(
+    module: cst.Module, code: str, lines: set[int], spans: Spans | None
+) -> dict[cst.BaseStatement, StatementLines]:
+    """The lines of the statements of `module` (whose code is `code`), at least of those
+    in a top-level statement with a line in `lines`; none where CPython cannot parse
+    `code` (the compile check reports it)."""
+    found = None if spans is None else _lines_in_statements(module, code, lines, spans)
+    if found is None:
+        python = python_tree(code)
+        found = {} if python is None else statement_lines(module, python)
+    return found
+
+
+def _lines_in_statements(
+    module: cst.Module, code: str, lines: set[int], spans: Spans
+) -> dict[cst.BaseStatement, StatementLines] | None:
+    """`_statement_lines` from CPython's parse of each top-level statement with a line in
+    `lines` on its own (of the whole module, ~10-40 ms at 2,000 lines, for each step that
+    lengthens a line); None where one does not parse or match on its own."""
+    line_starts = [0, *(match.end() for match in NEWLINE.finditer(code))]
+    wanted = sorted(lines)
+    found: dict[cst.BaseStatement, StatementLines] = {}
+    for statement, (start, end) in spans.items():
+        first, last = bisect_right(line_starts, start), bisect_right(line_starts, end - 1)
+        nearest = bisect_left(wanted, first)
+        if nearest == len(wanted) or wanted[nearest] > last:
+            continue
+        python = python_tree(code[start:end])
+        located = statement_lines(cst.Module(body=[statement]), python) if python else {}
+        if not located:
+            return None
+        shift = first - 1
+        for node, where in located.items():
+            found[node] = StatementLines(*(line + shift for line in where))
+    return found
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")

@@ -687,6 +687,31 @@ def test_ddp_model_bound_in_a_block_or_a_function_is_not_deleted():
     assert code.endswith("    gc.collect()\n    dist.destroy_process_group()\n")
 
 
+def test_ddp_wrappers_are_the_names_a_ddp_model_is_assigned_or_passed_to():
+    # Found from the DDP calls of the module's node list and the assignment around each.
+    source = SETUP + dedent(
+        """\
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+        def train(net, steps):
+            pass
+
+
+        model = DDP(nn.Linear(4, 2)).to(device)
+        a = b = DDP(m)
+        make = lambda: DDP(m)
+        annotated: DDP = DDP(m)
+        train(model, 3)
+        print(DDP(m))
+        """
+    )
+    tree = cst.parse_module(source)
+    step = DestroyProcessGroup(new_context(DDP, ConversionLog()))
+    step.transform_module(tree)
+    assert step.ddp_wrappers(tree) == {"model", "a", "b", "make", "net"}
+
+
 def test_sync_batchnorm_only_when_asked():
     assert run_step(ConvertSyncBatchNorm, TOP_LEVEL)[0].count("SyncBatchNorm") == 0 or not ConvertSyncBatchNorm.enabled(DDP)
     options = ConvertOptions(target="ddp", amp="off", sync_bn=True)

@@ -10,10 +10,16 @@ import typing
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.index import ModuleIndex, child_fields
-from autoaccel.convert.dispatch import TOKEN_TYPES, handled_types, method, touched_nodes
+from autoaccel.analysis.index import ModuleIndex, child_fields, descendants
+from autoaccel.convert.dispatch import (
+    TOKEN_TYPES,
+    handled_types,
+    has_field_methods,
+    method,
+    touched_nodes,
+)
 from autoaccel.convert.log import ConversionLog, ConvertOptions
-from autoaccel.convert.transform import Transform, new_context
+from autoaccel.convert.transform import Transform, new_context, same_nodes
 
 
 class RenameA(Transform):
@@ -163,3 +169,61 @@ def test_a_step_passes_the_tokens_of_the_nodes_it_rebuilds_through() -> None:
     before = tree.body[0].body[0].value  # type: ignore[attr-defined]
     assert call is not before  # rebuilt: it holds the renamed name...
     assert call.args[0].comma is before.args[0].comma  # ...but its tokens are not visited
+
+
+def test_a_pass_hands_back_the_nodes_it_did_not_change() -> None:
+    # Code generation and the next steps tell an unchanged statement by its identity.
+    tree = cst.parse_module("def f():\n    return g(x)\na = 1\n")
+    result = RenameA(new_context(ConvertOptions(), ConversionLog())).transform_module(tree)
+    assert result.code == "def f():\n    return g(x)\nb = 1\n"
+    assert result.body[0] is tree.body[0]  # visited (it holds names), nothing renamed
+    assert result.body[1] is not tree.body[1]
+
+
+def test_a_class_whose_own_leave_hook_replaces_nodes_keeps_the_replacements() -> None:
+    class RenameAfterTheBase(Transform):
+        def on_leave(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+            updated = super().on_leave(original_node, updated_node)
+            if isinstance(updated, cst.Name) and updated.value == "a":
+                return updated.with_changes(value="b")
+            return updated
+
+    assert run(RenameAfterTheBase, SOURCE) == SOURCE.replace("a", "b")
+
+
+def test_field_methods_are_called_where_a_class_has_them() -> None:
+    class FuncFields(Transform):
+        def visit_Module(self, node: cst.Module) -> None:
+            self.fields = 0
+
+        def visit_Call_func(self, node: cst.Call) -> None:
+            self.fields += 1
+
+    assert has_field_methods(FuncFields) and not has_field_methods(RenameA)
+    step = FuncFields(new_context(ConvertOptions(), ConversionLog()))
+    step.transform_module(cst.parse_module(SOURCE))
+    assert step.fields == 2  # f(...) and print(...)
+
+
+class RenameLastA(Transform):
+    """Plans in `visit_Module` to rename the last `a` only, and says so (`edited`)."""
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.planned = [n for n in descendants(node) if isinstance(n, cst.Name) and n.value == "a"][-1:]
+        self.left: list[cst.Name] = []
+
+    def edited(self) -> list[cst.CSTNode]:
+        return self.planned
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        self.left.append(original_node)
+        return updated_node.with_changes(value="b") if original_node in self.planned else updated_node
+
+
+def test_a_step_that_plans_its_edits_visits_only_the_way_to_them() -> None:
+    tree = cst.parse_module(SOURCE)
+    step = RenameLastA(new_context(ConvertOptions(), ConversionLog()))
+    result = step.transform_module(tree)
+    assert result.code == SOURCE.replace("print(a)", "print(b)")
+    assert step.left == step.planned  # not `print`, nor the names of the other lines
+    assert same_nodes(result.body[:-1], tree.body[:-1])

@@ -1,12 +1,20 @@
-"""The pipeline's process-wide settings: what a conversion changes, it puts back."""
+"""The pipeline: its process-wide settings (what a conversion changes, it puts back)
+and what its steps share."""
 
 from __future__ import annotations
 
 import gc
 import threading
 
-from autoaccel.convert.log import ConvertOptions
-from autoaccel.convert.pipeline import convert_source, fewer_collections
+from pathlib import Path
+
+from autoaccel.convert import transform
+from autoaccel.convert.log import ConversionLog, ConvertOptions
+from autoaccel.convert.pipeline import ModuleState, apply_step, convert_source, fewer_collections
+from autoaccel.convert.transforms.add_autocast import AddAutocast
+from autoaccel.convert.transforms.rule_fixes import SingleProcessFixes
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_collector_thresholds_come_back_after_a_conversion() -> None:
@@ -34,3 +42,19 @@ def test_overlapping_conversions_restore_the_thresholds_once_all_end() -> None:
     thread.join()
     assert raised[0] > before[0]  # the first one still runs: still raised
     assert gc.get_threshold() == before
+
+
+def test_the_step_after_the_rule_fixes_reuses_the_script_model_they_built(monkeypatch) -> None:
+    # The rule fixes lint the module they hand on: the next step needs no analysis.
+    source = (ROOT / "fixtures" / "resnet_cifar.py").read_text()
+    options, log = ConvertOptions(target="ddp"), ConversionLog()
+    state = ModuleState.of(source)
+    apply_step(SingleProcessFixes, state, state.context(options, log, None))
+    assert state.text != source
+    script = state.analyses[id(state.tree)].script
+    assert script is not None and script.index is not None and script.index.module is state.tree
+    built: list[object] = []
+    monkeypatch.setattr(transform, "build_script_model", lambda *args, **kwargs: built.append(args))
+    step = AddAutocast(state.context(options, log, None))
+    step.transform_module(state.tree)
+    assert built == [] and step.script is script

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from autoaccel.formatting import format_inserted_code
+import libcst as cst
+import pytest
+
+from autoaccel.formatting import format_inserted_code, format_inserted_statements
+from autoaccel.module_code import ModuleCode
 
 LONG_CALL = "with torch.autocast(device_type='cuda' if torch.cuda.is_available() else 'cpu', dtype=torch.bfloat16):"
 
@@ -41,3 +45,32 @@ def test_short_changes_are_not_reformatted():
     before = "x = f( a )\n"
     after = "x = f( a, b )\n"
     assert format_inserted_code(before, after) == after
+
+
+def test_statements_away_from_a_long_change_stay_the_nodes_they_were():
+    # The next code generation reuses their text: they must be the same objects.
+    before = "class A:\n    x = 1\n\n\ndef step(x):\n    y = model(x)\n\n\nif x:\n    z = 1\n"
+    after = before.replace("    y = model(x)\n", f"    {LONG_CALL}\n        y = model(x)\n")
+    tree = cst.parse_module(after)
+    formatted, code = format_inserted_statements(before, tree, after, ModuleCode())
+    assert code == formatted.code == format_inserted_code(before, after) != after
+    assert formatted.body[0] is tree.body[0] and formatted.body[2] is tree.body[2]
+    assert formatted.body[1] is not tree.body[1]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_statements_parsed_alone_are_formatted_as_in_the_whole_module(newline):
+    # Where the code generation knows the top-level statements' spans, CPython parses
+    # only those with a changed long line: the lines it gives must be the module's.
+    before = "# c\nimport torch\n\n\nclass A:\n    x = 1\n\n\ndef step(x):\n    # c\n    if x:\n        y = model(x)\n        z = 1\n"
+    after = (
+        before.replace("        y = model(x)\n", f"        {LONG_CALL}\n            y = model(x)\n")
+        .replace("z = 1", "z = data.to(device, non_blocking=True), target.to(device, non_blocking=True)")
+        .replace("\n", newline)
+    )
+    before = before.replace("\n", newline)
+    tree = cst.parse_module(after)
+    module_code = ModuleCode()
+    assert module_code(tree) == after
+    _, code = format_inserted_statements(before, tree, after, module_code)
+    assert code == format_inserted_code(before, after) != after

@@ -14,7 +14,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from autoaccel.analysis.index import ModuleIndex
+from autoaccel.analysis.index import ModuleIndex, repeats_a_node, repeats_a_node_since
 from autoaccel.analysis.names import canonical
 from corpus import sources
 
@@ -79,3 +79,36 @@ def test_bindings_and_reads_match_libcst_scopes(source):
                 assert index.reads(assignment.node, assignment.name) == len(assignment.references), (
                     assignment.name
                 )
+
+
+def _rewrites() -> dict[str, tuple[cst.Module, cst.Module]]:
+    """Rewrites of one module as a step makes them (kept nodes are the same objects)."""
+    before = cst.parse_module("import os\n\ndef f(x):\n    return g(x + 1)\n\ny = f(2)\n")
+    imports, function, call = before.body
+    value = call.body[0].value  # type: ignore[attr-defined]
+    returned = function.body.body[0]  # type: ignore[attr-defined]
+    new = cst.parse_statement("z = 3\n")
+    return {
+        "kept-and-made": (before, before.with_changes(body=[imports, new, function, call])),
+        "kept-twice": (before, before.with_changes(body=[imports, function, call, imports])),
+        "kept-and-in-a-made-node": (
+            before,
+            before.with_changes(body=[*before.body, cst.SimpleStatementLine([cst.Expr(value)])]),
+        ),
+        "kept-inside-a-rebuilt-one": (
+            before,
+            before.with_changes(
+                body=[imports, function.with_changes(body=cst.IndentedBlock([returned, returned])), call]
+            ),
+        ),
+        "made-twice": (before, before.with_changes(body=[new, *before.body, new])),
+        "unchanged": (before, before),
+    }
+
+
+@pytest.mark.parametrize("name", list(_rewrites()))
+def test_repeats_since_a_rewrite_are_the_repeats_of_the_whole_module(name: str) -> None:
+    before, after = _rewrites()[name]
+    repeats = repeats_a_node(after)
+    assert repeats == (name not in ("kept-and-made", "unchanged"))
+    assert repeats_a_node_since(after, ModuleIndex(before)) is repeats

@@ -7,32 +7,13 @@ import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from autoaccel.analysis.index import ModuleIndex
-from autoaccel.analysis.positions import Positions, SourcePositions
+from autoaccel.analysis.positions import Positions, SourcePositions, TopLevelPositions
 from autoaccel.lint.engine import parse_checked
-from corpus import sources
-
-LAYOUTS = {
-    "crlf": "x = 1\r\nif x:\r\n    y = (\r\n  2)\r\n",
-    "no-final-newline": "import torch\nloss = torch.zeros(1).cuda()",
-    "decorators": "@d\n\n# c\n@e(1)\ndef f(a, *, b): return a; pass\nclass C: pass\n",
-    "compound": (
-        "if a: b\nelif c: d\nelse:\n  e\ntry:\n  pass\nexcept E as e:\n  pass\n"
-        "finally:\n  pass\nwith a as b, c: pass\nmatch x:\n  case [1, *r] if r: pass\n"
-    ),
-    "nested": (
-        "def f(x):\n\tif x:\n\t\tpass\n  # odd comment\n\telif y:  # c\n\t\tz = \\\n  1\n"
-        "\telse: a; b\n\n\nclass C:\n    @staticmethod\n    # c\n    @d\n    def g(): ...\n"
-    ),
-    "form-feed": "x = 1\n\n\x0cclass C:\n    pass\n",
-    "comments-only": "\n\n# only a comment",
-    "empty": "",
-}
+from autoaccel.module_code import ModuleCode
+from corpus import layouts, sources
 
 
-@pytest.mark.parametrize(
-    "source",
-    [*sources(), *(pytest.param(text, id=name) for name, text in LAYOUTS.items())],
-)
+@pytest.mark.parametrize("source", [*sources(), *layouts()])
 def test_ranges_match_libcst(source):
     module = cst.parse_module(source)
     expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
@@ -46,10 +27,7 @@ def test_ranges_match_libcst(source):
     assert mismatched == []
 
 
-@pytest.mark.parametrize(
-    "source",
-    [*sources(), *(pytest.param(text, id=name) for name, text in LAYOUTS.items())],
-)
+@pytest.mark.parametrize("source", [*sources(), *layouts()])
 def test_statement_ranges_match_libcst(source):
     """Lint generates only the statement around a node, from the line CPython gives."""
     module, tree = parse_checked(source)
@@ -61,4 +39,23 @@ def test_statement_ranges_match_libcst(source):
     # No node needed the whole module generated, but where a form feed starts a line
     # (LibCST counts it in the indentation, which then differs from the line's).
     assert (positions._whole is None) is ("\x0c" not in source)
+    assert all(positions[node] == expected[node] for node in expected)
+
+
+@pytest.mark.parametrize("source", [*sources(), *layouts()])
+def test_top_level_statement_ranges_match_libcst(source):
+    """A converted tree's positions come from its top-level statements, where they
+    start being known from its code generation."""
+    module = cst.parse_module(source)
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    module_code = ModuleCode()
+    text = module_code(module)
+    spans = module_code.statement_spans(module)
+    if not module.has_trailing_newline:
+        assert spans is None  # then CPython's parse tells (`SourcePositions`)
+        return
+    assert spans is not None
+    positions = TopLevelPositions(module, text, spans, ModuleIndex(module).parents)
+    assert all(positions[node] == expected[node] for node in ModuleIndex(module).parents)
+    assert positions._whole is None  # each from its top-level statement
     assert all(positions[node] == expected[node] for node in expected)

@@ -104,6 +104,26 @@ def repeats_a_node(module: cst.Module) -> bool:
     return False
 
 
+def repeats_a_node_since(module: cst.Module, before: ModuleIndex) -> bool:
+    """`repeats_a_node(module)` for a rewrite of the module `before` indexes (which held
+    each node once), walking only the nodes the rewrite made: a node of `before` sits
+    twice only where made nodes hold it twice, or hold it and one of its ancestors."""
+    kept = before.parents
+    made: set[cst.CSTNode] = set()
+    held: set[cst.CSTNode] = set()  # nodes of `before` that made nodes hold
+    stack = [module] if module is not before.module else []
+    while stack:
+        for child in children(stack.pop()):
+            if child in held or child in made:
+                return True
+            if child in kept:
+                held.add(child)
+            else:
+                made.add(child)
+                stack.append(child)
+    return any(ancestor in held for node in held for ancestor in before.ancestors(node))
+
+
 def _binds(statement: cst.Import | cst.ImportFrom, bindings: list, count: int) -> bool:
     """Whether `statement` made one of the first `count` of `bindings`."""
     return any(b is not None and b[2] is statement for b in bindings[:count])

@@ -178,6 +178,39 @@ class SourcePositions(Positions):
         return generated
 
 
+class TopLevelPositions(Positions):
+    """Positions in a module whose code `text` is known with the span of each top-level
+    statement in it (`spans`): the top-level statement around an asked-for node is
+    generated on its own (`parents`: the module index's)."""
+
+    def __init__(
+        self,
+        module: cst.Module,
+        text: str,
+        spans: Mapping[cst.BaseStatement, tuple[int, int]],
+        parents: Mapping[cst.CSTNode, cst.CSTNode],
+    ) -> None:
+        super().__init__(module)
+        self._line_starts = _line_starts(text)
+        self._spans = spans
+        self._parents = parents
+        self._statements: dict[cst.CSTNode, _Generated] = {}
+
+    def _generated(self, node: cst.CSTNode) -> _Generated:
+        top, parent = node, self._parents.get(node)
+        while parent is not None and parent is not self._module:
+            top, parent = parent, self._parents.get(parent)
+        span = self._spans.get(top) if parent is not None else None  # type: ignore[call-overload]
+        if self._whole is not None or span is None:
+            return self._whole_module()
+        generated = self._statements.get(top)
+        if generated is None:
+            module = self._module
+            state = _SpanRecorder(module.default_indent, module.default_newline)
+            generated = self._statements[top] = _Generated.of(top, state, span[0])
+        return generated if node in generated.spans else self._whole_module()
+
+
 def _line_starts(text: str) -> list[int]:
     return [0, *(match.end() for match in NEWLINE.finditer(text))]
 

@@ -74,6 +74,24 @@ def _is_libcst_default(function: Method) -> bool:
     return function.__qualname__.startswith("CSTTyped")
 
 
+_FIELD_HOOKS: dict[type, bool] = {}
+
+
+def has_field_methods(cls: type) -> bool:
+    """Whether `cls` has methods of its own for a field of a node (`visit_Call_args`,
+    `leave_Call_func`...), which LibCST calls around every field of every node."""
+    found = _FIELD_HOOKS.get(cls)
+    if found is None:
+        found = _FIELD_HOOKS[cls] = any(
+            name.count("_") > 1
+            and name.partition("_")[0] in ("visit", "leave")
+            and callable(getattr(cls, name))
+            and not _is_libcst_default(getattr(cls, name))
+            for name in dir(cls)
+        )
+    return found
+
+
 def handled_types(cls: type) -> frozenset[type] | None:
     """The node types `cls` has visit or leave methods of its own for (attribute
     methods included), or None where a method names no LibCST node type."""

@@ -26,10 +26,11 @@ from autoaccel.convert.transform import (
     TreeFacts,
     new_context,
 )
-from autoaccel.analysis.index import repeats_a_node
+from autoaccel.analysis.index import repeats_a_node, repeats_a_node_since
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_statements
 from autoaccel.lint.engine import compile_quietly, parse
+from autoaccel.module_code import ModuleCode
 
 if TYPE_CHECKING:
     from autoaccel.convert.transforms.rule_fixes import RuleFixes
@@ -97,6 +98,7 @@ class ModuleState:
     text: str
     history: list[tuple[str, str]] = field(default_factory=list)
     analyses: Analyses = field(default_factory=dict)  # a tree passed on unchanged is analysed once
+    module_code: ModuleCode = field(default_factory=ModuleCode)
 
     def __post_init__(self) -> None:
         # A parsed tree holds each node object once: no step need walk it to find out.
@@ -105,6 +107,10 @@ class ModuleState:
     @classmethod
     def of(cls, source: str) -> ModuleState:
         return cls(parse(source), source)
+
+    def context(self, options: ConvertOptions, log: ConversionLog, path: str | None) -> CodemodContext:
+        """The context of the next step over this module."""
+        return new_context(options, log, path, self.text, self.analyses, self.module_code)
 
 
 def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, context: CodemodContext) -> None:
@@ -115,18 +121,34 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     _map_lines_to_original(log, logged, state.history)
     if transformed is state.tree:
         return  # the step had nothing to do
-    generated = transformed.code
+    generated = state.module_code(transformed)
     if generated == state.text:
         return  # the same code: the next step gets the tree analysed already
-    if repeats_a_node(transformed):
+    if _repeats_a_node(transformed, state):
         transformed = cst.parse_module(generated)  # each occurrence a node of its own
-    state.tree, after = format_inserted_statements(state.text, transformed, generated)
-    state.analyses.clear()  # what is known of trees no step will get again
-    # Formatting only puts freshly parsed statements in: still each node once.
-    state.analyses[id(state.tree)] = TreeFacts(state.tree, repeats_a_node=False)
+    state.tree, after = format_inserted_statements(
+        state.text, transformed, generated, state.module_code
+    )
+    # What is known of trees no step will get again goes (the step may have analysed
+    # the tree it hands on: the rule fixes do).
+    known = state.analyses.get(id(state.tree))
+    state.analyses.clear()
+    facts = known if known is not None and known.tree is state.tree else TreeFacts(state.tree)
+    facts.repeats_a_node = False  # formatting only puts freshly parsed statements in
+    state.analyses[id(state.tree)] = facts
     if after != state.text:
         state.history.append((state.text, after))
     state.text = after
+
+
+def _repeats_a_node(transformed: cst.Module, state: ModuleState) -> bool:
+    """Whether a node object sits twice in `transformed`, a step's rewrite of
+    `state.tree`: found from the nodes the step made where `state.tree` was indexed."""
+    facts = state.analyses.get(id(state.tree))
+    index = facts.script.index if facts is not None and facts.script is not None else None
+    if index is None or index.module is not state.tree:
+        return repeats_a_node(transformed)
+    return repeats_a_node_since(transformed, index)
 
 
 def _run(
@@ -140,7 +162,7 @@ def _run(
     state = ModuleState.of(source) if tree is None else ModuleState(tree, source)
     for step in transforms_for(options):
         if step.enabled(options):
-            apply_step(step, state, new_context(options, log, path, state.text, state.analyses))
+            apply_step(step, state, state.context(options, log, path))
     return state.text
 
 

@@ -34,7 +34,7 @@ from autoaccel.convert.pipeline import (
     fewer_collections,
     transforms_for,
 )
-from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY, new_context
+from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY
 from autoaccel.fileio import SourceFile, read_source
 from autoaccel.lint.engine import parse
 
@@ -188,7 +188,7 @@ def _run(
             ]
             entry = index == 0
             name = script_name if entry else str(file.path)
-            context = new_context(options, logs[index], name, state.text, state.analyses)
+            context = state.context(options, logs[index], name)
             context.scratch[PROJECT_KEY] = ProjectContext(
                 file.name, file.package, str(file.path), (*others, *project.context)
             )

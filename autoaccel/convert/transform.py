@@ -7,7 +7,7 @@ be idempotent: run on their own output they change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,11 +17,18 @@ from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.metadata import CodeRange, MetadataWrapper
 
 from autoaccel.analysis.index import repeats_a_node
-from autoaccel.analysis.positions import Positions, SourcePositions
+from autoaccel.analysis.positions import Positions, SourcePositions, TopLevelPositions
 from autoaccel.analysis.script_model import ScriptModel, build_script_model
-from autoaccel.convert.dispatch import handled_types, is_token, method, touched_nodes
+from autoaccel.convert.dispatch import (
+    handled_types,
+    has_field_methods,
+    is_token,
+    method,
+    touched_nodes,
+)
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 from autoaccel.lint.engine import python_tree
+from autoaccel.module_code import ModuleCode
 
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"
@@ -31,6 +38,7 @@ SOURCE_KEY = "autoaccel.source"
 PROJECT_KEY = "autoaccel.project"
 ENTRY_KEY = "autoaccel.entry"
 ANALYSES_KEY = "autoaccel.analyses"
+MODULE_CODE_KEY = "autoaccel.module_code"
 
 
 
@@ -54,17 +62,29 @@ def new_context(
     path: str | None = None,
     source: str | None = None,
     analyses: Analyses | None = None,
+    module_code: ModuleCode | None = None,
 ) -> CodemodContext:
     """The context of one step; `path` names the script (launch commands use it),
     `source` is the code of the tree the step gets, when the caller has it, `analyses`
-    the script models the steps of one conversion share."""
+    the script models the steps of one conversion share, `module_code` their code
+    generation."""
     scratch = {
         OPTIONS_KEY: options,
         LOG_KEY: log,
         SOURCE_KEY: source,
         ANALYSES_KEY: {} if analyses is None else analyses,
+        MODULE_CODE_KEY: module_code or ModuleCode(),
     }
     return CodemodContext(filename=path, scratch=scratch)
+
+
+def tree_facts(context: CodemodContext, tree: cst.Module) -> TreeFacts:
+    """What the steps of the conversion `context` belongs to know about `tree`."""
+    analyses: Analyses = context.scratch.setdefault(ANALYSES_KEY, {})
+    facts = analyses.get(id(tree))
+    if facts is None or facts.tree is not tree:
+        facts = analyses[id(tree)] = TreeFacts(tree)
+    return facts
 
 
 def source_of(context: CodemodContext, tree: cst.Module) -> str:
@@ -106,10 +126,18 @@ class Transform(VisitorBasedCodemodCommand):
             _DECORATED[type(self)] = decorated
         self._decorated = decorated
         self._touched: set[cst.CSTNode] | None = None  # None: visit every node
-        # Whether a `leave_*` method returned a node of its own: a pass without one
-        # gives back a tree that writes the same code, so the input is passed on as it is.
-        # (Unknown, so assumed, where LibCST's dispatch or the class's own hook runs.)
-        self._edited = decorated or type(self).on_leave is not Transform.on_leave
+        # How many nodes `leave_*` methods replaced so far, and that count when each node
+        # being visited was entered: a node with no replacement below it leaves the pass
+        # as the very object it was, so the next steps (code generation, analyses) can
+        # tell it unchanged. An unchanged tree is passed on as it is. (Not where the
+        # class's own `on_leave` hook may replace nodes unseen.)
+        self._edits = 0
+        self._entered: list[int] = []
+        self._keeps_nodes = type(self).on_leave is Transform.on_leave
+        if not decorated and not has_field_methods(type(self)):
+            # LibCST calls these around every field of every node it visits (~700,000
+            # calls a conversion): no-ops found on the instance, without a method lookup.
+            self.on_visit_attribute = self.on_leave_attribute = _no_field_hook  # type: ignore[method-assign]
         self.script: ScriptModel = ScriptModel()
         self._positions: Positions | None = None
 
@@ -118,21 +146,49 @@ class Transform(VisitorBasedCodemodCommand):
             return super().on_visit(node)
         if self._touched is not None and node not in self._touched:
             # A token holds no node the step has a method for; any other node of the
-            # indexed tree outside `_touched` holds none either.
+            # indexed tree outside `_touched` holds none either, or none it edits.
             if is_token(type(node)) or self._indexed(node):
+                self._entered.append(_SKIPPED)
                 return False
+        self._entered.append(self._edits)
         visit = method(type(self), "visit_", type(node))
-        return visit is None or visit(self, node) is not False
+        visit_children = visit is None or visit(self, node) is not False
+        if type(node) is cst.Module and self._touched is not None:
+            self._touch_edited_only()
+        return visit_children
+
+    def edited(self) -> Iterable[cst.CSTNode] | None:
+        """The nodes the `leave_*` methods replace, once `visit_Module` planned them
+        (None: unknown). A step that plans every edit there and visits no other node
+        for what it learns says so: its pass then visits only the way to those nodes."""
+        return None
+
+    def _touch_edited_only(self) -> None:
+        edited = self.edited()
+        index = self.script.index
+        if edited is None or index is None:
+            return
+        touched: set[cst.CSTNode] = {index.module}
+        for node in edited:
+            while node is not None and node not in touched:
+                touched.add(node)
+                node = index.parents.get(node)
+        self._touched = touched
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         if self._decorated:
             return super().on_leave(original_node, updated_node)
+        entered = self._entered.pop()
+        if entered == _SKIPPED:
+            return original_node  # no method of the step's acts there
+        unchanged = entered == self._edits
         leave = method(type(self), "leave_", type(original_node))
-        if leave is None:
-            return updated_node
-        result = leave(self, original_node, updated_node)
-        self._edited = self._edited or result is not updated_node
-        return result
+        if leave is not None:
+            result = leave(self, original_node, updated_node)
+            if result is not updated_node:
+                self._edits += 1
+                return result
+        return original_node if unchanged and self._keeps_nodes else updated_node
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         if self._decorated:
@@ -201,8 +257,7 @@ class Transform(VisitorBasedCodemodCommand):
         self._touched = None
         if kinds is not None and index is not None and index.module is tree:
             self._touched = touched_nodes(tree, index.parents, kinds)
-        result = super().transform_module_impl(tree)
-        return result if self._edited else tree
+        return super().transform_module_impl(tree)
 
     def _indexed(self, node: cst.CSTNode) -> bool:
         """Whether `node` belongs to the tree the step's analysis indexed."""
@@ -211,10 +266,7 @@ class Transform(VisitorBasedCodemodCommand):
 
     def _facts(self, tree: cst.Module) -> TreeFacts:
         """What this conversion knows about `tree` (whether a node repeats: found now)."""
-        analyses: Analyses = self.context.scratch.setdefault(ANALYSES_KEY, {})
-        facts = analyses.get(id(tree))
-        if facts is None or facts.tree is not tree:
-            facts = analyses[id(tree)] = TreeFacts(tree)
+        facts = tree_facts(self.context, tree)
         if facts.repeats_a_node is None:
             facts.repeats_a_node = repeats_a_node(tree)
         return facts
@@ -256,13 +308,20 @@ class Transform(VisitorBasedCodemodCommand):
     def _new_positions(self, tree: cst.Module) -> Positions:
         """Positions in `tree`: from the statement around each asked-for node when the
         pipeline passed the tree's code (a log asks for a few nodes; the whole module's
-        code generation costs a pass), else from the whole module."""
+        code generation costs a pass), else from the whole module. Where the top-level
+        statements start is known when the pipeline generated the tree's code; else
+        CPython's parse of it tells."""
         source = self.context.scratch.get(SOURCE_KEY)
         index = self.script.index
-        if source is not None and index is not None and index.module is tree:
-            python = python_tree(source)
-            if python is not None:
-                return SourcePositions(tree, source, python, index.parents)
+        if source is None or index is None or index.module is not tree:
+            return Positions(tree)
+        module_code: ModuleCode = self.context.scratch[MODULE_CODE_KEY]
+        spans = module_code.statement_spans(tree)
+        if spans is not None:
+            return TopLevelPositions(tree, source, spans, index.parents)
+        python = python_tree(source)
+        if python is not None:
+            return SourcePositions(tree, source, python, index.parents)
         return Positions(tree)
 
     def line_of(self, node: cst.CSTNode) -> int:
@@ -285,6 +344,11 @@ def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> b
 
 
 _DECORATED: dict[type, bool] = {}
+_SKIPPED = -1  # entered, in place of the count of edits, for a node the pass skips
+
+
+def _no_field_hook(node: cst.CSTNode, attribute: str) -> None:
+    """The field hook of a class without field methods."""
 
 
 class StatementRewrite(Transform):

@@ -20,7 +20,7 @@ from libcst.metadata import (
 from autoaccel.analysis.index import ModuleIndex, run_visitors
 from autoaccel.analysis.project import SCRIPT, load_project
 from autoaccel.analysis.positions import Positions, SourcePositions
-from autoaccel.analysis.script_model import ProjectContext, build_script_model
+from autoaccel.analysis.script_model import ProjectContext, ScriptModel, build_script_model
 from autoaccel.config import LintSettings
 from autoaccel.lint.noqa import is_suppressed, suppressions
 from autoaccel.lint.rule import Diagnostic, LintRule, Note
@@ -142,6 +142,7 @@ class Analysis:
     notes: list[Note] = field(default_factory=list)
     project: ProjectContext | None = None  # what the module was analysed with
     index: ModuleIndex | None = None  # of `module`, when the rules ran
+    script: ScriptModel | None = None  # of `module`, when the rules ran
 
 
 def analyse(
@@ -207,6 +208,7 @@ def analyse(
         notes=notes,
         project=project,
         index=index,
+        script=script,
     )
 
 

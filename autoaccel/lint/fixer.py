@@ -13,9 +13,10 @@ from autoaccel.cst_edit import add_imports
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code, format_inserted_statements
 from autoaccel.analysis.index import repeats_a_node
-from autoaccel.analysis.script_model import ProjectContext
+from autoaccel.analysis.script_model import ProjectContext, ScriptModel
 from autoaccel.lint.engine import Analysis, SourceError, analyse
 from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Note, Replacement
+from autoaccel.module_code import ModuleCode
 
 MAX_ROUNDS = 10
 
@@ -27,6 +28,7 @@ class FixResult:
     remaining: list[Diagnostic]
     notes: list[Note]  # lines of the original source
     module: cst.Module | None = None  # `source` parsed, each node object once, when it was
+    script: ScriptModel | None = None  # the script model of `module`, when the rules ran
 
 
 def is_applicable(diagnostic: Diagnostic, settings: LintSettings) -> bool:
@@ -43,9 +45,12 @@ def fix_source(
     project: ProjectContext | None = None,
     script: Path | None = None,
     module: cst.Module | None = None,
+    module_code: ModuleCode | None = None,
 ) -> FixResult:
     """Apply every applicable fix; overlapping fixes wait for the next round. `project`,
-    `script` and `module` (`source` parsed): as `analyse` takes them."""
+    `script` and `module` (`source` parsed): as `analyse` takes them; `module_code`
+    generates the code of the fixed trees (a caller's, to share what it knows)."""
+    module_code = module_code or ModuleCode()
     fixed: list[Diagnostic] = []
     history: list[tuple[str, str]] = []  # texts of the rounds, to report original lines
     analysis = analyse(source, settings, path, project, script, module)
@@ -54,7 +59,7 @@ def fix_source(
         chosen = _non_overlapping(analysis, settings)
         if not chosen:
             break
-        new_module, new_source = _apply(source, analysis, [d.fix for d in chosen])  # type: ignore[misc]
+        new_module, new_source = _apply(source, analysis, [d.fix for d in chosen], module_code)  # type: ignore[misc]
         if new_source == source:
             break
         try:
@@ -67,7 +72,7 @@ def fix_source(
         source, analysis = new_source, next_analysis
     notes = [replace(n, line=original_line(history, n.line)) for n in analysis.notes]
     parsed = analysis.module if analysis.wrapper is not None else None  # analysed: parsed
-    return FixResult(source, fixed, analysis.diagnostics, notes, parsed)
+    return FixResult(source, fixed, analysis.diagnostics, notes, parsed, analysis.script)
 
 
 def _non_overlapping(analysis: Analysis, settings: LintSettings) -> list[Diagnostic]:
@@ -110,7 +115,9 @@ class _ApplyEdits(cst.CSTTransformer):
         return self.edits.get(original_node, updated_node)
 
 
-def _apply(source: str, analysis: Analysis, fixes: list[Fix]) -> tuple[cst.Module | None, str]:
+def _apply(
+    source: str, analysis: Analysis, fixes: list[Fix], module_code: ModuleCode
+) -> tuple[cst.Module | None, str]:
     """`source` (as `analysis` parsed it) with `fixes` applied: its tree, when no node
     object sits in it twice (None: parse the code), and its code."""
     edits: dict[cst.CSTNode, Replacement] = {}
@@ -126,4 +133,4 @@ def _apply(source: str, analysis: Analysis, fixes: list[Fix]) -> tuple[cst.Modul
         new_module = add_imports(new_module, tuple(imports))
     if repeats_a_node(new_module):
         return None, format_inserted_code(source, new_module.code)
-    return format_inserted_statements(source, new_module, new_module.code)
+    return format_inserted_statements(source, new_module, module_code(new_module), module_code)

@@ -544,6 +544,10 @@ class AddAutocast(Transform):
         return code_of(steps[0].func.value)  # type: ignore[attr-defined]
 
     # -- rewriting ------------------------------------------------------------------
+    def edited(self) -> list[cst.CSTNode]:
+        edits = self.edits
+        return [*edits.blocks, *edits.before, *edits.after, *edits.replace, *edits.float_args]
+
     def leave_Expr(self, original_node: cst.Expr, updated_node: cst.Expr) -> cst.Expr:
         kind = self.edits.replace.get(original_node)
         if kind is None:

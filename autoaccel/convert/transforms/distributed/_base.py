@@ -169,6 +169,10 @@ class DistributedStep(StatementRewrite):
         self.imports: list[str] = []
         return super().transform_module_impl(tree)
 
+    def planned_statements(self) -> list[cst.CSTNode]:
+        """The statements `rebuild` inserts around or replaces (for `edited`)."""
+        return [*self.before, *self.after, *self.replace]
+
     # -- edits ------------------------------------------------------------------------
     def rebuild(self, originals: Statements, updated: Statements) -> Statements:
         if len(originals) != len(updated):
@@ -297,8 +301,10 @@ class DistributedStep(StatementRewrite):
         that some call passes one to."""
         names = {
             name_key(target.target)
-            for assign in find(module, cst.Assign)
-            if any(DISTRIBUTED_DATA_PARALLEL in self.qualified_names(c.func) for c in find(assign, cst.Call))
+            for call in find(module, cst.Call)
+            if DISTRIBUTED_DATA_PARALLEL in self.qualified_names(call.func)
+            for assign in self.ancestors(call)
+            if isinstance(assign, cst.Assign)  # the statement the call is in, if any
             for target in assign.targets
         }
         calls_by_name: dict[str, list[cst.Call]] = {}  # calls of plain names: `train(...)`

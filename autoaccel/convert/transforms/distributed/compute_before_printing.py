@@ -68,6 +68,9 @@ class ComputeBeforePrinting(DistributedStep):
                 self.hoisted[value] = cst.Name(name)
                 self.changed(value, f"`{name}` computed on every process before the rank-0 print")
 
+    def edited(self) -> list[cst.CSTNode]:
+        return [*self.planned_statements(), *self.hoisted]
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         return self.hoisted.get(original_node, updated_node)
 

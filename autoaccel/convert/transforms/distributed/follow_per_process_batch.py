@@ -114,6 +114,9 @@ class FollowPerProcessBatch(DistributedStep):
             bool(self.qualified_names(call.func) & SHAPE_FACTORIES) or is_method_call(call, *SHAPE_METHODS)
         )
 
+    def edited(self) -> list[cst.CSTNode]:
+        return [*self.planned_statements(), *self.per_process]
+
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         return self._per_process(original_node, updated_node)
 

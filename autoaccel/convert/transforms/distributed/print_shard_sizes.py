@@ -41,6 +41,9 @@ class PrintShardSizes(DistributedStep):
             isinstance(call, cst.Call) and self.shards(module, call) for call in calls
         )
 
+    def edited(self) -> list[cst.CSTNode]:
+        return [*self.planned_statements(), *self.sizes]
+
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
         if original_node not in self.sizes:
             return updated_node

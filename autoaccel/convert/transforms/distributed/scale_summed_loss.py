@@ -57,6 +57,10 @@ class ScaleSummedLoss(DistributedStep):
                         wrong=True,
                     )
 
+    def edited(self) -> list[cst.CSTNode]:
+        holders = [self.parent(loss) for loss in self.scaled]  # the attribute or argument
+        return [*self.planned_statements(), *self.statements, *filter(None, holders)]
+
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
         """`loss.backward` -> `(loss * WORLD_SIZE).backward`."""
         if original_node.value not in self.scaled:

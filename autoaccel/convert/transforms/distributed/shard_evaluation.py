@@ -140,6 +140,9 @@ class ShardEvaluation(DistributedStep):
         shuffle = self.script.keyword(call, "shuffle")
         return isinstance(shuffle, Missing) or is_false(shuffle)  # type: ignore[arg-type]
 
+    def edited(self) -> list[cst.CSTNode]:
+        return [*self.planned_statements(), *self.samplers]
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         sampler = self.samplers.get(original_node)
         if sampler is None or keyword_value(updated_node, "sampler") is not None:

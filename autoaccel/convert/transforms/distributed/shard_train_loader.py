@@ -304,6 +304,10 @@ class ShardTrainLoader(DistributedStep):
         self.bound.add(chosen)
         return chosen
 
+    def edited(self) -> list[cst.CSTNode]:
+        arguments = [self.parent(dataset) for dataset in self.datasets]  # `leave_Arg`'s
+        return [*self.planned_statements(), *self.calls, *filter(None, arguments)]
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         for keyword, value in self.calls.get(original_node, {}).items():
             added = keyword_value(updated_node, keyword) is None

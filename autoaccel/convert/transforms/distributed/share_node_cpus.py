@@ -15,6 +15,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -52,19 +53,25 @@ class ShareNodeCpus(DistributedStep):
         self.shared: set[cst.Call] = set()
         # the set-up block's `if DISTRIBUTED: ... init_process_group(...)`
         self.setup = next((s for s in node.body if m.matches(s, _SETUP)), None)
+        if self.setup is not None:
+            for call in find(node, cst.Call):
+                self._share(call)
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if self.setup is None or not m.matches(node, _WHOLE_NODE):
+    def _share(self, call: cst.Call) -> None:
+        if not m.matches(call, _WHOLE_NODE):
             return
         # the builtin `min` and `os.cpu_count`, as the fix writes them (not names of the script's)
-        count = node.args[1].value.left.func  # type: ignore[attr-defined]
-        if "builtins.min" in self.qualified_names(node.func) and "os.cpu_count" in self.qualified_names(count):
-            self.shared.add(node)
+        count = call.args[1].value.left.func  # type: ignore[attr-defined]
+        if "builtins.min" in self.qualified_names(call.func) and "os.cpu_count" in self.qualified_names(count):
+            self.shared.add(call)
             self.changed(
-                node,
+                call,
                 f"DataLoader workers per process: the node's CPUs divided among its"
                 f" processes (`{CPUS_PER_PROCESS}`, from torchrun's LOCAL_WORLD_SIZE)",
             )
+
+    def edited(self) -> list[cst.CSTNode]:
+        return [*self.planned_statements(), *self.shared]
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if original_node not in self.shared:

@@ -163,6 +163,9 @@ class WrapModel(DistributedStep):
         routed[function] = bool(sites)
         return routed[function]
 
+    def edited(self) -> list[cst.CSTNode]:
+        return [*self.planned_statements(), *self.rewrites]
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         return self._to_wrapper(original_node, updated_node, "func", "training forward pass through")
 
