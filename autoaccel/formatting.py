@@ -14,10 +14,9 @@ from autoaccel.analysis.statements import HOLDS_STATEMENTS
 from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
 from autoaccel.lint.engine import python_tree
-from autoaccel.module_code import ModuleCode
+from autoaccel.module_code import ModuleCode, Spans
 
 LINE_LENGTH = 88
-Spans = dict[cst.BaseStatement, tuple[int, int]]  # top-level statements -> (start, end) in the code
 
 
 def _changed_long_lines(before: str, after: str) -> set[int]:
@@ -161,7 +160,7 @@ def _statement_lines(
     """The lines of the statements of `module` (whose code is `code`), at least of those
     in a top-level statement with a line in `lines`; none where CPython cannot parse
     `code` (the compile check reports it)."""
-    found = None if spans is None else _lines_in_statements(module, code, lines, spans)
+    found = None if spans is None else _lines_in_statements(code, lines, spans)
     if found is None:
         python = python_tree(code)
         found = {} if python is None else statement_lines(module, python)
@@ -169,7 +168,7 @@ def _statement_lines(
 
 
 def _lines_in_statements(
-    module: cst.Module, code: str, lines: set[int], spans: Spans
+    code: str, lines: set[int], spans: Spans
 ) -> dict[cst.BaseStatement, StatementLines] | None:
     """`_statement_lines` from CPython's parse of each top-level statement with a line in
     `lines` on its own (of the whole module, ~10-40 ms at 2,000 lines, for each step that

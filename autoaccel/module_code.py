@@ -8,6 +8,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
+Spans = dict[cst.BaseStatement, tuple[int, int]]  # top-level statement -> (start, end) in the code
+
 
 class ModuleCode:
     """`Module.code`, keeping the text of each top-level statement of the last module it
@@ -41,7 +43,7 @@ class ModuleCode:
         self._layout, self._texts = layout, texts
         return "".join(state.tokens) or module.default_newline  # an empty module: a newline
 
-    def statement_spans(self, module: cst.Module) -> dict[cst.BaseStatement, tuple[int, int]] | None:
+    def statement_spans(self, module: cst.Module) -> Spans | None:
         """Where each top-level statement of `module` starts and ends in its code, when
         each was in the last module generated here (None otherwise)."""
         layout = (module.default_indent, module.default_newline)
@@ -51,7 +53,7 @@ class ModuleCode:
         for line in module.header:
             line._codegen(state)
         start = sum(map(len, state.tokens))
-        spans: dict[cst.BaseStatement, tuple[int, int]] = {}
+        spans: Spans = {}
         for statement in module.body:
             text = self._texts.get(statement)
             if text is None:

@@ -24,6 +24,7 @@ from libcst._nodes.internal import CodegenState
 from libcst.metadata import CodePosition, CodeRange
 
 from autoaccel.analysis.statements import statements
+from autoaccel.module_code import Spans
 
 NEWLINE = re.compile(r"\r\n?|\n")
 INDENT = re.compile(r"[ \t\f]*")
@@ -187,7 +188,7 @@ class TopLevelPositions(Positions):
         self,
         module: cst.Module,
         text: str,
-        spans: Mapping[cst.BaseStatement, tuple[int, int]],
+        spans: Spans,
         parents: Mapping[cst.CSTNode, cst.CSTNode],
     ) -> None:
         super().__init__(module)
