@@ -58,6 +58,24 @@ def test_bf16_needs_no_scaler() -> None:
     assert "        loss.backward()\n" in text and "dtype=torch.bfloat16" in text
 
 
+def test_apex_set_up_in_a_branch_of_its_own_leaves_a_pass() -> None:
+    """The branch that only set up apex is empty after the rewrite: LibCST writes `pass`
+    for it, and the positions of what follows (a decorated method) still match."""
+    source = APEX_SCRIPT.replace(
+        'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n',
+        "use_amp = True\n"
+        "if use_amp:\n"
+        '    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n\n\n'
+        "class Log:\n"
+        "    @staticmethod\n"
+        "    def line(loss):\n"
+        '        return f"loss {loss:.3f}"\n\n\n',
+    )
+    text = convert(source).converted
+    assert "if use_amp:\n    pass\n" in text
+    assert "amp.initialize" not in text
+
+
 def test_amp_off_keeps_apex() -> None:
     assert "amp.initialize(model, optimizer" in convert(APEX_SCRIPT, "off").converted
 

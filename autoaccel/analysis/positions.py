@@ -225,6 +225,7 @@ class StatementLines(NamedTuple):
 
 
 _NOWHERE = StatementLines(0, 0, 0)
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def statement_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatement, StatementLines]:
@@ -234,8 +235,8 @@ def statement_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatem
     found: dict[cst.BaseStatement, StatementLines] = {}
     python = _python_statements(tree)
     for node in statements(module.body):
-        if isinstance(node, cst.SimpleStatementSuite):
-            for _ in node.body:
+        if isinstance(node, (cst.SimpleStatementSuite, cst.IndentedBlock)):
+            for _ in node.body or (None,):  # an empty block's `pass`
                 next(python, None)
             continue
         first = last = next(python, None)
@@ -246,7 +247,9 @@ def statement_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatem
             for _ in node.body[1:]:
                 last = next(python, last)
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node.decorators:
-            first = first.decorator_list[0]  # type: ignore[attr-defined]
+            if not isinstance(first, _DEFINITIONS):
+                return {}
+            first = first.decorator_list[0]
             lines += len(node.decorators[0].leading_lines)
         found[node] = StatementLines(first.lineno - lines, first.lineno, last.end_lineno or last.lineno)
     return found if next(python, None) is None else {}

@@ -20,11 +20,13 @@ HOLDS_STATEMENTS = (
 )
 
 
-def statements(
-    body: Sequence[cst.BaseStatement],
-) -> Iterator[cst.BaseStatement | cst.SimpleStatementSuite]:
+Statement = cst.BaseStatement | cst.SimpleStatementSuite | cst.IndentedBlock
+
+
+def statements(body: Sequence[cst.BaseStatement]) -> Iterator[Statement]:
     """The statements of `body` and the statements in them, in source order (a one-line
-    suite stands for its small statements)."""
+    suite stands for its small statements; an empty block, which a rewrite may leave, for
+    the `pass` LibCST writes for it)."""
     for statement in body:
         yield statement
         if isinstance(statement, cst.BaseCompoundStatement):
@@ -34,7 +36,7 @@ def statements(
 _BLOCKS = ("body", "cases", "handlers", "orelse", "finalbody")  # in source order
 
 
-def _blocks(node: cst.CSTNode) -> Iterator[cst.BaseStatement | cst.SimpleStatementSuite]:
+def _blocks(node: cst.CSTNode) -> Iterator[Statement]:
     """The statements in the blocks of a compound statement or of a clause of one."""
     for name in _BLOCKS:
         value = getattr(node, name, None)
@@ -42,7 +44,7 @@ def _blocks(node: cst.CSTNode) -> Iterator[cst.BaseStatement | cst.SimpleStateme
             if isinstance(part, cst.SimpleStatementSuite):
                 yield part
             elif isinstance(part, cst.IndentedBlock):
-                yield from statements(part.body)
+                yield from statements(part.body) if part.body else (part,)
             elif isinstance(part, cst.If):  # an `elif`
                 yield part
                 yield from _blocks(part)
