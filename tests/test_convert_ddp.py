@@ -115,13 +115,27 @@ def test_setup_block_goes_after_the_imports():
     assert [c.line for c in log.changes] == [3]
 
 
-def test_setup_keeps_future_imports_first():
-    source = "from __future__ import print_function\nimport argparse\n\nimport torch\n" + TRAIN_LOOP
-    tree = InitProcessGroup(new_context(DDP, ConversionLog())).transform_module(cst.parse_module(source))
-    assert tree.code.startswith(
-        "from __future__ import print_function\nimport argparse\nimport os\n\nimport torch\n"
-        "import torch.distributed as dist\n"
+@pytest.mark.parametrize(
+    "imports, expected",
+    [
+        (
+            "from __future__ import print_function\nimport argparse\n\nimport torch\n",
+            "from __future__ import print_function\nimport argparse\nimport os\n\nimport torch\n",
+        ),
+        # No standard-library import to join: `import os` still goes after them.
+        (
+            "from __future__ import division\nfrom __future__ import print_function\n\nimport torch\n",
+            "from __future__ import division\nfrom __future__ import print_function\n\n"
+            "import os\n\nimport torch\n",
+        ),
+    ],
+)
+def test_setup_keeps_future_imports_first(imports, expected):
+    tree = InitProcessGroup(new_context(DDP, ConversionLog())).transform_module(
+        cst.parse_module(imports + TRAIN_LOOP)
     )
+    assert tree.code.startswith(expected + "import torch.distributed as dist\n")
+    compile(tree.code, "<converted>", "exec")
 
 
 @pytest.mark.parametrize(

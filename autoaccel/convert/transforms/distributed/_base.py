@@ -101,6 +101,8 @@ def add_import(module: cst.Module, statement: str) -> cst.Module:
     if any(s.with_changes(leading_lines=[]).deep_equals(new) for s in body):
         return module
     start, end = leading_import_block(module)
+    while start < end and _import_key(body[start])[0] == "__future__":
+        start += 1  # they must stay first
     section, key = _import_key(new)
     same = [i for i in range(start, end) if _import_key(body[i])[0] == section]
     if same:
@@ -119,8 +121,8 @@ def add_import(module: cst.Module, statement: str) -> cst.Module:
 
 
 def _import_key(statement: cst.BaseStatement) -> tuple[str | None, tuple[int, str]]:
-    """(section, order in the section) of an import line: sections `stdlib`, `torch`
-    or None; `import x` sorts before `from x import y`, then by module."""
+    """(section, order in the section) of an import line: sections `__future__`,
+    `stdlib`, `torch` or None; `import x` sorts before `from x import y`, then by module."""
     small = statement.body[0]  # type: ignore[attr-defined]
     if isinstance(small, cst.Import):
         kind, module = 0, small.names[0].name
@@ -130,8 +132,9 @@ def _import_key(statement: cst.BaseStatement) -> tuple[str | None, tuple[int, st
         return None, (0, "")
     dotted = cst.Module([]).code_for_node(module)
     top = dotted.split(".")[0]
-    stdlib = top in sys.stdlib_module_names and top != "__future__"
-    section = "torch" if top == "torch" else "stdlib" if stdlib else None
+    if top in ("torch", "__future__"):
+        return top, (kind, dotted)
+    return "stdlib" if top in sys.stdlib_module_names else None, (kind, dotted)
     return section, (kind, dotted)
 
 
