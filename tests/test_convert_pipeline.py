@@ -58,3 +58,30 @@ def test_the_step_after_the_rule_fixes_reuses_the_script_model_they_built(monkey
     step = AddAutocast(state.context(options, log, None))
     step.transform_module(state.tree)
     assert built == [] and step.script is script
+
+
+STAR_IMPORTED_TORCH = """\
+from common import *
+
+loader = DataLoader(dataset, batch_size=8)
+model = Net()
+optimizer = optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    with torch.cuda.amp.autocast():
+        loss = model(x).sum()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_names_a_step_imports_get_their_rule_fixes_in_the_same_conversion() -> None:
+    """`torch` comes from a star import, so the rules cannot tell `torch.cuda.amp.autocast`
+    until the set-up's `import torch`: the conversion applies that fix too, or converting
+    its output would change it again (refused as not idempotent)."""
+    for target in ("ddp", "fsdp"):
+        result = convert_source(STAR_IMPORTED_TORCH, ConvertOptions(target=target))
+        assert "with torch.autocast(\"cuda\"):" in result.converted
+        assert [c.code for c in result.log.changes].count("ACC302") == 1
+        # the first run of the fixes logged what it left; the second logs no copy of it
+        skipped = [(s.what, s.line) for s in result.log.skipped]
+        assert len(skipped) == len(set(skipped))

@@ -59,7 +59,8 @@ class Conversion:
 
 def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleFixes]]:
     """The steps of a target, in order: the single-process speed-ups first, then
-    the multi-GPU scaffolding of `--to dp` / `ddp` / `fsdp`."""
+    the multi-GPU scaffolding of `--to dp` / `ddp` / `fsdp`, then the rule fixes that
+    names imported by those steps reveal."""
     from autoaccel.convert.transforms import rule_fixes
     from autoaccel.convert.transforms.add_autocast import AddAutocast
     from autoaccel.convert.transforms.compile_model import CompileModel
@@ -85,7 +86,7 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
         from autoaccel.convert.transforms.fully_sharded import FSDP_STEPS
 
         steps += FSDP_STEPS
-    return steps
+    return [*steps, rule_fixes.FixesThroughNewImports]
 
 
 @dataclass

@@ -27,6 +27,7 @@ class RuleFixes(Codemod):
     DESCRIPTION = "Apply lint-rule fixes."
     codes: tuple[str, ...] = ()  # set by subclasses
     speed_ups: tuple[str, ...] = ()
+    logs_remaining = True  # the findings left, as "not changed" items
 
     @classmethod
     def enabled(cls, options: ConvertOptions) -> bool:
@@ -51,12 +52,13 @@ class RuleFixes(Codemod):
         log = self.context.scratch[LOG_KEY]
         for diagnostic in result.fixed:
             log.changes.append(Change(diagnostic.code, diagnostic.line, diagnostic.fix_title or ""))
-        for diagnostic in result.remaining:
-            log.skipped.append(
-                Skipped(f"{diagnostic.code} ({diagnostic.name})", diagnostic.line, _reason(diagnostic))
-            )
-        for note in result.notes:
-            log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
+        if self.logs_remaining:
+            for diagnostic in result.remaining:
+                log.skipped.append(
+                    Skipped(f"{diagnostic.code} ({diagnostic.name})", diagnostic.line, _reason(diagnostic))
+                )
+            for note in result.notes:
+                log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
         if result.source == source:
             return self._analysed(tree, result)
         if result.module is None:
@@ -103,6 +105,28 @@ class SingleProcessFixes(RuleFixes):
         if options.workers == "keep":
             return tuple(code for code in self.codes if code != "ACC101")
         return self.codes
+
+
+class FixesThroughNewImports(SingleProcessFixes):
+    """The same fixes once more, after the other steps, in a module that takes names
+    from a star import (`from model import *` bringing `torch`). The rules cannot tell
+    what such a name is until a step imports it (`import torch` of the multi-GPU set-up),
+    and a conversion must be a fixed point: what the rules then fix is fixed now, not by
+    the next conversion. Only the fixes are logged; the first run logged what is left."""
+
+    logs_remaining = False
+
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        if not any(_is_star_import(statement) for statement in tree.body):
+            return tree
+        return super().transform_module(tree)
+
+
+def _is_star_import(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar)
+        for small in statement.body
+    )
 
 
 def _reason(diagnostic: Diagnostic) -> str:
