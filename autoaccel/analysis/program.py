@@ -230,6 +230,7 @@ class Program:
         self._not_modules: set[tuple[str, int]] = set()  # (dotted, id(origin)) resolving to none
         self._not_imported: set[int] = set()  # ids of names no module of the project binds
         self._owners: dict[int, Scope | None] = {}  # id of a name -> the scope it reads
+        self._memo: dict[int, set[Obj]] = {}  # id of a node -> `_eval`'s answer, for now
         # (id(module scope), name) -> [(position, unconditional)] of its versions, sorted
         self._versions: dict[tuple[int, str], list[tuple[int, bool]]] = {}
         self._live_versions: dict[tuple[int, str, int], list[int]] = {}
@@ -283,6 +284,7 @@ class Program:
             self._pending = set()
             for number in batch:
                 self._current = number
+                self._memo.clear()  # values read by the last constraint may have grown
                 handler, *args = self._constraints[number]
                 handler(self, *args)
         self._current = None
@@ -291,11 +293,13 @@ class Program:
     def values_of(self, node: cst.BaseExpression, module: SourceModule) -> Values:
         """What `node`, an expression of `module`, may hold."""
         self._current = None
+        self._memo.clear()
         return frozenset(self._eval(node, module))
 
     def flat_values_of(self, node: cst.BaseExpression, module: SourceModule) -> Values:
         """`values_of`, with containers replaced by what they hold (recursively)."""
         self._current = None
+        self._memo.clear()
         return frozenset(self._flatten(self._eval(node, module)))
 
     def read(self, var: Var) -> Values:
@@ -542,6 +546,15 @@ class Program:
 
     # -- evaluation ------------------------------------------------------------------
     def _eval(self, node: cst.CSTNode, module: SourceModule) -> set[Obj]:
+        """What `node` may hold now. Kept until the next constraint or query: a call
+        chain (`k.replace(...).replace(...)`) evaluates each receiver from several
+        places, which without the memo costs 4**n evaluations for n calls."""
+        found = self._memo.get(id(node))
+        if found is None:
+            found = self._memo[id(node)] = self._evaluate(node, module)
+        return found
+
+    def _evaluate(self, node: cst.CSTNode, module: SourceModule) -> set[Obj]:
         kind = type(node)
         if kind is cst.Name:
             return self._name(node, module)  # type: ignore[arg-type]
