@@ -9,7 +9,7 @@ from bisect import bisect_left, bisect_right
 
 import libcst as cst
 
-from autoaccel.analysis.positions import INDENT, NEWLINE, StatementLines, statement_lines
+from autoaccel.analysis.positions import INDENT, StatementLines, line_starts, statement_lines
 from autoaccel.analysis.statements import HOLDS_STATEMENTS
 from autoaccel.diff import LineMatcher, line_opcodes
 from autoaccel.fileio import source_lines
@@ -173,11 +173,11 @@ def _lines_in_statements(
     """`_statement_lines` from CPython's parse of each top-level statement with a line in
     `lines` on its own (of the whole module, ~10-40 ms at 2,000 lines, for each step that
     lengthens a line); None where one does not parse or match on its own."""
-    line_starts = [0, *(match.end() for match in NEWLINE.finditer(code))]
+    starts = line_starts(code)
     wanted = sorted(lines)
     found: dict[cst.BaseStatement, StatementLines] = {}
     for statement, (start, end) in spans.items():
-        first, last = bisect_right(line_starts, start), bisect_right(line_starts, end - 1)
+        first, last = bisect_right(starts, start), bisect_right(starts, end - 1)
         nearest = bisect_left(wanted, first)
         if nearest == len(wanted) or wanted[nearest] > last:
             continue

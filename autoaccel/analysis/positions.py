@@ -98,7 +98,7 @@ class Positions(Mapping[cst.CSTNode, CodeRange]):
             module = self._module
             state = _SpanRecorder(module.default_indent, module.default_newline)
             self._whole = _Generated.of(module, state)
-            self._line_starts = _line_starts("".join(state.tokens))
+            self._line_starts = line_starts("".join(state.tokens))
         return self._whole
 
     def _position(self, offset: int) -> CodePosition:
@@ -136,7 +136,7 @@ class SourcePositions(Positions):
         self._text = source if module.has_trailing_newline else source + module.default_newline
         self._tree = tree
         self._parents = parents
-        self._line_starts = _line_starts(self._text)
+        self._line_starts = line_starts(self._text)
         self._lines: dict[cst.BaseStatement, StatementLines] | None = None
         self._statements: dict[cst.BaseStatement, _Generated | None] = {}
 
@@ -192,7 +192,7 @@ class TopLevelPositions(Positions):
         parents: Mapping[cst.CSTNode, cst.CSTNode],
     ) -> None:
         super().__init__(module)
-        self._line_starts = _line_starts(text)
+        self._line_starts = line_starts(text)
         self._spans = spans
         self._parents = parents
         self._statements: dict[cst.CSTNode, _Generated] = {}
@@ -212,7 +212,8 @@ class TopLevelPositions(Positions):
         return generated if node in generated.spans else self._whole_module()
 
 
-def _line_starts(text: str) -> list[int]:
+def line_starts(text: str) -> list[int]:
+    """The offset where each line of `text` starts."""
     return [0, *(match.end() for match in NEWLINE.finditer(text))]
 
 

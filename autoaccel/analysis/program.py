@@ -38,6 +38,7 @@ import libcst as cst
 
 from autoaccel.analysis.index import ModuleIndex, Scope, run_visitors
 from autoaccel.analysis.losses import is_loss_module
+from autoaccel.analysis.shapes import bound_name_nodes
 
 DATALOADER = "torch.utils.data.DataLoader"
 TENSOR_DATASET = "torch.utils.data.TensorDataset"
@@ -444,9 +445,9 @@ class Program:
             if handler is Program._define:
                 names, module = [args[0].name], args[1]
             elif handler is Program._assign:
-                names, module = [n for t in args[0] for n in _bound_names(t)], args[2]
+                names, module = [n for t in args[0] for n in bound_name_nodes(t)], args[2]
             elif handler is Program._iterate:
-                names, module = _bound_names(args[0]), args[2]
+                names, module = bound_name_nodes(args[0]), args[2]
             else:
                 continue
             for name in names:
@@ -901,15 +902,6 @@ def _reads_own_bindings(statement: cst.CSTNode) -> bool:
     if isinstance(statement, cst.SimpleStatementLine):
         return len(statement.body) > 1
     return not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
-
-
-def _bound_names(target: cst.BaseExpression) -> list[cst.Name]:
-    """The plain names an assignment target binds (`a`, `a, (b, *c)`)."""
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [name for element in target.elements for name in _bound_names(element.value)]
-    return []
 
 
 def _dotted_root(node: cst.BaseExpression) -> cst.Name | None:

@@ -88,12 +88,17 @@ def called_function(node: cst.CSTNode, functions: set[str]) -> str | None:
 
 def bound_names(target: cst.BaseExpression) -> list[str]:
     """The plain names an assignment or `for` target binds: `x`, `(x, y)`, `[x, *rest]`."""
+    return [name.value for name in bound_name_nodes(target)]
+
+
+def bound_name_nodes(target: cst.BaseExpression) -> list[cst.Name]:
+    """`bound_names`, as the `Name` nodes of the target."""
     if isinstance(target, cst.Name):
-        return [target.value]
+        return [target]
     if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for element in target.elements for n in bound_names(element.value)]
+        return [n for element in target.elements for n in bound_name_nodes(element.value)]
     if isinstance(target, cst.StarredElement):
-        return bound_names(target.value)
+        return bound_name_nodes(target.value)
     return []
 
 
