@@ -10,10 +10,17 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 import libcst as cst
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
+from libcst.matchers._decorators import (
+    CONSTRUCTED_LEAVE_MATCHER_ATTR,
+    CONSTRUCTED_VISIT_MATCHER_ATTR,
+    VISIT_NEGATIVE_MATCHER_ATTR,
+    VISIT_POSITIVE_MATCHER_ATTR,
+)
 from libcst.metadata import CodeRange, MetadataWrapper
 
 from autoaccel.analysis.index import repeats_a_node
@@ -112,18 +119,16 @@ class Transform(VisitorBasedCodemodCommand):
     def __init__(self, context: CodemodContext) -> None:
         # LibCST's matcher decorators (`@m.leave(...)`, `@m.call_if_inside(...)`) are
         # checked at every node, ~4x the cost of the pass itself, and gathered with three
-        # `dir()` scans of the class (~15 ms) each time it is instantiated. A class found
-        # without them the first time skips both: it finds its `visit_*` / `leave_*`
+        # `dir()` scans of the instance (~13 ms; ~0.3 s for the first conversion of a
+        # process). A class without them skips both: it finds its `visit_*` / `leave_*`
         # methods in a table per class.
-        decorated = _DECORATED.get(type(self))
-        if decorated is False:
+        decorated = _uses_matcher_decorators(type(self))
+        if decorated:
+            super().__init__(context)
+        else:
             Codemod.__init__(self, context)
             cst.CSTTransformer.__init__(self)
             self._extra_visit_funcs, self._extra_leave_funcs, self._matchers = {}, {}, {}
-        else:
-            super().__init__(context)
-            decorated = bool(self._extra_visit_funcs or self._extra_leave_funcs or self._matchers)
-            _DECORATED[type(self)] = decorated
         self._decorated = decorated
         self._touched: set[cst.CSTNode] | None = None  # None: visit every node
         # How many nodes `leave_*` methods replaced so far, and that count when each node
@@ -343,7 +348,26 @@ def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> b
     return len(first) == len(second) and all(a is b for a, b in zip(first, second))
 
 
-_DECORATED: dict[type, bool] = {}
+# The attributes LibCST's matcher decorators set on the methods they decorate.
+_MATCHER_ATTRIBUTES = (
+    VISIT_POSITIVE_MATCHER_ATTR,
+    VISIT_NEGATIVE_MATCHER_ATTR,
+    CONSTRUCTED_VISIT_MATCHER_ATTR,
+    CONSTRUCTED_LEAVE_MATCHER_ATTR,
+)
+
+
+@cache
+def _uses_matcher_decorators(kind: type) -> bool:
+    """Whether a method of `kind` (or of its own bases) carries a matcher decorator."""
+    return any(
+        hasattr(member, attribute)
+        for cls in kind.__mro__
+        if not cls.__module__.startswith("libcst")
+        for member in vars(cls).values()
+        if callable(member)
+        for attribute in _MATCHER_ATTRIBUTES
+    )
 _SKIPPED = -1  # entered, in place of the count of edits, for a node the pass skips
 
 
