@@ -193,13 +193,13 @@ def _assignments(scope: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
 
 def _own_nodes(scope: cst.CSTNode) -> Iterable[cst.CSTNode]:
     """The nodes of `scope`, without those of functions and classes defined in it."""
-    stack = list(reversed(list(children(scope)))) if isinstance(scope, cst.Module) else [scope.body]  # type: ignore[attr-defined]
+    stack = children(scope)[::-1] if isinstance(scope, cst.Module) else [scope.body]  # type: ignore[attr-defined]
     while stack:
         node = stack.pop()
         if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
         yield node
-        stack.extend(reversed(list(children(node))))
+        stack.extend(children(node)[::-1])
 
 
 def returned_values(function: cst.FunctionDef) -> list[cst.BaseExpression]:
