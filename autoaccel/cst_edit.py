@@ -92,34 +92,61 @@ def has_import(module: cst.Module, name: str) -> bool:
 
 
 def add_imports(module: cst.Module, names: tuple[str, ...]) -> cst.Module:
-    """`module` with `import NAME` added for every name it does not import yet.
+    """`module` with `import NAME` added for every name it does not import yet (see
+    `add_import` for where each goes)."""
+    for name in dict.fromkeys(names):
+        if not has_import(module, name):
+            module = add_import(module, f"import {name}")
+    return module
 
-    Standard-library modules go after the leading stdlib imports (isort's order),
-    others after the whole leading import block; a docstring stays first.
-    """
-    missing = [name for name in dict.fromkeys(names) if not has_import(module, name)]
-    if not missing:
-        return module
+
+def add_import(module: cst.Module, statement: str) -> cst.Module:
+    """`module` with the import line `statement` (`import os`, `import a.b as c`,
+    `from a import b as c`) unless that exact line is there. A standard-library line
+    joins the leading standard-library imports, a torch line the torch imports, each in
+    isort's order (`import x` before `from x import y`, then by module); any other goes
+    after the leading imports. Only the line taking over the top of a section moves the
+    comments and blank lines above it."""
+    new = cst.parse_statement(statement + "\n")
     body = list(module.body)
+    if any(s.with_changes(leading_lines=[]).deep_equals(new) for s in body):
+        return module
     start, end = leading_import_block(module)
-    for name in reversed(missing):
-        position = end
-        if name.split(".")[0] in sys.stdlib_module_names:
-            position = start
-            while position < end and _imports_stdlib(body[position]):
-                position += 1
-        statement = cst.parse_statement(f"import {name}\n")
-        following = body[position] if position < end else None
-        if following is not None:
-            if position == start:  # first of the block: the comments above stay on top
-                statement = statement.with_changes(leading_lines=following.leading_lines)
-                following = following.with_changes(leading_lines=[])
-            if not _imports_stdlib(following) and not following.leading_lines:
-                # isort's blank line between the stdlib and third-party sections.
-                following = following.with_changes(leading_lines=[cst.EmptyLine()])
-            body[position] = following
-        body.insert(position, statement)
+    while start < end and _import_key(body[start])[0] == "__future__":
+        start += 1  # they must stay first
+    section, key = _import_key(new)
+    same = [i for i in range(start, end) if _import_key(body[i])[0] == section]
+    if same:
+        position = next((i for i in same if _import_key(body[i])[1] > key), same[-1] + 1)
+    else:
+        position = start if section == "stdlib" else end
+    if same and position == same[0] or not same and position < end:
+        # first of its section: it takes over the blank lines and comments above
+        new = new.with_changes(leading_lines=body[position].leading_lines)
+        separator = [cst.EmptyLine()] if not same else []
+        body[position] = body[position].with_changes(leading_lines=separator)
+    if not same and not new.leading_lines and position > 0 and _is_import(body[position - 1]):
+        if _import_key(body[position - 1])[0] in ("stdlib", "__future__"):
+            new = new.with_changes(leading_lines=[cst.EmptyLine()])  # a section of its own
+    body.insert(position, new)
     return module.with_changes(body=body)
+
+
+def _import_key(statement: cst.BaseStatement) -> tuple[str | None, tuple[int, str]]:
+    """(section, order in the section) of an import line: sections `__future__`,
+    `stdlib`, `torch` or None; `import x` sorts before `from x import y`, then by module."""
+    small = statement.body[0]  # type: ignore[attr-defined]
+    if isinstance(small, cst.Import):
+        kind, module = 0, small.names[0].name
+    elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+        kind, module = 1, small.module
+    else:
+        return None, (0, "")
+    dotted = code_of(module)
+    top = dotted.split(".")[0]
+    if top in ("torch", "__future__"):
+        return top, (kind, dotted)
+    return "stdlib" if top in sys.stdlib_module_names else None, (kind, dotted)
 
 
 def leading_import_block(module: cst.Module) -> tuple[int, int]:
@@ -137,17 +164,6 @@ def _is_import(statement: cst.BaseStatement) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
     )
-
-
-def _imports_stdlib(statement: cst.BaseStatement) -> bool:
-    small = statement.body[0]  # type: ignore[attr-defined]
-    if isinstance(small, cst.Import):
-        top = code_of(small.names[0].name).split(".")[0]
-    elif small.module is not None and not small.relative:
-        top = code_of(small.module).split(".")[0]
-    else:
-        return False
-    return top in sys.stdlib_module_names or top == "__future__"
 
 
 def is_docstring(statement: cst.BaseStatement) -> bool:

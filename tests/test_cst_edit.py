@@ -16,8 +16,12 @@ from autoaccel.cst_edit import add_imports
         # No stdlib section yet: a new one on top, comments above the block stay on top.
         ("# header\nimport torch\n", "# header\nimport os\n\nimport torch\n"),
         ('"""Doc."""\nimport torch\nx = 1\n', '"""Doc."""\nimport os\n\nimport torch\nx = 1\n'),
-        # Sections that were not separated get isort's blank line.
-        ("import sys\nimport torch\n", "import sys\nimport os\n\nimport torch\n"),
+        # In isort's order within the section; the lines already there keep their layout.
+        ("import sys\nimport torch\n", "import os\nimport sys\nimport torch\n"),
+        ("import argparse\nimport sys\n", "import argparse\nimport os\nimport sys\n"),
+        # A new section after `from __future__` imports, as isort writes it.
+        ("from __future__ import annotations\n\nx = 1\n", "from __future__ import annotations\n\nimport os\n\nx = 1\n"),
+        ("from __future__ import annotations\nimport torch\n", "from __future__ import annotations\n\nimport os\n\nimport torch\n"),
         # Already imported: unchanged.
         ("import os\nimport torch\n", "import os\nimport torch\n"),
     ],

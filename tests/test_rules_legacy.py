@@ -376,7 +376,7 @@ def test_adam_fix_needs_no_scope_analysis(monkeypatch):
 def test_adam_from_internal_module_uses_the_public_path():
     source = "from torch.optim.adam import Adam\nopt = Adam(params, weight_decay=1e-4)\n"
     assert fixed(source, "ACC505") == (
-        "from torch.optim.adam import Adam\nimport torch\n"
+        "import torch\nfrom torch.optim.adam import Adam\n"
         "opt = torch.optim.AdamW(params, weight_decay=1e-4)\n"
     )
 

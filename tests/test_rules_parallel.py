@@ -422,9 +422,9 @@ def test_acc403_fix_spells_torch_distributed_and_imports_torch():
         """)
     result = fixed(source, "ACC403")
     assert result == dedent("""\
+        import torch
         from torch import save
         from torch.nn.parallel import DistributedDataParallel as DDP
-        import torch
 
         model = DDP(model)
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:

@@ -75,7 +75,7 @@ class CudnnBenchmarkDisabled(LintRule):
         Invalid(
             '"""Train."""\nfrom torch import nn, optim\nmodel = nn.Conv2d(3, 8, 3).cuda()\n'
             "opt = optim.Adam(model.parameters())\nmodel(x).sum().backward()\n",
-            fixed='"""Train."""\nfrom torch import nn, optim\nimport torch\n\n'
+            fixed='"""Train."""\nimport torch\nfrom torch import nn, optim\n\n'
             "torch.backends.cudnn.benchmark = True\n"
             "model = nn.Conv2d(3, 8, 3).cuda()\nopt = optim.Adam(model.parameters())\n"
             "model(x).sum().backward()\n",

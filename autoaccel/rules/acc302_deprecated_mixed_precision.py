@@ -52,7 +52,7 @@ class DeprecatedMixedPrecision(LintRule):
         ),
         Invalid(
             "from torch.cuda.amp import autocast\nwith autocast(enabled=use_amp):\n    y = model(x)\n",
-            fixed="from torch.cuda.amp import autocast\nimport torch\n"
+            fixed="import torch\nfrom torch.cuda.amp import autocast\n"
             'with torch.autocast("cuda", enabled=use_amp):\n    y = model(x)\n',
         ),
         # Positional arguments of the old signature become keywords.
@@ -62,7 +62,7 @@ class DeprecatedMixedPrecision(LintRule):
         ),
         Invalid(
             "import torch.cpu.amp\nwith torch.cpu.amp.autocast(dtype=torch.bfloat16):\n    y = model(x)\n",
-            fixed='import torch.cpu.amp\nimport torch\nwith torch.autocast("cpu", dtype=torch.bfloat16):\n'
+            fixed='import torch\nimport torch.cpu.amp\nwith torch.autocast("cpu", dtype=torch.bfloat16):\n'
             "    y = model(x)\n",
         ),
         # apex: reported; `autoaccel convert` rewrites the script to torch.amp.

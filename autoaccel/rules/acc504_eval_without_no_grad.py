@@ -101,7 +101,7 @@ class EvalWithoutNoGrad(LintRule):
             "from torch import nn\nfrom torch.utils.data import DataLoader\n"
             "net = nn.Linear(4, 2)\ntrain_loader = DataLoader(ds)\n"
             "for x, y in train_loader:\n    out = net(x)\n",
-            fixed="from torch import nn\nfrom torch.utils.data import DataLoader\nimport torch\n"
+            fixed="import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader\n"
             "net = nn.Linear(4, 2)\ntrain_loader = DataLoader(ds)\n"
             "with torch.no_grad():\n    for x, y in train_loader:\n        out = net(x)\n",
         ),

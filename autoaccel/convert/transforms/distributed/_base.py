@@ -3,7 +3,6 @@ imports, and where a script's scopes, training functions and models are."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUT
 from autoaccel.analysis.shapes import called_function, find, is_method_call
 from autoaccel.analysis.side_effects import find_side_effects
 from autoaccel.convert.transform import StatementRewrite, same_nodes
-from autoaccel.cst_edit import keyword_value, leading_import_block
+from autoaccel.cst_edit import add_import, keyword_value
 
 # Module-level names the set-up block defines; every later step builds on them.
 DISTRIBUTED = "DISTRIBUTED"
@@ -89,53 +88,6 @@ def rank_zero(statements: Statements) -> cst.If:
     ]
     guard = cst.ensure_type(cst.parse_statement(f"if {RANK} == 0:\n    pass\n"), cst.If)
     return guard.with_changes(body=cst.IndentedBlock(body=body), leading_lines=leading)
-
-
-def add_import(module: cst.Module, statement: str) -> cst.Module:
-    """`module` with the import line `statement` (`import os`, `import a.b as c`,
-    `from a import b as c`) unless that exact line is there. A standard-library line
-    joins the leading standard-library imports, a torch line the torch imports, each in
-    isort's order (`import x` before `from x import y`, then by module)."""
-    new = cst.parse_statement(statement + "\n")
-    body = list(module.body)
-    if any(s.with_changes(leading_lines=[]).deep_equals(new) for s in body):
-        return module
-    start, end = leading_import_block(module)
-    while start < end and _import_key(body[start])[0] == "__future__":
-        start += 1  # they must stay first
-    section, key = _import_key(new)
-    same = [i for i in range(start, end) if _import_key(body[i])[0] == section]
-    if same:
-        position = next((i for i in same if _import_key(body[i])[1] > key), same[-1] + 1)
-    else:
-        position = start if section == "stdlib" else end
-    if same and position == same[0] or not same and position < end:
-        # first of its section: it takes over the blank lines and comments above
-        new = new.with_changes(leading_lines=body[position].leading_lines)
-        separator = [cst.EmptyLine()] if not same else []
-        body[position] = body[position].with_changes(leading_lines=separator)
-    elif not same and end > start and section == "torch":
-        new = new.with_changes(leading_lines=[cst.EmptyLine()])
-    body.insert(position, new)
-    return module.with_changes(body=body)
-
-
-def _import_key(statement: cst.BaseStatement) -> tuple[str | None, tuple[int, str]]:
-    """(section, order in the section) of an import line: sections `__future__`,
-    `stdlib`, `torch` or None; `import x` sorts before `from x import y`, then by module."""
-    small = statement.body[0]  # type: ignore[attr-defined]
-    if isinstance(small, cst.Import):
-        kind, module = 0, small.names[0].name
-    elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
-        kind, module = 1, small.module
-    else:
-        return None, (0, "")
-    dotted = cst.Module([]).code_for_node(module)
-    top = dotted.split(".")[0]
-    if top in ("torch", "__future__"):
-        return top, (kind, dotted)
-    return "stdlib" if top in sys.stdlib_module_names else None, (kind, dotted)
-    return section, (kind, dotted)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,10 @@ from autoaccel.convert.transforms.distributed._base import (
     LOCAL_RANK,
     RANK,
     WORLD_SIZE,
-    add_import,
     has_setup_block,
     parse_statements,
 )
-from autoaccel.cst_edit import leading_import_block
+from autoaccel.cst_edit import add_import, leading_import_block
 
 _ENVIRONMENT = '''DISTRIBUTED = "LOCAL_RANK" in os.environ
 RANK = int(os.environ.get("RANK", 0))
