@@ -399,3 +399,29 @@ def test_a_function_that_runs_the_sharded_model_to_write_runs_on_every_rank():
         "    if RANK == 0:\n"
         '        torch.save(out.detach(), "sample_%d.pt" % step)\n'
     ) in conversion.converted
+
+
+def test_a_state_dict_loaded_from_another_sharded_model_is_gathered_then_loaded():
+    # A target network refreshed from the trained one (DQN): both are sharded, so the
+    # state dict is gathered into a statement of its own and that is what is loaded.
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(torch.randn(64, 4), batch_size=8)
+        model, target = nn.Linear(4, 4), nn.Linear(4, 4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step, x in enumerate(loader):
+            if step % 4 == 0:
+                target.load_state_dict(model.state_dict())
+            loss = (model(x) - target(x).detach()).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """)
+    converted = convert_source(source, FSDP, "train.py").converted
+    assert (
+        "        model_state = full_state_dict(model)\n"
+        "        load_full_state_dict(target, model_state)\n"
+    ) in converted

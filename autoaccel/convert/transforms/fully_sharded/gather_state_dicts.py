@@ -47,6 +47,9 @@ class GatherStateDicts(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.rewrites: dict[cst.Call, cst.BaseExpression] = {}
+        # loads: `model.load_state_dict(sd)` -> `helper(model, sd)`, the arguments as the
+        # pass left them (`sd` may be a `state_dict()` call this step rewrites too)
+        self.loads: dict[cst.Call, tuple[str, list[cst.Arg]]] = {}
         models = sharded_models(node, self.script)
         if not models:
             return
@@ -74,7 +77,7 @@ class GatherStateDicts(DistributedStep):
             if call.func.attr.value == "load_state_dict":  # type: ignore[attr-defined]
                 helper = LOAD_FULL_OPTIMIZER_STATE if optimizer else LOAD_FULL_STATE
                 owners = [cst.Arg(cst.parse_expression(k)) for k in (model, optimizer) if k]
-                self.rewrites[call] = cst.Call(cst.Name(helper), [*owners, *call.args])
+                self.loads[call] = (helper, owners)
                 self.changed(
                     call,
                     f"`{helper}()`: rank 0's whole state dict loaded into each process's shards",
@@ -143,4 +146,8 @@ class GatherStateDicts(DistributedStep):
         return False
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        load = self.loads.get(original_node)
+        if load is not None:
+            helper, owners = load
+            return cst.Call(cst.Name(helper), [*owners, *updated_node.args])
         return self.rewrites.get(original_node, updated_node)
