@@ -276,6 +276,43 @@ def test_top_level_model_is_trained_through_its_wrapper():
     assert len(log.changes) == 2
 
 
+def test_a_variable_of_the_models_name_in_forward_is_not_where_the_model_is_built():
+    # `model = self.fc(x)` in forward() comes first in the file; the model the loop
+    # calls is the one `model = Net()` builds, and it is wrapped there.
+    source = dedent(
+        """\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+
+            def forward(self, x):
+                model = self.fc(x)
+                return model
+
+
+        if __name__ == "__main__":
+            loader = DataLoader(dataset, batch_size=8)
+            model = Net()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+        """
+    )
+    conversion = convert_source(source, DDP, "train.py")
+    assert not [item for item in conversion.log.skipped if item.wrong]
+    assert "    model = Net()\n    # trained through DDP" in conversion.converted
+    assert "cross_entropy(ddp_model(x), y)" in conversion.converted
+    assert "        model = self.fc(x)\n        return model\n" in conversion.converted
+
+
 def test_model_passed_to_a_training_function_is_passed_wrapped():
     code, _ = run_step(
         WrapModel,

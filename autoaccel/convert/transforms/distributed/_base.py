@@ -11,7 +11,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import Obj
+from autoaccel.analysis.program import Kind, Obj, Values
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
 from autoaccel.analysis.shapes import called_function, find, is_method_call
 from autoaccel.analysis.side_effects import find_side_effects
@@ -301,20 +301,26 @@ class DistributedStep(StatementRewrite):
     def trained_models(self, module: cst.Module) -> list[TrainedModel]:
         """Models called in a training step loop, each with the statement after which it
         is built and on its device (before the first statement that trains)."""
-        keys = sorted(
-            {
-                key
-                for call in self.step_calls(module)
-                if (key := name_key(call.func)) in self.script.models
-            }
-            - self.ddp_wrappers(module)
-        )
+        # What the step loops call under each model name, where the analysis knows it
+        called: dict[str, set[Obj]] = {}
+        for call in self.step_calls(module):
+            if (key := name_key(call.func)) in self.script.models:
+                known = {o for o in self.script.values(call.func) if o.kind is Kind.MODULE}
+                called.setdefault(key, set()).update(known)
+        keys = sorted(called.keys() - self.ddp_wrappers(module))
         training = self.training_functions(module)
         loops = set(self.train_loops())
         assignments = find(module, (cst.Assign, cst.AnnAssign))
 
         def assigned(key: str) -> list[cst.CSTNode]:
-            return [a for a in assignments if any(name_key(t) == key for t in _targets(a))]
+            """The assignments of `key`, those known to bind the model the loops call
+            first (not another variable of that name: `model = self.fc(x)` in a
+            `forward()` that comes before the script's `model = Net()`)."""
+            found = [a for a in assignments if any(name_key(t) == key for t in _targets(a))]
+            held = called.get(key)
+            if held:
+                found.sort(key=lambda a: held.isdisjoint(self._bound_values(a)))
+            return found
 
         found = []
         for key in keys:
@@ -339,6 +345,13 @@ class DistributedStep(StatementRewrite):
             if model is not None:
                 found.append(model)
         return found
+
+    def _bound_values(self, assignment: cst.Assign | cst.AnnAssign) -> Values:
+        """What the assignment binds, where it has one target and one value."""
+        targets = assignment.targets if isinstance(assignment, cst.Assign) else [assignment]
+        if len(targets) != 1 or assignment.value is None:
+            return frozenset()
+        return self.script.values(targets[0].target) | self.script.values(assignment.value)
 
     def _ready(
         self, key: str, block: cst.IndentedBlock | cst.Module, received: bool, training: set[str], loops: set
