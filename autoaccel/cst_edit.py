@@ -151,13 +151,29 @@ def _import_key(statement: cst.BaseStatement) -> tuple[str | None, tuple[int, st
 
 def leading_import_block(module: cst.Module) -> tuple[int, int]:
     """`(start, end)` indices in `module.body` of the imports at the top (after a
-    docstring); `start == end` when there are none."""
+    docstring and module dunders such as `__author__ = ...`, PEP 8's place for them);
+    `start == end` when there are none."""
     body = module.body
     start = 1 if body and is_docstring(body[0]) else 0
+    while start < len(body) and _is_dunder_assignment(body[start]):
+        start += 1
     end = start
     while end < len(body) and _is_import(body[end]):
         end += 1
     return start, end
+
+
+def _is_dunder_assignment(statement: cst.BaseStatement) -> bool:
+    """`__author__ = "..."`, `__all__ = [...]`: one assignment of a dunder name."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    assign = statement.body[0]
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+        return False
+    target = assign.targets[0].target
+    return isinstance(target, cst.Name) and len(target.value) > 4 and (
+        target.value.startswith("__") and target.value.endswith("__")
+    )
 
 
 def _is_import(statement: cst.BaseStatement) -> bool:

@@ -85,3 +85,19 @@ def test_names_a_step_imports_get_their_rule_fixes_in_the_same_conversion() -> N
         # the first run of the fixes logged what it left; the second logs no copy of it
         skipped = [(s.what, s.line) for s in result.log.skipped]
         assert len(skipped) == len(set(skipped))
+
+
+def test_a_module_dunder_above_the_imports_gets_the_fixes_in_the_first_pass() -> None:
+    """`__author__ = ...` above the imports hid the import block from the cuDNN fix
+    until the DDP set-up had put imports above it: converting the output then added
+    `cudnn.benchmark` (refused as not idempotent)."""
+    source = (
+        "__author__ = 'me'\n\nimport torch\nfrom torch import nn\n\n"
+        "model = nn.Conv2d(1, 4, 3).cuda()\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(range(8), batch_size=2)\n"
+        "for x in loader:\n    model(x.cuda()).sum().backward()\n    optimizer.step()\n"
+    )
+    converted = convert_source(source, ConvertOptions(target="ddp")).converted
+    assert converted.startswith("__author__ = 'me'\n\nimport")
+    assert converted.count("torch.backends.cudnn.benchmark = True") == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from autoaccel.cst_edit import add_imports
+from autoaccel.cst_edit import add_imports, leading_import_block
 
 
 @pytest.mark.parametrize(
@@ -34,4 +34,14 @@ def test_third_party_import_goes_after_the_import_block():
     source = "import os\n\nimport numpy as np\n\nx = 1\n"
     assert add_imports(cst.parse_module(source), ("torch",)).code == (
         "import os\n\nimport numpy as np\nimport torch\n\nx = 1\n"
+    )
+
+
+def test_module_dunders_come_before_the_import_block():
+    # PEP 8 puts `__author__ = ...` between the docstring and the imports: a fix adds
+    # its imports to the block after them, as it would without them.
+    source = '"""Doc."""\n__author__ = "me"\n\nimport torch\nx = 1\n'
+    assert leading_import_block(cst.parse_module(source)) == (2, 3)
+    assert add_imports(cst.parse_module(source), ("os",)).code == (
+        '"""Doc."""\n__author__ = "me"\n\nimport os\n\nimport torch\nx = 1\n'
     )
