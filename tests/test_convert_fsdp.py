@@ -421,6 +421,8 @@ def test_a_state_dict_loaded_from_another_sharded_model_is_gathered_then_loaded(
             optimizer.step()
         """)
     converted = convert_source(source, FSDP, "train.py").converted
+    # built in one statement, sharded in one block
+    assert "if DISTRIBUTED:\n    shard_model(model)\n    shard_model(target)\n" in converted
     assert (
         "        model_state = full_state_dict(model)\n"
         "        load_full_state_dict(target, model_state)\n"

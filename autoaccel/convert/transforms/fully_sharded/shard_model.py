@@ -45,6 +45,7 @@ class ShardModel(DistributedStep):
                 wrong=True,
             )
         shardable = [model for model in models if not self._refused(node, model)]
+        self._blocks: set[cst.If] = set()  # the `if DISTRIBUTED:` blocks this step wrote
         for model in shardable:
             self._shard(model)
         if shardable:
@@ -64,9 +65,12 @@ class ShardModel(DistributedStep):
             f"if {DISTRIBUTED}:\n"
             f"    {SHARD}({model.key})\n"
         )
+        self._blocks.add(code[-1])  # type: ignore[arg-type]
         if moved and not self._changes_model_after(model, moved[0]):
-            self.before.setdefault(moved[0], []).extend(code)
+            self._join(self.before.setdefault(moved[0], []), code)
             anchor = moved[0]
+        elif not moved:
+            self._join(self.after.setdefault(anchor, []), code)
         else:
             for statement in moved:
                 self.replace[statement] = []
@@ -82,6 +86,19 @@ class ShardModel(DistributedStep):
             anchor,
             f"`{model.key}` sharded with fully_shard (its repeated blocks, then the whole model)",
         )
+
+    def _join(self, statements: list[cst.BaseStatement], block: list[cst.BaseStatement]) -> None:
+        """Add the sharding `block` to `statements`: its call joins the sharding block
+        that ends them, when one does (two models built in one statement: one block)."""
+        last = statements[-1] if statements else None
+        if not isinstance(last, cst.If) or last not in self._blocks:
+            statements.extend(block)
+            return
+        joined = last.with_changes(
+            body=last.body.with_changes(body=[*last.body.body, *block[-1].body.body])  # type: ignore[attr-defined]
+        )
+        self._blocks.add(joined)
+        statements[-1] = joined
 
     def _changes_model_after(self, model: TrainedModel, start: cst.BaseStatement) -> bool:
         """Whether a statement from `start` to `model.anchor` rebinds the model or calls a
