@@ -79,13 +79,15 @@ def bound_name(alias: cst.ImportAlias) -> str:
 
 
 def has_import(module: cst.Module, name: str) -> bool:
-    """Whether the module imports `name` at top level (`import os`, `import os.path`)."""
+    """Whether the module imports `name` at top level: `import os`, or a submodule
+    (`import os.path` binds `os` too)."""
     for statement in module.body:
         if not isinstance(statement, cst.SimpleStatementLine):
             continue
         for small in statement.body:
             if isinstance(small, cst.Import) and any(
-                alias.asname is None and code_of(alias.name) in (name,) for alias in small.names
+                alias.asname is None and f"{code_of(alias.name)}.".startswith(f"{name}.")
+                for alias in small.names
             ):
                 return True
     return False

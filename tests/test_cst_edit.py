@@ -22,8 +22,9 @@ from autoaccel.cst_edit import add_imports, leading_import_block
         # A new section after `from __future__` imports, as isort writes it.
         ("from __future__ import annotations\n\nx = 1\n", "from __future__ import annotations\n\nimport os\n\nx = 1\n"),
         ("from __future__ import annotations\nimport torch\n", "from __future__ import annotations\n\nimport os\n\nimport torch\n"),
-        # Already imported: unchanged.
+        # Already imported: unchanged (`import os.path` binds `os` too).
         ("import os\nimport torch\n", "import os\nimport torch\n"),
+        ("import os.path\n", "import os.path\n"),
     ],
 )
 def test_stdlib_import_goes_to_the_stdlib_section(source, expected):

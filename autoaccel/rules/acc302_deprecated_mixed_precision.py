@@ -62,7 +62,7 @@ class DeprecatedMixedPrecision(LintRule):
         ),
         Invalid(
             "import torch.cpu.amp\nwith torch.cpu.amp.autocast(dtype=torch.bfloat16):\n    y = model(x)\n",
-            fixed='import torch\nimport torch.cpu.amp\nwith torch.autocast("cpu", dtype=torch.bfloat16):\n'
+            fixed='import torch.cpu.amp\nwith torch.autocast("cpu", dtype=torch.bfloat16):\n'
             "    y = model(x)\n",
         ),
         # apex: reported; `autoaccel convert` rewrites the script to torch.amp.
