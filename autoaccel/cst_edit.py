@@ -114,12 +114,13 @@ def add_import(module: cst.Module, statement: str) -> cst.Module:
     if any(s.with_changes(leading_lines=[]).deep_equals(new) for s in body):
         return module
     start, end = leading_import_block(module)
-    while start < end and _import_key(body[start])[0] == "__future__":
+    keys = {i: _import_key(body[i]) for i in range(start, end)}  # of the leading imports
+    while start < end and keys[start][0] == "__future__":
         start += 1  # they must stay first
     section, key = _import_key(new)
-    same = [i for i in range(start, end) if _import_key(body[i])[0] == section]
+    same = [i for i in range(start, end) if keys[i][0] == section]
     if same:
-        position = next((i for i in same if _import_key(body[i])[1] > key), same[-1] + 1)
+        position = next((i for i in same if keys[i][1] > key), same[-1] + 1)
     else:
         position = start if section == "stdlib" else end
     if same and position == same[0] or not same and position < end:
@@ -127,9 +128,9 @@ def add_import(module: cst.Module, statement: str) -> cst.Module:
         new = new.with_changes(leading_lines=body[position].leading_lines)
         separator = [cst.EmptyLine()] if not same else []
         body[position] = body[position].with_changes(leading_lines=separator)
-    if not same and not new.leading_lines and position > 0 and _is_import(body[position - 1]):
-        if _import_key(body[position - 1])[0] in ("stdlib", "__future__"):
-            new = new.with_changes(leading_lines=[cst.EmptyLine()])  # a section of its own
+    previous = keys.get(position - 1)  # the import line above, if any
+    if not same and not new.leading_lines and previous and previous[0] in ("stdlib", "__future__"):
+        new = new.with_changes(leading_lines=[cst.EmptyLine()])  # a section of its own
     body.insert(position, new)
     return module.with_changes(body=body)
 

@@ -368,6 +368,8 @@ def _uses_matcher_decorators(kind: type) -> bool:
         if callable(member)
         for attribute in _MATCHER_ATTRIBUTES
     )
+
+
 _SKIPPED = -1  # entered, in place of the count of edits, for a node the pass skips
 
 
