@@ -313,6 +313,17 @@ def test_a_variable_of_the_models_name_in_forward_is_not_where_the_model_is_buil
     assert "        model = self.fc(x)\n        return model\n" in conversion.converted
 
 
+def test_a_model_no_optimizer_trains_is_wrapped_only_with_trainable_parameters():
+    # A distillation teacher beside the student an optimizer trains: DDP raises for a
+    # frozen module, so its wrapper is made only when a parameter requires a gradient.
+    # (tests/test_convert_verify.py runs this fixture's conversion on two processes.)
+    source = (Path(__file__).resolve().parent.parent / "fixtures/ddp/frozen_teacher.py").read_text()
+    code = convert_source(source, DDP, "frozen_teacher.py").converted
+    assert "    if DISTRIBUTED and any(p.requires_grad for p in teacher.parameters()):\n" in code
+    assert "    ddp_student = student\n    if DISTRIBUTED:\n" in code
+    assert "soft = F.softmax(ddp_teacher(x) / 2.0, dim=1)" in code
+
+
 def test_model_passed_to_a_training_function_is_passed_wrapped():
     code, _ = run_step(
         WrapModel,

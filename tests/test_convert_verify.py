@@ -172,6 +172,7 @@ verified = runs_fixture(start_runs)
         "gan_batch_shapes.py",
         "step_receives_model.py",
         "gan_samples.py",
+        "frozen_teacher.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

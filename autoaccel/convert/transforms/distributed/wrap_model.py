@@ -49,6 +49,10 @@ class WrapModel(DistributedStep):
                 loops[0],
                 wrong=True,
             )
+        # A model the loops call beside ones whose parameters an optimizer gets, while
+        # none gets its own, may be frozen (a distillation teacher, a DQN target). By
+        # name: two models built by one function are one object to the analysis.
+        optimized = {model.key for model in models} & self.script.trained
         for model in models:
             if ddp_name(model.key) in bound:
                 self.skipped(
@@ -59,9 +63,9 @@ class WrapModel(DistributedStep):
                     wrong=True,
                 )
             else:
-                self._wrap(model)
+                self._wrap(model, may_be_frozen=bool(optimized) and model.key not in optimized)
 
-    def _wrap(self, model: TrainedModel) -> None:
+    def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
         # The model under its own name, or as a parameter of the functions it is given to.
         names = {model.key} | self.script.names_of(self.script.held_by(model.key))
         forwards = [call for call in self.step_calls(self.tree) if name_key(call.func) in names]
@@ -92,11 +96,16 @@ class WrapModel(DistributedStep):
                 return
         self.rewrites.update(plan)
         key, wrapper = model.key, ddp_name(model.key)
+        condition, note = DISTRIBUTED, ""
+        if may_be_frozen:  # DDP raises for a module without trainable parameters
+            condition += f" and any(p.requires_grad for p in {key}.parameters())"
+            note = "# (when it has trainable parameters: DDP refuses a frozen model)\n"
         self.after.setdefault(model.anchor, []).extend(
             parse_statements(
                 "# trained through DDP when distributed: gradients are averaged in backward()\n"
+                f"{note}"
                 f"{wrapper} = {key}\n"
-                f"if {DISTRIBUTED}:\n"
+                f"if {condition}:\n"
                 f"    {wrapper} = DDP({key}, device_ids=[{LOCAL_RANK}]"
                 f" if next({key}.parameters()).is_cuda else None)\n"
             )
@@ -105,7 +114,8 @@ class WrapModel(DistributedStep):
         self.changed(
             model.anchor,
             f"`{wrapper}`: `{key}` wrapped in DistributedDataParallel for training"
-            f" (gradients averaged over processes); `{key}` stays the bare model",
+            f" (gradients averaged over processes){' where it has trainable parameters' if note else ''};"
+            f" `{key}` stays the bare model",
         )
 
     def _route(self, model: TrainedModel, call: cst.Call, plan: dict[cst.CSTNode, str]) -> bool:
