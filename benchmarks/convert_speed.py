@@ -10,6 +10,10 @@ Each script is `fixtures/resnet_cifar.py` (argparse, a ResNet, a Dataset, `main(
 with the model, dataset and loss classes of the other fixtures inserted before its own
 classes, renamed apart, until the size is reached: one program that trains once, with
 the library code a long script carries. Its conversion does what the fixture's does.
+
+"floor" is what a conversion costs before any of its steps runs: the lint-rule fixes it
+applies and Black's safety check (parse and compile the output, then fix it again and find
+nothing to change), timed with the same fixes alone.
 """
 
 from __future__ import annotations
@@ -79,9 +83,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(args.checkout.resolve()))
+    from autoaccel.config import LintSettings
     from autoaccel.convert.log import ConvertOptions
-    from autoaccel.convert.pipeline import convert_source
+    from autoaccel.convert.pipeline import check_compiles, convert_source
+    from autoaccel.convert.transforms.rule_fixes import SingleProcessFixes
+    from autoaccel.lint.engine import parse
+    from autoaccel.lint.fixer import fix_source
     from autoaccel.lint.runner import Mode, Overrides, lint_file
+    from autoaccel.module_code import ModuleCode
+
+    fixes = LintSettings(select=SingleProcessFixes.codes, extend_safe_fixes=SingleProcessFixes.speed_ups)
+
+    def floor(text: str, path: str) -> None:
+        module_code = ModuleCode()
+        fixed = fix_source(text, fixes, module=parse(text), module_code=module_code).source
+        output = check_compiles(fixed, path)
+        assert fix_source(fixed, fixes, module=output, module_code=module_code).source == fixed
 
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, checkout {args.checkout}")
     workdir = Path(tempfile.mkdtemp(prefix="autoaccel-convert-bench-"))
@@ -96,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         lint = cpu_best(lambda: lint_file(path, Overrides(), Mode.CHECK), args.repeat)
         row = f"{lines:6,} lines  lint {lint:6.2f} CPU-s ({1000 * lint / lines:.2f} ms/line)"
         if not args.no_convert:
+            least = cpu_best(lambda: floor(text, str(path)), args.repeat)
+            row += f"  floor {least:6.2f} CPU-s ({least / lint:.1f}x lint)"
             conversions = []
             convert = cpu_best(
                 lambda: conversions.append(convert_source(text, ddp, str(path))), args.repeat
