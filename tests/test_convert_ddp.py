@@ -941,6 +941,69 @@ def test_printed_dataset_size_of_a_sharded_loader_is_the_shard_size():
     ]
 
 
+AVERAGES = """\
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+train_set = TensorDataset(inputs, targets)
+test_set = TensorDataset(test_inputs, test_targets)
+sampler = DistributedSampler(train_set) if DISTRIBUTED else None
+train_loader = DataLoader(train_set, batch_size=per_process_batch_size(batch_size), sampler=sampler)
+test_loader = DataLoader(test_set)
+print(f"{len(train_set)} samples")
+for i, (x, y) in enumerate(train_loader, 1):
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    running_loss += loss.item() * len(y)
+    print(running_loss / (batch_size * i), 2 * batch_size)
+    print(running_loss / batch_size)
+print(running_loss / len(train_set), steps / len(train_set))
+print(100.0 * correct / len(train_set))
+for x, y in test_loader:
+    test_loss += criterion(model(x), y).item()
+print(test_loss / len(test_set), test_loss / (batch_size * len(test_loader)))
+"""
+
+
+def test_a_printed_average_of_a_training_sum_divides_by_this_processs_counts():
+    """L1aoXingyu's CNN printed `running_loss / (batch_size * i)` and `running_loss /
+    len(train_dataset)`: sums over rank 0's shard divided by global counts, half the
+    original on two processes. Only divisors of a sum the training loop adds to change:
+    not `steps` (never summed there), not the evaluation's sum, not a shown count."""
+    body = AVERAGES
+    code, log = run_step(PrintShardSizes, body)
+    assert code == body.replace("running_loss / len(train_set)", "running_loss / len(train_loader.sampler)")
+    assert [c.description for c in log.changes] == [
+        "divides a sum over this process's shard by its size: `len(train_loader.sampler)`"
+    ]
+    code, log = run_step(FollowPerProcessBatch, body)
+    assert code == body.replace(
+        "running_loss / (batch_size * i)", "running_loss / (per_process_batch_size(batch_size) * i)"
+    ).replace("print(running_loss / batch_size)", "print(running_loss / per_process_batch_size(batch_size))")
+    assert len(log.changes) == 2 and log.skipped == []
+
+
+def test_a_dataset_size_without_a_readable_loader_stays():
+    """The sharded loader is made inside a function: no name at the print holds it."""
+    body = """\
+        from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+        train_set = TensorDataset(inputs, targets)
+
+
+        def make_loader(dataset):
+            return DataLoader(dataset, sampler=DistributedSampler(dataset) if DISTRIBUTED else None)
+
+
+        for x, y in make_loader(train_set):
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        print(total / len(train_set))
+        """
+    code, log = run_step(PrintShardSizes, body)
+    assert (code, log.changes) == (dedent(body), [])
+
+
 # -- random numbers per process --------------------------------------------------------------
 SEEDED = """\
 torch.manual_seed(args.seed)

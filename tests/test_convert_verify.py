@@ -173,6 +173,7 @@ verified = runs_fixture(start_runs)
         "step_receives_model.py",
         "gan_samples.py",
         "frozen_teacher.py",
+        "running_average.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):
@@ -236,20 +237,28 @@ def _ddp_options():
 
 
 @pytest.mark.runs
-def test_a_summed_evaluation_sharded_over_processes_prints_the_originals_numbers(tmp_path):
-    """summed_loss.py trains exactly like the original on two processes; each evaluates
-    every second held-out sample and the sums are all-reduced: the same printed line."""
-    proc = _convert(str(DDP_FIXTURES / "summed_loss.py"), "--to", "ddp", "--amp", "off", "-o", "ddp.py", cwd=tmp_path)
-    assert proc.returncode == 0 and "evaluation on a share of the set per process" in proc.stdout
+@pytest.mark.parametrize(
+    "name, change, printed",
+    [
+        ("summed_loss.py", "evaluation on a share of the set per process", ("held-out",)),
+        ("running_average.py", "divides a sum over this process's shard by its size", ("[", "epoch")),
+    ],
+)
+def test_the_converted_script_prints_the_originals_numbers(name, change, printed, tmp_path):
+    """Two processes print what the original prints. summed_loss.py: each evaluates every
+    second held-out sample and the sums are all-reduced. running_average.py: rank 0
+    divides its shard's sums by its shard's counts (each sample is stored twice, so the
+    shards hold the same samples; dividing by the whole set's counts printed half)."""
+    proc = _convert(str(DDP_FIXTURES / name), "--to", "ddp", "--amp", "off", "-o", "ddp.py", cwd=tmp_path)
+    assert proc.returncode == 0 and change in proc.stdout
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [
         subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
         for command in (
-            [sys.executable, str(DDP_FIXTURES / "summed_loss.py")],
+            [sys.executable, str(DDP_FIXTURES / name)],
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "ddp.py"],
         )
     ]
-    held_out = [[line for line in run.stdout.splitlines() if line.startswith("held-out")] for run in runs]
     assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
-    assert held_out[0] == held_out[1] and len(held_out[0]) == 1
-    assert held_out[0][0].endswith("over 64 samples")
+    lines = [[line for line in run.stdout.splitlines() if line.startswith(printed)] for run in runs]
+    assert lines[0] and lines[0] == lines[1]

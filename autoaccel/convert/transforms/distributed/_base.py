@@ -210,6 +210,34 @@ class DistributedStep(StatementRewrite):
             ]
         return list(dict.fromkeys(code))
 
+    def divides_training_sum(self, node: cst.CSTNode) -> bool:
+        """Whether `node` is a factor of the divisor in an average of a training sum:
+        `running_loss / (batch_size * i)`, `100 * correct / len(train_set)`, where the
+        dividend reads a name that a training step loop adds to (`running_loss += ...`).
+        Under DDP that sum covers this process's shard, so the divisor must count the
+        shard too."""
+        child = node
+        for ancestor in self.ancestors(node):
+            if not isinstance(ancestor, cst.BinaryOperation):
+                return False
+            if isinstance(ancestor.operator, cst.Divide) and ancestor.right is child:
+                summed = {name_key(read) for read in find(ancestor.left, (cst.Name, cst.Attribute))}
+                return bool(summed & self._training_sums())
+            if not isinstance(ancestor.operator, cst.Multiply):
+                return False
+            child = ancestor
+        return False
+
+    def _training_sums(self) -> set[str]:
+        """Names a training step loop adds to with `+=`."""
+        sums = (
+            name_key(update.target)
+            for loop in self.train_loops()
+            for update in find(loop, cst.AugAssign)
+            if isinstance(update.operator, cst.AddAssign)
+        )
+        return {name for name in sums if name is not None}
+
     def training_functions(self, module: cst.Module) -> set[str]:
         """Names of the functions that train: they hold a training step loop or call one
         that does (methods by their bare name)."""

@@ -5,7 +5,9 @@ samples, but a step written for one process may still shape tensors by the globa
 batch size: yunjey's GAN reshaped its images with `images.reshape(batch_size, -1)` and
 built its labels and noise with `torch.ones(batch_size, 1)` / `torch.randn(batch_size,
 z)`, a shape error on every process. In the training step, such shape arguments become
-the per-process batch; a print or log keeps the variable; any other use in the step
+the per-process batch; a print or log keeps the variable, unless it divides a sum the
+training loop adds up (`running_loss / (batch_size * i)`: under DDP a sum over this
+process's batches, so ~1/WORLD_SIZE of the original average); any other use in the step
 (where the tool cannot tell which batch it means) is refused with its line.
 """
 
@@ -40,10 +42,15 @@ class FollowPerProcessBatch(DistributedStep):
         sizes = self._batch_size_variables()
         if not sizes:
             return
-        for code in self.train_code():
-            for read in find(code, (cst.Name, cst.Attribute)):
-                if name_key(read) not in sizes or self._is_part_of_name(read):
-                    continue
+        in_training = {
+            read for code in self.train_code() for read in find(code, (cst.Name, cst.Attribute))
+        }
+        for read in find(node, (cst.Name, cst.Attribute)):
+            if name_key(read) not in sizes or self._is_part_of_name(read):
+                continue
+            if self._shown(read):
+                self._follow_printed(read)
+            elif read in in_training:
                 self._follow(read)
 
     def _batch_size_variables(self) -> set[str]:
@@ -76,14 +83,27 @@ class FollowPerProcessBatch(DistributedStep):
             isinstance(a, cst.Call) and is_name(a.func, BATCH_HELPER) for a in self.ancestors(read)
         )
 
-    def _follow(self, read: cst.BaseExpression) -> None:
-        ancestors = list(self.ancestors(read))
-        if any(
+    def _shown(self, read: cst.BaseExpression) -> bool:
+        """Whether `read` is part of what a print or log shows."""
+        return any(
             isinstance(a, cst.FormattedString)
             or isinstance(a, cst.Call) and self.qualified_names(a.func) & SHOWING
-            for a in ancestors
-        ):
-            return
+            for a in self.ancestors(read)
+        )
+
+    def _follow_printed(self, read: cst.BaseExpression) -> None:
+        """A shown batch size stays, unless it counts the samples of an average of a
+        training sum (anywhere in the module: the epoch's summary follows its loop)."""
+        if self.divides_training_sum(read):
+            self.per_process.add(read)
+            self.changed(
+                read,
+                f"`{name_key(read)}` counts the samples of a printed average of this"
+                f" process's batches: `{BATCH_HELPER}({name_key(read)})`",
+            )
+
+    def _follow(self, read: cst.BaseExpression) -> None:
+        ancestors = list(self.ancestors(read))
         if self._is_shape_argument(read, ancestors):
             self.per_process.add(read)
             self.changed(

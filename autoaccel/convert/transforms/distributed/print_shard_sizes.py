@@ -4,8 +4,10 @@ Each process reads its own shard, so progress lines (`[{batch_idx * len(data)}/{
 train_loader.dataset)}]`) stopped at 1/WORLD_SIZE and averages over the dataset
 (`train_loss / len(train_loader.dataset)`) came out WORLD_SIZE times too small. The
 sampler's length is the shard's size under torchrun and the dataset's size in a single
-process. Only what is printed changes: a step count computed from the dataset size may
-need the whole set.
+process. An average of a training sum over the dataset itself (`running_loss /
+len(train_set)`) divides by the sampler of the sharded loader that reads it, when a name
+there holds that loader. Only what is printed changes: a step count computed from the
+dataset size may need the whole set.
 """
 
 from __future__ import annotations
@@ -13,26 +15,32 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import Kind
+from autoaccel.analysis.program import Kind, Values, argument
 from autoaccel.analysis.shapes import find, is_attribute, is_name
-from autoaccel.convert.transforms.distributed._base import DistributedStep
+from autoaccel.convert.transforms.distributed._base import DistributedStep, parameters_of
 
 
 class PrintShardSizes(DistributedStep):
     DESCRIPTION = "Print the size of this process's shard, not of the whole dataset."
-    needs = (".dataset",)
+    needs = (".dataset", "len(")
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.sizes: set[cst.Attribute] = {
-            length.args[0].value  # type: ignore[misc]
-            for printed in find(node, cst.Call)
-            if "builtins.print" in self.qualified_names(printed.func)
-            for length in find(printed, cst.Call)
-            if is_name(length.func, "len")
-            and len(length.args) == 1
-            and is_attribute(length.args[0].value, "dataset")
-            and self._sharded(node, length.args[0].value.value)  # type: ignore[attr-defined]
-        }
+        self.sizes: set[cst.Attribute] = set()
+        self.dataset_sizes: dict[cst.Call, str] = {}  # `len(train_set)`: the loader's name
+        for printed in find(node, cst.Call):
+            if "builtins.print" not in self.qualified_names(printed.func):
+                continue
+            for length in find(printed, cst.Call):
+                if not is_name(length.func, "len") or len(length.args) != 1:
+                    continue
+                measured = length.args[0].value
+                if is_attribute(measured, "dataset"):
+                    if self._sharded(node, measured.value):  # type: ignore[attr-defined]
+                        self.sizes.add(measured)  # type: ignore[arg-type]
+                elif self.divides_training_sum(length):
+                    loader = self._sharded_loader_of(node, measured, printed)
+                    if loader is not None:
+                        self.dataset_sizes[length] = loader
 
     def _sharded(self, module: cst.Module, loader: cst.BaseExpression) -> bool:
         """Whether every DataLoader `loader` (as read there) may hold is sharded."""
@@ -41,8 +49,42 @@ class PrintShardSizes(DistributedStep):
             isinstance(call, cst.Call) and self.shards(module, call) for call in calls
         )
 
+    def _sharded_loader_of(
+        self, module: cst.Module, dataset: cst.BaseExpression, at: cst.CSTNode
+    ) -> str | None:
+        """A name that `at` can read and that holds only sharded DataLoaders of every
+        dataset `dataset` may be."""
+        datasets = self.script.values(dataset)
+        if not datasets:
+            return None
+        loaders: Values = frozenset(
+            obj
+            for call in find(module, cst.Call)
+            if self._reads_all(call, datasets) and self.shards(module, call)
+            for obj in self.script.values(call)
+            if obj.kind is Kind.LOADER and obj.node is call
+        )
+        if not loaders:
+            return None
+        scope = self.scope_of(at)
+        local = _bound_in(scope) if scope is not None else set()
+        for code, key in self.script.holders(loaders):
+            readable = (
+                code is scope
+                or code is module and key not in local
+                or isinstance(code, cst.ClassDef) and code in self.ancestors(at)
+            )
+            if readable and self.script.held_by(key) <= loaders:
+                return key
+        return None
+
+    def _reads_all(self, call: cst.Call, datasets: Values) -> bool:
+        """Whether `call` (a DataLoader) reads a dataset that may be any of `datasets`."""
+        read = argument(call, 0, "dataset")
+        return read is not None and datasets <= self.script.values(read)
+
     def edited(self) -> list[cst.CSTNode]:
-        return [*self.planned_statements(), *self.sizes]
+        return [*self.planned_statements(), *self.sizes, *self.dataset_sizes]
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
         if original_node not in self.sizes:
@@ -50,3 +92,20 @@ class PrintShardSizes(DistributedStep):
         loader = name_key(original_node.value)
         self.changed(original_node, f"prints the size of this process's shard: `len({loader}.sampler)`")
         return updated_node.with_changes(attr=cst.Name("sampler"))
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        loader = self.dataset_sizes.get(original_node)
+        if loader is None:
+            return updated_node
+        self.changed(
+            original_node,
+            f"divides a sum over this process's shard by its size: `len({loader}.sampler)`",
+        )
+        sampler = cst.parse_expression(f"{loader}.sampler")
+        return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=sampler)])
+
+
+def _bound_in(function: cst.FunctionDef) -> set[str]:
+    """The names `function` binds: its parameters and assignment targets."""
+    targets = {name_key(target.target) for target in find(function, cst.AssignTarget)}
+    return {*parameters_of(function), *(name for name in targets if name is not None)}
