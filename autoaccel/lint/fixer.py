@@ -112,7 +112,24 @@ class _ApplyEdits(cst.CSTTransformer):
     def on_leave(
         self, original_node: cst.CSTNode, updated_node: cst.CSTNode
     ) -> cst.CSTNode | cst.RemovalSentinel | cst.FlattenSentinel:
-        return self.edits.get(original_node, updated_node)
+        replacement = self.edits.get(original_node, updated_node)
+        if isinstance(replacement, (cst.If, cst.For, cst.While)):
+            return _without_emptied_else(replacement)
+        return replacement
+
+
+def _without_emptied_else(node: cst.If | cst.For | cst.While) -> cst.If | cst.For | cst.While:
+    """`node` without its `else:` block when fixes removed every statement of it (LibCST
+    would write `else: pass`), unless a comment sits there."""
+    orelse = node.orelse
+    if not isinstance(orelse, cst.Else) or not isinstance(orelse.body, cst.IndentedBlock):
+        return node
+    block = orelse.body
+    if block.body or block.header.comment or any(
+        line.comment for line in (*orelse.leading_lines, *block.footer)
+    ):
+        return node
+    return node.with_changes(orelse=None)
 
 
 def _apply(

@@ -44,6 +44,15 @@ class VolatileVariable(LintRule):
             "x, y = Variable(x.cuda(), volatile=not train), Variable(y)\n",
             fixed="from torch.autograd import Variable\nx, y = x.cuda(), Variable(y)\n",
         ),
+        # An `else:` block left empty goes, rather than becoming `else: pass`.
+        Invalid(
+            "from torch.autograd import Variable\n"
+            "if use_gpu:\n"
+            "    x = Variable(x, volatile=True).cuda()\n"
+            "else:\n"
+            "    x = Variable(x, volatile=True)\n",
+            fixed="from torch.autograd import Variable\nif use_gpu:\n    x = x.cuda()\n",
+        ),
         Invalid(
             "import torch\nx = torch.zeros(3, volatile=True)\n",
             fixed="import torch\nx = torch.zeros(3)\n",
