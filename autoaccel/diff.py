@@ -170,17 +170,46 @@ def line_opcodes(before: str, after: str) -> tuple[tuple[str, int, int, int, int
 
 def original_line(history: list[tuple[str, str]], line: int) -> int:
     """Map a line of the last text in `history` (a chain of (before, after) texts)
-    back to the first; a line inside a rewritten block maps to the same relative
-    position in the old block."""
+    back to the first; a line inside a rewritten block maps to the old line it most
+    resembles (`label = label.cuda()` to `label = Variable(label).cuda()`, not to the
+    `else:` that went with the block's other lines), or to the same relative position."""
     for before, after in reversed(history):
         for tag, i1, i2, j1, j2 in line_opcodes(before, after):
             if j1 < line <= j2 or j1 == j2 == line - 1:
                 offset = line - j1 - 1
-                if tag != "equal":  # proportional position inside a rewritten block
+                if tag == "equal":
+                    line = i1 + offset + 1
+                else:
                     offset = min(max(i2 - i1 - 1, 0), offset * (i2 - i1) // max(j2 - j1, 1))
-                line = i1 + offset + 1
+                    line = _resembled(before, after, (i1, i2), line - 1, i1 + offset) + 1
                 break
     return line
+
+
+# A rewritten line resembles an old one when difflib's ratio of the two reaches this;
+# blocks longer than RESEMBLANCE_BLOCK lines are not searched (the ratio is quadratic).
+RESEMBLANCE = 0.6
+RESEMBLANCE_BLOCK = 40
+
+
+def _resembled(before: str, after: str, block: tuple[int, int], new: int, fallback: int) -> int:
+    """The line of `before` in `block` (0-based, end excluded) that line `new` of `after`
+    most resembles, the nearer to `fallback` on a tie; `fallback` when none does."""
+    start, end = block
+    rewritten = _lines(after)
+    if end - start > RESEMBLANCE_BLOCK or not start <= fallback < end or new >= len(rewritten):
+        return fallback
+    text, old = rewritten[new].strip(), _lines(before)
+    score, _, found = max(
+        (difflib.SequenceMatcher(None, old[i].strip(), text).ratio(), -abs(i - fallback), i)
+        for i in range(start, end)
+    )
+    return found if score >= RESEMBLANCE else fallback
+
+
+@lru_cache(maxsize=8)
+def _lines(text: str) -> list[str]:
+    return source_lines(text)
 
 
 def use_colour(stream: TextIO | None = None) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autoaccel.diff import LineMatcher
+from autoaccel.diff import LineMatcher, original_line
 
 ROOT = Path(__file__).resolve().parent.parent
 CONVERSIONS = sorted((ROOT / "tests" / "snapshots").glob("*.ddp.py"))
@@ -57,3 +57,48 @@ def test_line_matcher_opcodes_rebuild_the_new_lines() -> None:
     ]
     kept = sum(i2 - i1 for tag, i1, i2, _, _ in opcodes if tag == "equal")
     assert rebuilt == after and kept == len(before) - 1
+
+
+# -- lines reported in the original ------------------------------------------------------------
+BRANCHES = """\
+if use_gpu:
+    img = Variable(img).cuda()
+    label = Variable(label).cuda()
+else:
+    img = Variable(img)
+    label = Variable(label)
+out = model(img)
+"""
+UNWRAPPED = """\
+if use_gpu:
+    img = img.cuda()
+    label = label.cuda()
+out = model(img)
+"""
+
+
+@pytest.mark.parametrize(
+    "history, line, expected",
+    [
+        # A rewritten line maps to the old line it resembles, not to the `else:` that
+        # sits at its relative position in the block that shrank.
+        pytest.param([(BRANCHES, UNWRAPPED)], 3, 3, id="resembled-line"),
+        pytest.param([(BRANCHES, UNWRAPPED)], 4, 7, id="equal-line-after-the-block"),
+        # Inserted lines resemble nothing: the relative position.
+        pytest.param(
+            [("x = 1\ny = f(x)\n", "x = 1\nwith torch.autocast('cuda'):\n    y = f(x)\n")],
+            2,
+            2,
+            id="inserted-line",
+        ),
+        # Through two rewrites.
+        pytest.param(
+            [(BRANCHES, UNWRAPPED), (UNWRAPPED, UNWRAPPED.replace(".cuda()", ".cuda(non_blocking=True)"))],
+            3,
+            3,
+            id="chain",
+        ),
+    ],
+)
+def test_original_line(history, line, expected) -> None:
+    assert original_line(history, line) == expected
