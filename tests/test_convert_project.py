@@ -180,6 +180,21 @@ def test_same_folder_module_is_converted_with_the_script(tmp_path, capsys):
     assert 'if RANK == 0:\n    torch.save(model.state_dict(), "model.pt")' in (tmp_path / "train.py").read_text()
 
 
+def test_a_module_that_only_defines_the_model_is_read_not_rewritten(tmp_path, capsys):
+    """fixtures/ddp/imported_encoder.py: `encoders.py` holds a model class and no
+    training code. The one-file conversion took `Encoder()` for an unknown callable and
+    wrapped only the torch decoder (exit 0, the encoder's gradients never averaged)."""
+    ddp_fixtures = FIXTURES_DIR / "ddp"
+    for name in ("imported_encoder.py", "encoders.py"):
+        shutil.copy(ddp_fixtures / name, tmp_path / name)
+    assert command.run_convert(tmp_path / "imported_encoder.py", DDP, write=True) == 0
+    converted = (tmp_path / "imported_encoder.py").read_text()
+    assert "ddp_encoder = DDP(" in converted and "ddp_decoder = DDP(" in converted
+    assert "criterion(ddp_decoder(ddp_encoder(x)), y)" in converted
+    assert (tmp_path / "encoders.py").read_bytes() == (ddp_fixtures / "encoders.py").read_bytes()
+    assert "encoders.py" not in capsys.readouterr().out
+
+
 def test_what_cannot_be_done_in_a_module_refuses_with_its_file_and_line(tmp_path, capsys):
     """A loader that already has a sampler cannot be sharded: refused, with the line of
     the loader in trainlib.py, and nothing written."""

@@ -174,6 +174,7 @@ verified = runs_fixture(start_runs)
         "gan_samples.py",
         "frozen_teacher.py",
         "running_average.py",
+        "imported_encoder.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

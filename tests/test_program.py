@@ -127,6 +127,25 @@ def test_a_wrapper_rebinding_its_model_wraps_the_model_only():
     assert "model" in script.data_parallel
 
 
+def test_parameter_lists_joined_with_plus_train_both_models():
+    """hunkim's seq2seq: `Adam(list(encoder.parameters()) + list(decoder.parameters()))`.
+    A sum of numbers or tensors holds nothing the analysis tracks."""
+    script = model_of(
+        """
+        import torch
+        encoder = nn.Linear(4, 8)
+        decoder = nn.Linear(8, 2)
+        head = nn.Linear(2, 2)
+        params = list(encoder.parameters()) + list(decoder.parameters())
+        optimizer = torch.optim.Adam(params, lr=0.001)
+        joined = encoder + head
+        """
+    )
+    assert script.trained == {"encoder", "decoder"}
+    (joined,) = [n for n in find(script.module.tree, cst.Name) if n.value == "joined"]
+    assert script.values(joined) == frozenset()
+
+
 def test_methods_only_calling_each_other_see_the_module_as_it_ends():
     script = model_of(
         """

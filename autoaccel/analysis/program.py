@@ -569,6 +569,8 @@ class Program:
             return self._eval(node.left, module) | self._eval(node.right, module)  # type: ignore[attr-defined]
         if kind is cst.NamedExpr:
             return self._eval(node.value, module)  # type: ignore[attr-defined]
+        if kind is cst.BinaryOperation and isinstance(node.operator, cst.Add):  # type: ignore[attr-defined]
+            return self._concatenated(node, module)  # type: ignore[arg-type]
         if kind in _DISPLAYS:
             return {self.obj(Kind.CONTAINER, node, module)}
         if kind is cst.Subscript:
@@ -576,6 +578,13 @@ class Program:
         if kind is cst.SimpleString and is_device_string(node):  # type: ignore[arg-type]
             return {self.obj(Kind.DEVICE, node, module)}
         return set()
+
+    def _concatenated(self, node: cst.BinaryOperation, module: SourceModule) -> set[Obj]:
+        """`list(encoder.parameters()) + list(decoder.parameters())`: a sequence that
+        holds what both sides hold (only sequences and parameters: `+` of anything else
+        makes a value the analysis does not track)."""
+        both = self._eval(node.left, module) | self._eval(node.right, module)
+        return {obj for obj in both if obj.kind in (Kind.CONTAINER, Kind.PARAMETERS)}
 
     def _name(self, node: cst.Name, module: SourceModule) -> set[Obj]:
         imported = self._imported(node, module)

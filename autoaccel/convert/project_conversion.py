@@ -81,10 +81,12 @@ class ProjectConversion:
 
 
 def find_project(script: Path, source: SourceFile) -> Project | None:
-    """The files of `script`'s project that hold training code (a training step loop,
-    or a DataLoader that one reads) besides the script itself; None when there are none
-    (a one-file conversion). Raises `SourceError` when the script does not parse, `ConversionError`
-    when nothing trains and a module of the project could not be read."""
+    """`script` with the modules of its project it imports: those that hold training
+    code (a training step loop, or a DataLoader that one reads) are converted with it,
+    the others are read as they are (a model class defined there is a model). None when
+    it imports none (a one-file conversion). Raises `SourceError` when the script does
+    not parse, `ConversionError` when nothing trains and a module of the project could
+    not be read."""
     tree = parse(source.text)
     loaded = load_project(script, tree)
     if not loaded.modules:
@@ -101,8 +103,6 @@ def find_project(script: Path, source: SourceFile) -> Project | None:
             " runs may be there, so nothing is converted"
         )
     rewritten = [m for m in loaded.modules.values() if m in holding and m.path is not None]
-    if not rewritten:
-        return None
     files = [ProjectFile(SCRIPT, script, "", source)]
     for module in rewritten:
         path = _beside(script, Path(module.path))  # type: ignore[arg-type]
