@@ -324,6 +324,30 @@ def test_a_model_no_optimizer_trains_is_wrapped_only_with_trainable_parameters()
     assert "soft = F.softmax(ddp_teacher(x) / 2.0, dim=1)" in code
 
 
+@pytest.mark.parametrize(
+    "shown, refused",
+    [
+        ("print(generate(decoder, 3))", False),
+        # Its result is used on every rank: the wrapper would have to reach it.
+        ("samples = generate(decoder, 3)\n                print(samples)", True),
+    ],
+    ids=["only-printed", "result-kept"],
+)
+def test_a_function_whose_result_is_only_printed_keeps_the_bare_model(shown, refused):
+    """fixtures/ddp/printed_samples.py (hunkim's char-RNN): `generate()` calls
+    `decoder.init_hidden()`, which a DDP wrapper lacks, so it cannot receive one."""
+    source = (Path(__file__).resolve().parent.parent / "fixtures/ddp/printed_samples.py").read_text()
+    source = source.replace("print(generate(decoder, 3, 8))", shown.replace("3)", "3, 8)"))
+    conversion = convert_source(source, DDP, "printed_samples.py")
+    wrong = [item.what for item in conversion.log.skipped if item.wrong]
+    assert wrong == (["DistributedDataParallel"] if refused else [])
+    if not refused:
+        code = conversion.converted
+        assert "output, hidden = ddp_decoder(sequence[:, c], hidden)" in code
+        assert "def generate(decoder, start, length):\n    hidden = decoder.init_hidden(1)" in code
+        assert "print(generate(decoder, 3, 8))" in code
+
+
 def test_model_passed_to_a_training_function_is_passed_wrapped():
     code, _ = run_step(
         WrapModel,

@@ -175,6 +175,7 @@ verified = runs_fixture(start_runs)
         "frozen_teacher.py",
         "running_average.py",
         "imported_encoder.py",
+        "printed_samples.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.shapes import find, is_name, name_calls
+from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
+from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     LOCAL_RANK,
@@ -83,6 +84,8 @@ class WrapModel(DistributedStep):
             if self._route(model, call, attempt):
                 plan = attempt
                 through_wrapper = through_wrapper or own_name
+            elif self._only_printed(call):
+                continue  # rank 0 alone runs it on the bare model: no process waits
             elif own_name or not through_wrapper:
                 self.skipped(
                     "DistributedDataParallel",
@@ -128,6 +131,20 @@ class WrapModel(DistributedStep):
             plan[call] = ddp_name(model.key)
             return True
         return name is not None and self._route_through(model, function, name, plan, {})
+
+    def _only_printed(self, call: cst.Call) -> bool:
+        """Whether `call` runs in a function that runs no backward pass and whose result
+        is only printed (hunkim's char-RNN prints `generate(decoder, ...)`, which calls
+        `decoder.init_hidden()`, every 100 steps): only rank 0 prints, and a forward of
+        the bare model there needs no other process."""
+        function = self.scope_of(call)
+        if function is None or any(is_method_call(c, "backward") for c in find(function, cst.Call)):
+            return False
+        sites = name_calls(self.tree, function.name.value)
+        return bool(sites) and all(
+            any(isinstance(a, cst.Call) and self.qualified_names(a.func) & PRINTS for a in self.ancestors(site))
+            for site in sites
+        )
 
     def _holds(self, model: TrainedModel, function: cst.FunctionDef | None) -> bool:
         """Whether code of `function` sees the model itself under `model.key`."""
