@@ -348,6 +348,31 @@ def test_a_function_whose_result_is_only_printed_keeps_the_bare_model(shown, ref
         assert "print(generate(decoder, 3, 8))" in code
 
 
+def test_a_printed_function_reading_the_global_model_keeps_it_bare():
+    """hunkim's seq2seq prints `translate()`, which runs the global encoder and decoder:
+    through the wrappers it ran a DDP forward on rank 0 alone, never computed before the
+    print (it is given no model)."""
+    code, log = run_step(
+        WrapModel,
+        """\
+        def translate(x):
+            return model(x).argmax()
+
+
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            print(translate(x))
+        """,
+    )
+    assert "    return model(x).argmax()\n" in code
+    assert "loss = criterion(ddp_model(x), y)" in code
+    assert not [item for item in log.skipped if item.wrong]
+
+
 def test_model_passed_to_a_training_function_is_passed_wrapped():
     code, _ = run_step(
         WrapModel,
@@ -1026,6 +1051,40 @@ def test_a_dataset_size_without_a_readable_loader_stays():
         """
     code, log = run_step(PrintShardSizes, body)
     assert (code, log.changes) == (dedent(body), [])
+
+
+def test_functions_that_run_the_global_model_are_found_through_their_calls():
+    """fixtures/ddp/printed_translation.py runs both ways; here, which functions count:
+    those that run the module's `model` themselves or through another function, not
+    those whose own parameter or variable has the name."""
+    from autoaccel.convert.transforms.distributed.compute_before_printing import model_runners
+
+    module = cst.parse_module(
+        dedent(
+            """\
+            def translate(x):
+                return model(x).argmax()
+
+
+            def report(x):
+                return str(translate(x))
+
+
+            def evaluate(model, x):
+                return model(x)
+
+
+            def rebuild(x):
+                model = make()
+                return model(x)
+
+
+            def count(x):
+                return len(x)
+            """
+        )
+    )
+    assert model_runners(module, {"model"}) == {"translate", "report"}
 
 
 # -- random numbers per process --------------------------------------------------------------

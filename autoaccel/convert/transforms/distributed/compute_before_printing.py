@@ -42,6 +42,7 @@ class ComputeBeforePrinting(DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         self.hoisted: dict[cst.Call, cst.Name] = {}
         models, functions = self.models(node), script_functions(node)
+        runners = model_runners(node, models, self.collectives)
         bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         for call in find(node, cst.Call):
             if not self.qualified_names(call.func) & PRINTS or rank_guarded(
@@ -52,7 +53,7 @@ class ComputeBeforePrinting(DistributedStep):
             inner = [
                 c
                 for c in find(call, cst.Call)
-                if c is not call and runs_model(c, models, functions, self.collectives)
+                if c is not call and runs_model(c, models, functions, self.collectives, runners)
             ]
             outermost = [
                 c
@@ -81,18 +82,45 @@ def script_functions(module: cst.Module) -> set[str]:
 
 
 def runs_model(
-    call: cst.Call, models: set[str], functions: set[str], collectives: tuple[str, ...] = ()
+    call: cst.Call,
+    models: set[str],
+    functions: set[str],
+    collectives: tuple[str, ...] = (),
+    runners: set[str] | frozenset[str] = frozenset(),
 ) -> bool:
     """Whether `call` needs every process: a forward pass of one of `models` (`model(x)`,
     `model.generate(x)`), a function of the script given one (`evaluate(model, loader)`),
-    or one of the `collectives`."""
+    one of the `runners` (see `model_runners`), or one of the `collectives`."""
     func = call.func
     if name_key(func) in models or (collectives and is_name(func, *collectives)):
         return True
     if isinstance(func, cst.Attribute) and name_key(func.value) in models:
         return func.attr.value not in _LOCAL_METHODS
     callee = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-    return callee in functions and any(name_key(arg.value) in models for arg in call.args)
+    return callee in runners or (
+        callee in functions and any(name_key(arg.value) in models for arg in call.args)
+    )
+
+
+def model_runners(module: cst.Module, models: set[str], collectives: tuple[str, ...] = ()) -> set[str]:
+    """Names of the script's functions that run one of `models` under a name they read
+    from the module (hunkim's `translate()` runs the global `encoder` and `decoder`), or
+    call such a function, directly or through others. A function that binds the name
+    itself (a parameter, an assignment) runs its own model."""
+    functions = find(module, cst.FunctionDef)
+    runners: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for function in functions:
+            if function.name.value in runners:
+                continue
+            targets = {name_key(target.target) for target in find(function, cst.AssignTarget)}
+            read = models - targets - {param.name.value for param in find(function, cst.Param)}
+            if any(runs_model(call, read, set(), collectives, runners) for call in find(function, cst.Call)):
+                runners.add(function.name.value)
+                grew = True
+    return runners
 
 
 def _callee(call: cst.Call) -> str:

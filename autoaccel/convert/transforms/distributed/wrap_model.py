@@ -79,13 +79,13 @@ class WrapModel(DistributedStep):
         plan: dict[cst.CSTNode, str] = {}
         through_wrapper = False
         for call in forwards:
+            if self._only_printed(call):
+                continue  # rank 0 alone runs it, on the bare model: no process waits
             attempt = dict(plan)  # a route that fails half-way leaves no rewrite behind
             own_name = name_key(call.func) == model.key
             if self._route(model, call, attempt):
                 plan = attempt
                 through_wrapper = through_wrapper or own_name
-            elif self._only_printed(call):
-                continue  # rank 0 alone runs it on the bare model: no process waits
             elif own_name or not through_wrapper:
                 self.skipped(
                     "DistributedDataParallel",

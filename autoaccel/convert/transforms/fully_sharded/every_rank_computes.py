@@ -14,6 +14,7 @@ from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import DistributedStep
 from autoaccel.convert.transforms.distributed.compute_before_printing import (
+    model_runners,
     runs_model,
     script_functions,
 )
@@ -27,8 +28,9 @@ class EveryRankComputes(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         sharded, functions = sharded_models(node, self.script), script_functions(node)
+        runners = model_runners(node, sharded, COLLECTIVES)
         for call in find(node, cst.Call):
-            if runs_model(call, sharded, functions, COLLECTIVES) and rank_guarded(
+            if runs_model(call, sharded, functions, COLLECTIVES, runners) and rank_guarded(
                 call, self.ancestors(call)
             ):
                 self.skipped(

@@ -10,6 +10,7 @@ import libcst as cst
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed import GuardRankZero
 from autoaccel.convert.transforms.distributed.compute_before_printing import (
+    model_runners,
     runs_model,
     script_functions,
 )
@@ -22,6 +23,7 @@ class GuardRankZeroGathering(GuardRankZero):
 
     def runs_on_every_rank(self, module: cst.Module, function: cst.FunctionDef) -> bool:
         sharded, functions = sharded_models(module, self.script), script_functions(module)
+        runners = model_runners(module, sharded)
         return super().runs_on_every_rank(module, function) or any(
-            runs_model(call, sharded, functions) for call in find(function, cst.Call)
+            runs_model(call, sharded, functions, (), runners) for call in find(function, cst.Call)
         )
