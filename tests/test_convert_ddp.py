@@ -1404,6 +1404,32 @@ def test_other_evaluations_stay_on_the_whole_set(edit):
     assert (code, log.changes) == (body, [])
 
 
+TWO_SETS = EVALUATE.replace(
+    "test_loader = DataLoader(test_set, batch_size=64)\n",
+    "dev_loader = DataLoader(dev_set, batch_size=64)\ntest_loader = DataLoader(test_set, batch_size=64)\n",
+).replace(
+    "    test_loss, correct = test(model, test_loader)\n",
+    "    dev_loss, dev_correct = test(model, dev_loader)\n    test_loss, correct = test(model, test_loader)\n",
+)
+
+
+def test_one_evaluation_of_two_sets_adds_up_once():
+    """Shawn1993's cnn-text-classification evaluates its dev and test sets with one
+    `eval()`: one all-reduce after its loop, not one per set."""
+    code, log = run_step(ShardEvaluation, TWO_SETS)
+    assert code.count("= all_reduce_sums(test_loss, correct)") == 1
+    assert code.count("sampler=range(RANK, len(") == 2
+    assert len(log.changes) == 1
+
+
+def test_an_evaluation_of_a_set_that_cannot_be_shared_adds_up_none():
+    """The shuffled dev set keeps its whole set: the sums of `test()` over it must not be
+    added up over the processes, so the test set stays whole too."""
+    body = TWO_SETS.replace("DataLoader(dev_set, batch_size=64)", "DataLoader(dev_set, batch_size=64, shuffle=True)")
+    code, log = run_step(ShardEvaluation, body)
+    assert (code, log.changes) == (body, [])
+
+
 def test_a_printed_size_follows_the_loader_it_reads_not_its_spelling():
     """`loader` is the sharded training loader at module level and, as a parameter of
     `evaluate`, the whole evaluation set: only the module-level print changes."""

@@ -195,6 +195,55 @@ def test_a_module_that_only_defines_the_model_is_read_not_rewritten(tmp_path, ca
     assert "encoders.py" not in capsys.readouterr().out
 
 
+EVALUATION_MODULE = """\
+import torch
+import torch.nn.functional as F
+
+
+def train(loader, dev_loader, model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return evaluate(dev_loader, model)
+
+
+def evaluate(loader, model):
+    total_loss, total = 0.0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            total_loss += F.cross_entropy(model(x), y, reduction="sum").item()
+            total += y.size(0)
+    return total_loss / total
+"""
+EVALUATING_SCRIPT = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainer
+
+train_set = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+dev_set = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+loader = DataLoader(train_set, batch_size=8, shuffle=True)
+dev_loader = DataLoader(dev_set, batch_size=8)
+print(trainer.train(loader, dev_loader, nn.Linear(4, 2)))
+"""
+
+
+def test_an_evaluation_in_a_module_of_a_loader_built_in_the_script_stays_whole(tmp_path, capsys):
+    """Shawn1993's cnn-text-classification: `eval()` in train.py, its loaders built in
+    main.py. The sums were added up in train.py while main.py's loader kept its whole
+    set (every process summed all of it), and each conversion added them up once more:
+    an internal error. A loader and its evaluation in two files stay whole."""
+    write_project(tmp_path, {"trainer.py": EVALUATION_MODULE, "train.py": EVALUATING_SCRIPT})
+    assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 0
+    assert "all_reduce_sums" not in (tmp_path / "trainer.py").read_text()
+    assert "sampler=range(" not in (tmp_path / "train.py").read_text()
+
+
 def test_what_cannot_be_done_in_a_module_refuses_with_its_file_and_line(tmp_path, capsys):
     """A loader that already has a sampler cannot be sharded: refused, with the line of
     the loader in trainlib.py, and nothing written."""

@@ -59,32 +59,70 @@ class ShardEvaluation(DistributedStep):
             for loader in step.loaders:
                 if isinstance(loader.node, cst.Call):
                     by_loader.setdefault(loader.node, []).append(step)
-        for call, steps in by_loader.items():
-            if any(step.module is not self.script.module for step in steps):
-                continue
-            sums = [self._sums(step, reductions, writers) for step in steps]
-            dataset = name_key(call.args[0].value) if call.args and not call.args[0].keyword else None
-            if any(s is None for s in sums) or dataset is None or not self._may_take_sampler(call):
-                continue
+        sums = {step: self._sums(step, reductions, writers) for steps in by_loader.values() for step in steps}
+        shardable = self._shardable(by_loader, sums)
+        sharded = [call for call in by_loader if call in shardable]  # in the order of the loops
+        for call in sharded:
+            dataset = name_key(call.args[0].value)
             self.samplers[call] = f"range({RANK}, len({dataset}), {WORLD_SIZE}) if {DISTRIBUTED} else None"
-            for step, names in zip(steps, sums):
-                statement = self.statement_of(step.node)
-                names_code = ", ".join(names)  # type: ignore[arg-type]
-                targets = f"({names_code},)" if len(names) == 1 else names_code  # type: ignore[arg-type]
-                self.after.setdefault(statement, []).extend(
-                    parse_statements(
-                        f"if {DISTRIBUTED}:  # each process evaluated its share: add up\n"
-                        f"    {targets} = {HELPER}({names_code})\n"
-                    )
-                )
-                self.changed(
-                    step.node,
-                    f"evaluation on a share of the set per process; its sums ({names_code}) added"
-                    f" up over the processes with `{HELPER}()`: the original's numbers",
-                )
+        for step in dict.fromkeys(step for call in sharded for step in by_loader[call]):
+            self._add_up(step, sums[step])  # type: ignore[arg-type]
         if self.samplers:
             self.define_helper(node, HELPER, _HELPER_CODE)
             self.imports.append("import torch.distributed as dist")
+
+    def _shardable(
+        self, by_loader: dict[cst.Call, list[StepLoop]], sums: dict[StepLoop, list[str] | None]
+    ) -> set[cst.Call]:
+        """The loaders that read a share per process. An evaluation adds up its sums only
+        if every loader it reads is sharded, so a loader that shares an evaluation with
+        one that cannot be sharded keeps its whole set too."""
+        sharded = {call for call, steps in by_loader.items() if self._may_shard(call, steps, sums)}
+        while True:
+            whole = {
+                call
+                for call in sharded
+                for step in by_loader[call]
+                if not all(loader.node in sharded for loader in step.loaders)
+            }
+            if not whole:
+                return sharded
+            sharded -= whole
+
+    def _add_up(self, step: StepLoop, names: list[str]) -> None:
+        """All-reduce the sums `names` of the evaluation `step` right after its loop."""
+        names_code = ", ".join(names)
+        targets = f"({names_code},)" if len(names) == 1 else names_code
+        self.after.setdefault(self.statement_of(step.node), []).extend(
+            parse_statements(
+                f"if {DISTRIBUTED}:  # each process evaluated its share: add up\n"
+                f"    {targets} = {HELPER}({names_code})\n"
+            )
+        )
+        self.changed(
+            step.node,
+            f"evaluation on a share of the set per process; its sums ({names_code}) added"
+            f" up over the processes with `{HELPER}()`: the original's numbers",
+        )
+
+    def _may_shard(
+        self, call: cst.Call, steps: list[StepLoop], sums: dict[StepLoop, list[str] | None]
+    ) -> bool:
+        """Whether the DataLoader `call` may read a share of its set on each process: it
+        and the evaluations that read it are code of this module (a loader built in
+        another module would keep its whole set while the sums are added up), each
+        evaluation only sums, and the loader has a named dataset, no sampler, no shuffle."""
+        program = self.script.program
+        assert program is not None
+        here = self.script.module
+        return (
+            program.module_of.get(call) is here
+            and all(step.module is here and sums[step] is not None for step in steps)
+            and bool(call.args)
+            and not call.args[0].keyword
+            and name_key(call.args[0].value) is not None
+            and self._may_take_sampler(call)
+        )
 
     def _sums(
         self, step: StepLoop, reductions: LossReductions, writers: set[cst.FunctionDef]
