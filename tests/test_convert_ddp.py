@@ -397,6 +397,50 @@ def test_model_passed_to_a_training_function_is_passed_wrapped():
     assert "test(model, loader)" in code
 
 
+RECEIVES = """\
+def save(net, path):
+    torch.save(net.state_dict(), path)
+
+
+def evaluate(net, x):
+    return net(x).sum().item()
+
+
+def train(model, loader, optimizer):
+    for x, y in loader:
+        F.nll_loss(model(x), y).backward()
+        optimizer.step()
+    {use}
+
+
+def main():
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(3):
+        train(model, loader, optimizer)
+"""
+
+
+@pytest.mark.parametrize(
+    "use, refused",
+    [
+        ("score = evaluate(model, x)", False),  # a forward: the same through the wrapper
+        ("save(model, 'model.pt')", True),  # the checkpoint's keys would gain `module.`
+        ("names = [n for n, _ in model.named_parameters() if n == 'fc.weight']", True),
+        ("return model", True),  # the caller would hold the wrapper
+    ],
+    ids=["forward-helper", "saving-helper", "parameter-names", "returned"],
+)
+def test_a_training_function_receives_the_wrapper_only_if_it_works_alike(use, refused):
+    """Shawn1993's train() passed the model it received to save() (`state_dict()`) and
+    compared `named_parameters()` names: given the wrapper, the checkpoint keys and
+    the names gain a `module.` prefix (a max-norm constraint then matched nothing)."""
+    code, log = run_step(WrapModel, RECEIVES.replace("{use}", use))
+    wrong = [item.what for item in log.skipped if item.wrong]
+    assert wrong == (["DistributedDataParallel"] if refused else [])
+    assert ("train(ddp_model, loader, optimizer)" in code) is not refused
+
+
 def test_model_of_a_trainer_class_is_wrapped_in_init():
     code, _ = run_step(
         WrapModel,

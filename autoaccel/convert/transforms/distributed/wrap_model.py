@@ -25,10 +25,9 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 
 DDP_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
-# What a training function may do with a model it receives, once that is a DDP wrapper.
-_DDP_METHODS = frozenset(
-    {"train", "eval", "zero_grad", "parameters", "named_parameters", "no_sync", "forward"}
-)
+# What a training function may do with a model it receives, once that is a DDP wrapper
+# (not `named_parameters()` nor `state_dict()`: their names gain a `module.` prefix).
+_DDP_METHODS = frozenset({"train", "eval", "zero_grad", "parameters", "no_sync", "forward"})
 
 
 class WrapModel(DistributedStep):
@@ -82,6 +81,7 @@ class WrapModel(DistributedStep):
             if self._only_printed(call):
                 continue  # rank 0 alone runs it, on the bare model: no process waits
             attempt = dict(plan)  # a route that fails half-way leaves no rewrite behind
+            self.obstacle: cst.CSTNode | None = None  # why a function cannot take the wrapper
             own_name = name_key(call.func) == model.key
             if self._route(model, call, attempt):
                 plan = attempt
@@ -89,10 +89,10 @@ class WrapModel(DistributedStep):
             elif own_name or not through_wrapper:
                 self.skipped(
                     "DistributedDataParallel",
-                    f"this forward pass cannot be routed to a DDP wrapper of `{model.key}`, so"
-                    f" `{model.key}` is not wrapped; build `{ddp_name(model.key)} ="
-                    f" DDP({model.key}, ...)` once `{model.key}` is on its device and call it"
-                    " here by hand",
+                    f"this forward pass cannot be routed to a DDP wrapper of `{model.key}`"
+                    f"{self._obstacle_note()}, so `{model.key}` is not wrapped; build"
+                    f" `{ddp_name(model.key)} = DDP({model.key}, ...)` once `{model.key}` is on"
+                    " its device and call it here by hand",
                     call,
                     wrong=True,
                 )
@@ -170,7 +170,7 @@ class WrapModel(DistributedStep):
         if function in routed:
             return routed[function]  # type: ignore[index]
         params = parameters_of(function)
-        if function is None or name not in params or not _uses_like_ddp(function, name):
+        if function is None or name not in params or not self._takes_wrapper(function, name, set()):
             return False
         routed[function] = False
         index = params.index(name)
@@ -189,6 +189,59 @@ class WrapModel(DistributedStep):
                 return False
         routed[function] = bool(sites)
         return routed[function]
+
+    def _takes_wrapper(self, function: cst.FunctionDef, key: str, seen: set[cst.FunctionDef]) -> bool:
+        """Whether `function` works alike given a DDP wrapper as its parameter `key`: it
+        calls it, calls the methods DDP forwards, and passes it on only to functions of
+        the script that do the same. Anything else (`save(model, path)` writing
+        `model.state_dict()`, `name == "fc.weight"` over `named_parameters()`, `return
+        model`) would see the wrapper's `module.` prefix."""
+        seen.add(function)
+        for read in find(function.body, cst.Name):
+            if read.value != key:
+                continue
+            parent = self.parent(read)
+            if isinstance(parent, cst.Call) and parent.func is read:
+                continue  # the forward pass
+            if isinstance(parent, cst.Attribute) and (
+                parent.attr is read or parent.attr.value in _DDP_METHODS
+            ):
+                continue
+            if isinstance(parent, cst.Arg) and parent.keyword is read:
+                continue
+            if not (isinstance(parent, cst.Arg) and self._passed_to_taker(parent, seen)):
+                self.obstacle = self.obstacle or self.statement_of(read)
+                return False
+        return True
+
+    def _obstacle_note(self) -> str:
+        """Why the wrapper could not be passed on, from the last `_takes_wrapper`."""
+        if self.obstacle is None:
+            return ""
+        code = cst.Module([]).code_for_node(self.obstacle).strip().splitlines()[0]
+        return (
+            f" (the function it would be passed to also runs `{code}`, where a DDP wrapper"
+            " differs: its `state_dict()` and parameter names gain a `module.` prefix)"
+        )
+
+    def _passed_to_taker(self, arg: cst.Arg, seen: set[cst.FunctionDef]) -> bool:
+        """Whether the function of the script that `arg` is passed to takes a wrapper
+        for that parameter (see `_takes_wrapper`)."""
+        call = self.parent(arg)
+        if not isinstance(call, cst.Call) or arg.star:
+            return False
+        functions = [f for f in find(self.tree, cst.FunctionDef) if is_name(call.func, f.name.value)]
+        if len(functions) != 1:
+            return False
+        params = parameters_of(functions[0])
+        positional = [a for a in call.args if a.keyword is None]
+        if arg.keyword is not None:
+            param = arg.keyword.value
+        elif positional.index(arg) < len(params):
+            param = params[positional.index(arg)]
+        else:
+            return False
+        return functions[0] in seen or self._takes_wrapper(functions[0], param, seen)
 
     def edited(self) -> list[cst.CSTNode]:
         return [*self.planned_statements(), *self.rewrites]
@@ -215,7 +268,3 @@ def _binds(function: cst.FunctionDef | None, key: str) -> bool:
     )
 
 
-def _uses_like_ddp(function: cst.FunctionDef, key: str) -> bool:
-    """Whether `function` only calls its parameter `key` or DDP-forwarded methods of it."""
-    uses = [a for a in find(function.body, cst.Attribute) if is_name(a.value, key)]
-    return all(a.attr.value in _DDP_METHODS for a in uses)
