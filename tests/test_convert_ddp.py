@@ -27,6 +27,7 @@ from autoaccel.convert.transforms.distributed import (
     InitProcessGroup,
     LaunchCommands,
     LoadOnEveryRank,
+    LogOnRankZero,
     NoSyncAccumulation,
     PrintShardSizes,
     ReplaceDataParallel,
@@ -1129,6 +1130,34 @@ def test_functions_that_run_the_global_model_are_found_through_their_calls():
         )
     )
     assert model_runners(module, {"model"}) == {"translate", "report"}
+
+
+# -- TensorBoard logs ----------------------------------------------------------------------------
+def test_tensorboard_writers_are_made_on_rank_zero_only():
+    """pytorch-vqvae logs from `train(..., writer)`: every process wrote its own event
+    file into the one folder. The other ranks get a writer that does nothing, so every
+    call that logs (wherever the writer is passed) stays as it is."""
+    body = """\
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter("./logs")
+        train(loader, model, writer)
+        with SummaryWriter("./logs/final") as final:
+            final.add_text("done", "yes")
+        SummaryWriter("./logs/x").flush()
+        if RANK == 0:
+            kept = SummaryWriter("./logs/y")
+        """
+    code, log = run_step(LogOnRankZero, body)
+    assert code.startswith("class NoWriter:\n")
+    assert 'writer = SummaryWriter("./logs") if RANK == 0 else NoWriter()\n' in code
+    assert 'with (SummaryWriter("./logs/final") if RANK == 0 else NoWriter()) as final:\n' in code
+    assert '(SummaryWriter("./logs/x") if RANK == 0 else NoWriter()).flush()\n' in code
+    assert '    kept = SummaryWriter("./logs/y")\n' in code
+    assert len(log.changes) == 3
+    namespace: dict = {}
+    exec(code[: code.index("\n\n\n")], namespace)
+    with namespace["NoWriter"]() as quiet:
+        assert quiet.add_scalar("loss", 1.0, 0) is None
 
 
 # -- random numbers per process --------------------------------------------------------------

@@ -8,7 +8,7 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from autoaccel.analysis.shapes import is_false, is_true
-from autoaccel.cst_edit import bound_name, code_of
+from autoaccel.cst_edit import as_receiver, bound_name, code_of, replacing
 from autoaccel.lint.rule import Invalid, LintRule
 
 VARIABLE = ("torch.autograd.Variable",)
@@ -45,61 +45,6 @@ def parse_variable_call(call: cst.Call) -> VariableCall | None:
     if "data" not in values:
         return None  # `Variable()` makes an empty tensor
     return VariableCall(values["data"], values.get("requires_grad"), values.get("volatile"))
-
-
-# Expressions that bind tighter than any operator: they can stand anywhere.
-_ATOMS = (
-    cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.BaseNumber, cst.BaseString,
-    cst.List, cst.Tuple, cst.Dict, cst.Set, cst.ListComp, cst.SetComp, cst.DictComp,
-    cst.GeneratorExp,
-)  # fmt: skip
-# Places where any expression can stand without parentheses.
-_OPEN_CONTEXTS = (
-    cst.Arg, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Return, cst.Element,
-    cst.Expr, cst.DictElement,
-)  # fmt: skip
-
-
-def _breaks_line_outside_brackets(node: cst.BaseExpression) -> bool:
-    """Whether the expression needs enclosing brackets because it spans lines."""
-    if node.lpar:
-        return False
-    if isinstance(node, cst.Call):
-        return _breaks_line_outside_brackets(node.func) or "\n" in code_of(node.whitespace_after_func)
-    if isinstance(node, cst.Subscript):
-        return _breaks_line_outside_brackets(node.value) or "\n" in code_of(
-            node.whitespace_after_value
-        )
-    if isinstance(node, cst.Attribute):
-        return _breaks_line_outside_brackets(node.value) or "\n" in code_of(node.dot)
-    if isinstance(node, (cst.List, cst.Tuple, cst.Dict, cst.Set, cst.ListComp, cst.SetComp,
-                         cst.DictComp, cst.GeneratorExp)):  # fmt: skip
-        return False
-    return "\n" in code_of(node)
-
-
-def parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
-    if node.lpar:
-        return node
-    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-
-
-def as_receiver(node: cst.BaseExpression) -> cst.BaseExpression:
-    """`node` ready to have `.method()` appended: `a + b` -> `(a + b)`."""
-    if isinstance(node, _ATOMS) and not _breaks_line_outside_brackets(node):
-        return node
-    return parenthesized(node)
-
-
-def replacing(call: cst.Call, parent: cst.CSTNode | None, node: cst.BaseExpression):
-    """`node` written where `call` stood, with parentheses only where needed."""
-    if call.lpar:
-        return node.with_changes(lpar=call.lpar, rpar=call.rpar)
-    if _breaks_line_outside_brackets(node):
-        return parenthesized(node)
-    if isinstance(node, _ATOMS) or isinstance(parent, _OPEN_CONTEXTS):
-        return node
-    return parenthesized(node)
 
 
 @dataclass(frozen=True)

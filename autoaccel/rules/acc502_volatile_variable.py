@@ -6,12 +6,11 @@ import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
 from autoaccel.analysis.shapes import is_false
-from autoaccel.cst_edit import remove_keyword
+from autoaccel.cst_edit import remove_keyword, replacing
 from autoaccel.lint.rule import Invalid, LintRule
 from autoaccel.rules.acc501_variable_wrapper import (
     VARIABLE,
     parse_variable_call,
-    replacing,
     self_assignment,
     statement_removal,
 )

@@ -8,8 +8,8 @@ from autoaccel.analysis.losses import is_functional_loss, is_loss_module
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import Missing, Unknown
 from autoaccel.analysis.shapes import BindingVisitor, is_attribute, is_method_call
+from autoaccel.cst_edit import as_receiver
 from autoaccel.lint.rule import Invalid, LintRule
-from autoaccel.rules.acc501_variable_wrapper import as_receiver
 
 _SCALAR_REDUCTIONS = ("mean", "sum", "batchmean")
 # `x.mean()` / `x.sum()` without arguments reduce to a 0-dim tensor.

@@ -13,6 +13,7 @@ from autoaccel.convert.transforms.distributed.guard_rank_zero import GuardRankZe
 from autoaccel.convert.transforms.distributed.init_process_group import InitProcessGroup
 from autoaccel.convert.transforms.distributed.launch_commands import LaunchCommands
 from autoaccel.convert.transforms.distributed.load_on_every_rank import LoadOnEveryRank
+from autoaccel.convert.transforms.distributed.log_on_rank_zero import LogOnRankZero
 from autoaccel.convert.transforms.distributed.migrate_horovod import MigrateHorovod
 from autoaccel.convert.transforms.distributed.migrate_launch import MigrateLaunch
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
@@ -50,6 +51,7 @@ DDP_STEPS = [
     StopTogether,
     ScaleSummedLoss,
     GuardRankZero,
+    LogOnRankZero,
     LoadOnEveryRank,
     DestroyProcessGroup,
     LaunchCommands,
