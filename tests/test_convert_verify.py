@@ -191,14 +191,13 @@ def test_each_ddp_fixture_converts_and_verifies(name, verified):
 
 
 @pytest.mark.runs
-@pytest.mark.parametrize("name", ["printed_samples.py", "printed_translation.py"])
-def test_a_printed_forward_of_a_sharded_model_runs_on_every_process(name, tmp_path):
+def test_a_printed_forward_of_a_sharded_model_runs_on_every_process(tmp_path):
     """Under FSDP a forward gathers the parameters from every process: the printed
-    `generate(decoder, ...)` (given the model) and `translate(x)` (reading the global
-    model) are computed on every process before the rank-0 print. Before, `translate()`
-    ran on rank 0 alone and both processes aborted."""
-    proc = _convert(str(DDP_FIXTURES / name), "--to", "fsdp", "--amp", "off", "--verify",
-                    "--verify-steps", "12", "-o", "fsdp.py", cwd=tmp_path)  # fmt: skip
+    `translate(x)`, which reads the global model, is computed on every process before
+    the rank-0 print. Before, it ran on rank 0 alone and both processes aborted."""
+    fixture = str(DDP_FIXTURES / "printed_translation.py")
+    proc = _convert(fixture, "--to", "fsdp", "--amp", "off", "--verify", "--verify-steps", "12",
+                    "-o", "fsdp.py", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "computed on every process before the rank-0 print" in proc.stdout
     assert "--verify FAIL" not in proc.stderr and (tmp_path / "fsdp.py").exists()
