@@ -349,6 +349,55 @@ def test_a_function_whose_result_is_only_printed_keeps_the_bare_model(shown, ref
         assert "print(generate(decoder, 3, 8))" in code
 
 
+SAMPLES = """\
+def generate(model, idx, steps):
+    block_size = model.get_block_size()
+    for _ in range(steps):
+        logits = model(idx[:, -block_size:])
+        logits[logits < 0] = 0
+        idx = torch.cat([idx, logits.argmax(-1)[:, -1:]], dim=1)
+    return idx
+
+
+def print_samples(num):
+    samples, shown = generate(model, start, 8), []
+    {store}
+    print(samples)
+
+
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    if step % 200 == 0:
+        print_samples(num=10)
+"""
+
+
+@pytest.mark.parametrize(
+    "store, refused",
+    [
+        ("shown.append(samples)", False),
+        ("history[step] = samples", True),  # kept beyond the function: it may train
+        ("self.samples = samples", True),
+    ],
+    ids=["local", "global-item", "attribute"],
+)
+def test_a_sampling_function_keeps_the_bare_model_unless_it_keeps_its_result(store, refused):
+    """makemore's print_samples() (a statement of its own) calls generate(model, ...),
+    which calls `model.get_block_size()`: no backward pass can follow, so the bare
+    model serves, with its own methods. A result stored beyond the function may train."""
+    code, log = run_step(WrapModel, SAMPLES.replace("{store}", store))
+    wrong = [item.what for item in log.skipped if item.wrong]
+    assert wrong == (["DistributedDataParallel"] if refused else [])
+    if not refused:
+        assert "    block_size = model.get_block_size()\n" in code
+        assert "        logits = model(idx[:, -block_size:])\n" in code
+        assert "    loss = criterion(ddp_model(x), y)\n" in code
+
+
 def test_a_printed_function_reading_the_global_model_keeps_it_bare():
     """hunkim's seq2seq prints `translate()`, which runs the global encoder and decoder:
     through the wrappers it ran a DDP forward on rank 0 alone, never computed before the

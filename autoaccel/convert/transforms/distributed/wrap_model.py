@@ -78,8 +78,8 @@ class WrapModel(DistributedStep):
         plan: dict[cst.CSTNode, str] = {}
         through_wrapper = False
         for call in forwards:
-            if self._only_printed(call):
-                continue  # rank 0 alone runs it, on the bare model: no process waits
+            if self._inference_only(call):
+                continue  # on the bare model: no gradient to average, no process waits
             attempt = dict(plan)  # a route that fails half-way leaves no rewrite behind
             self.obstacle: cst.CSTNode | None = None  # why a function cannot take the wrapper
             own_name = name_key(call.func) == model.key
@@ -132,19 +132,40 @@ class WrapModel(DistributedStep):
             return True
         return name is not None and self._route_through(model, function, name, plan, {})
 
-    def _only_printed(self, call: cst.Call) -> bool:
-        """Whether `call` runs in a function that runs no backward pass and whose result
-        is only printed (hunkim's char-RNN prints `generate(decoder, ...)`, which calls
-        `decoder.init_hidden()`, every 100 steps): only rank 0 prints, and a forward of
-        the bare model there needs no other process."""
+    def _inference_only(self, call: cst.Call) -> bool:
+        """Whether `call` runs in a function whose forward passes cannot reach a backward
+        pass (see `_infers`): hunkim's char-RNN prints `generate(decoder, ...)`, which
+        calls `decoder.init_hidden()`; makemore's `print_samples()` calls `generate(model,
+        ...)`, which calls `model.get_block_size()`. The bare model there needs no other
+        process, and has the model's own methods."""
         function = self.scope_of(call)
-        if function is None or any(is_method_call(c, "backward") for c in find(function, cst.Call)):
+        return function is not None and self._infers(function, set())
+
+    def _infers(self, function: cst.FunctionDef, seen: set[cst.FunctionDef]) -> bool:
+        """Whether `function` computes without training: no backward pass, optimizer step
+        or store into an attribute or global, and each of its calls is in a print, a
+        statement of its own (the result dropped), or in another such function."""
+        if function in seen:
+            return True
+        seen.add(function)
+        if (
+            any(is_method_call(c, "backward", "step") for c in find(function, cst.Call))
+            or find(function, (cst.Global, cst.Nonlocal))
+            or not _stores_locally(function)
+        ):
             return False
         sites = name_calls(self.tree, function.name.value)
-        return bool(sites) and all(
-            any(isinstance(a, cst.Call) and self.qualified_names(a.func) & PRINTS for a in self.ancestors(site))
-            for site in sites
-        )
+        return bool(sites) and all(self._result_unused(site, seen) for site in sites)
+
+    def _result_unused(self, site: cst.Call, seen: set[cst.FunctionDef]) -> bool:
+        """Whether what the call `site` returns can only be shown or dropped."""
+        ancestors = list(self.ancestors(site))
+        if any(isinstance(a, cst.Call) and self.qualified_names(a.func) & PRINTS for a in ancestors):
+            return True
+        if isinstance(ancestors[0], cst.Expr):
+            return True
+        caller = self.scope_of(site)
+        return caller is not None and self._infers(caller, seen)
 
     def _holds(self, model: TrainedModel, function: cst.FunctionDef | None) -> bool:
         """Whether code of `function` sees the model itself under `model.key`."""
@@ -220,8 +241,9 @@ class WrapModel(DistributedStep):
             return ""
         code = cst.Module([]).code_for_node(self.obstacle).strip().splitlines()[0]
         return (
-            f" (the function it would be passed to also runs `{code}`, where a DDP wrapper"
-            " differs: its `state_dict()` and parameter names gain a `module.` prefix)"
+            f" (the function it would be passed to also runs `{code}`, which a DDP wrapper"
+            " does not do alike: it lacks the model's own methods, and its `state_dict()`"
+            " and parameter names start with `module.`)"
         )
 
     def _passed_to_taker(self, arg: cst.Arg, seen: set[cst.FunctionDef]) -> bool:
@@ -268,3 +290,21 @@ def _binds(function: cst.FunctionDef | None, key: str) -> bool:
     )
 
 
+def _stores_locally(function: cst.FunctionDef) -> bool:
+    """Whether every assignment of `function` stores into its own variables: `x = ...`,
+    `a, b = ...`, `logits[mask] = ...` for a `logits` it assigned (not an attribute, nor
+    an item of a parameter or global)."""
+    targets = [t.target for t in find(function, cst.AssignTarget)]
+    names: list[cst.BaseExpression] = []
+    while targets:
+        target = targets.pop()
+        if isinstance(target, (cst.Tuple, cst.List)):
+            targets += [element.value for element in target.elements]
+        else:
+            names.append(target)
+    local = {name.value for name in names if isinstance(name, cst.Name)}
+    return all(
+        isinstance(name, cst.Name)
+        or isinstance(name, cst.Subscript) and isinstance(name.value, cst.Name) and name.value.value in local
+        for name in names
+    )
