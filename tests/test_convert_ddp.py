@@ -807,6 +807,40 @@ def test_function_that_only_writes_returns_early_on_other_ranks():
     assert '    """Save."""\n    if RANK != 0:\n        return  # only rank 0 writes\n    os.makedirs' in code
 
 
+def test_a_weights_and_biases_run_is_logged_from_rank_zero_only():
+    """`wandb.init()` on every process made one run per process, and `wandb.log()` or
+    `wandb.run.name = ...` on a process that did not init fails: all go on rank 0."""
+    code, log = run_step(
+        GuardRankZero,
+        """\
+        import wandb
+        wandb.init(project="demo")
+        wandb.run.name = "baseline"
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            wandb.log({"loss": loss.item()})
+        wandb.finish()
+        """,
+    )
+    assert 'if RANK == 0:\n    wandb.init(project="demo")\n    wandb.run.name = "baseline"\n' in code
+    assert '    if RANK == 0:\n        wandb.log({"loss": loss.item()})\n' in code
+    assert "if RANK == 0:\n    wandb.finish()\n" in code
+    assert [c.description for c in log.changes] == ["experiment log on rank 0 only"] * 3
+
+
+@pytest.mark.parametrize(
+    "start",
+    ['run = wandb.init(project="demo")', 'with wandb.init(project="demo") as run:\n    train()'],
+    ids=["kept-run", "context"],
+)
+def test_a_weights_and_biases_run_the_script_keeps_is_refused(start):
+    """A run kept in a variable, or a `with` block (which may hold the training), cannot
+    go under a rank test as a statement."""
+    _, log = run_step(GuardRankZero, f"import wandb\n{start}\n")
+    (skip,) = log.skipped
+    assert skip.wrong and skip.what == "rank-0 experiment log"
+
+
 def test_already_guarded_writes_are_left_alone():
     body = "if dist.get_rank() == 0:\n    print('x')\n"
     assert run_step(GuardRankZero, body)[0] == body

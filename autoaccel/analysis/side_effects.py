@@ -23,6 +23,7 @@ class EffectKind(Enum):
     PRINT = "print"
     CHECKPOINT = "checkpoint save"
     FILE_WRITE = "file write"
+    EXPERIMENT_LOG = "experiment log"  # a run of Weights & Biases: one per process otherwise
 
 
 _BY_NAME = {
@@ -44,6 +45,12 @@ _BY_NAME = {
     "numpy.savetxt": EffectKind.FILE_WRITE,
     "matplotlib.pyplot.savefig": EffectKind.FILE_WRITE,
     "torchvision.utils.save_image": EffectKind.FILE_WRITE,
+    "wandb.init": EffectKind.EXPERIMENT_LOG,
+    "wandb.log": EffectKind.EXPERIMENT_LOG,
+    "wandb.watch": EffectKind.EXPERIMENT_LOG,
+    "wandb.save": EffectKind.EXPERIMENT_LOG,
+    "wandb.finish": EffectKind.EXPERIMENT_LOG,
+    "wandb.config.update": EffectKind.EXPERIMENT_LOG,
 }
 # The calls that print (under ddp, run on rank 0 only).
 PRINTS = frozenset(name for name, kind in _BY_NAME.items() if kind is EffectKind.PRINT)
@@ -60,7 +67,7 @@ _OPEN = frozenset({"builtins.open", "io.open"})
 @dataclass(frozen=True)
 class SideEffect:
     kind: EffectKind
-    call: cst.Call
+    call: cst.Call | cst.Assign  # an assignment: `wandb.run.name = ...`
     # The statement to run on one rank only; None when the call sits inside an
     # expression whose value the script uses (it cannot be skipped on its own).
     statement: cst.BaseStatement | None
@@ -84,12 +91,25 @@ class _Collector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         kind = self._kind(node)
-        if kind is None:
-            return
+        if kind is not None:
+            self._add(kind, node, self._statement(node))
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        # `wandb.run.name = ...`: the run exists on the process that started it only.
+        if any(
+            name.startswith("wandb.")
+            for target in node.targets
+            for name in self.index.qualified_names(target.target)
+        ):
+            line = self.index.parent(node)
+            statement = line if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+            self._add(EffectKind.EXPERIMENT_LOG, node, statement)
+
+    def _add(self, kind: EffectKind, node: cst.Call | cst.Assign, statement: cst.BaseStatement | None) -> None:
         function = next(
             (a for a in self.index.ancestors(node) if isinstance(a, cst.FunctionDef)), None
         )
-        effect = SideEffect(kind, node, self._statement(node), self._guarded(node), function)
+        effect = SideEffect(kind, node, statement, self._guarded(node), function)
         self.found.effects.append(effect)
         if function is not None:
             self.function_effects.setdefault(function, []).append(effect)
@@ -115,10 +135,12 @@ class _Collector(cst.CSTVisitor):
 
     # -- where it sits --------------------------------------------------------------
     def _statement(self, call: cst.Call) -> cst.BaseStatement | None:
-        """`with open(...) as f:` for an opened file, the line of a call statement."""
+        """`with open(...) as f:` for an opened file, the line of a call statement. (Not
+        `with wandb.init():`: its block may hold the whole training.)"""
         parent = self.index.parent(call)
         if isinstance(parent, cst.WithItem):
-            return self.index.parent(parent)  # type: ignore[return-value]
+            opens = self.index.qualified_names(call.func) & _OPEN
+            return self.index.parent(parent) if opens else None  # type: ignore[return-value]
         line = self.index.parent(parent) if isinstance(parent, cst.Expr) else None
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             return line
