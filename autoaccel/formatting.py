@@ -134,7 +134,7 @@ def _format_statements(
     headers: dict[cst.With, int] = {}
     for statement, where in located.items():
         column = len(INDENT.match(text[where.own - 1]).group())  # type: ignore[union-attr]
-        if isinstance(statement, cst.SimpleStatementLine):
+        if isinstance(statement, cst.SimpleStatementLine) and not _is_string(statement):
             if any(line in lines for line in range(where.own, where.last + 1)):
                 touched[statement] = column
         elif isinstance(statement, cst.With):
@@ -152,6 +152,14 @@ def _format_statements(
         and any(where.own <= line <= where.last for line in lines_of_targets)
     }
     return module.visit(_FormatStatements(touched, headers, around))
+
+
+def _is_string(statement: cst.SimpleStatementLine) -> bool:
+    """A docstring, or any lone string: black alone takes it for a module docstring and
+    would strip the indentation of its lines."""
+    return len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr) and isinstance(
+        statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)
+    )
 
 
 def _statement_lines(

@@ -829,16 +829,24 @@ def test_a_weights_and_biases_run_is_logged_from_rank_zero_only():
 
 
 @pytest.mark.parametrize(
-    "start",
-    ['run = wandb.init(project="demo")', 'with wandb.init(project="demo") as run:\n    train()'],
+    "start, made",
+    [
+        ('run = wandb.init(project="demo")', 'run = wandb.init(project="demo") if RANK == 0 else NoWriter()'),
+        (
+            'with wandb.init(project="demo") as run:\n    train()',
+            'with (wandb.init(project="demo") if RANK == 0 else NoWriter()) as run:\n    train()',
+        ),
+    ],
     ids=["kept-run", "context"],
 )
-def test_a_weights_and_biases_run_the_script_keeps_is_refused(start):
-    """A run kept in a variable, or a `with` block (which may hold the training), cannot
-    go under a rank test as a statement."""
-    _, log = run_step(GuardRankZero, f"import wandb\n{start}\n")
-    (skip,) = log.skipped
-    assert skip.wrong and skip.what == "rank-0 experiment log"
+def test_a_weights_and_biases_run_the_script_keeps_is_made_on_rank_zero(start, made):
+    """A run kept in a variable, or a `with` block (which may hold the training): the
+    other ranks get a `NoWriter()`, and what they log through it does nothing."""
+    body = f"import wandb\n{start}\nrun.log({{'loss': 1.0}})\n"
+    code, log = run_step(LogOnRankZero, body)
+    assert made in code and "run.log({'loss': 1.0})\n" in code
+    code, log = run_step(GuardRankZero, code.split("\n\n\n", 1)[1])  # the step that follows
+    assert (log.changes, log.skipped) == ([], [])
 
 
 def test_already_guarded_writes_are_left_alone():
@@ -1240,7 +1248,10 @@ def test_tensorboard_writers_are_made_on_rank_zero_only():
     namespace: dict = {}
     exec(code[: code.index("\n\n\n")], namespace)
     with namespace["NoWriter"]() as quiet:
-        assert quiet.add_scalar("loss", 1.0, 0) is None
+        quiet.add_scalar("loss", 1.0, 0)
+        quiet.config.update({"lr": 0.1})  # a wandb run's attributes do nothing either
+        quiet.config["lr"] = quiet.summary["best"]
+        quiet.name = "baseline"
 
 
 # -- random numbers per process --------------------------------------------------------------

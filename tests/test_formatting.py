@@ -41,6 +41,17 @@ def test_changed_long_statement_is_wrapped_at_its_indentation():
     )
 
 
+def test_an_inserted_long_docstring_keeps_the_indentation_of_its_lines():
+    """Black given the docstring alone took it for a module's and dedented its second
+    line (the `NoWriter` helper of `--to ddp` came out so)."""
+    docstring = (
+        '    """A SummaryWriter or wandb run for the ranks other than 0: it does nothing, whatever\n'
+        '    it is asked."""\n'
+    )
+    after = "class NoWriter:\n" + docstring + "\n    def __call__(self):\n        return self\n"
+    assert format_inserted_code("x = 1\n", after) == after
+
+
 def test_short_changes_are_not_reformatted():
     before = "x = f( a )\n"
     after = "x = f( a, b )\n"

@@ -39,13 +39,16 @@ def is_rank_exit(statement: cst.CSTNode) -> bool:
 
 def rank_guarded(node: cst.CSTNode, ancestors: Iterable[cst.CSTNode]) -> bool:
     """Whether `node` (with its `ancestors`, innermost first) runs on one rank only:
-    inside an `if` about the rank, or after an `if <rank test>: return` in its
+    inside an `if` about the rank (or the chosen side of `x if <rank test> else y`), or
+    after an `if <rank test>: return` in its
     function. The search stops at the enclosing function or class."""
     child = node
     for ancestor in ancestors:
         if isinstance(ancestor, cst.If) and child is not ancestor.test:
             if mentions_rank(ancestor.test):
                 return True
+        if isinstance(ancestor, cst.IfExp) and child is ancestor.body and mentions_rank(ancestor.test):
+            return True  # `SummaryWriter(...) if RANK == 0 else None`
         if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
             for statement in ancestor.body:
                 if statement is child:

@@ -50,8 +50,8 @@ DDP_STEPS = [
     NoSyncAccumulation,
     StopTogether,
     ScaleSummedLoss,
+    LogOnRankZero,  # before GuardRankZero, which then leaves the runs it made alone
     GuardRankZero,
-    LogOnRankZero,
     LoadOnEveryRank,
     DestroyProcessGroup,
     LaunchCommands,
