@@ -828,6 +828,42 @@ def test_a_weights_and_biases_run_is_logged_from_rank_zero_only():
     assert [c.description for c in log.changes] == ["experiment log on rank 0 only"] * 3
 
 
+LOGGER = """\
+import tensorflow as tf
+
+
+class Logger:
+    def __init__(self, log_dir):
+        self.writer = tf.summary.FileWriter(log_dir)
+
+    def scalar_summary(self, tag, value, step):
+        self.writer.add_summary(tf.Summary(value=[tag, value]), step)
+{extra}
+
+logger = Logger("./logs")
+for step, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    logger.scalar_summary("loss", loss.item(), step)
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, replaced",
+    [
+        ("", True),
+        ("\n    def last_step(self):\n        return self.step\n", False),  # it answers something
+    ],
+    ids=["only-logs", "returns-a-value"],
+)
+def test_a_logger_class_of_the_project_is_made_on_rank_zero_only(extra, replaced):
+    """L1aoXingyu's and yunjey's `Logger` (a `tf.summary.FileWriter` in `__init__`, in
+    a logger.py beside the script) wrote one event file per process."""
+    body = LOGGER.replace("{extra}", extra)
+    code, log = run_step(LogOnRankZero, body)
+    assert ('logger = Logger("./logs") if RANK == 0 else NoWriter()\n' in code) is replaced
+    assert len(log.changes) == int(replaced)
+
+
 @pytest.mark.parametrize(
     "start, made",
     [

@@ -1,5 +1,5 @@
-"""Experiment logs come from rank 0 only: TensorBoard writers, and Weights & Biases runs
-the script keeps.
+"""Experiment logs come from rank 0 only: TensorBoard writers, Weights & Biases runs the
+script keeps, and logger classes of the project over a writer (yunjey's `Logger`).
 
 `writer = SummaryWriter(log_dir)` on every process made one event file per process in the
 same folder, and TensorBoard drew every process's curves (pytorch-vqvae logs its losses
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.program import ClassInfo
 from autoaccel.analysis.rank_guards import rank_guarded
-from autoaccel.analysis.shapes import find
+from autoaccel.analysis.shapes import find, is_name
 from autoaccel.convert.transforms.distributed._base import RANK, DistributedStep
 from autoaccel.cst_edit import replacing
 
@@ -29,6 +30,12 @@ SUMMARY_WRITERS = frozenset(
     }
 )
 WANDB_INIT = "wandb.init"
+# What a logger class of the project may make in its `__init__` to write its logs.
+_WRITER_FACTORIES = SUMMARY_WRITERS | {
+    "tensorflow.summary.FileWriter",
+    "tensorflow.summary.create_file_writer",
+    "tensorflow.compat.v1.summary.FileWriter",
+}
 HELPER = "NoWriter"
 _HELPER_CODE = f'''
 class {HELPER}:
@@ -57,7 +64,6 @@ class {HELPER}:
 
 class LogOnRankZero(DistributedStep):
     DESCRIPTION = "Make TensorBoard writers and kept wandb runs on rank 0 only."
-    needs = ("SummaryWriter", WANDB_INIT)
 
     def visit_Module(self, node: cst.Module) -> None:
         self.writers = {
@@ -69,10 +75,31 @@ class LogOnRankZero(DistributedStep):
             self.define_helper(node, HELPER, _HELPER_CODE)
 
     def _makes_a_writer(self, call: cst.Call) -> bool:
-        """A SummaryWriter, or a wandb run whose value the script keeps."""
+        """A SummaryWriter, a wandb run whose value the script keeps, or a logger of the
+        project (see `_is_a_logger`)."""
         names = self.qualified_names(call.func)
-        return bool(names & SUMMARY_WRITERS) or (
-            WANDB_INIT in names and not isinstance(self.parent(call), cst.Expr)
+        kept = not isinstance(self.parent(call), cst.Expr)
+        return (
+            bool(names & SUMMARY_WRITERS)
+            or (WANDB_INIT in names and kept)
+            or isinstance(self.parent(call), (cst.Assign, cst.AnnAssign))  # kept in a name
+            and any(obj.node is call and self._is_a_logger(obj.cls) for obj in self.script.values(call))
+        )
+
+    @staticmethod
+    def _is_a_logger(cls: ClassInfo | None) -> bool:
+        """A class of the project whose `__init__` makes a log writer and none of whose
+        methods returns a value (L1aoXingyu's and yunjey's `Logger`, over
+        `tf.summary.FileWriter`): its instance may be a `NoWriter()` elsewhere."""
+        init = cls.method("__init__") if cls is not None else None
+        if init is None:
+            return False
+        index = init.module.index
+        return any(
+            index.qualified_names(call.func) & _WRITER_FACTORIES for call in find(init.node, cst.Call)
+        ) and not any(
+            node.value is not None and not is_name(node.value, "None")
+            for node in find(cls.node, cst.Return)  # type: ignore[union-attr]
         )
 
     def edited(self) -> list[cst.CSTNode]:
@@ -81,7 +108,10 @@ class LogOnRankZero(DistributedStep):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node not in self.writers:
             return updated_node
-        what = "wandb run" if WANDB_INIT in self.qualified_names(original_node.func) else "TensorBoard writer"
+        names = self.qualified_names(original_node.func)
+        what = "wandb run" if WANDB_INIT in names else "TensorBoard writer" if names & SUMMARY_WRITERS else (
+            f"`{cst.Module([]).code_for_node(original_node.func)}` logger"
+        )
         self.changed(
             original_node,
             f"{what} made on rank 0 only; the other ranks log through `{HELPER}()`, which does"
