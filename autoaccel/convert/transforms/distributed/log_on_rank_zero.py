@@ -39,8 +39,8 @@ _WRITER_FACTORIES = SUMMARY_WRITERS | {
 HELPER = "NoWriter"
 _HELPER_CODE = f'''
 class {HELPER}:
-    """A SummaryWriter or wandb run for the ranks other than 0: it does nothing, whatever
-    it is asked."""
+    """The log writer (SummaryWriter, wandb run, logger) of the ranks other than 0: it
+    does nothing, whatever it is asked."""
 
     def __getattr__(self, name):
         return self
@@ -63,7 +63,7 @@ class {HELPER}:
 
 
 class LogOnRankZero(DistributedStep):
-    DESCRIPTION = "Make TensorBoard writers and kept wandb runs on rank 0 only."
+    DESCRIPTION = "Make log writers (TensorBoard, kept wandb runs, loggers) on rank 0 only."
 
     def visit_Module(self, node: cst.Module) -> None:
         self.writers = {
@@ -77,12 +77,11 @@ class LogOnRankZero(DistributedStep):
     def _makes_a_writer(self, call: cst.Call) -> bool:
         """A SummaryWriter, a wandb run whose value the script keeps, or a logger of the
         project (see `_is_a_logger`)."""
-        names = self.qualified_names(call.func)
-        kept = not isinstance(self.parent(call), cst.Expr)
+        names, parent = self.qualified_names(call.func), self.parent(call)
         return (
             bool(names & SUMMARY_WRITERS)
-            or (WANDB_INIT in names and kept)
-            or isinstance(self.parent(call), (cst.Assign, cst.AnnAssign))  # kept in a name
+            or (WANDB_INIT in names and not isinstance(parent, cst.Expr))
+            or isinstance(parent, (cst.Assign, cst.AnnAssign))  # a logger kept in a name
             and any(obj.node is call and self._is_a_logger(obj.cls) for obj in self.script.values(call))
         )
 
@@ -108,15 +107,19 @@ class LogOnRankZero(DistributedStep):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node not in self.writers:
             return updated_node
-        names = self.qualified_names(original_node.func)
-        what = "wandb run" if WANDB_INIT in names else "TensorBoard writer" if names & SUMMARY_WRITERS else (
-            f"`{cst.Module([]).code_for_node(original_node.func)}` logger"
-        )
         self.changed(
             original_node,
-            f"{what} made on rank 0 only; the other ranks log through `{HELPER}()`, which does"
-            " nothing",
+            f"{self._writer_kind(original_node)} made on rank 0 only; the other ranks log"
+            f" through `{HELPER}()`, which does nothing",
         )
         chosen = cst.parse_expression(f"WRITER if {RANK} == 0 else {HELPER}()")
         assert isinstance(chosen, cst.IfExp)
         return replacing(original_node, self.parent(original_node), chosen.with_changes(body=updated_node))
+
+    def _writer_kind(self, call: cst.Call) -> str:
+        names = self.qualified_names(call.func)
+        if WANDB_INIT in names:
+            return "wandb run"
+        if names & SUMMARY_WRITERS:
+            return "TensorBoard writer"
+        return f"`{cst.Module([]).code_for_node(call.func)}` logger"
