@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import libcst as cst
 import libcst.matchers as m
@@ -222,14 +223,16 @@ class DistributedStep(StatementRewrite):
                 return False
             if isinstance(ancestor.operator, cst.Divide) and ancestor.right is child:
                 summed = {name_key(read) for read in find(ancestor.left, (cst.Name, cst.Attribute))}
-                return bool(summed & self._training_sums())
+                return bool(summed & self._training_sums)
             if not isinstance(ancestor.operator, cst.Multiply):
                 return False
             child = ancestor
         return False
 
+    @cached_property
     def _training_sums(self) -> set[str]:
-        """Names a training step loop adds to with `+=`."""
+        """Names a training step loop adds to with `+=` (once per pass: asked for each
+        divisor of a print)."""
         sums = (
             name_key(update.target)
             for loop in self.train_loops()
@@ -466,6 +469,15 @@ def _builds(statement: cst.CSTNode, key: str) -> bool:
         for expr in find(statement, cst.Expr)
         if is_method_call(expr.value)
     )
+
+
+def bound_names(function: cst.FunctionDef) -> set[str]:
+    """The names `function` binds itself: the parameters in it (its own, and those of the
+    functions and lambdas inside it) and the targets of its assignments. Any other name
+    it reads is the module's."""
+    targets = (name_key(target.target) for target in find(function, cst.AssignTarget))
+    params = {param.name.value for param in find(function, cst.Param)}
+    return params | {name for name in targets if name is not None}
 
 
 def parameters_of(function: cst.FunctionDef | None) -> list[str]:

@@ -19,6 +19,7 @@ from autoaccel.analysis.shapes import find, is_name
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
+    bound_names,
     fresh_name,
     parse_statements,
 )
@@ -107,17 +108,18 @@ def model_runners(module: cst.Module, models: set[str], collectives: tuple[str, 
     from the module (hunkim's `translate()` runs the global `encoder` and `decoder`), or
     call such a function, directly or through others. A function that binds the name
     itself (a parameter, an assignment) runs its own model."""
-    functions = find(module, cst.FunctionDef)
+    read = {function: models - bound_names(function) for function in find(module, cst.FunctionDef)}
     runners: set[str] = set()
     grew = True
     while grew:
         grew = False
-        for function in functions:
+        for function, models_read in read.items():
             if function.name.value in runners:
                 continue
-            targets = {name_key(target.target) for target in find(function, cst.AssignTarget)}
-            read = models - targets - {param.name.value for param in find(function, cst.Param)}
-            if any(runs_model(call, read, set(), collectives, runners) for call in find(function, cst.Call)):
+            if any(
+                runs_model(call, models_read, set(), collectives, runners)
+                for call in find(function, cst.Call)
+            ):
                 runners.add(function.name.value)
                 grew = True
     return runners

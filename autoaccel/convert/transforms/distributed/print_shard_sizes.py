@@ -17,7 +17,7 @@ import libcst as cst
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind, Values, argument
 from autoaccel.analysis.shapes import find, is_attribute, is_name
-from autoaccel.convert.transforms.distributed._base import DistributedStep, parameters_of
+from autoaccel.convert.transforms.distributed._base import DistributedStep, bound_names
 
 
 class PrintShardSizes(DistributedStep):
@@ -67,7 +67,7 @@ class PrintShardSizes(DistributedStep):
         if not loaders:
             return None
         scope = self.scope_of(at)
-        local = _bound_in(scope) if scope is not None else set()
+        local = bound_names(scope) if scope is not None else set()
         for code, key in self.script.holders(loaders):
             readable = (
                 code is scope
@@ -104,8 +104,3 @@ class PrintShardSizes(DistributedStep):
         sampler = cst.parse_expression(f"{loader}.sampler")
         return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=sampler)])
 
-
-def _bound_in(function: cst.FunctionDef) -> set[str]:
-    """The names `function` binds: its parameters and assignment targets."""
-    targets = {name_key(target.target) for target in find(function, cst.AssignTarget)}
-    return {*parameters_of(function), *(name for name in targets if name is not None)}

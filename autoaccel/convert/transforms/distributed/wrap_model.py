@@ -19,6 +19,7 @@ from autoaccel.convert.transforms.distributed._base import (
     LOCAL_RANK,
     DistributedStep,
     TrainedModel,
+    bound_names,
     ddp_name,
     parameters_of,
     parse_statements,
@@ -172,8 +173,7 @@ class WrapModel(DistributedStep):
         home = self.scope_of(model.anchor)
         return model.key.startswith("self.") or function is home or (
             home is None  # a module global (built at top level or under `if __name__ == ...`)
-            and model.key not in parameters_of(function)
-            and not _binds(function, model.key)
+            and (function is None or model.key not in bound_names(function))
         )
 
     def _route_through(
@@ -280,14 +280,6 @@ class WrapModel(DistributedStep):
             return updated
         self.changed(original, f"{what} `{wrapper}`")
         return updated.with_changes(**{field: cst.parse_expression(wrapper)})
-
-
-def _binds(function: cst.FunctionDef | None, key: str) -> bool:
-    if function is None:
-        return False
-    return any(
-        name_key(t.target) == key for t in find(function, cst.AssignTarget)
-    )
 
 
 def _stores_locally(function: cst.FunctionDef) -> bool:
