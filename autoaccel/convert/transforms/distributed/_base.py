@@ -471,7 +471,7 @@ def _builds(statement: cst.CSTNode, key: str) -> bool:
     )
 
 
-def bound_names(function: cst.FunctionDef) -> set[str]:
+def local_names(function: cst.FunctionDef) -> set[str]:
     """The names `function` binds itself: the parameters in it (its own, and those of the
     functions and lambdas inside it) and the targets of its assignments. Any other name
     it reads is the module's."""

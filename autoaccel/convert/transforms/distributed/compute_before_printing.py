@@ -19,8 +19,8 @@ from autoaccel.analysis.shapes import find, is_name
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
-    bound_names,
     fresh_name,
+    local_names,
     parse_statements,
 )
 
@@ -108,7 +108,7 @@ def model_runners(module: cst.Module, models: set[str], collectives: tuple[str, 
     from the module (hunkim's `translate()` runs the global `encoder` and `decoder`), or
     call such a function, directly or through others. A function that binds the name
     itself (a parameter, an assignment) runs its own model."""
-    read = {function: models - bound_names(function) for function in find(module, cst.FunctionDef)}
+    read = {function: models - local_names(function) for function in find(module, cst.FunctionDef)}
     runners: set[str] = set()
     grew = True
     while grew:

@@ -17,7 +17,7 @@ import libcst as cst
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind, Values, argument
 from autoaccel.analysis.shapes import find, is_attribute, is_name
-from autoaccel.convert.transforms.distributed._base import DistributedStep, bound_names
+from autoaccel.convert.transforms.distributed._base import DistributedStep, local_names
 
 
 class PrintShardSizes(DistributedStep):
@@ -67,7 +67,7 @@ class PrintShardSizes(DistributedStep):
         if not loaders:
             return None
         scope = self.scope_of(at)
-        local = bound_names(scope) if scope is not None else set()
+        local = local_names(scope) if scope is not None else set()
         for code, key in self.script.holders(loaders):
             readable = (
                 code is scope

@@ -19,8 +19,8 @@ from autoaccel.convert.transforms.distributed._base import (
     LOCAL_RANK,
     DistributedStep,
     TrainedModel,
-    bound_names,
     ddp_name,
+    local_names,
     parameters_of,
     parse_statements,
 )
@@ -173,7 +173,7 @@ class WrapModel(DistributedStep):
         home = self.scope_of(model.anchor)
         return model.key.startswith("self.") or function is home or (
             home is None  # a module global (built at top level or under `if __name__ == ...`)
-            and (function is None or model.key not in bound_names(function))
+            and (function is None or model.key not in local_names(function))
         )
 
     def _route_through(
