@@ -165,7 +165,14 @@ def unified_diff(before: str, after: str, path: str) -> str:
 def line_opcodes(before: str, after: str) -> tuple[tuple[str, int, int, int, int], ...]:
     """The opcodes from the lines of `before` to those of `after`, computed once for
     each pair of texts: a conversion asks for the same pair for every line it reports."""
-    return tuple(LineMatcher(source_lines(before), source_lines(after)).get_opcodes())
+    return tuple(LineMatcher(_lines(before), _lines(after)).get_opcodes())
+
+
+@lru_cache(maxsize=8)
+def _lines(text: str) -> list[str]:
+    """The lines of a text of the history, split once for its opcodes and for the lines
+    a rewritten one may resemble (not to be changed: shared)."""
+    return source_lines(text)
 
 
 def original_line(history: list[tuple[str, str]], line: int) -> int:
@@ -206,10 +213,6 @@ def _resembled(before: str, after: str, block: tuple[int, int], new: int, fallba
     )
     return found if score >= RESEMBLANCE else fallback
 
-
-@lru_cache(maxsize=8)
-def _lines(text: str) -> list[str]:
-    return source_lines(text)
 
 
 def use_colour(stream: TextIO | None = None) -> bool:
