@@ -191,6 +191,30 @@ def test_each_ddp_fixture_converts_and_verifies(name, verified):
 
 
 @pytest.mark.runs
+def test_tensorboard_logs_come_from_rank_zero_only(tmp_path):
+    """fixtures/ddp/tensorboard_logs.py: two processes write one event file, with the
+    original's lines (each sample is stored twice, so the shards hold the same samples).
+    Before, each process wrote its own file into the folder."""
+    fixture = DDP_FIXTURES / "tensorboard_logs.py"
+    proc = _convert(str(fixture), "--to", "ddp", "--amp", "off", "-o", "ddp.py", cwd=tmp_path)
+    assert proc.returncode == 0 and "TensorBoard writer made on rank 0 only" in proc.stdout
+    stubs = Path(__file__).resolve().parent / "stubs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(stubs)}
+    (tmp_path / "original").mkdir()
+    runs = [
+        subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+        for command, cwd in (
+            ([sys.executable, str(fixture)], tmp_path / "original"),
+            ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "ddp.py"], tmp_path),
+        )
+    ]
+    assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
+    (original,) = (tmp_path / "original" / "logs").iterdir()
+    (converted,) = (tmp_path / "logs").iterdir()
+    assert converted.read_text() == original.read_text() and original.read_text().count("\n") == 12
+
+
+@pytest.mark.runs
 def test_a_printed_forward_of_a_sharded_model_runs_on_every_process(tmp_path):
     """Under FSDP a forward gathers the parameters from every process: the printed
     `translate(x)`, which reads the global model, is computed on every process before
