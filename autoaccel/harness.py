@@ -130,10 +130,30 @@ def run_as_main(script: str, args: list[str], patches: ExitStack) -> str:
             return f"error: SystemExit({exc.code!r})"
     except BaseException as exc:  # noqa: BLE001 - every failure is reported in the record
         traceback.print_exc()
-        return f"error: {type(exc).__name__}: {exc}"
+        return f"error: {type(exc).__name__}: {exc}{_missing_bf16_kernel(exc)}"
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return "ok"
+
+
+def _missing_bf16_kernel(exc: BaseException) -> str:
+    """What a failure under forced autocast on a CPU means, when oneDNN had no bf16 kernel
+    for a module (an ``nn.LSTM`` on a CPU without AVX-512): which module; "" otherwise.
+    On CUDA, where converted scripts enable autocast, the module runs."""
+    if os.environ.get(FORCE_AUTOCAST_ENV) != "1" or "primitive descriptor" not in str(exc):
+        return ""
+    import torch
+
+    modules = [
+        frame.f_locals["self"]
+        for frame, _ in traceback.walk_tb(exc.__traceback__)
+        if isinstance(frame.f_locals.get("self"), torch.nn.Module)
+    ]
+    where = type(modules[-1]).__name__ if modules else "an operation"
+    return (
+        f" [forced bf16 autocast: oneDNN has no bf16 kernel for {where} on this CPU's"
+        " instruction set; converted scripts enable autocast on CUDA only, where it runs]"
+    )
 
 
 def seed_everything(seed: int) -> None:

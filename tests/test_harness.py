@@ -114,6 +114,14 @@ def test_forced_autocast_enables_regions_the_script_disables_off_cuda(tmp_path, 
         assert not torch.is_autocast_enabled("cpu")  # the patch ends with the run
 
 
+def test_only_a_missing_bf16_kernel_under_forced_autocast_gets_a_note(monkeypatch):
+    missing = RuntimeError("could not create a primitive descriptor for the LSTM forward")
+    assert harness._missing_bf16_kernel(missing) == ""  # autocast not forced
+    monkeypatch.setenv(harness.FORCE_AUTOCAST_ENV, "1")
+    assert harness._missing_bf16_kernel(RuntimeError("shape mismatch")) == ""
+    assert "no bf16 kernel for an operation" in harness._missing_bf16_kernel(missing)
+
+
 def test_seed_makes_unseeded_scripts_repeatable(tmp_path):
     script = write(tmp_path, TRAIN.replace("torch.manual_seed(0)\n", ""))
     first = harness.record_steps(script, [], max_steps=3, seed=7)
