@@ -95,7 +95,7 @@ def test_bf16_claims_are_the_tests_tolerances_and_measurements():
     """README states the range of the bf16 tolerances of tests/test_convert_runs.py and the
     largest gap measured there (noted beside each case)."""
     cases = (ROOT / "tests" / "test_convert_runs.py").read_text(encoding="utf-8")
-    rows = re.findall(r"Case\(.*, ([\d.]+), ([\d.]+)\),  # .* / ([\d.]+) %", cases)
+    rows = re.findall(r"Case\(.*, ([\d.]+), ([\d.]+)(?:, \w+=.*)?\),  # .* / ([\d.]+) %", cases)
     tolerances = [float(bf16) for _, bf16, _ in rows]
     gaps = [float(gap) for _, _, gap in rows]
     text = " ".join(README.read_text(encoding="utf-8").split())
