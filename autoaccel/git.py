@@ -17,13 +17,17 @@ _SAFE_ENVIRONMENT = {"GIT_NO_LAZY_FETCH": "1", "GIT_TERMINAL_PROMPT": "0"}
 
 
 def git(*args: str, cwd: Path, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `git args` in `cwd`; the result holds stdout and stderr as text."""
+    """Run `git args` in `cwd`; the result holds stdout and stderr as text, decoded as
+    file names are (`os.fsdecode`) and without `text=True`'s newline translation, which
+    would make a `\\r` in a file name a `\\n`."""
     settings = [word for setting in _SAFE_SETTINGS for word in ("-c", setting)]
-    return subprocess.run(
+    run = subprocess.run(
         ["git", *settings, *args],
         cwd=cwd,
         capture_output=True,
-        text=True,
         timeout=timeout,
         env={**os.environ, **_SAFE_ENVIRONMENT},
+    )
+    return subprocess.CompletedProcess(
+        run.args, run.returncode, os.fsdecode(run.stdout), os.fsdecode(run.stderr)
     )

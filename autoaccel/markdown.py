@@ -28,3 +28,9 @@ def inline_code(text: str) -> str:
     fence = _fence(text, 1)
     padding = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{padding}{text}{padding}{fence}"
+
+
+def table_cell(text: str) -> str:
+    """`text` (Markdown) as a cell of a table row: on one line, and with each `|`
+    escaped, which would end the cell even inside a code span."""
+    return re.sub(r"[\r\n]+", " ", text).replace("|", "\\|")

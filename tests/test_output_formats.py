@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+from urllib.parse import unquote
 
 import pytest
 from conftest import CLEAN, SCRIPT, SELECT
 
+from autoaccel.lint.output_format import OutputFormat
 from autoaccel.rules import all_rules
 
 
@@ -103,3 +106,55 @@ def test_sarif_without_findings_still_describes_the_tool(cli, project):
 def test_unknown_format_is_a_usage_error(cli, project):
     run = cli("lint", "--format", "xml", "clean.py")
     assert run.exit_code == 2
+
+
+# File names a pull request can choose: each must stay one name in every format, and run
+# nothing (shared with the PR comment's test in test_ci_security.py).
+HOSTILE_NAMES = [
+    "new\nline.py",
+    "cr\rname.py",
+    "back`tick.py",
+    "a\n```\n# Heading <img src=x onerror=alert(1)>\n```\nb.py",
+    "a`<img src=x onerror=alert(1)>`b.py",
+    "<img src=x onerror=alert(1)>.py",
+    "$(touch pwned).py",
+    "-o.py",
+    "--write.py",
+    "100%,a:b.py",
+    "|pipe|.py",
+]
+# A property value of a workflow command: `%`, CR, LF, `:` and `,` escaped, nothing raw.
+_GITHUB_FILE = re.compile(
+    r"::error title=autoaccel \(ACC10[12]\),file=(?P<file>(?:[^%,:\r\n]|%(?:25|0D|0A|3A|2C))*),"
+    r"line=4,col=10,endLine=4,endColumn=44::ACC10[12] [^\r\n]*"
+)
+_GITHUB_ESCAPES = {"%25": "%", "%0D": "\r", "%0A": "\n", "%3A": ":", "%2C": ","}
+
+
+def reported_names(output_format: str, output: str) -> list[str]:
+    """The file name of each finding in `output`, as a reader of the format gets it."""
+    if output_format == "json":
+        return [record["filename"] for record in json.loads(output)]
+    if output_format == "sarif":
+        (sarif_run,) = json.loads(output)["runs"]
+        locations = [result["locations"][0]["physicalLocation"] for result in sarif_run["results"]]
+        return [unquote(location["artifactLocation"]["uri"]) for location in locations]
+    if output_format == "github":
+        files = [_GITHUB_FILE.fullmatch(line)["file"] for line in output.split("\n")[:-1]]
+        return [re.sub("%(25|0D|0A|3A|2C)", lambda m: _GITHUB_ESCAPES[m[0]], f) for f in files]
+    # text: one line per finding, in every reader's sense of a line (a CR ends one too),
+    # the control characters of a name written as escapes
+    return [
+        line.split(":4:10: ACC10")[0].encode().decode("unicode_escape")
+        for line in output.splitlines()
+    ]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES, ids=ascii)
+@pytest.mark.parametrize("output_format", [member.value for member in OutputFormat])
+def test_a_hostile_file_name_is_one_name_in_every_format(cli, tmp_path, output_format, name):
+    (tmp_path / name).write_text(SCRIPT)
+    run = cli("lint", *SELECT, "--format", output_format, "--", name)
+    assert run.exit_code == 1, run.stderr
+    assert reported_names(output_format, run.stdout) == [name, name]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [name]  # nothing ran or wrote

@@ -1,4 +1,8 @@
-"""Which files a change touches: a git diff against the base the CI event names."""
+"""Which files a change touches: a git diff against the base the CI event names.
+
+Every diff passes `--no-textconv` and `--no-ext-diff`: a `diff.<driver>.textconv` or
+`diff.external` of the repository's configuration is a command, which git would run on
+the pull request's files (chosen by its `.gitattributes`)."""
 
 from __future__ import annotations
 
@@ -49,13 +53,20 @@ def changed_files(repo: Path, base: str | None, suffixes: tuple[str, ...]) -> li
         listing = git("ls-files", "-z", cwd=repo)
     else:
         listing = git(
-            "diff", "-z", "--name-only", "--no-ext-diff", "--diff-filter=ACMR",
+            "diff", "-z", "--name-only", "--no-ext-diff", "--no-textconv", "--diff-filter=ACMR",
             _since(repo, base), "HEAD", cwd=repo,
         )
     if listing.returncode != 0:
         raise RuntimeError(f"git could not list the changed files: {listing.stderr.strip()}")
     names = [name for name in listing.stdout.split("\0") if name.endswith(suffixes)]
     return sorted(Path(name) for name in names if (repo / name).is_file())
+
+
+def links_out_of(repo: Path, files: list[Path]) -> list[Path]:
+    """The `files` (relative to `repo`) that are, or lie under, a symbolic link to a
+    place outside `repo`: reading them would read the runner's files, not the change's."""
+    root = repo.resolve()
+    return [path for path in files if not (repo / path).resolve().is_relative_to(root)]
 
 
 _NEW_FILE = re.compile(r"^\+\+\+ b/(?P<path>.*)$")
@@ -66,7 +77,7 @@ def changed_lines(repo: Path, base: str) -> dict[Path, set[int]]:
     """The lines (1-based, in HEAD) that each file added or changed since the merge base
     of `base` and HEAD; a file missing from the result could not be read from the diff."""
     diff = git(
-        "-c", "core.quotePath=false", "diff", "--no-color", "--no-ext-diff", "-U0",
+        "-c", "core.quotePath=false", "diff", "--no-color", "--no-ext-diff", "--no-textconv", "-U0",
         "--diff-filter=ACMR", _since(repo, base), "HEAD", cwd=repo,
     )
     if diff.returncode != 0:
@@ -74,7 +85,7 @@ def changed_lines(repo: Path, base: str) -> dict[Path, set[int]]:
     lines: dict[Path, set[int]] = {}
     current: set[int] | None = None
     in_header = False  # between `diff --git` and the first hunk; lines in hunks start +, -, ' '
-    for text in diff.stdout.splitlines():
+    for text in diff.stdout.split("\n"):  # not splitlines(): a `\f` in a line is no break
         if text.startswith("diff --git "):
             in_header, current = True, None
         elif in_header and (new_file := _NEW_FILE.match(text)):

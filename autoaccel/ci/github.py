@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import quote
 
-from autoaccel.ci.changes import base_revision, changed_files, changed_lines
+from autoaccel.ci.changes import base_revision, changed_files, changed_lines, links_out_of
+from autoaccel.convert.launch import shell_word
 from autoaccel.discovery import SOURCE_SUFFIXES
-from autoaccel.markdown import code_block, inline_code
+from autoaccel.markdown import code_block, inline_code, table_cell
 
 COMMENT_MARKER = "<!-- autoaccel -->"  # lets a workflow find and update its own comment
 COMMENT_LIMIT = 65_000  # GitHub rejects comments over 65,536 characters
@@ -198,12 +199,12 @@ def lint_section(
         lines += ["", "| Where | Rule | Finding |", "| --- | --- | --- |"]
         for finding in new[:LISTED_FINDINGS]:
             name = names.get(finding.code, "")
-            place = f"{finding.file}:{finding.line}"
-            where_link = f"[`{place}`]({links.url(finding)})" if links else f"`{place}`"
-            message = finding.message.removeprefix(f"{finding.code} ").replace("|", "\\|")
+            place = inline_code(f"{finding.file}:{finding.line}")
+            where = f"[{place}]({links.url(finding)})" if links else place
+            message = finding.message.removeprefix(f"{finding.code} ")
             lines.append(
-                f"| {where_link} | [{finding.code}]({DOCS_URL}{finding.code}-{name}.md) "
-                f"`{name}` | {message} |"
+                f"| {table_cell(where)} | [{finding.code}]({DOCS_URL}{finding.code}-{name}.md) "
+                f"`{name}` | {table_cell(message)} |"
             )
         if len(new) > LISTED_FINDINGS:
             lines.append(f"\n… and {len(new) - LISTED_FINDINGS} more (annotations on the diff).")
@@ -213,10 +214,19 @@ def lint_section(
 
 def reproduce_section(files: list[Path], lint_args: str) -> str:
     """How to see the same findings locally (all of them, also on untouched lines)."""
-    words = ["autoaccel", "lint", *shlex.split(lint_args), *map(str, files)]
+    options = shlex.join(["autoaccel", "lint", *shlex.split(lint_args)])
+    command = " ".join([options, *(shell_word(str(path)) for path in files)])
     return (
         "To reproduce locally (every finding in the changed files, also on lines this "
-        f"change did not touch):\n\n```bash\n{shlex.join(words)}\n```\n"
+        f"change did not touch):\n\n{code_block(command, 'bash')}\n"
+    )
+
+
+def skipped_link_note(path: Path) -> str:
+    """Why `path` is neither linted nor previewed."""
+    return (
+        f"Skipped {inline_code(str(path))}: a symbolic link to a file outside the checkout, "
+        "which is not read (it could show the runner's files in this comment).\n"
     )
 
 
@@ -229,12 +239,12 @@ def convert_section(scripts: list[Path], convert_args: str) -> str:
     for script in scripts:
         extra = ["--to", "single"] if script.suffix == ".ipynb" else []
         run = _autoaccel(
-            "convert", str(script), "--format", "markdown", *shlex.split(convert_args), *extra
+            "convert", "--format", "markdown", *shlex.split(convert_args), *extra, "--", str(script)
         )
         if run.returncode == 0:
             parts.append(run.stdout)
         else:
-            command = inline_code(f"autoaccel convert {script}")
+            command = inline_code(f"autoaccel convert {shell_word(str(script))}")
             parts.append(f"{command} failed:\n\n{code_block(run.stderr.strip())}\n")
     return "\n".join(parts)
 
@@ -263,7 +273,9 @@ def run_action(repo: Path, env: Mapping[str, str]) -> int:
     inputs = Inputs.from_env(env)
     base = base_revision(env, inputs.base)
     files = changed_files(repo, base, SOURCE_SUFFIXES)
-    body = [COMMENT_MARKER, "## autoaccel", ""]
+    outside = links_out_of(repo, files)
+    files = [path for path in files if path not in outside]
+    body = [COMMENT_MARKER, "## autoaccel", "", *map(skipped_link_note, outside)]
     lint, scripts = LintSummary(0, 0, 0, ""), []
     if files:
         changed = changed_lines(repo, base) if base is not None else None

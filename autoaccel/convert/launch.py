@@ -82,15 +82,22 @@ if __name__ == "__main__":
 '''
 
 
+def shell_word(path: str) -> str:
+    """`path` as one word of a shell command that no program reads as an option: quoted
+    for the shell (a file `$(touch X).py` is a name, not a command) and, when it starts
+    with a dash, prefixed with `./` (`python -x.py` would run `python -x`)."""
+    return shlex.quote(f"./{path}" if path.startswith("-") else path)
+
+
 def companion_files(script: str, launcher: Launcher) -> dict[str, str]:
     """Files to write beside the converted script: name -> text. The script's name
-    is quoted for the shell and as a Python string (a file `$(touch X).py` is a name,
-    not a command)."""
+    is a shell word in the sbatch file (see `shell_word`) and a Python string in the
+    spawn file."""
     name, stem = PurePath(script).name, PurePath(script).stem
     if launcher == "slurm":
         job = re.sub(r"[^\w.-]", "_", stem)
         text = _SBATCH.format(
-            shown=_shown(name), job=job, quoted=shlex.quote(name), port=RENDEZVOUS_PORT
+            shown=_shown(name), job=job, quoted=shell_word(name), port=RENDEZVOUS_PORT
         )
         return {f"{stem}.sbatch": text}
     if launcher == "spawn":
@@ -116,17 +123,17 @@ def _in_docstring(name: str) -> str:
 def launch_lines(script: str, launcher: Launcher) -> list[str]:
     """Shell lines that start the converted script, with a comment line before each."""
     name, stem = PurePath(script).name, PurePath(script).stem
-    quoted = shlex.quote(name)
+    quoted = shell_word(name)
     single = ["# one process, as before:", f"python {quoted}"]
     if launcher == "slurm":
         sbatch = f"{stem}.sbatch"
         return [
             f"# several nodes with SLURM (edit the #SBATCH lines of {_shown(sbatch)} first):",
-            f"sbatch {shlex.quote(sbatch)}",
+            f"sbatch {shell_word(sbatch)}",
             *single,
         ]
     if launcher == "spawn":
-        spawn = shlex.quote(f"spawn_{name}")
+        spawn = shell_word(f"spawn_{name}")
         return [
             "# this machine, one process per GPU (torch.multiprocessing.spawn):",
             f"python {spawn}",

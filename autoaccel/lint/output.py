@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -16,6 +18,7 @@ from autoaccel.lint.runner import FileResult
 from autoaccel.notebook import CellRange
 
 DOCS_URL = "https://github.com/autoaccel/autoaccel/blob/main/rules/"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _fixable(diagnostic: Diagnostic, unsafe_fixes: bool) -> bool:
@@ -39,6 +42,13 @@ def _unstyled(text: str, *styles: str) -> str:
     return text
 
 
+def _printable(text: str) -> str:
+    """`text` with its control characters written as Python escapes (`\\n`, `\\x1b`):
+    a newline in a file name would split its finding's line, an escape sequence would
+    drive the terminal."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
 def format_text(results: list[FileResult], unsafe_fixes: bool = False, colour: bool = False) -> str:
     """One line per finding; with `colour`, Ruff's colours (bold path, red code, cyan `[*]`)."""
     style = paint if colour else _unstyled
@@ -48,7 +58,8 @@ def format_text(results: list[FileResult], unsafe_fixes: bool = False, colour: b
             marker = " " + style("[*]", CYAN) if _fixable(d, unsafe_fixes) else ""
             where = _cell(result, d) or f"{d.line}:{d.column}"
             code = style(d.code, BOLD, RED)
-            lines.append(f"{style(result.path, BOLD)}:{where}: {code}{marker} {d.message}")
+            path, message = _printable(result.path), _printable(d.message)
+            lines.append(f"{style(path, BOLD)}:{where}: {code}{marker} {message}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -95,7 +106,7 @@ def format_json(results: list[FileResult], unsafe_fixes: bool = False) -> str:
                     "code": d.code,
                     "name": d.name,
                     "message": d.message,
-                    "filename": result.path,
+                    "filename": _encodable(result.path),
                     "cell": where.cell if isinstance(where, CellRange) else None,
                     "location": {"row": where.line, "column": where.column},
                     "end_location": {"row": where.end_line, "column": where.end_column},
@@ -108,6 +119,12 @@ def format_json(results: list[FileResult], unsafe_fixes: bool = False) -> str:
                 }
             )
     return json.dumps(records, indent=2) + "\n"
+
+
+def _encodable(path: str) -> str:
+    """`path` with the bytes of its name that are not UTF-8 (held as surrogates)
+    written as `\\xff` escapes: a JSON reader takes no lone surrogates."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _escape_github(value: str, property_value: bool = False) -> str:
@@ -208,7 +225,7 @@ def _artifact_location(path: str) -> dict[str, str]:
     resolved = Path(path).resolve()
     if resolved.is_relative_to(Path.cwd().resolve()):
         relative = resolved.relative_to(Path.cwd().resolve()).as_posix()
-        return {"uri": quote(relative), "uriBaseId": "%SRCROOT%"}
+        return {"uri": quote(os.fsencode(relative)), "uriBaseId": "%SRCROOT%"}
     return {"uri": resolved.as_uri()}
 
 
