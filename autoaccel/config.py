@@ -7,13 +7,15 @@ defaults for `autoaccel convert`, one key per `ConvertOptions` field, kebab-case
 from __future__ import annotations
 
 import functools
+import os
+import stat
 import sys
 from dataclasses import dataclass, fields, replace
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, get_args, get_origin, get_type_hints
 
-from autoaccel.fileio import os_error_message, real_path
+from autoaccel.fileio import file_kind, os_error_message, read_bytes, real_path
 
 if TYPE_CHECKING:
     from autoaccel.convert.log import ConvertOptions
@@ -155,13 +157,15 @@ def read_tool_table(pyproject: Path) -> dict[str, Any] | None:
     else:  # pragma: no cover
         import tomli as tomllib
     try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_bytes(pyproject).decode("utf-8"))
     except UnicodeDecodeError as error:
         raise ConfigError(f"{pyproject}: not UTF-8 ({error.reason} at byte {error.start})") from None
     except OSError as error:
         raise ConfigError(f"{pyproject}: {os_error_message(error)}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{pyproject}: {error}") from None
+    except RecursionError:  # tomllib recurses once per level of `[[[...]]]` or `{a={...}}`
+        raise ConfigError(f"{pyproject}: nested too deeply to read") from None
     table = data.get("tool", {}).get("autoaccel")
     if not isinstance(table, dict):
         return None
@@ -174,13 +178,21 @@ def read_tool_table(pyproject: Path) -> dict[str, Any] | None:
 
 @functools.cache
 def find_config(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The nearest pyproject.toml at or above `directory` with a [tool.autoaccel] table."""
+    """The nearest pyproject.toml at or above `directory` with a [tool.autoaccel] table.
+    One that is not a regular file (a folder, a FIFO) is passed over with a warning."""
     for folder in (directory, *directory.parents):
         candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            table = read_tool_table(candidate)
-            if table is not None:
-                return candidate, table
+        try:
+            mode = os.stat(candidate).st_mode
+        except OSError:  # none, or in a folder that may not be searched (its walk says so)
+            continue
+        if not stat.S_ISREG(mode):
+            warning = f"warning: {candidate}: {file_kind(mode)}; its settings are not read"
+            print(warning, file=sys.stderr)
+            continue
+        table = read_tool_table(candidate)
+        if table is not None:
+            return candidate, table
     return None
 
 
@@ -237,7 +249,7 @@ class Sourced:
 def config_for(path: Path) -> tuple[Path, dict[str, Any]] | None:
     """The pyproject.toml that applies to `path` (a file or a folder) and its table."""
     start = real_path(path)
-    return find_config(start if start.is_dir() else start.parent)
+    return find_config(start if os.path.isdir(start) else start.parent)
 
 
 def lint_settings_with_sources(path: Path) -> dict[str, Sourced]:

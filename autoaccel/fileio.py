@@ -45,7 +45,8 @@ def real_path(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What the file of `mode` is when it is not a regular file ("a FIFO"), for messages."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -64,7 +65,7 @@ def read_bytes(path: Path, limit: int = MAX_SOURCE_BYTES) -> bytes:
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
-            raise FileRefused(f"is {_kind(mode)}; only regular files are read")
+            raise FileRefused(f"is {file_kind(mode)}; only regular files are read")
         with os.fdopen(descriptor, "rb", closefd=False) as stream:
             data = stream.read(limit + 1)
     finally:
@@ -158,7 +159,7 @@ def _umask() -> int:
 
 def _check_replaceable(target: Path, existing: os.stat_result) -> None:
     if not stat.S_ISREG(existing.st_mode):
-        raise FileRefused(f"is {_kind(existing.st_mode)}; only regular files are replaced")
+        raise FileRefused(f"is {file_kind(existing.st_mode)}; only regular files are replaced")
     mode = stat.S_IMODE(existing.st_mode)
     # Root may write anything, so the mode bits decide as well as access(2).
     if not mode & 0o222:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -159,6 +160,37 @@ def test_unknown_key_or_code_in_the_table_is_an_error(cli, tmp_path, body, messa
     assert run.stderr.count("\n") == 1  # said once, not once per file
     assert cli("convert", "train.py").exit_code == 2  # every command reads the table
 
+
+
+@pytest.mark.parametrize("nesting", ["select = {}", "convert = {{ target = {} }}"])
+def test_a_pyproject_nested_too_deeply_is_an_error_naming_the_file(cli, tmp_path, nesting):
+    deep = "[" * 5000 + "]" * 5000
+    (tmp_path / "pyproject.toml").write_text(f"[tool.autoaccel]\n{nesting.format(deep)}\n")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    expected = f"error: {tmp_path / 'pyproject.toml'}: nested too deeply to read\n"
+    for command in ("lint", "convert"):
+        run = cli(command, "train.py")
+        assert (run.exit_code, run.stderr) == (2, expected)
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        pytest.param(Path.mkdir, "a directory", id="folder"),
+        pytest.param(os.mkfifo, "a FIFO", id="fifo"),
+    ],
+)
+def test_a_pyproject_that_is_not_a_regular_file_is_passed_over_with_a_warning(
+    cli, tmp_path, make, kind
+):
+    (tmp_path / "sub").mkdir()
+    write_config(tmp_path, '[tool.autoaccel]\nselect = ["ACC101"]\n')
+    make(tmp_path / "sub" / "pyproject.toml")  # a FIFO is never opened: nothing blocks
+    (tmp_path / "sub" / "train.py").write_text(SCRIPT)
+    run = cli("lint", "sub/train.py")
+    assert codes(run.stdout) == ["ACC101"]  # the settings of the folder above
+    warning = f"warning: {tmp_path / 'sub' / 'pyproject.toml'}: {kind}; its settings are not read"
+    assert run.stderr.splitlines()[0] == warning
 
 def test_enabled_matches_prefixes():
     settings = LintSettings(select=("ACC1", "ACC301"), ignore=("ACC10",))

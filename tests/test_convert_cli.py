@@ -218,6 +218,35 @@ def test_ddp_launch_commands_name_the_written_script(script, tmp_path):
     assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in run.stdout
 
 
+@pytest.mark.parametrize("report_format", ["text", "markdown"])
+def test_a_refused_conversion_prints_no_launch_commands(script, tmp_path, report_format):
+    # as above, without --allow-partial: refused, and there is no script to run
+    run = convert("train.py", "--to", "ddp", "--write", "--format", report_format, cwd=tmp_path)
+    assert run.returncode == 1 and "--to ddp refused" in run.stderr
+    assert "Run it" not in run.stdout and "torchrun --standalone" not in run.stdout
+    assert script.read_text() == SCRIPT
+
+
+def test_a_refused_project_conversion_prints_no_launch_commands(tmp_path):
+    # the loader is made inside the `for` of a module: it cannot get a sampler
+    (tmp_path / "steps.py").write_text(
+        "from torch.utils.data import DataLoader\n\n\n"
+        "def train(model, optimizer, dataset):\n"
+        "    for x, y in DataLoader(dataset, batch_size=8, shuffle=True):\n"
+        "        loss = (model(x) - y).pow(2).mean()\n"
+        "        optimizer.zero_grad()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom steps import train\n\nmodel = torch.nn.Linear(4, 1)\n"
+        "train(model, torch.optim.SGD(model.parameters(), lr=0.1), dataset)\n"
+    )
+    run = convert("train.py", "--to", "ddp", "--write", cwd=tmp_path)
+    assert run.returncode == 1 and "steps.py:5:1: error: DistributedSampler" in run.stderr
+    assert "Run it" not in run.stdout and "torchrun --standalone" not in run.stdout
+
+
 @pytest.mark.parametrize(
     "failure",
     [

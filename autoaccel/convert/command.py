@@ -11,7 +11,7 @@ from pathlib import Path
 from autoaccel.convert.log import ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.project_conversion import convert_project, find_project
-from autoaccel.convert.report import json_report, markdown_report, text_report
+from autoaccel.convert.report import json_report, markdown_report, text_report, without_launch
 from autoaccel.convert.verify import VerifyRequest, WriteConversion, verify_ddp, write_one
 from autoaccel.diff import use_colour
 from autoaccel.fileio import os_error_message, read_bytes, read_source, write_atomic
@@ -92,7 +92,9 @@ def run_convert(
 
     wrong = [s for s in conversion.log.skipped if s.wrong]
     if wrong and not allow_partial:
-        _print_report(_readable(conversion, notebook), str(path), report_format, False)
+        # refused: nothing is written, so there is nothing to run
+        refused = without_launch(_readable(conversion, notebook))
+        _print_report(refused, str(path), report_format, False)
         print_not_applied(path, wrong, "error")
         print_refused(path, options)
         return EXIT_CHANGED

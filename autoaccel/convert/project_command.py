@@ -29,7 +29,7 @@ from autoaccel.convert.command import (
 )
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.project_conversion import Project, ProjectConversion
-from autoaccel.convert.report import json_object, launch_report
+from autoaccel.convert.report import json_object, launch_report, without_launch
 from autoaccel.convert.verify import VerifyRequest
 from autoaccel.fileio import os_error_message, read_bytes, write_all_atomic
 
@@ -70,7 +70,9 @@ def finish_project(
     file would train wrongly, fails `verify`, `-o` cannot hold it, or a file cannot be
     written."""
     if not allow_partial and any(s.wrong for f in result.files for s in f.conversion.log.skipped):
-        _report(result, report_format, False)
+        # nothing is written, so there is nothing to run
+        files = [replace(f, conversion=without_launch(f.conversion)) for f in result.files]
+        _report(ProjectConversion(files), report_format, False)
         _refusals(result, "error")
         print_refused(project.script.path, options)
         return EXIT_CHANGED
@@ -166,8 +168,7 @@ def _report(result: ProjectConversion, report_format: str, writing: bool) -> Non
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return
     for file in shown:  # each file without the launch commands, which end the report
-        log = replace(file.conversion.log, launch=[], extra_files={})
-        _print_report(replace(file.conversion, log=log), str(file.file.path), report_format, writing)
+        _print_report(without_launch(file.conversion), str(file.file.path), report_format, writing)
     launch = launch_report(result.files[0].conversion, report_format == "markdown")
     if launch and (report_format == "markdown" or not writing or result.changed):
         sys.stdout.write(("\n" if report_format == "markdown" else "") + launch)

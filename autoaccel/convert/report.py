@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from autoaccel.convert.pipeline import Conversion
 from autoaccel.diff import colourize, unified_diff
@@ -25,6 +26,12 @@ def _skipped_lines(conversion: Conversion) -> list[str]:
 def _launch_lines(conversion: Conversion) -> list[str]:
     extra = [f"# --write / -o also writes {name} beside the script" for name in sorted(conversion.log.extra_files)]
     return [*conversion.log.launch, *extra]
+
+
+def without_launch(conversion: Conversion) -> Conversion:
+    """`conversion` without the commands that run its result and the launcher files
+    they use: for a report of a result that is not written (or whose launch is told once)."""
+    return replace(conversion, log=replace(conversion.log, launch=[], extra_files={}))
 
 
 def launch_report(conversion: Conversion, markdown: bool) -> str:

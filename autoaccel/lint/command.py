@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from autoaccel.config import ConfigError, check_selectors, settings_for
 from autoaccel.discovery import discover
 from autoaccel.diff import use_colour
-from autoaccel.fileio import MAX_SOURCE_BYTES
+from autoaccel.fileio import MAX_SOURCE_BYTES, os_error_message
 from autoaccel.lint.output import FORMATTERS, format_text, statistics_text, summary_text
 from autoaccel.lint.output_format import OutputFormat
 from autoaccel.lint.runner import FileResult, Mode, Overrides, lint_files, lint_text
@@ -63,7 +64,8 @@ def run_lint(
     """Lint `paths` and print the report; returns Ruff's exit code."""
     overrides = Overrides(select, extend_select, ignore, unsafe_fixes, force_exclude)
     mode = Mode.DIFF if diff else Mode.FIX if fix else Mode.CHECK
-    missing = [p for p in paths if p != "-" and not Path(p).exists()]
+    missing = [p for p in paths if p != "-" and _missing(p)]
+    unlisted: list[FileResult] = []
     try:
         for option, codes in (("--select", select), ("--extend-select", extend_select),
                               ("--ignore", ignore)):
@@ -71,7 +73,7 @@ def run_lint(
         if paths == ["-"]:
             results = _lint_stdin(overrides, mode)
         else:
-            files = _files(paths, missing, overrides)
+            files, unlisted = _files(paths, missing, overrides)
             for path in files:  # a bad configuration stops the run before any file is read
                 settings_for(path)
             results = lint_files(files, overrides, mode)
@@ -79,7 +81,7 @@ def run_lint(
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
     missing_results = [FileResult(p, error="1:1: error: no such file or directory") for p in missing]
-    results = missing_results + results
+    results = missing_results + unlisted + results
 
     for result in results:
         if result.error:
@@ -112,10 +114,30 @@ def run_lint(
     return EXIT_FINDINGS if any(r.diagnostics for r in results) else EXIT_CLEAN
 
 
-def _files(paths: list[str], missing: list[str], overrides: Overrides) -> list[Path]:
+def _missing(path: str) -> bool:
+    """Whether nothing is at `path`. A path that cannot be looked at (a folder on the
+    way may not be searched) is not missing: reading it reports why."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _files(
+    paths: list[str], missing: list[str], overrides: Overrides
+) -> tuple[list[Path], list[FileResult]]:
     """The files to lint: what `discover` finds, less the excluded ones (Ruff's way:
-    a path named on the command line is linted unless `force-exclude` is set)."""
+    a path named on the command line is linted unless `force-exclude` is set); and an
+    error for each folder that could not be listed."""
     given = [Path(p) for p in paths if p not in missing and p != "-"]
+    unlisted: list[FileResult] = []
+
+    def unreadable(error: OSError) -> None:
+        message = f"1:1: error: {os_error_message(error)}"
+        unlisted.append(FileResult(str(error.filename), error=message))
 
     def walked_and_excluded(path: Path) -> bool:
         return overrides.apply(settings_for(path)).excludes(path)
@@ -124,11 +146,12 @@ def _files(paths: list[str], missing: list[str], overrides: Overrides) -> list[P
         settings = overrides.apply(settings_for(path))
         return settings.force_exclude and settings.excludes(path, ancestors=True)
 
-    return [
+    files = [
         path
-        for path in discover(map(str, given), walked_and_excluded)
+        for path in discover(map(str, given), walked_and_excluded, unreadable)
         if path not in given or not given_and_excluded(path)
     ]
+    return files, unlisted
 
 
 def _would_fix_text(results: list[FileResult]) -> str:
