@@ -18,9 +18,12 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-# A source file larger than this is no hand-written training script; reading it whole
-# (and parsing it) would only exhaust memory.
-MAX_SOURCE_BYTES = 32 * 2**20
+# A source file larger than this is no hand-written training script. Lint time and
+# memory grow linearly with the size, ~8 CPU-s and ~650 MB per MiB of dense training
+# code (benchmarks/results/lint_scaling.md): 32 MiB would take minutes and 20 GB.
+MAX_SOURCE_BYTES = 2**20
+# Any other file read whole (a notebook, with its outputs).
+MAX_FILE_BYTES = 32 * 2**20
 
 
 class FileRefused(OSError):
@@ -58,7 +61,7 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bytes(path: Path, limit: int = MAX_SOURCE_BYTES) -> bytes:
+def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the regular file at `path`, at most `limit` of them.
     Raises `FileRefused` for anything else (a FIFO is opened without blocking)."""
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -68,16 +71,23 @@ def read_bytes(path: Path, limit: int = MAX_SOURCE_BYTES) -> bytes:
             raise FileRefused(f"is {file_kind(mode)}; only regular files are read")
         with os.fdopen(descriptor, "rb", closefd=False) as stream:
             data = stream.read(limit + 1)
+            if len(data) > limit:
+                size = max(os.fstat(descriptor).st_size, len(data))
+                raise FileRefused(f"larger than {mebibytes(limit)} ({mebibytes(size)}); not read")
     finally:
         os.close(descriptor)
-    if len(data) > limit:
-        raise FileRefused(f"larger than {limit // 2**20} MiB; not read")
     return data
 
 
-def read_source(path: Path) -> SourceFile:
-    """Decode with the file's PEP 263 coding cookie (UTF-8 by default)."""
-    raw = read_bytes(path)
+def mebibytes(size: int) -> str:
+    """`size` bytes as a limit is written: "1 MiB", "0.5 MiB", "30.2 MiB"."""
+    return f"{size / 2**20:.3g} MiB"
+
+
+def read_source(path: Path, limit: int = MAX_SOURCE_BYTES) -> SourceFile:
+    """Decode with the file's PEP 263 coding cookie (UTF-8 by default); a file of more
+    than `limit` bytes is refused (`FileRefused`)."""
+    raw = read_bytes(path, limit)
     encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     return SourceFile(text=raw.decode(encoding), encoding=encoding, raw=raw)
 

@@ -16,8 +16,8 @@ from typing import Callable
 
 from autoaccel.diff import unified_diff
 from autoaccel.config import ConfigError, LintSettings, settings_for
-from autoaccel.fileio import os_error_message, read_source, write_atomic
-from autoaccel.lint.engine import TOO_DEEP, SourceError, analyse
+from autoaccel.fileio import MAX_SOURCE_BYTES, mebibytes, os_error_message, read_source, write_atomic
+from autoaccel.lint.engine import TOO_DEEP, SourceError, analyse, interruptible
 from autoaccel.lint.rule import Diagnostic
 from autoaccel.notebook import CellRange, Notebook, NotebookError, is_notebook, read_notebook
 
@@ -39,6 +39,7 @@ class Overrides:
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
     force_exclude: bool = False
+    max_file_size: int = MAX_SOURCE_BYTES  # bytes of Python code; a larger file is not read
 
     def apply(self, settings: LintSettings) -> LintSettings:
         select = self.select if self.select is not None else settings.select
@@ -81,7 +82,7 @@ def lint_text(
     read from (the local modules it imports are analysed with it)."""
     result = FileResult(path=display_path)
     try:
-        with _cycle_collection_paused():
+        with _cycle_collection_paused(), interruptible():
             if mode is Mode.CHECK:
                 result.diagnostics = analyse(text, settings, display_path, script=script).diagnostics
                 return _portable(result)
@@ -134,8 +135,8 @@ def lint_file(path: Path, overrides: Overrides, mode: Mode) -> FileResult:
     try:
         settings = overrides.apply(settings_for(path))
         if is_notebook(path):
-            return _lint_notebook(path, settings, mode)
-        source = read_source(path)
+            return _lint_notebook(path, settings, mode, overrides.max_file_size)
+        source = read_source(path, overrides.max_file_size)
     except OSError as error:
         return FileResult(path=display, error=f"1:1: error: {os_error_message(error)}")
     except (UnicodeDecodeError, SyntaxError, ConfigError, NotebookError) as error:
@@ -157,9 +158,14 @@ def _write_fixes(result: FileResult, path: Path, text: str, encoding: str, origi
         result.fixed = 0
 
 
-def _lint_notebook(path: Path, settings: LintSettings, mode: Mode) -> FileResult:
-    """Lint a notebook's code cells; fixes rewrite only the cells they change."""
+def _lint_notebook(path: Path, settings: LintSettings, mode: Mode, limit: int) -> FileResult:
+    """Lint a notebook's code cells (at most `limit` bytes of them); fixes rewrite only
+    the cells they change."""
     notebook = read_notebook(path)
+    size = len(notebook.python.encode())
+    if size > limit:
+        error = f"1:1: error: code cells larger than {mebibytes(limit)} ({mebibytes(size)}); not read"
+        return FileResult(path=str(path), error=error)
 
     def describe(line: int, column: int) -> str:
         return str(notebook.cell_range(line, column, line, column))
