@@ -4,12 +4,18 @@ command run for real on every fixture (a tiny sweep) and on scripts made to test
 from __future__ import annotations
 
 import ast
+import io
 import json
+import os
 import textwrap
 from functools import partial
+from pathlib import Path
 
 import pytest
 
+from autoaccel.bench.report import stdout_console
+from autoaccel.rules.acc101_dataloader_without_workers import WORKERS
+from autoaccel.tune.command import heuristic_workers, print_tables
 from autoaccel.tune.set_loader_arguments import set_loader_arguments
 from autoaccel.tune.sweep import LoaderSetting, Measurement, planned_count, sweep, worker_counts
 from command_runs import autoaccel, runs_on_fixtures
@@ -77,6 +83,85 @@ def test_a_failing_setting_never_wins():
 
     _, best = sweep(LoaderSetting(), measure, limit=2)
     assert best.setting == LoaderSetting()
+
+
+def test_a_gain_within_the_spread_of_the_passes_does_not_count():
+    current, one = LoaderSetting(), LoaderSetting(1, persistent_workers=True)
+    spreads = {current: (90.0, 112.0), one: (100.0, 130.0)}  # medians 100 and 115
+
+    def measure(setting: LoaderSetting) -> Measurement:
+        low, high = spreads.get(setting, (1.0, 2.0))
+        return Measurement(setting, (low + high) / 2, 0.01, batches_per_s_range=(low, high))
+
+    _, best = sweep(current, measure, limit=1)
+    assert best.setting == current
+
+
+def test_sweep_measures_the_reference_setting():
+    reference = LoaderSetting(8, persistent_workers=True)  # what convert would write
+    tried: list[LoaderSetting] = []
+    _, best = sweep(LoaderSetting(), fake_measure({reference: 80.0}, tried), limit=2, reference=reference)
+    assert tried[:2] == [LoaderSetting(), reference]
+    assert best.setting.num_workers == 8
+
+
+# -- the output ---------------------------------------------------------------------------
+NONE, ONE, TWO = LoaderSetting(), LoaderSetting(1, persistent_workers=True), LoaderSetting(2, persistent_workers=True)
+
+
+def tuned_loader(heuristic_spread: tuple[float, float]) -> dict:
+    """A loader as the measuring process reports it (through JSON), with convert's choice:
+    the heuristic gave 2 workers; 1 worker measured fastest (a user's report)."""
+    measured = [
+        Measurement(NONE, 10.0, 0.01, batches_per_s_range=(9.5, 10.5)),
+        Measurement(TWO, 14.0, 0.2, batches_per_s_range=heuristic_spread),
+        Measurement(ONE, 18.8, 0.1, batches_per_s_range=(18.0, 19.5)),
+    ]
+    results = json.loads(json.dumps([m.as_dict() for m in measured]))
+    return {
+        "line": 12, "dataset": "Images", "batch_size": 64, "batches_per_epoch": 100,
+        "unpicklable": None, "same_site": 1, "current": NONE.as_dict(), "heuristic": TWO.as_dict(),
+        "results": results, "best": results[2],
+        "convert": {"writes": {"num_workers": WORKERS, "persistent_workers": "True"}, "reason": None},
+    }
+
+
+def printed(loader: dict) -> str:
+    output = io.StringIO()  # not a terminal, as when piped
+    print_tables(Path("train.py"), {"loaders": [loader]}, stdout_console(output))
+    return output.getvalue()
+
+
+def test_table_keeps_its_columns_when_piped():
+    text = printed(tuned_loader((13.0, 15.0)))
+    assert "\u2026" not in text  # nothing cut short
+    header = "workers pin persist prefetch batch/s range 1st batch speed-up".split()
+    assert header in [line.split() for line in text.splitlines()]
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip()[:1].isdigit()}
+    assert rows["1"].split() == ["1", "no", "yes", "default", "18.8", "18.0-19.5", "100", "ms", "1.88x", "best"]
+    assert rows["2"].split()[4:] == ["14.0", "13.0-15.0", "200", "ms", "1.40x", "convert", "writes", "it"]
+    assert rows["0"].split()[-1] == "current"
+
+
+def test_output_compares_the_best_with_what_convert_writes():
+    text = printed(tuned_loader((13.0, 15.0)))
+    assert (
+        f"convert and lint --fix (ACC101) write num_workers={WORKERS}, persistent_workers=True, "
+        "a heuristic: num_workers=2 here, 1.40x the current setting.\n"
+        "The measurement disagrees: the best measured is 1.34x the heuristic, beyond the spread "
+        "of the passes; `autoaccel tune --write` writes num_workers=1, persistent_workers=True "
+        "into the call"
+    ) in text
+
+
+def test_output_agrees_with_convert_within_the_spread():
+    text = printed(tuned_loader((13.0, 18.5)))  # its fastest pass beat 1 worker's slowest
+    assert "The measurement agrees: no setting measured is clearly faster than it." in text
+
+
+def test_heuristic_is_the_fixs_expression_evaluated_here():
+    assert WORKERS == "min(8, os.cpu_count() or 1)"
+    assert heuristic_workers() == min(8, os.cpu_count() or 1)
 
 
 # -- the rewrite -------------------------------------------------------------------------
@@ -260,6 +345,25 @@ def test_write_applies_the_fastest_setting(tmp_path):
     assert after[:line] == before[:line]
     assert after[call.end_lineno:] == before[line + 1:]
     assert f"{script}:{line + 1}: tuned: `num_workers=2`" in proc.stderr
+
+
+@pytest.mark.runs
+def test_tune_measures_and_compares_what_convert_writes(tmp_path):
+    """ACC101 gives this training loader `min(8, os.cpu_count() or 1)` workers: tune
+    measures that setting too, says its value here and how it compares with the best."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(SLOW_DATASET.replace("pass", "torch.nn.Linear(2, 1)(batch).sum().backward()"))
+    proc = tune(script, "--batches", "4", "--repeats", "2", "--max-workers", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    workers = min(8, os.cpu_count() or 1)
+    assert (
+        f"convert and lint --fix (ACC101) write num_workers={WORKERS}, persistent_workers=True, "
+        f"a heuristic: num_workers={workers} here, "
+    ) in proc.stdout
+    assert "The measurement agrees" in proc.stdout or "The measurement disagrees" in proc.stdout
+    [row] = [line.split() for line in proc.stdout.splitlines() if "convert writes it" in line]
+    assert row[:3] == [str(workers), "no", "yes"]
 
 
 @pytest.mark.runs

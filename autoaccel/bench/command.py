@@ -22,7 +22,7 @@ from rich.console import Console
 
 from autoaccel.bench.compare import SLOWER, default_tolerance, summarise
 from autoaccel.bench.ddp_memory import ddp_peaks
-from autoaccel.bench.report import print_result, write_report
+from autoaccel.bench.report import print_result, stdout_console, write_report
 from autoaccel.bench.runner import Run, run_script
 from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions
 from autoaccel.convert.pipeline import ConversionError, convert_source
@@ -98,7 +98,7 @@ def run_bench(
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
-        print_result(result, Console(), allow_slower)
+        print_result(result, stdout_console(), allow_slower)
     if report is not None:
         try:
             warnings = write_report(result, report)

@@ -94,28 +94,47 @@ def max_relative_difference(reference: list[float], other: list[float], window: 
 # with n pairs, the range of the n ratios covers the true median ratio with probability
 # 1 - 2**(1 - n) (75 % at 3, 94 % at 5), whatever the noise's distribution (a sign test).
 MIN_JUDGED_REPEATS = 3
+# The smallest difference called faster or slower: 2 % is within a shared machine's drift
+# and too little to act on.
+MIN_EFFECT = 0.02
 FASTER, SLOWER, SAME, NOT_JUDGED = "faster", "slower", "no measurable difference", "not judged"
 
 
 @dataclass(frozen=True)
 class SpeedUp:
-    """The paired throughput ratios (converted over original) of the repeated runs."""
+    """The paired throughput ratios (converted over original) of the repeated runs, and
+    how much the original's runs vary: (max - min) / median of their throughput."""
 
     ratios: tuple[float, ...]
+    noise: float = 0.0
 
     @property
     def median(self) -> float:
         return statistics.median(self.ratios)
 
     @property
+    def margin(self) -> float:
+        """How far from 1 a pair's ratio must be to count: `MIN_EFFECT`, or the
+        original's run-to-run spread when that is larger (a difference the same script
+        shows between its own runs is not the conversion's)."""
+        return max(MIN_EFFECT, self.noise)
+
+    @property
     def verdict(self) -> str:
-        """`faster` / `slower` when every pair says so, else no measurable difference;
-        not judged with fewer than `MIN_JUDGED_REPEATS` pairs."""
+        """`faster` when every pair's ratio is above 1 + margin, `slower` when every one
+        is below 1 / (1 + margin), else no measurable difference: the sign test's range
+        must clear the margin, not just 1.00x. Not judged with fewer than
+        `MIN_JUDGED_REPEATS` pairs.
+
+        Every pair above 1 + margin puts each order statistic of the converted runs, the
+        median included, above (1 + margin) times the original's, so `faster` comes with
+        medians at least 2 % apart: never with equal numbers in the table, which shows
+        three significant digits (steps of at most 1 %)."""
         if len(self.ratios) < MIN_JUDGED_REPEATS:
             return NOT_JUDGED
-        if min(self.ratios) > 1:
+        if min(self.ratios) > 1 + self.margin:
             return FASTER
-        if max(self.ratios) < 1:
+        if max(self.ratios) < 1 / (1 + self.margin):
             return SLOWER
         return SAME
 
@@ -130,16 +149,20 @@ def _metric(original: Throughput | None, converted: Throughput | None) -> str | 
 def speedup(
     originals: list[dict[str, Any]], converteds: list[dict[str, Any]], warmup: int
 ) -> SpeedUp | None:
-    """The ratio of each pair of runs (samples/s, else steps/s); None when a run has
-    no timing."""
-    ratios = []
+    """The ratio of each pair of runs (samples/s, else steps/s) and the spread of the
+    original's runs; None when a run has no timing."""
+    ratios, before_rates = [], []
     for original, converted in zip(originals, converteds):
         before, after = throughput(original, warmup), throughput(converted, warmup)
         metric = _metric(before, after)
         if metric is None:
             return None
-        ratios.append(getattr(after, metric) / getattr(before, metric))
-    return SpeedUp(tuple(ratios)) if ratios else None
+        before_rates.append(getattr(before, metric))
+        ratios.append(getattr(after, metric) / before_rates[-1])
+    if not ratios:
+        return None
+    noise = (max(before_rates) - min(before_rates)) / statistics.median(before_rates)
+    return SpeedUp(tuple(ratios), noise)
 
 
 def _run_figures(record: dict[str, Any], warmup: int) -> dict[str, Any]:
@@ -207,6 +230,7 @@ def summarise(
         "speedup_range": [min(ratio.ratios), max(ratio.ratios)] if ratio else None,
         "speedup_per_run": list(ratio.ratios) if ratio else None,
         "speed": ratio.verdict if ratio else NOT_JUDGED,
+        "speed_margin": ratio.margin if ratio else None,
         "compared_steps": steps,
         "smoothing_window": window,
         "max_rel_diff": difference if difference != float("inf") else None,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich import box
 from rich.console import Console
@@ -15,6 +16,7 @@ from rich.table import Table
 
 from autoaccel.bench.compare import (
     FASTER,
+    MIN_EFFECT,
     MIN_JUDGED_REPEATS,
     NOT_JUDGED,
     SAME,
@@ -24,7 +26,16 @@ from autoaccel.bench.compare import (
 from autoaccel.convert.verify import Check
 
 PLOT_HINT = "bench.png needs matplotlib: pip install 'autoaccel[plot]'"
+# Piped or redirected, rich fits its output into 80 columns: it cuts table cells
+# ("curre…") and breaks lines. A file or a pipe has no width, so none is imposed.
+PIPED_WIDTH = 10_000
 _RUNS = ("original", "converted")
+
+
+def stdout_console(file: IO[str] | None = None) -> Console:
+    """A console for results: the terminal's width, or `PIPED_WIDTH` when not a terminal."""
+    console = Console(file=file)
+    return console if console.is_terminal else Console(file=file, width=PIPED_WIDTH)
 
 
 def _number(value: float | None, digits: int = 1) -> str:
@@ -32,10 +43,13 @@ def _number(value: float | None, digits: int = 1) -> str:
 
 
 def _rate(value: float | None) -> str:
-    """A throughput to three significant digits or more: `0.123`, `12.3`, `1,234`."""
+    """A throughput to three significant digits, more above 1,000: `0.123`, `12.3`,
+    `1,234` (so a rounding step is at most 1 % of the value)."""
     if value is None:
         return "-"
-    return _number(value, 2 if value < 9.995 else 1 if value < 99.95 else 0)  # as rounded
+    rounded = float(f"{value:.3g}")  # 9.996 -> 10.0: the digits of the rounded value
+    digits = 2 - math.floor(math.log10(abs(rounded))) if rounded else 2
+    return _number(value, max(0, digits))
 
 
 def _mib(value: int | None) -> str:
@@ -84,7 +98,7 @@ def memory_verdict(result: dict[str, Any]) -> str:
 
 
 def speed_verdict(result: dict[str, Any]) -> str:
-    """`speed-up 1.02x (pairs of runs 0.95x-1.10x): no measurable difference ...`."""
+    """`speed-up 1.04x (pairs of runs 1.00x-1.09x): no measurable difference ...`."""
     speedup, spread = result["speedup"], result["speedup_range"]
     runs = f"{result['repeats']} run{'s' * (result['repeats'] != 1)} each"
     if speedup is None:
@@ -94,11 +108,34 @@ def speed_verdict(result: dict[str, Any]) -> str:
         text += f" (pairs of runs {_number(spread[0], 2)}x-{_number(spread[1], 2)}x)"
     if result["speed"] == NOT_JUDGED:
         return f"{text}: not judged, {runs}; --repeats {MIN_JUDGED_REPEATS} or more to judge"
+    margin = _margin(result["speed_margin"])
     if result["speed"] == SAME:
-        return f"{text}: no measurable difference over {runs} (the pairs' spread covers 1.00x)"
+        return (
+            f"{text}: no measurable difference over {runs} "
+            f"(not every pair differs by more than {margin})"
+        )
     if result["speed"] == SLOWER:
-        return f"{text}: SLOWER in every pair of runs ({runs})"
-    return f"{text}: faster in every pair of runs ({runs})"
+        return f"{text}: SLOWER in every pair of runs by more than {margin} ({runs})"
+    return f"{text}: faster in every pair of runs by more than {margin} ({runs})"
+
+
+def _margin(margin: float) -> str:
+    """The difference a pair must exceed, and where it comes from when it is not the minimum."""
+    shown = f"{_number(margin * 100, 1)}%"
+    return shown if margin <= MIN_EFFECT else f"{shown}, the spread of the original's runs"
+
+
+def throughput_title(result: dict[str, Any]) -> str:
+    """The title of the throughput bars: the verdict, with the speed-up only when it is
+    one."""
+    speedup = _number(result["speedup"], 2)
+    if result["speed"] == FASTER:
+        return f"Throughput: {speedup}x faster"
+    if result["speed"] == SLOWER:
+        return f"Throughput: {speedup}x, SLOWER"
+    if result["speed"] == SAME:
+        return "Throughput: no measurable difference"
+    return f"Throughput: {speedup}x, not judged"
 
 
 def loss_verdict(result: dict[str, Any]) -> str:
@@ -203,8 +240,7 @@ def figure(result: dict[str, Any]) -> Any:
             bars.plot([position] * len(per_run), per_run, "k.", alpha=0.6)
     bars.bar_label(drawn, labels=[_rate(value) for value in values], label_type="center")
     bars.margins(y=0.15)
-    title = f"Throughput: {_number(result['speedup'], 2)}x\n{result['speed']}"
-    bars.set(ylabel=metric.replace("_per_s", "/s") + " (median)", title=title)
+    bars.set(ylabel=metric.replace("_per_s", "/s") + " (median)", title=throughput_title(result))
     picture.suptitle(f"{result['script']}: {result['command']}")
     picture.tight_layout()
     return picture

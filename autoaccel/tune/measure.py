@@ -1,14 +1,18 @@
 """The measuring side of `autoaccel tune`, run in its own process:
 
     python -m autoaccel.tune.measure --events PATH [--batches N] [--repeats R]
-                                     [--max-workers W] SCRIPT [script args...]
+                                     [--max-workers W] [--heuristic-workers H]
+                                     SCRIPT [script args...]
 
 Runs SCRIPT until its DataLoaders exist (`capture.py`), then times each loader under the
 settings `sweep.py` proposes. Each setting's loader is iterated `repeats + 1` times; the
 first pass is warm-up and is dropped. A pass times the first batch (worker start-up) and up
 to N further batches (the steady rate), and with CUDA includes the copy of each batch to the
-GPU. The score is batches/s over one of the script's epochs: median first batch plus the
-epoch's other batches at the median steady rate. Progress and the result go to PATH as JSON
+GPU. A pass's score is batches/s over one of the script's epochs: its first batch plus the
+epoch's other batches at its steady rate; a setting's score is the median of its passes', and
+its spread their range. With `--heuristic-workers H`, a loader without workers is also
+measured with the H workers (and `persistent_workers=True`) that `autoaccel convert` would
+give it. Progress and the result go to PATH as JSON
 lines: `{"type": "plan", ...}`, `{"type": "measured", ...}`, `{"type": "result", ...}`.
 """
 
@@ -21,6 +25,7 @@ import pickle
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +106,17 @@ class _Timer:
             passes = [self._one_pass(loader, setting.pin_memory) for _ in range(self.repeats + 1)]
         except Exception as error:  # noqa: BLE001 - a setting that fails is reported, not fatal
             return Measurement(setting, error=f"{type(error).__name__}: {error}")
-        first = statistics.median(p[0] for p in passes[1:])
-        rates = [p[1] for p in passes[1:] if p[1] is not None]
-        if not rates or self.epoch <= 1:
-            return Measurement(setting, 1.0 / first, first)
-        steady = statistics.median(rates)
-        return Measurement(setting, self.epoch / (first + (self.epoch - 1) / steady), first)
+        timed = passes[1:]
+        scores = [self._score(first, rate) for first, rate in timed]
+        first = statistics.median(first for first, _ in timed)
+        spread = (min(scores), max(scores))
+        return Measurement(setting, statistics.median(scores), first, batches_per_s_range=spread)
+
+    def _score(self, first: float, rate: float | None) -> float:
+        """Batches/s over one epoch: the first batch, then the others at `rate`."""
+        if rate is None or self.epoch <= 1:
+            return 1.0 / first
+        return self.epoch / (first + (self.epoch - 1) / rate)
 
     def _one_pass(self, loader: Any, non_blocking: bool) -> tuple[float, float | None]:
         """(seconds to the first batch, batches/s after it) for one iterator."""
@@ -157,9 +167,15 @@ def _describe(captured: CapturedLoader, same_site: int, setting: LoaderSetting) 
 
 
 def tune_loaders(
-    loaders: list[CapturedLoader], events: _Events, batches: int, repeats: int, limit: int
+    loaders: list[CapturedLoader],
+    events: _Events,
+    batches: int,
+    repeats: int,
+    limit: int,
+    heuristic_workers: int | None = None,
 ) -> None:
-    """Sweep every call site's first loader and emit the result."""
+    """Sweep every call site's first loader and emit the result; a loader without workers
+    is also measured with `heuristic_workers` (and persistent workers)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -170,9 +186,14 @@ def tune_loaders(
     for group in sites.values():
         captured = group[0]
         error = picklable_error(captured)
-        plan = _describe(captured, len(group), current_setting(captured.loader))
+        current = current_setting(captured.loader)
+        plan = _describe(captured, len(group), current)
         plan["unpicklable"] = error
-        plan["planned"] = planned_count(limit, error is None, cuda)
+        heuristic = None
+        if heuristic_workers and error is None and current.num_workers == 0:
+            heuristic = replace(current, num_workers=heuristic_workers, persistent_workers=True)
+        plan["heuristic"] = heuristic.as_dict() if heuristic else None
+        plan["planned"] = planned_count(limit, error is None, cuda, heuristic is not None)
         plans.append((captured, plan))
     events.emit("plan", loaders=[plan for _, plan in plans], cuda=cuda, cpu_count=limit)
     results = []
@@ -186,7 +207,10 @@ def tune_loaders(
             return result
 
         current = LoaderSetting(**plan["current"])
-        measured, best = sweep(current, measure, limit, plan["unpicklable"] is None, cuda)
+        heuristic = LoaderSetting(**plan["heuristic"]) if plan["heuristic"] else None
+        measured, best = sweep(
+            current, measure, limit, plan["unpicklable"] is None, cuda, reference=heuristic
+        )
         results.append({
             **plan,
             "results": [m.as_dict() for m in measured],
@@ -201,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-workers", type=int, default=None)
+    parser.add_argument("--heuristic-workers", type=int, default=None)
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
@@ -208,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     limit = min(cpu_count(), ns.max_workers if ns.max_workers is not None else cpu_count())
 
     def on_ready(loaders: list[CapturedLoader]) -> None:
-        tune_loaders(loaders, events, ns.batches, ns.repeats, limit)
+        tune_loaders(loaders, events, ns.batches, ns.repeats, limit, ns.heuristic_workers)
 
     exit_status = capture_loaders(ns.script, ns.args, on_ready)
     if exit_status.startswith("error"):
