@@ -22,6 +22,7 @@ from autoaccel.convert.log import ConversionLog, ConvertOptions
 from autoaccel.convert.transform import (
     LOG_KEY,
     Analyses,
+    InsertedNames,
     Transform,
     TreeFacts,
     new_context,
@@ -86,7 +87,13 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
         from autoaccel.convert.transforms.fully_sharded import FSDP_STEPS
 
         steps += FSDP_STEPS
-    return [*steps, rule_fixes.FixesThroughNewImports]
+    else:
+        return [*steps, rule_fixes.FixesThroughNewImports]
+    from autoaccel.convert.transforms.inserted_names import ChooseNames, RestoreNames
+
+    # the target's steps write their own names; the script's keep out of their way
+    steps.insert(steps.index(ChannelsLast) + 1, ChooseNames)
+    return [*steps, rule_fixes.FixesThroughNewImports, RestoreNames]
 
 
 @dataclass
@@ -100,6 +107,7 @@ class ModuleState:
     history: list[tuple[str, str]] = field(default_factory=list)
     analyses: Analyses = field(default_factory=dict)  # a tree passed on unchanged is analysed once
     module_code: ModuleCode = field(default_factory=ModuleCode)
+    inserted_names: InsertedNames = field(default_factory=InsertedNames)
 
     def __post_init__(self) -> None:
         # A parsed tree holds each node object once: no step need walk it to find out.
@@ -111,7 +119,9 @@ class ModuleState:
 
     def context(self, options: ConvertOptions, log: ConversionLog, path: str | None) -> CodemodContext:
         """The context of the next step over this module."""
-        return new_context(options, log, path, self.text, self.analyses, self.module_code)
+        return new_context(
+            options, log, path, self.text, self.analyses, self.module_code, self.inserted_names
+        )
 
 
 def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, context: CodemodContext) -> None:
@@ -122,6 +132,12 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     _map_lines_to_original(log, logged, state.history)
     if transformed is state.tree:
         return  # the step had nothing to do
+    if getattr(step, "renames_names", False):
+        # names only: the lines stay where they are, none to format
+        state.tree, state.text = transformed, state.module_code(transformed)
+        state.analyses.clear()
+        state.analyses[id(transformed)] = TreeFacts(transformed, repeats_a_node=False)
+        return
     generated = state.module_code(transformed)
     if generated == state.text:
         return  # the same code: the next step gets the tree analysed already

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -46,6 +46,7 @@ PROJECT_KEY = "autoaccel.project"
 ENTRY_KEY = "autoaccel.entry"
 ANALYSES_KEY = "autoaccel.analyses"
 MODULE_CODE_KEY = "autoaccel.module_code"
+NAMES_KEY = "autoaccel.inserted_names"
 
 
 
@@ -63,6 +64,15 @@ class TreeFacts:
 Analyses = dict[int, TreeFacts]  # by id() of the tree
 
 
+@dataclass
+class InsertedNames:
+    """The names of one module's conversion that differ from the canonical ones the
+    steps write (see `transforms.inserted_names`): empty where the script uses none."""
+
+    chosen: dict[str, str] = field(default_factory=dict)  # canonical -> the conversion's
+    placeholders: dict[str, str] = field(default_factory=dict)  # script's own -> meanwhile
+
+
 def new_context(
     options: ConvertOptions,
     log: ConversionLog,
@@ -70,17 +80,19 @@ def new_context(
     source: str | None = None,
     analyses: Analyses | None = None,
     module_code: ModuleCode | None = None,
+    inserted_names: InsertedNames | None = None,
 ) -> CodemodContext:
     """The context of one step; `path` names the script (launch commands use it),
     `source` is the code of the tree the step gets, when the caller has it, `analyses`
     the script models the steps of one conversion share, `module_code` their code
-    generation."""
+    generation, `inserted_names` the names they share."""
     scratch = {
         OPTIONS_KEY: options,
         LOG_KEY: log,
         SOURCE_KEY: source,
         ANALYSES_KEY: {} if analyses is None else analyses,
         MODULE_CODE_KEY: module_code or ModuleCode(),
+        NAMES_KEY: inserted_names or InsertedNames(),
     }
     return CodemodContext(filename=path, scratch=scratch)
 
@@ -115,6 +127,8 @@ class Transform(VisitorBasedCodemodCommand):
     # Text the source must contain for the step to have work (a prefilter that spares
     # the analysis and the pass); empty: always run.
     needs: tuple[str, ...] = ()
+    # A step that only renames names: its output goes on as it is, not formatted.
+    renames_names: bool = False
 
     def __init__(self, context: CodemodContext) -> None:
         # LibCST's matcher decorators (`@m.leave(...)`, `@m.call_if_inside(...)`) are
@@ -218,6 +232,10 @@ class Transform(VisitorBasedCodemodCommand):
     @property
     def log(self) -> ConversionLog:
         return self.context.scratch[LOG_KEY]
+
+    @property
+    def inserted_names(self) -> InsertedNames:
+        return self.context.scratch.setdefault(NAMES_KEY, InsertedNames())
 
     @property
     def in_entry_script(self) -> bool:

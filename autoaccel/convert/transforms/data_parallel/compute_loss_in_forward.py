@@ -29,6 +29,7 @@ from autoaccel.convert.transforms.data_parallel.wraps import (
     single_positional,
     wrapper_instances,
 )
+from autoaccel.convert.transforms.inserted_names import name_refusal
 from autoaccel.cst_edit import add_imports, code_of, keyword_value, leading_import_block
 
 _BY_HAND = (
@@ -88,6 +89,11 @@ class ComputeLossInForward(StatementRewrite):
                 " nn.DataParallel even on one machine; --to dp would mix the two",
                 ddp,
             )
+            return
+        refusal = name_refusal(node, self.context.filename)
+        if refusal is not None:
+            reason, where = refusal
+            self.skipped("loss inside forward (--to dp)", reason, where, wrong=True)
             return
         for loop in self.script.step_loops.values():
             if loop.role is LoopRole.TRAIN:

@@ -25,6 +25,7 @@ from autoaccel.convert.transforms.distributed._base import (
     has_setup_block,
     parse_statements,
 )
+from autoaccel.convert.transforms.inserted_names import name_refusal
 from autoaccel.cst_edit import add_import, leading_import_block
 
 _ENVIRONMENT = '''DISTRIBUTED = "LOCAL_RANK" in os.environ
@@ -54,24 +55,6 @@ CPU_SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
 '''
 
 
-# Names the converted script defines, each with the module it imports it from (empty:
-# a variable of the set-up block or of a ddp step).
-INSERTED_NAMES = {
-    DISTRIBUTED: "", RANK: "", LOCAL_RANK: "", WORLD_SIZE: "", "backend": "",
-    "per_process_batch_size": "", "sync_gradients": "", "no_sync": "", "on_any_rank": "", "all_reduce_sums": "",
-    "LOCAL_WORLD_SIZE": "", "CPUS_PER_PROCESS": "",
-    "average_over_processes": "", "sum_over_processes": "",
-    "dist": "torch.distributed", "DDP": "torch.nn.parallel", "DistributedSampler": "torch.utils.data",
-}  # fmt: skip
-
-
-def _imports(statement: cst.Import | cst.ImportFrom, module: str) -> bool:
-    """Whether the import `statement` imports from `module` (or a module below it)."""
-    code = cst.Module([]).code_for_node(statement)
-    words = code.replace(",", " ").split()
-    return any(word == module or word.startswith(module + ".") for word in words)
-
-
 class InitProcessGroup(Transform):
     DESCRIPTION = "Start the process group from torchrun's environment variables."
     code = "ddp"
@@ -91,16 +74,10 @@ class InitProcessGroup(Transform):
                 wrong=True,
             )
             return tree
-        clash = self._name_clash(tree)
-        if clash is not None:
-            name, node = clash
-            self.skipped(
-                "--to ddp",
-                f"the script already uses the name `{name}`, which the converted script"
-                " defines for itself; rename it, then convert",
-                node,
-                wrong=True,
-            )
+        refusal = name_refusal(tree, self.context.filename)
+        if refusal is not None:
+            reason, node = refusal
+            self.skipped("--to ddp", reason, node, wrong=True)
             return tree
         if not self.in_entry_script:
             return self._read_environment(tree)
@@ -141,26 +118,6 @@ class InitProcessGroup(Transform):
             " the process group)",
         )
         return add_import(tree.with_changes(body=body), "import os")
-
-    def _name_clash(self, tree: cst.Module) -> tuple[str, cst.CSTNode | None] | None:
-        """A name the conversion inserts that the script binds to something else (a
-        variable `RANK`, `import torch.distributions as dist`), with where."""
-        assert self.script.index is not None
-        for scope in set(self.script.index.scopes.values()):
-            for name, bindings in scope.bindings.items():
-                if name not in INSERTED_NAMES:
-                    continue
-                expected = INSERTED_NAMES[name]
-                statements = [statement for _, _, statement in bindings]
-                if expected and all(
-                    s is not None and _imports(s, expected) for s in statements
-                ):
-                    continue  # `import torch.distributed as dist` as the conversion writes it
-                where = next((s for s in statements if s is not None), None)
-                if where is None:
-                    where = next((n for n in find(tree, cst.Name) if n.value == name), None)
-                return name, where
-        return None
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.qualified_names(node.func)

@@ -74,7 +74,9 @@ class ShardTrainLoader(DistributedStep):
         self.tree = node
         self.calls: dict[cst.Call, dict[str, str]] = {}  # loader call -> keyword -> new value
         self.datasets: dict[cst.CSTNode, str] = {}  # dataset argument -> hoisted name
+        # what a hoisted `dataset` / `sampler` must not be called: any name of the script
         self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
+        self.bound |= {name.value for name in find(node, cst.Name)}
         self.helper_needed = False
         self.shared_draws_needed = False
         loaders = {  # built here, read by a training loop of any module of the program

@@ -20,6 +20,7 @@ from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
     TrainedModel,
     ddp_name,
+    fresh_name,
     local_names,
     parameters_of,
     parse_statements,
@@ -54,17 +55,13 @@ class WrapModel(DistributedStep):
         # none gets its own, may be frozen (a distillation teacher, a DQN target). By
         # name: two models built by one function are one object to the analysis.
         optimized = {model.key for model in models} & self.script.trained
+        # a wrapper name the script does not use yet: `ddp_model`, else `ddp_model2`, ...
+        used = bound | {name.value for name in find(node, cst.Name)}
+        self.wrappers: dict[str, str] = {}
         for model in models:
-            if ddp_name(model.key) in bound:
-                self.skipped(
-                    "DistributedDataParallel",
-                    f"the script already uses the name `{ddp_name(model.key)}` for something"
-                    f" else, which the wrapper of `{model.key}` would be called; rename it, then convert",
-                    model.anchor,
-                    wrong=True,
-                )
-            else:
-                self._wrap(model, may_be_frozen=bool(optimized) and model.key not in optimized)
+            self.wrappers[model.key] = fresh_name(ddp_name(model.key), used)
+            used.add(self.wrappers[model.key])
+            self._wrap(model, may_be_frozen=bool(optimized) and model.key not in optimized)
 
     def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
         # The model under its own name, or as a parameter of the functions it is given to.
@@ -92,14 +89,14 @@ class WrapModel(DistributedStep):
                     "DistributedDataParallel",
                     f"this forward pass cannot be routed to a DDP wrapper of `{model.key}`"
                     f"{self._obstacle_note()}, so `{model.key}` is not wrapped; build"
-                    f" `{ddp_name(model.key)} = DDP({model.key}, ...)` once `{model.key}` is on"
+                    f" `{self.wrappers[model.key]} = DDP({model.key}, ...)` once `{model.key}` is on"
                     " its device and call it here by hand",
                     call,
                     wrong=True,
                 )
                 return
         self.rewrites.update(plan)
-        key, wrapper = model.key, ddp_name(model.key)
+        key, wrapper = model.key, self.wrappers[model.key]
         condition, note = DISTRIBUTED, ""
         if may_be_frozen:  # DDP raises for a module without trainable parameters
             condition += f" and any(p.requires_grad for p in {key}.parameters())"
@@ -129,7 +126,7 @@ class WrapModel(DistributedStep):
         function = self.scope_of(call)
         name = name_key(call.func)
         if name == model.key and self._holds(model, function):
-            plan[call] = ddp_name(model.key)
+            plan[call] = self.wrappers[model.key]
             return True
         return name is not None and self._route_through(model, function, name, plan, {})
 
@@ -205,7 +202,7 @@ class WrapModel(DistributedStep):
                 return False
             caller = self.scope_of(site)
             if passed == model.key and self._holds(model, caller):
-                plan[arg] = ddp_name(model.key)
+                plan[arg] = self.wrappers[model.key]
             elif not self._route_through(model, caller, passed, plan, routed):
                 return False
         routed[function] = bool(sites)
