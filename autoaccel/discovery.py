@@ -86,7 +86,7 @@ def _git_ignored(root: Path) -> frozenset[Path]:
     """Paths under `root` that git ignores (empty outside a work tree or without git)."""
     try:
         result = git(
-            "ls-files", "--others", "--ignored", "--exclude-standard", "--directory",
+            "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory",
             cwd=root,
             timeout=10,
         )
@@ -94,4 +94,5 @@ def _git_ignored(root: Path) -> frozenset[Path]:
         return frozenset()
     if result.returncode != 0:
         return frozenset()
-    return frozenset(real_path(root / line.rstrip("/")) for line in result.stdout.splitlines())
+    # -z: names as they are (not C-quoted: "ignor\303\251.py"), a newline in one included
+    return frozenset(real_path(root / name.rstrip("/")) for name in result.stdout.split("\0") if name)

@@ -69,6 +69,15 @@ def test_gitignored_files_and_folders_are_skipped(tmp_path):
 
 
 @needs_git
+@pytest.mark.parametrize("name", ["ignoré_tmp.py", "line\nbreak_tmp.py", 'quote"_tmp.py'])
+def test_gitignored_names_git_would_quote_are_skipped(tmp_path, name):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("*_tmp.py\n")
+    make(tmp_path, name, "kept.py")
+    assert discover([str(tmp_path)]) == [tmp_path / "kept.py"]
+
+
+@needs_git
 def test_gitignored_file_named_explicitly_is_kept(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / ".gitignore").write_text("*_tmp.py\n")
