@@ -102,6 +102,12 @@ def test_hoisted_dataset_and_sampler_avoid_the_scripts_functions():
     assert "sampler2 = DistributedSampler(dataset2" in code
 
 
+def test_an_attribute_or_keyword_of_an_inserted_name_is_no_clash():
+    code = converted("print(len(torch.utils.data.TensorDataset().dataset), dict(sampler=1))")
+    assert "dataset = torch.utils.data.TensorDataset" in code
+    assert "sampler = DistributedSampler(dataset" in code
+
+
 def test_a_name_from_a_star_import_of_unknown_names_counts_where_the_script_reads_it():
     code = converted("from settings import *\nprint(RANK, WORLD_SIZE)")
     assert "RANK2 = int(" in code and "WORLD_SIZE2 = int(" in code

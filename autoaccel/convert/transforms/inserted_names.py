@@ -47,8 +47,13 @@ INSERTED: dict[str, frozenset[str]] = {
     ),
     **{module: frozenset({module}) for module in ("os", "gc", "warnings", "contextlib")},
     "dist": frozenset({"torch.distributed"}),
+    # apex's too: `MigrateLaunch` replaces its import by torch's, or the conversion refuses
     "DDP": frozenset(
-        {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+        {
+            "torch.nn.parallel.DistributedDataParallel",
+            "torch.nn.parallel.distributed.DistributedDataParallel",
+            "apex.parallel.DistributedDataParallel",
+        }
     ),
     "DistributedSampler": frozenset(
         {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
@@ -183,6 +188,13 @@ def name_refusal(tree: cst.Module, path: str | None) -> tuple[str, cst.CSTNode] 
                 statement,
             )
     return None
+
+
+def variable_names(tree: cst.Module) -> set[str]:
+    """The names `tree` binds or reads as variables anywhere (not attribute names or
+    keywords): what a name the conversion adds must differ from."""
+    uses = _Uses.of(tree)
+    return uses.stores | uses.reads | uses.imports.keys()
 
 
 class _Uses(cst.CSTVisitor):

@@ -25,6 +25,7 @@ from autoaccel.convert.transforms.distributed._base import (
     fresh_name,
     parse_statements,
 )
+from autoaccel.convert.transforms.inserted_names import variable_names
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
@@ -75,8 +76,7 @@ class ShardTrainLoader(DistributedStep):
         self.calls: dict[cst.Call, dict[str, str]] = {}  # loader call -> keyword -> new value
         self.datasets: dict[cst.CSTNode, str] = {}  # dataset argument -> hoisted name
         # what a hoisted `dataset` / `sampler` must not be called: any name of the script
-        self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
-        self.bound |= {name.value for name in find(node, cst.Name)}
+        self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)} | variable_names(node)
         self.helper_needed = False
         self.shared_draws_needed = False
         loaders = {  # built here, read by a training loop of any module of the program

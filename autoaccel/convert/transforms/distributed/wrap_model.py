@@ -25,6 +25,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parameters_of,
     parse_statements,
 )
+from autoaccel.convert.transforms.inserted_names import variable_names
 
 DDP_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
 # What a training function may do with a model it receives, once that is a DDP wrapper
@@ -56,7 +57,7 @@ class WrapModel(DistributedStep):
         # name: two models built by one function are one object to the analysis.
         optimized = {model.key for model in models} & self.script.trained
         # a wrapper name the script does not use yet: `ddp_model`, else `ddp_model2`, ...
-        used = bound | {name.value for name in find(node, cst.Name)}
+        used = bound | variable_names(node)
         self.wrappers: dict[str, str] = {}
         for model in models:
             self.wrappers[model.key] = fresh_name(ddp_name(model.key), used)
