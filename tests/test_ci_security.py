@@ -215,14 +215,14 @@ def test_hostile_file_names_render_as_names_in_the_comment(tmp_path):
     reproduces them; three are training scripts, whose previews name them too (each
     preview is a run of its own, hence not all)."""
     previewed = [FENCE_NAME, HTML_NAME, "-o.py"]
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    base = commit(repo, {"README.md": "hi\n"}, "base")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    git(checkout, "init", "-q")
+    base = commit(checkout, {"README.md": "hi\n"}, "base")
     files = {name: TRAIN if name in previewed else DATA_MODULE for name in HOSTILE_NAMES}
-    commit(repo, files, "hostile names")
+    commit(checkout, files, "hostile names")
     (tmp_path / "event.json").write_text(json.dumps({"pull_request": {"base": {"sha": base}}}))
-    action = Action(repo)
+    action = Action(checkout)
     run = action.run(lint_args="--select ACC101,ACC206")  # one finding in each file
     assert run.returncode == 1, run.stderr
     assert action.outputs()["findings"] == str(len(HOSTILE_NAMES))
@@ -240,8 +240,8 @@ def test_hostile_file_names_render_as_names_in_the_comment(tmp_path):
     assert words[:4] == ["autoaccel", "lint", "--select", "ACC101,ACC206"]
     # A carriage return ends a line in Markdown as a newline does.
     assert sorted(words[4:]) == sorted(name.replace("\r", "\n") for name in HOSTILE_NAMES)
-    assert not (repo / "pwned").exists()
-    assert git(repo, "status", "--porcelain") == ""
+    assert not (checkout / "pwned").exists()
+    assert git(checkout, "status", "--porcelain") == ""
 
 
 def test_a_link_out_of_the_checkout_is_skipped_with_a_note(repo, tmp_path):  # noqa: F811

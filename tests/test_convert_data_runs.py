@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from running import FIXTURES_DIR
-from test_convert_ddp_runs import DDP_OPTIONS, run_torchrun, _job as ddp_runs_of
+from test_convert_ddp_runs import run_torchrun, _job as ddp_runs_of
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.runs

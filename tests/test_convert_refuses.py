@@ -6,6 +6,8 @@ from textwrap import dedent
 
 import pytest
 
+from test_convert_names import TRAINS
+
 NO_LOADER = dedent(
     """\
     import torch
@@ -91,21 +93,6 @@ def test_training_loop_in_a_local_module_is_named_with_its_line(cli, tmp_path):
     assert "import os" not in (tmp_path / "lib" / "trainer.py").read_text()
 
 
-TRAINS = dedent(
-    """\
-    import torch
-    from torch.utils.data import DataLoader
-    {extra}
-    loader = DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for (x,) in loader:
-        loss = model(x).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    """
-)
 
 
 @pytest.mark.parametrize(
@@ -125,7 +112,7 @@ def test_a_name_the_conversion_defines_is_never_taken_over(cli, tmp_path, extra,
     run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
     assert run.exit_code == 0, run.stderr
     code = (tmp_path / "ddp.py").read_text()
-    assert extra in code and f"{fresh} = " in code or f"as {fresh}" in code
+    assert extra in code and (f"{fresh} = " in code or f"as {fresh}" in code)
 
 
 def test_the_sampler_gets_a_name_the_script_does_not_use(cli, tmp_path):

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import libcst as cst
 
-from autoaccel.convert.transform import InsertedNames, Transform
+from autoaccel.convert.transform import Transform
+from autoaccel.convert.transforms.distributed._base import fresh_name
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.cst_edit import is_docstring, leading_import_block
 
@@ -98,14 +99,14 @@ class ChooseNames(Transform):
             used = uses.names | star_names | INSERTED.keys()
             chosen = {}
             for name in taken:
-                chosen[name] = _fresh(_PREFERRED.get(name, name), used)
+                chosen[name] = fresh_name(_PREFERRED.get(name, name), used)
                 used.add(chosen[name])
         else:
             used = set(uses.names)
         names.chosen = chosen
         names.placeholders = {}
         for name in chosen:
-            names.placeholders[name] = _fresh(f"{name}_", used)
+            names.placeholders[name] = fresh_name(f"{name}_", used)
             used.add(names.placeholders[name])
         if not chosen:
             return tree
@@ -405,15 +406,6 @@ def _is_import(statement: cst.SimpleStatementLine) -> bool:
 
 def _dotted(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
-
-
-def _fresh(name: str, used: set[str]) -> str:
-    """`name`, or `name2`, `name3`, ... when `used` holds it."""
-    candidate, number = name, 1
-    while candidate in used:
-        number += 1
-        candidate = f"{name}{number}"
-    return candidate
 
 
 def _module_file(star: cst.ImportFrom, path: str | None) -> Path | None:

@@ -14,14 +14,9 @@ import libcst as cst
 
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole
 from autoaccel.convert.transform import Transform
-from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
-    DISTRIBUTED,
     INIT_PROCESS_GROUP,
-    LOCAL_RANK,
-    RANK,
-    WORLD_SIZE,
     has_setup_block,
     parse_statements,
 )
