@@ -5,6 +5,8 @@ uses one (in any scope, through a star import, as a loop, `except` or `with` tar
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from textwrap import dedent
 
@@ -172,3 +174,18 @@ def test_a_script_without_clashes_gets_no_renames(options):
 def test_a_converted_script_with_renames_converts_to_itself():
     code = converted("import torch.distributions as dist\nRANK = 3")
     assert convert_source(code, DDP).converted == code
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "autoaccel.convert.transforms.inserted_names",
+        "autoaccel.convert.transforms.data_parallel",
+        "autoaccel.convert.transforms.distributed",
+        "autoaccel.convert.transforms.fully_sharded",
+    ],
+)
+def test_each_target_s_steps_import_first_in_a_fresh_process(module):
+    """`--to dp` imports inserted_names before the ddp steps that import it: no cycle."""
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

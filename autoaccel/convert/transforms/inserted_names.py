@@ -25,7 +25,6 @@ from pathlib import Path
 import libcst as cst
 
 from autoaccel.convert.transform import Transform
-from autoaccel.convert.transforms.distributed._base import fresh_name
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.cst_edit import is_docstring, leading_import_block
 
@@ -406,6 +405,15 @@ def _is_import(statement: cst.SimpleStatementLine) -> bool:
 
 def _dotted(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
+
+
+def fresh_name(name: str, bound: set[str]) -> str:
+    """`name`, or `name2`, `name3`, ... when the script binds it already."""
+    candidate, number = name, 1
+    while candidate in bound:
+        number += 1
+        candidate = f"{name}{number}"
+    return candidate
 
 
 def _module_file(star: cst.ImportFrom, path: str | None) -> Path | None:

@@ -17,6 +17,7 @@ from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUT
 from autoaccel.analysis.shapes import called_function, find, is_method_call
 from autoaccel.analysis.side_effects import find_side_effects
 from autoaccel.convert.transform import StatementRewrite, same_nodes
+from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
 from autoaccel.cst_edit import add_import, keyword_value
 
 # Module-level names the set-up block defines; every later step builds on them.
@@ -46,15 +47,6 @@ def parse_statements(code: str) -> Statements:
         ]
         body[0] = body[0].with_changes(leading_lines=[*header, *body[0].leading_lines])
     return body
-
-
-def fresh_name(name: str, bound: set[str]) -> str:
-    """`name`, or `name2`, `name3`, ... when the script binds it already."""
-    candidate, number = name, 1
-    while candidate in bound:
-        number += 1
-        candidate = f"{name}{number}"
-    return candidate
 
 
 def has_setup_block(module: cst.Module) -> bool:
