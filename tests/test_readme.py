@@ -1,5 +1,7 @@
-"""README.md stays true: its rule table lists every rule, its test command is the one
-`.ci/run` runs. Regenerate the table with `.venv/bin/python tests/test_readme.py`."""
+"""README.md and docs/*.md stay true: the README's rule table lists every rule, its test
+command is the one `.ci/run` runs, the pinned refs exist, the bf16 figures are the tests',
+and every relative link leads to a file (and heading) that exists. Regenerate the table with
+`.venv/bin/python tests/test_readme.py`. The docs' commands run in tests/test_docs_commands.py."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 START, END = "<!-- rules-table-start -->", "<!-- rules-table-end -->"
 sys.path.insert(0, str(ROOT))
 
@@ -80,10 +83,14 @@ def _git_tags() -> set[str]:
     return set(tags.split())
 
 
+def _docs_text() -> str:
+    return "\n".join(doc.read_text(encoding="utf-8") for doc in DOCS)
+
+
 def test_snippets_point_at_refs_that_exist():
     """No `rev: v0.1.0` / `@v0.1.0` for a tag that was never made: a branch, a commit sha
-    or an existing tag."""
-    text = README.read_text(encoding="utf-8")
+    or an existing tag (the snippets are in docs/workflow.md)."""
+    text = _docs_text()
     refs = re.findall(r"^\s*rev: (\S+)", text, flags=re.M)
     refs += re.findall(r"uses: autoaccel/autoaccel@(\S+)", text)
     assert refs
@@ -92,16 +99,54 @@ def test_snippets_point_at_refs_that_exist():
 
 
 def test_bf16_claims_are_the_tests_tolerances_and_measurements():
-    """README states the range of the bf16 tolerances of tests/test_convert_runs.py and the
-    largest gap measured there (noted beside each case)."""
+    """The docs (docs/convert.md) state the range of the bf16 tolerances of
+    tests/test_convert_runs.py and the largest gap measured there (noted beside each case)."""
     cases = (ROOT / "tests" / "test_convert_runs.py").read_text(encoding="utf-8")
     rows = re.findall(r"Case\(.*, ([\d.]+), ([\d.]+)(?:, \w+=.*)?\),  # .* / ([\d.]+) %", cases)
     tolerances = [float(bf16) for _, bf16, _ in rows]
     gaps = [float(gap) for _, _, gap in rows]
-    text = " ".join(README.read_text(encoding="utf-8").split())
+    text = " ".join(_docs_text().split())
     assert len(rows) >= 10
     assert f"the tests allow {min(tolerances):.1%} to {max(tolerances):.0%} per fixture" in text
     assert f"and {max(gaps):.1f}% (mnist_main" in text
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's id for a Markdown heading: lower case, punctuation dropped, spaces to `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(doc: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", doc.read_text(encoding="utf-8"), flags=re.M | re.S)
+    return {_anchor(m) for m in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_doc_links_lead_somewhere():
+    """Every relative link of README.md and docs/*.md names a file that exists and, after
+    `#`, a heading of it: the reference moved from the README into docs/ in one piece."""
+    broken = []
+    for doc in DOCS:
+        text = re.sub(r"^```.*?^```", "", doc.read_text(encoding="utf-8"), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            if not linked.exists():
+                broken.append(f"{doc.name}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{doc.name}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_readme_stays_a_front_door():
+    """What a newcomer needs, in under 250 lines; the reference is in docs/."""
+    text = README.read_text(encoding="utf-8")
+    assert text.count("\n") < 250
+    for heading in ("## Set-up", "## Quick start", "## Documentation", "## Rules"):
+        assert f"\n{heading}" in text, heading
+    for doc in DOCS[1:]:
+        assert f"(docs/{doc.name})" in text, f"README does not link docs/{doc.name}"
 
 
 if __name__ == "__main__":
