@@ -181,16 +181,24 @@ def original_line(history: list[tuple[str, str]], line: int) -> int:
     resembles (`label = label.cuda()` to `label = Variable(label).cuda()`, not to the
     `else:` that went with the block's other lines), or to the same relative position."""
     for before, after in reversed(history):
-        for tag, i1, i2, j1, j2 in line_opcodes(before, after):
-            if j1 < line <= j2 or j1 == j2 == line - 1:
-                offset = line - j1 - 1
-                if tag == "equal":
-                    line = i1 + offset + 1
-                else:
-                    offset = min(max(i2 - i1 - 1, 0), offset * (i2 - i1) // max(j2 - j1, 1))
-                    line = _resembled(before, after, (i1, i2), line - 1, i1 + offset) + 1
-                break
+        line = _line_before(before, after, line)
     return line
+
+
+def _line_before(before: str, after: str, line: int) -> int:
+    """The line of `before` that line `line` of `after` comes from. Lines deleted
+    just above `line` are not it; a line past the end of `after` is as far past the
+    end of `before`."""
+    opcodes = line_opcodes(before, after)
+    for tag, i1, i2, j1, j2 in opcodes:
+        if j1 < line <= j2:
+            offset = line - j1 - 1
+            if tag == "equal":
+                return i1 + offset + 1
+            offset = min(max(i2 - i1 - 1, 0), offset * (i2 - i1) // max(j2 - j1, 1))
+            return _resembled(before, after, (i1, i2), line - 1, i1 + offset) + 1
+    _, _, before_end, _, after_end = opcodes[-1] if opcodes else ("equal", 0, 0, 0, 0)
+    return line + before_end - after_end
 
 
 # A rewritten line resembles an old one when difflib's ratio of the two reaches this;

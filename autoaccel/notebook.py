@@ -28,6 +28,8 @@ _IPYTHON_LINE = re.compile(r"\s*(?:[%!?]|[\w.]+\s*=\s*[%!]|[\w.]+\?{1,2}\s*$)")
 _CELL_MAGIC = re.compile(r"\s*%%")
 _MARKER = "# %% autoaccel cell {}"
 _MARKER_LINE = re.compile(r"# %% autoaccel cell (\d+)\n?")
+_HEADER = "# %% [cell {}]\n"  # a marker as `Notebook.render` shows it
+_HEADER_LINE = re.compile(r"# %% \[cell (\d+)\]\n?")
 _PLACEHOLDER = "pass  # autoaccel ipython line {}"
 _PLACEHOLDER_LINE = re.compile(r"(\s*)pass  # autoaccel ipython line (\d+)(\n?)")
 _WHITESPACE = re.compile(r"[ \t\r\n]*")
@@ -145,7 +147,7 @@ class Notebook:
         for index, line in enumerate(lines):
             marker = _MARKER_LINE.fullmatch(line)
             if marker:
-                lines[index] = f"# %% [cell {marker.group(1)}]\n"
+                lines[index] = _HEADER.format(marker.group(1))
             else:
                 lines[index] = self._restore(line)
         return "".join(lines)
@@ -187,6 +189,17 @@ def read_notebook(path: Path) -> Notebook:
 
 def is_notebook(path: Path) -> bool:
     return path.suffix == ".ipynb"
+
+
+def rendered_cell_line(rendered: str, line: int) -> tuple[int, int]:
+    """Where line `line` of a `Notebook.render` text is in the notebook: its cell's
+    number and its line in the cell (1-based), as `Notebook.cell_range` gives them."""
+    cell, header = 1, 0
+    for number, text in enumerate(rendered.splitlines(keepends=True)[:line], 1):
+        found = _HEADER_LINE.fullmatch(text)
+        if found:
+            cell, header = int(found.group(1)), number
+    return cell, max(line - header, 1)
 
 
 # -- reading ------------------------------------------------------------------------------

@@ -91,6 +91,10 @@ out = model(img)
             2,
             id="inserted-line",
         ),
+        # A line below deleted lines is itself, not the first deleted line.
+        pytest.param(
+            [("import a\nimport b\nimport c\n", "import a\nimport c\n")], 2, 3, id="line-after-a-deletion"
+        ),
         # Through two rewrites.
         pytest.param(
             [(BRANCHES, UNWRAPPED), (UNWRAPPED, UNWRAPPED.replace(".cuda()", ".cuda(non_blocking=True)"))],

@@ -97,7 +97,7 @@ def companion_files(script: str, launcher: Launcher) -> dict[str, str]:
     if launcher == "slurm":
         job = re.sub(r"[^\w.-]", "_", stem)
         text = _SBATCH.format(
-            shown=_shown(name), job=job, quoted=shell_word(name), port=RENDEZVOUS_PORT
+            shown=in_comment(name), job=job, quoted=shell_word(name), port=RENDEZVOUS_PORT
         )
         return {f"{stem}.sbatch": text}
     if launcher == "spawn":
@@ -110,14 +110,14 @@ def companion_files(script: str, launcher: Launcher) -> dict[str, str]:
     return {}
 
 
-def _shown(name: str) -> str:
+def in_comment(name: str) -> str:
     """`name` for a comment: a newline in it would end the comment."""
     return _CONTROL.sub("?", name)
 
 
 def _in_docstring(name: str) -> str:
     """`name` inside a triple-quoted string, which a quote or backslash could end."""
-    return _shown(name).replace("\\", "\\\\").replace('"', '\\"')
+    return in_comment(name).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def launch_lines(script: str, launcher: Launcher) -> list[str]:
@@ -128,7 +128,7 @@ def launch_lines(script: str, launcher: Launcher) -> list[str]:
     if launcher == "slurm":
         sbatch = f"{stem}.sbatch"
         return [
-            f"# several nodes with SLURM (edit the #SBATCH lines of {_shown(sbatch)} first):",
+            f"# several nodes with SLURM (edit the #SBATCH lines of {in_comment(sbatch)} first):",
             f"sbatch {shell_word(sbatch)}",
             *single,
         ]

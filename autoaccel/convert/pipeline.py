@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from autoaccel.convert.log import ConversionLog, ConvertOptions
+from autoaccel.convert.log import MULTI_PROCESS, ConversionLog, ConvertOptions, Target
 from autoaccel.convert.transform import (
     LOG_KEY,
+    OPTIONS_KEY,
     Analyses,
     InsertedNames,
     Transform,
@@ -129,7 +130,7 @@ def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, cont
     log: ConversionLog = context.scratch[LOG_KEY]
     logged = (len(log.changes), len(log.skipped))
     transformed = step(context).transform_module(state.tree)
-    _map_lines_to_original(log, logged, state.history)
+    _in_the_users_terms(log, logged, state.history, context.scratch[OPTIONS_KEY].target)
     if transformed is state.tree:
         return  # the step had nothing to do
     if getattr(step, "renames_names", False):
@@ -210,18 +211,21 @@ def fewer_collections() -> Iterator[None]:
                 gc.set_threshold(*_saved_thresholds)
 
 
-def _map_lines_to_original(
-    log: ConversionLog, start: tuple[int, int], history: list[tuple[str, str]]
+def _in_the_users_terms(
+    log: ConversionLog, start: tuple[int, int], history: list[tuple[str, str]], target: Target
 ) -> None:
-    """Steps log lines of the text they received; report lines of the original.
-    `start`: how many changes and skipped items were logged before this step."""
-    if not history:
-        return
-    for entries, first in ((log.changes, start[0]), (log.skipped, start[1])):
-        for index in range(first, len(entries)):
-            entry = entries[index]
-            if entry.line is not None:
-                entries[index] = replace(entry, line=original_line(history, entry.line))
+    """Steps log lines of the text they received, and `--to fsdp` runs steps of `--to
+    ddp`, which label their changes "ddp": report lines of the original, and the target
+    the user asked for. `start`: how many changes and skipped items were logged before
+    this step."""
+    for index in range(start[0], len(log.changes)):
+        change = log.changes[index]
+        code = target if change.code in MULTI_PROCESS else change.code
+        log.changes[index] = replace(change, code=code, line=original_line(history, change.line))
+    for index in range(start[1], len(log.skipped)):
+        skipped = log.skipped[index]
+        if skipped.line is not None:
+            log.skipped[index] = replace(skipped, line=original_line(history, skipped.line))
 
 
 def convert_source(source: str, options: ConvertOptions, path: str = "<string>") -> Conversion:

@@ -4,27 +4,46 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
+from autoaccel.convert.launch import in_comment, shell_word
+from autoaccel.convert.log import Change, Skipped
 from autoaccel.convert.pipeline import Conversion
 from autoaccel.diff import colourize, unified_diff
 from autoaccel.markdown import code_block, inline_code
+from autoaccel.notebook import is_notebook, rendered_cell_line
 
 COLLAPSE_AFTER = 40  # diff lines; longer diffs fold into <details> in markdown
 
 
-def _change_lines(conversion: Conversion) -> list[str]:
-    return [f"line {c.line}: {c.code} {c.description}" for c in sorted(conversion.log.changes, key=lambda c: c.line)]
+def _place(conversion: Conversion, path: str, line: int) -> str:
+    """Where `line` of the original is, as lint names it: `line 60`, or in a notebook
+    (whose conversion is shown as `Notebook.render` text) `cell 5:20`."""
+    if is_notebook(Path(path)):
+        cell, cell_line = rendered_cell_line(conversion.original, line)
+        return f"cell {cell}:{cell_line}"
+    return f"line {line}"
 
 
-def _skipped_lines(conversion: Conversion) -> list[str]:
+def _change_lines(conversion: Conversion, path: str) -> list[str]:
     return [
-        (f"line {s.line}: " if s.line else "") + f"{s.what} not applied: {s.reason}"
+        f"{_place(conversion, path, c.line)}: {c.code} {c.description}"
+        for c in sorted(conversion.log.changes, key=lambda c: c.line)
+    ]
+
+
+def _skipped_lines(conversion: Conversion, path: str) -> list[str]:
+    return [
+        (f"{_place(conversion, path, s.line)}: " if s.line else "") + f"{s.what} not applied: {s.reason}"
         for s in conversion.log.skipped
     ]
 
 
 def _launch_lines(conversion: Conversion) -> list[str]:
-    extra = [f"# --write / -o also writes {name} beside the script" for name in sorted(conversion.log.extra_files)]
+    extra = [
+        f"# --write / -o also writes {in_comment(shell_word(name))} beside the script"
+        for name in sorted(conversion.log.extra_files)
+    ]
     return [*conversion.log.launch, *extra]
 
 
@@ -47,14 +66,14 @@ def launch_report(conversion: Conversion, markdown: bool) -> str:
 def text_report(conversion: Conversion, path: str, colour: bool) -> str:
     diff = unified_diff(conversion.original, conversion.converted, path)
     parts = [colourize(diff) if colour else diff]
-    changes = _change_lines(conversion)
+    changes = _change_lines(conversion, path)
     parts.append(
         f"{path}: {len(changes)} change{'s' * (len(changes) != 1)}\n"
         + "".join(f"  {line}\n" for line in changes)
         if changes
         else f"{path}: already fast, nothing to change\n"
     )
-    skipped = _skipped_lines(conversion)
+    skipped = _skipped_lines(conversion, path)
     if skipped:
         parts.append("Not changed:\n" + "".join(f"  {line}\n" for line in skipped))
     parts.append(launch_report(conversion, markdown=False))
@@ -64,9 +83,9 @@ def text_report(conversion: Conversion, path: str, colour: bool) -> str:
 def markdown_report(conversion: Conversion, path: str) -> str:
     diff = unified_diff(conversion.original, conversion.converted, path)
     lines = [f"### autoaccel convert: {inline_code(path)}", ""]
-    changes = _change_lines(conversion)
+    changes = _change_lines(conversion, path)
     lines += [f"- {line}" for line in changes] or ["No changes: the script is already fast."]
-    skipped = _skipped_lines(conversion)
+    skipped = _skipped_lines(conversion, path)
     if skipped:
         lines += ["", "**Not changed**", ""] + [f"- {line}" for line in skipped]
     launch = launch_report(conversion, markdown=True)
@@ -85,12 +104,21 @@ def json_object(conversion: Conversion, path: str) -> dict:
     return {
         "path": path,
         "changed": conversion.changed,
-        "changes": [c.__dict__ for c in conversion.log.changes],
-        "skipped": [s.__dict__ for s in conversion.log.skipped],
+        "changes": [_json_entry(conversion, path, c) for c in conversion.log.changes],
+        "skipped": [_json_entry(conversion, path, s) for s in conversion.log.skipped],
         "launch": conversion.log.launch,
         "extra_files": conversion.log.extra_files,
         "diff": unified_diff(conversion.original, conversion.converted, path),
     }
+
+
+def _json_entry(conversion: Conversion, path: str, entry: Change | Skipped) -> dict:
+    """A change or skipped item; in a notebook its line is a line of cell `cell`, as in
+    lint's json."""
+    fields = dict(entry.__dict__)
+    if entry.line is not None and is_notebook(Path(path)):
+        fields["cell"], fields["line"] = rendered_cell_line(conversion.original, entry.line)
+    return fields
 
 
 def json_report(conversion: Conversion, path: str) -> str:

@@ -15,6 +15,7 @@ from autoaccel.convert.transform import (
     source_of,
     tree_facts,
 )
+from autoaccel.diff import original_line
 from autoaccel.lint.fixer import FixResult, fix_source
 from autoaccel.lint.rule import Applicability, Diagnostic
 
@@ -54,9 +55,9 @@ class RuleFixes(Codemod):
             log.changes.append(Change(diagnostic.code, diagnostic.line, diagnostic.fix_title or ""))
         if self.logs_remaining:
             for diagnostic in result.remaining:
-                log.skipped.append(
-                    Skipped(f"{diagnostic.code} ({diagnostic.name})", diagnostic.line, _reason(diagnostic))
-                )
+                # a line of the fixed text; the log's are lines of the text this step received
+                line = original_line([(source, result.source)], diagnostic.line)
+                log.skipped.append(Skipped(f"{diagnostic.code} ({diagnostic.name})", line, _reason(diagnostic)))
             for note in result.notes:
                 log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
         if result.source == source:
