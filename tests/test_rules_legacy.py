@@ -85,7 +85,8 @@ def test_variable_import_goes_only_after_the_last_use():
 
 
         def step(a, b):
-            return b * a
+            a = a.detach()
+            return b.detach() * a
         """
     )
     assert run(after)["step"](torch.ones(2), torch.full((2,), 3.0)).tolist() == [3.0, 3.0]
@@ -97,7 +98,8 @@ def test_variable_import_stays_while_a_use_is_left():
         "ok = isinstance(t, Variable)\ny = Variable(t)\n"
     )
     assert fixed(source, "ACC501") == (
-        "import torch\nfrom torch.autograd import Variable\nok = isinstance(t, Variable)\ny = t\n"
+        "import torch\nfrom torch.autograd import Variable\nok = isinstance(t, Variable)\n"
+        "y = t.detach()\n"
     )
 
 
@@ -119,24 +121,135 @@ def test_variable_requires_grad_makes_a_new_leaf():
 
 def test_variable_keeps_operator_precedence():
     after = fixed("from torch.autograd import Variable\ny = -Variable(a - b) ** 2\n", "ACC501")
-    assert after == "y = -(a - b) ** 2\n"
+    assert after == "y = -(a - b).detach() ** 2\n"
 
 
 def test_variable_self_assignment_keeps_comments_above():
     source = """\
         from torch.autograd import Variable
+        from torch.utils.data import DataLoader
+        loader = DataLoader(dataset)
         for data, target in loader:
             # wrap the batch
             data, target = Variable(data), Variable(target)
-            out = model(data)
+            model(data).backward()
         """
     assert fixed(source, "ACC501") == textwrap.dedent(
         """\
+        from torch.utils.data import DataLoader
+        loader = DataLoader(dataset)
         for data, target in loader:
             # wrap the batch
-            out = model(data)
+            model(data).backward()
         """
     )
+
+
+# What `Variable(...)` gives on today's torch, and what the fix writes instead, must
+# agree: flags, values, and whether a backward through the result reaches the source.
+VARIABLE_FORMS = """\
+    import warnings
+    import torch
+    from torch.autograd import Variable
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+    p = torch.nn.Parameter(torch.randn(2))
+    h = lin(torch.randn(4, 3))
+    v = {form}
+"""
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        pytest.param("Variable(h)", id="graph"),
+        pytest.param("Variable(h, requires_grad=False)", id="graph-requires-grad-false"),
+        pytest.param("Variable(h, requires_grad=True)", id="graph-requires-grad-true"),
+        pytest.param("Variable(h.clone(), requires_grad=True)", id="clone-requires-grad"),
+        pytest.param("Variable(h * 2 + 1)", id="expression"),
+        pytest.param("Variable(p)", id="parameter"),
+        pytest.param("Variable(torch.zeros(2, requires_grad=True))", id="factory-requires-grad"),
+        pytest.param("Variable(torch.zeros(2))", id="factory"),
+        pytest.param("Variable(h.data)", id="data"),
+    ],
+)
+def test_variable_fix_gives_what_variable_gives(form):
+    source = VARIABLE_FORMS.format(form=form)
+    after = fixed(source, "ACC501")
+    assert "Variable" not in after
+    before_ns, after_ns = run(textwrap.dedent(source)), run(after)
+    b, a = before_ns["v"], after_ns["v"]
+    assert (a.requires_grad, a.is_leaf, type(a)) == (b.requires_grad, b.is_leaf, type(b))
+    assert torch.equal(a, b)
+    for ns in (before_ns, after_ns):
+        if ns["v"].requires_grad:
+            ns["v"].sum().backward()
+    # A gradient reaches `lin` or `p` through the fixed form only where it did before.
+    assert after_ns["lin"].weight.grad is None and before_ns["lin"].weight.grad is None
+    assert (after_ns["p"].grad is None) == (before_ns["p"].grad is None)
+
+
+def test_variable_of_a_model_output_becomes_detach():
+    source = "import torch\nfrom torch.autograd import Variable\nh = lin(x)\nv = Variable(h)\n"
+    (diagnostic,) = lint_source(source, settings("ACC501"))
+    assert diagnostic.fix_title == "Replace `Variable(x)` with `x.detach()`"
+    assert fixed(source, "ACC501") == "import torch\nh = lin(x)\nv = h.detach()\n"
+
+
+LOADER_STEP = """\
+import torch
+from torch.autograd import Variable
+from torch.utils.data import DataLoader
+loader = DataLoader(dataset)
+for data, target in loader:
+{before}    data, target = Variable(data), Variable(target)
+    model(data, target).backward()
+"""
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        pytest.param("", id="loop-target"),
+        pytest.param("    data, target = data.cuda(), target.cuda()\n", id="moved"),
+        pytest.param("    data = data.to(device).float().view(-1, 4)\n", id="method-chain"),
+        pytest.param("    if cuda:\n        data = data.cuda()\n", id="moved-in-a-branch"),
+    ],
+)
+def test_variable_of_a_loader_batch_goes(before):
+    after = fixed(LOADER_STEP.format(before=before), "ACC501")
+    assert "Variable" not in after and ".detach()" not in after
+    assert "data, target = " not in after.replace("data, target = data.cuda()", "")
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        pytest.param("    data.requires_grad_()\n", id="requires-grad-in-place"),
+        pytest.param("    data.requires_grad = True\n", id="requires-grad-attribute"),
+        pytest.param("    data = encoder(data)\n", id="encoded"),
+        pytest.param("    data += noise\n", id="augmented"),
+        pytest.param("    data[0] = h\n", id="item-assignment"),
+        pytest.param("    data, target = batch\n", id="unpacked-from-elsewhere"),
+        pytest.param("    for data in chunks:\n        pass\n", id="inner-loop"),
+    ],
+)
+def test_variable_of_a_batch_the_step_changes_keeps_the_detach(before):
+    after = fixed(LOADER_STEP.format(before=before), "ACC501")
+    assert "data.detach()" in after
+
+
+def test_variable_of_a_batch_without_a_dataloader_keeps_the_detach():
+    source = LOADER_STEP.format(before="").replace("DataLoader(dataset)", "make_batches()")
+    assert "data, target = data.detach(), target.detach()\n" in fixed(source, "ACC501")
+
+
+def test_variable_in_a_nested_function_is_not_the_batch():
+    source = LOADER_STEP.format(
+        before="    def wrap(data):\n        return Variable(data)\n"
+    )
+    assert "return data.detach()\n" in fixed(source, "ACC501")
 
 
 def test_variable_noqa_keeps_the_call_and_its_import():

@@ -45,32 +45,86 @@ for x, y in loader:
 
 
 @pytest.mark.parametrize(
-    ("after", "method"),
+    ("after", "safe"),
     [
-        pytest.param("print(total)", "item", id="printed"),
-        pytest.param("print(f'{total:.3f}')", "item", id="f-string"),
-        pytest.param("avg = total / len(loader)", "item", id="divided"),
-        pytest.param("best = min(best, total)", "item", id="builtin"),
-        pytest.param("print('%.3f' % (total,))", "item", id="percent-tuple"),
-        pytest.param("print(total.item())", "detach", id="tensor-method"),
-        pytest.param("torch.save(total, 'loss.pt')", "detach", id="torch-function"),
-        pytest.param("log(total)", "detach", id="unknown-function"),
-        pytest.param("", "detach", id="never-read"),
+        pytest.param("print(total.item())", True, id="item"),
+        pytest.param("print((total / len(loader)).item())", True, id="divided-then-item"),
+        pytest.param("print(f'{total:.3f}')", True, id="f-string-with-spec"),
+        pytest.param("mean = float(total) / len(loader)", True, id="float"),
+        pytest.param("best = total < best", True, id="comparison"),
+        pytest.param("", True, id="never-read"),
+        pytest.param("print(total)", False, id="printed-as-a-tensor"),
+        pytest.param("print(f'{total}')", False, id="f-string-without-spec"),
+        pytest.param("avg = total / len(loader)", False, id="divided-and-kept"),
+        pytest.param("best = min(best, total)", False, id="builtin-kept"),
+        pytest.param("torch.save(total, 'loss.pt')", False, id="torch-function"),
+        pytest.param("log(total)", False, id="unknown-function"),
+        pytest.param("print(total.grad_fn)", False, id="graph-attribute"),
     ],
 )
-def test_acc203_fix_follows_how_the_sum_is_read(after, method):
-    source = TRAIN_LOOP.format(after=after)
-    assert f"total += loss.{method}()" in fixed(source, "ACC203")
-
-
-@pytest.mark.parametrize("after", ["print(total)", "print(total.item())"])
-def test_acc203_fix_is_unsafe_and_not_applied_by_default(after):
-    # `.detach()` drops the term from the gradient if the sum is backpropagated
-    # somewhere the rule cannot see; `.item()` also syncs every step.
+def test_acc203_fix_is_detach_and_safe_only_when_read_as_a_number(after, safe):
     source = TRAIN_LOOP.format(after=after)
     (finding,) = found(source, "ACC203")
+    assert finding.fix_applicability is (Applicability.SAFE if safe else Applicability.UNSAFE)
+    assert "total += loss.detach()" in fixed(source, "ACC203")
+    assert ("total += loss.detach()" in fixed(source, "ACC203", unsafe=False)) is safe
+
+
+def test_acc203_sum_returned_from_its_function_is_unsafe():
+    source = """\
+    import torch
+    def train():
+        total = 0.0
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            total += loss
+        return total
+    """
+    (finding,) = found(source, "ACC203")
     assert finding.fix_applicability is Applicability.UNSAFE
-    assert fixed(source, "ACC203", unsafe=False) == source
+
+
+@pytest.mark.parametrize(
+    "backward", ["total.backward()", "(total / 4).backward()", "scaler.scale(total / 4).backward()"]
+)
+def test_acc203_sum_that_is_backpropagated_is_not_reported(backward):
+    source = f"""\
+    import torch
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        total = total + loss
+        if i % 4 == 3:
+            {backward}
+            total = 0
+    """
+    assert found(source, "ACC203") == []
+
+
+def test_acc203_fixed_script_still_reads_the_sum_as_a_tensor():
+    # `.item()` made `total` a float and the later `avg.item()` raise AttributeError.
+    source = """\
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    criterion = torch.nn.MSELoss()
+    loader = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(3)]
+    total = 0.0
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        total += loss
+    avg = total / len(loader)
+    result = (avg.item(), model.weight.grad.clone())
+    """
+    after = fixed(source, "ACC203")
+    assert "total += loss.detach()" in after
+    before_ns, after_ns = {}, {}
+    exec(dedent(source), before_ns)
+    exec(after, after_ns)
+    assert after_ns["result"][0] == before_ns["result"][0]
+    assert after_ns["result"][1].equal(before_ns["result"][1])
+    assert after_ns["total"].grad_fn is None and before_ns["total"].grad_fn is not None
 
 
 @pytest.mark.parametrize(

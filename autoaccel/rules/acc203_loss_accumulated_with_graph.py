@@ -2,43 +2,23 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from functools import cached_property
 
 import libcst as cst
 
 from autoaccel.analysis.index import descendants
-from autoaccel.analysis.names import name_key
 from autoaccel.analysis.losses import is_detached
-from autoaccel.analysis.shapes import find, is_attribute, is_binary, is_method_call, is_name, method_calls
+from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
+from autoaccel.analysis.shapes import find, is_attribute, is_binary, is_method_call, is_name, method_calls
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
 NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad")
-# Functions that only make sense with a Python number (or accept one as well).
-_NUMBER_FUNCTIONS = frozenset(
-    f"builtins.{name}"
-    for name in (
-        "print",
-        "float",
-        "int",
-        "round",
-        "abs",
-        "sum",
-        "min",
-        "max",
-        "len",
-        "str",
-        "format",
-    )
-)
-_NUMBER_MODULES = ("math.", "numpy.", "statistics.")
+# Calls whose result is a Python number, the same with or without the sum's graph.
+_TO_NUMBER = frozenset({"builtins.float", "builtins.int", "builtins.bool", "builtins.len"})
+# Builtins that return the tensor they are given (or another one with its graph).
+_PASS_ON = frozenset({"builtins.sum", "builtins.min", "builtins.max", "builtins.abs", "builtins.round"})
 _LIST_METHODS = frozenset({"append", "extend", "clear"})
-
-
-class _Use(Enum):
-    NUMBER = "number"  # printed, formatted, compared, in arithmetic, `float()`...
-    TENSOR = "tensor"  # a tensor method, a torch function, or something we cannot see
 
 
 class LossAccumulatedWithGraph(LintRule):
@@ -48,13 +28,12 @@ class LossAccumulatedWithGraph(LintRule):
         "Loss tensor accumulated across training steps keeps every step's autograd graph "
         "alive; accumulate `loss.detach()` (or `loss.item()` for a Python number)"
     )
-    fix_title = (
-        "Accumulate `loss.detach()`, or `loss.item()` where only a number is used"
-    )
-    # Unsafe: if the sum reaches a backward the rule cannot see (another module, a
-    # helper), `.detach()` removes the term from the gradient; `.item()` also adds a
-    # host sync every step.
-    applicability = Applicability.UNSAFE
+    fix_title = "Accumulate `.detach()` of the loss"
+    # Safe when every read of the sum turns it into a number (`.item()`, `float()`, a
+    # formatted f-string...): `.detach()` keeps its value, type and device and only
+    # frees the graph. Otherwise the sum may reach a backward or an output the rule
+    # cannot see (returned, passed on, printed as a tensor, kept in `self`).
+    unsafe_for = "sums read other than as a number (returned, passed on, printed, `self.` attributes)"
 
     VALID = [
         # Already a number or detached.
@@ -67,6 +46,9 @@ class LossAccumulatedWithGraph(LintRule):
         "        loss = criterion(head(x), y)\n        total = total + loss\n    total.backward()\n",
         # Not a training step loop (nothing calls `.backward()`).
         "import torch\nfor x, y in loader:\n    loss = criterion(model(x), y)\n    total += loss\n",
+        # Summed over micro-batches, then backpropagated: the graph is needed.
+        "import torch\nfor i, (x, y) in enumerate(loader):\n    loss = criterion(model(x), y)\n"
+        "    total = total + loss\n    if i % 4 == 3:\n        (total / 4).backward()\n        total = 0\n",
         # Evaluation under `no_grad` builds no graph.
         "import torch\nfor x, y in loader:\n    loss = criterion(model(x), y)\n    loss.backward()\n"
         "    with torch.no_grad():\n        val = criterion(model(v), w)\n        total += val\n",
@@ -82,7 +64,7 @@ class LossAccumulatedWithGraph(LintRule):
             "import torch\ntotal = 0.0\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
             "    loss.backward()\n    total += loss\nprint(total / len(loader))\n",
             fixed="import torch\ntotal = 0.0\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
-            "    loss.backward()\n    total += loss.item()\nprint(total / len(loader))\n",
+            "    loss.backward()\n    total += loss.detach()\nprint(total / len(loader))\n",
         ),
         Invalid(
             "import torch\nlosses = []\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
@@ -110,7 +92,7 @@ class LossAccumulatedWithGraph(LintRule):
             key
             for call in script.training.backward_calls
             if module_of.get(call) is script.module
-            for key in _backward_keys(call)
+            for key in _backpropagated_keys(call)
         }
 
     # -- the three accumulation shapes -------------------------------------------------
@@ -154,10 +136,9 @@ class LossAccumulatedWithGraph(LintRule):
         loss = self._graph_loss(value, loop)
         if loss is None or _bound_earlier_in_step(loop, node, key):
             return
-        use = self._accumulator_use(node, key)
-        method = "item" if use is _Use.NUMBER else "detach"
-        replacement = cst.Call(func=cst.Attribute(value=loss, attr=cst.Name(method)))
-        self.report(node, edits={loss: replacement}, fix_title=f"Accumulate `.{method}()` of the loss")
+        replacement = cst.Call(func=cst.Attribute(value=loss, attr=cst.Name("detach")))
+        safe = self._read_only_as_numbers(node, key)
+        self.report(node, edits={loss: replacement}, applicability=None if safe else Applicability.UNSAFE)
 
     def _graph_loss(
         self, value: cst.BaseExpression, loop: StepLoop
@@ -211,27 +192,20 @@ class LossAccumulatedWithGraph(LintRule):
                 return True
         return False
 
-    def _accumulator_use(self, statement: cst.CSTNode, key: str) -> _Use | None:
-        """How the accumulator is read elsewhere: NUMBER only when every read is
-        plainly numeric (printed, formatted, compared, in arithmetic, `float()`...)."""
-        scope: cst.CSTNode = self.module
-        if not key.startswith("self."):
-            scope = next(
-                (
-                    a
-                    for a in self.ancestors(statement)
-                    if isinstance(a, cst.FunctionDef)
-                ),
-                self.module,
-            )
-        uses = [
-            self._use(occurrence)
-            for occurrence in find(scope, (cst.Name, cst.Attribute))
-            if _spells(occurrence, key) and not self._is_write(occurrence, key)
-        ]
-        uses = [use for use in uses if use is not None]
-        return (
-            _Use.NUMBER if uses and all(u is _Use.NUMBER for u in uses) else _Use.TENSOR
+    def _read_only_as_numbers(self, statement: cst.CSTNode, key: str) -> bool:
+        """Whether every read of the accumulator `key` in its function (or module) makes
+        a Python number of it, so that nothing can tell whether it had a graph."""
+        if "." in key:
+            return False  # `self.total`: other methods and modules may read it
+        scope: cst.CSTNode = next(
+            (a for a in self.ancestors(statement) if isinstance(a, cst.FunctionDef)), self.module
+        )
+        if any(is_name(item.name, key) for item in find(scope, cst.NameItem)):
+            return False  # `global total` / `nonlocal total`: read elsewhere too
+        return all(
+            self._is_write(name, key) or self._ends_as_number(name)
+            for name in find(scope, cst.Name)
+            if name.value == key
         )
 
     def _is_write(self, node: cst.CSTNode, key: str) -> bool:
@@ -252,41 +226,42 @@ class LossAccumulatedWithGraph(LintRule):
             and any(name_key(t.target) == key for t in grandparent.targets)
         )
 
-    def _use(self, node: cst.CSTNode) -> _Use | None:
-        parent = self.parent(node)
-        if isinstance(parent, cst.Subscript) and parent.value is node:
-            return self._use(parent)  # `losses[-1]` is used like the list's elements
-        if isinstance(parent, cst.Attribute) and parent.value is node:
-            return _Use.TENSOR  # `total.item()`, `total.backward()`, ...
-        if isinstance(parent, cst.Arg):
-            call = self.parent(parent)
-            if isinstance(call, cst.Call):
-                names = self.qualified_names(call.func)
-                if any(n.startswith("torch.") for n in names):
-                    return _Use.TENSOR
-                if names & _NUMBER_FUNCTIONS or any(
-                    n.startswith(_NUMBER_MODULES) for n in names
-                ):
-                    return _Use.NUMBER
-                if is_attribute(call.func, "format") and isinstance(
-                    call.func.value, cst.SimpleString  # type: ignore[attr-defined]
-                ):
-                    return _Use.NUMBER
-            return _Use.TENSOR
-        if isinstance(
-            parent,
-            (cst.FormattedStringExpression, cst.Comparison, cst.ComparisonTarget),
-        ):
-            return _Use.NUMBER
-        if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
-            return _Use.NUMBER  # `total / len(loader)`, `"%.3f" % total`
-        if isinstance(parent, cst.Element):
-            # `"%.3f %.3f" % (a, total)`
-            container = self.parent(parent)
-            outer = self.parent(container) if container is not None else None
-            if is_binary(outer, cst.Modulo):
-                return _Use.NUMBER
-        return _Use.TENSOR
+    def _ends_as_number(self, node: cst.CSTNode) -> bool:
+        """Whether the value read at `node`, through arithmetic, indexing, tensor
+        methods and `sum()`/`min()`/`max()`, ends as a number: `.item()`, `.tolist()`,
+        `.detach()`, `float()`, `len()`, `math.*`, a comparison, or an f-string field
+        with a format spec (which formats `.item()` for a 0-dim tensor)."""
+        while True:
+            parent = self.parent(node)
+            if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)) or (
+                isinstance(parent, cst.Subscript) and parent.value is node
+            ):
+                node = parent
+            elif isinstance(parent, cst.Attribute) and parent.value is node:
+                call = self.parent(parent)
+                if parent.attr.value == "data":
+                    return True
+                if not (isinstance(call, cst.Call) and call.func is parent):
+                    return False  # `total.grad_fn`, `total.requires_grad`
+                if parent.attr.value in ("item", "tolist", "detach"):
+                    return True
+                node = call  # `total.cpu()`, `total.mean()`: still a tensor
+            elif isinstance(parent, cst.Arg) and parent.keyword is None and not parent.star:
+                call = self.parent(parent)
+                names = self.qualified_names(call.func)  # type: ignore[union-attr]
+                if names & _TO_NUMBER or any(n.startswith("math.") for n in names):
+                    return True
+                if not names & _PASS_ON:
+                    return False  # `print(total)` shows its `grad_fn`; `f(total)` may backward
+                node = call  # type: ignore[assignment]
+            elif isinstance(parent, cst.FormattedStringExpression):
+                return (
+                    parent.expression is node
+                    and parent.format_spec is not None
+                    and parent.conversion is None
+                )
+            else:
+                return isinstance(parent, (cst.Comparison, cst.ComparisonTarget))
 
 
 def _targets(node: cst.Assign | cst.AnnAssign) -> list[cst.BaseExpression]:
@@ -302,17 +277,6 @@ def _targets(node: cst.Assign | cst.AnnAssign) -> list[cst.BaseExpression]:
     return found
 
 
-def _spells(node: cst.CSTNode, key: str) -> bool:
-    """`node` is written as `key`: the name `total`, or `self.total`."""
-    if key.startswith("self."):
-        return (
-            isinstance(node, cst.Attribute)
-            and is_name(node.value, "self")
-            and node.attr.value == key.removeprefix("self.")
-        )
-    return is_name(node, key)
-
-
 def _backward_keys(call: cst.Call) -> list[str]:
     """What a `.backward()` call may backpropagate: `loss.backward()`,
     `scaler.scale(loss).backward()`, `accelerator.backward(loss)` (its first argument
@@ -322,6 +286,17 @@ def _backward_keys(call: cst.Call) -> list[str]:
         receiver = receiver.args[0].value
     arguments = [arg.value for arg in call.args[:1] if arg.keyword is None and not arg.star]
     return [key for key in map(name_key, [receiver, *arguments]) if key is not None]
+
+
+def _backpropagated_keys(call: cst.Call) -> set[str]:
+    """Every name a `.backward()` call's receiver or arguments read: the accumulator
+    of `(total / accumulation_steps).backward()` keeps its graph on purpose."""
+    return {
+        key
+        for part in [call.func.value, *(arg.value for arg in call.args)]  # type: ignore[attr-defined]
+        for node in find(part, (cst.Name, cst.Attribute))
+        if (key := name_key(node)) is not None
+    }
 
 
 def _bound_earlier_in_step(loop: StepLoop, accumulation: cst.CSTNode, key: str) -> bool:

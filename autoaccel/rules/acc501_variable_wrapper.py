@@ -7,8 +7,10 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import ParentNodeProvider
 
-from autoaccel.analysis.shapes import is_false, is_true
-from autoaccel.cst_edit import as_receiver, bound_name, code_of, replacing
+from autoaccel.analysis.index import descendants
+from autoaccel.analysis.script_model import StepLoop
+from autoaccel.analysis.shapes import find, is_attribute, is_false, is_method_call, is_name, is_true
+from autoaccel.cst_edit import as_receiver, bound_name, code_of, keyword_value, replacing
 from autoaccel.lint.rule import Invalid, LintRule
 
 VARIABLE = ("torch.autograd.Variable",)
@@ -146,9 +148,41 @@ class VariableWrapper(LintRule):
             "import torch\nh = torch.autograd.Variable(torch.zeros(2, 8), requires_grad=True)\n",
             fixed="import torch\nh = torch.zeros(2, 8).requires_grad_()\n",
         ),
+        # Anything that may carry a graph keeps the `detach()` that `Variable` does.
         Invalid(
             "from torch.autograd import Variable, grad\ny = Variable(a + b) * 2\n",
-            fixed="from torch.autograd import grad\ny = (a + b) * 2\n",
+            fixed="from torch.autograd import grad\ny = (a + b).detach() * 2\n",
+        ),
+        Invalid(
+            "import torch\nfrom torch.autograd import Variable\nh = lin(x)\nv = Variable(h)\n",
+            fixed="import torch\nh = lin(x)\nv = h.detach()\n",
+        ),
+        Invalid(
+            "from torch.autograd import Variable\nv = Variable(h.clone(), requires_grad=True)\n",
+            fixed="v = h.clone().detach().requires_grad_()\n",
+        ),
+        # A DataLoader's batches have no graph: the self-assignment goes.
+        Invalid(
+            "import torch\nfrom torch.autograd import Variable\n"
+            "loader = torch.utils.data.DataLoader(dataset)\n"
+            "for x, y in loader:\n    x = x.cuda()\n    x, y = Variable(x), Variable(y)\n"
+            "    model(x, y).backward()\n",
+            fixed="import torch\nloader = torch.utils.data.DataLoader(dataset)\n"
+            "for x, y in loader:\n    x = x.cuda()\n    model(x, y).backward()\n",
+        ),
+        # ... unless the step gives the name another value first.
+        Invalid(
+            "import torch\nfrom torch.autograd import Variable\n"
+            "loader = torch.utils.data.DataLoader(dataset)\n"
+            "for x, y in loader:\n    x = encoder(x)\n    x = Variable(x)\n"
+            "    model(x, y).backward()\n",
+            fixed="import torch\nloader = torch.utils.data.DataLoader(dataset)\n"
+            "for x, y in loader:\n    x = encoder(x)\n    x = x.detach()\n"
+            "    model(x, y).backward()\n",
+        ),
+        Invalid(
+            "import torch\nfrom torch.autograd import Variable\nx = Variable(torch.zeros(3, requires_grad=True))\n",
+            fixed="import torch\nx = torch.zeros(3, requires_grad=True).detach()\n",
         ),
         # `volatile=` belongs to ACC502: reported, not fixed here.
         Invalid("from torch.autograd import Variable\nx = Variable(data, volatile=True)\n"),
@@ -159,10 +193,13 @@ class VariableWrapper(LintRule):
         self.handled: set[cst.Call] = set()  # reported with the statement around them
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        # `data, target = Variable(data), Variable(target)` goes as a whole.
+        # `data, target = Variable(data), Variable(target)` goes as a whole, when
+        # nothing it wraps can carry a graph (then `Variable`'s detach does nothing).
         found = self_assignment(self, node)
         if found is None or found.volatile or not found.plain:
             return  # with a `volatile=` wrapper, the statement is ACC502's
+        if not all(graph_free(self, parse_variable_call(c).data) for c in found.plain):  # type: ignore[union-attr]
+            return  # `x = x.detach()`, call by call
         edits = statement_removal(self, node)
         if edits is not None:
             self.handled.update(found.plain)
@@ -181,11 +218,20 @@ class VariableWrapper(LintRule):
             )
             return
         parent = self.get_metadata(ParentNodeProvider, node, None)
-        if args.requires_grad is None or is_false(args.requires_grad):
-            replacement = replacing(node, parent, args.data)
-        else:
+        if args.requires_grad is not None and not is_false(args.requires_grad):
             replacement = replacing(node, parent, _requiring_grad(self, args))
-        self.report(node, edits={node: replacement})
+            self.report(node, edits={node: replacement})
+        elif graph_free(self, args.data):
+            self.report(node, edits={node: replacing(node, parent, args.data)})
+        else:
+            # `Variable(h)` is `h.detach()`: for a tensor with a graph, or one that
+            # requires grad, dropping the wrapper would let gradients through.
+            detached = _method(as_receiver(args.data), "detach")
+            self.report(
+                node,
+                edits={node: replacing(node, parent, detached)},
+                fix_title="Replace `Variable(x)` with `x.detach()`",
+            )
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         # `from torch.autograd import Variable` left without uses by the fixes above
@@ -218,32 +264,169 @@ class VariableWrapper(LintRule):
         self.report(unused[0], message, edits=edits)
 
 
+def graph_free(rule: LintRule, data: cst.BaseExpression) -> bool:
+    """Whether `data` certainly neither has an autograd graph nor requires grad,
+    so that `Variable(data)`, which is `data.detach()`, changes nothing."""
+    return _made_without_graph(rule, data) or _batch(rule, data, set())
+
+
+def _batch(rule: LintRule, data: cst.BaseExpression, seen: set[str]) -> bool:
+    """`x`, `x[0]`, `x.cuda()`, `x.to(device).float()`... for `x` a batch of the
+    DataLoader the enclosing step loop reads, not given another value in the loop."""
+    while True:
+        if isinstance(data, cst.Subscript):
+            data = data.value
+        elif is_method_call(data, *_KEEPS_GRAPH_FREE):
+            data = data.func.value  # type: ignore[attr-defined]
+        else:
+            break
+    if _made_without_graph(rule, data):
+        return True
+    if not isinstance(data, cst.Name):
+        return False
+    loop = _loader_loop(rule, data)
+    if loop is None:
+        return False
+    if data.value in seen:
+        return True  # `x = x.cuda()`: graph-free if every other value of `x` is
+    seen = seen | {data.value}
+    values = _values_given_in(loop.node.body, data.value)
+    return values is not None and all(
+        v is not None and (_is_plain_variable(rule, v) or _batch(rule, v, seen)) for v in values
+    )
+
+
+def _is_plain_variable(rule: LintRule, value: cst.BaseExpression) -> bool:
+    """`Variable(x)` without `requires_grad=True`: a detached value, whatever `x` is."""
+    if not (isinstance(value, cst.Call) and rule.calls(value, *VARIABLE)):
+        return False
+    args = parse_variable_call(value)
+    return args is not None and (args.requires_grad is None or is_false(args.requires_grad))
+
+
+def _loader_loop(rule: LintRule, name: cst.Name) -> StepLoop | None:
+    """The step loop over a DataLoader whose target binds `name`, read in its body
+    (in the loop's own scope: not a lambda's or a nested function's parameter)."""
+    loop = rule.enclosing_step_loop(name)
+    if (
+        loop is None
+        or not isinstance(loop.node, cst.For)
+        or not loop.loaders
+        or name.value not in loop.batch_names
+        or loop.node.body not in rule.ancestors(name)  # not its `else:`
+        or rule.index.scopes.get(name) is not rule.index.scopes.get(loop.node)
+    ):
+        return None
+    return loop
+
+
 def _requiring_grad(rule: LintRule, args: VariableCall) -> cst.BaseExpression:
     """`Variable(x, requires_grad=flag)`: a new leaf, as `x.detach().requires_grad_(flag)`;
-    the `detach()` is left out when `x` is a fresh tensor nobody else holds."""
+    the `detach()` is left out when `x` is a fresh tensor without a graph that nobody
+    else holds (`torch.zeros(...)`, `x.data`, `x.detach()`)."""
     receiver = as_receiver(args.data)
-    if not _is_fresh(rule, args.data):
-        receiver = cst.Call(func=cst.Attribute(value=receiver, attr=cst.Name("detach")))
+    if not _fresh(rule, args.data):
+        receiver = _method(receiver, "detach")
     flag: list[cst.Arg] = []
     if not is_true(args.requires_grad):
         flag = [cst.Arg(value=args.requires_grad)]  # type: ignore[arg-type]
     return cst.Call(func=cst.Attribute(value=receiver, attr=cst.Name("requires_grad_")), args=flag)
 
 
-def _is_fresh(rule: LintRule, data: cst.BaseExpression) -> bool:
-    """A tensor made by the expression itself: `torch.zeros(...)`, `x.data`, `x.clone()`."""
-    if isinstance(data, cst.Attribute):
-        return data.attr.value == "data"
-    if not isinstance(data, cst.Call):
-        return False
-    if isinstance(data.func, cst.Attribute) and data.func.attr.value in ("clone", "detach"):
+def _method(receiver: cst.BaseExpression, name: str) -> cst.Call:
+    return cst.Call(func=cst.Attribute(value=receiver, attr=cst.Name(name)))
+
+
+def _fresh(rule: LintRule, data: cst.BaseExpression) -> bool:
+    """A new tensor without a graph, made by the expression itself: `torch.zeros(...)`,
+    `x.data`, `x.detach()`. Not `x.clone()` (a clone of a tensor with a graph has one)
+    nor `torch.FloatTensor(h)` (the legacy constructors alias a tensor argument)."""
+    if is_attribute(data, "data") or is_method_call(data, "detach"):
         return True
-    # A torch factory (`torch.zeros`, `torch.randn`, `torch.from_numpy`, `torch.FloatTensor`);
-    # `torch.as_tensor(t)` may hand back `t` itself.
-    return any(
-        name.startswith("torch.") and name.count(".") == 1 and name not in _MAY_ALIAS
-        for name in rule.qualified_names(data.func)
+    return isinstance(data, cst.Call) and not rule.qualified_names(data.func).isdisjoint(FACTORIES)
+
+
+def _made_without_graph(rule: LintRule, data: cst.BaseExpression) -> bool:
+    """`_fresh`, and a factory not asked to make a tensor that requires grad."""
+    if not _fresh(rule, data):
+        return False
+    if not isinstance(data, cst.Call) or is_method_call(data, "detach"):
+        return True
+    requires_grad = keyword_value(data, "requires_grad")
+    return not any(arg.star == "**" for arg in data.args) and (
+        requires_grad is None or is_false(requires_grad)
     )
 
 
-_MAY_ALIAS = frozenset({"torch.as_tensor", "torch.asarray"})
+def _values_given_in(body: cst.CSTNode, name: str) -> list[cst.BaseExpression] | None:
+    """The values `body` assigns to `name` (`name = v`, `name, y = v, w`); None when it
+    changes `name` in another way: `+=`, a nested `for`, `with ... as name`, `del`, a
+    `global`, an in-place method (`name.requires_grad_()`), `name.attr = ...`,
+    `name[...] = ...`."""
+    values: list[cst.BaseExpression] = []
+    for node in descendants(body):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                pairs = _pairs(target.target, node.value)
+                for bound, value in pairs:
+                    if is_name(bound, name):
+                        values.append(value)
+                    elif _changes(bound, name):
+                        return None
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.NamedExpr, cst.For, cst.CompFor)):
+            if _changes(node.target, name):
+                return None
+        elif isinstance(node, (cst.AsName, cst.Del)):
+            if _changes(node.name if isinstance(node, cst.AsName) else node.target, name):
+                return None
+        elif isinstance(node, (cst.NameItem, cst.Param, cst.FunctionDef, cst.ClassDef)):
+            if is_name(node.name, name):
+                return None
+        elif is_method_call(node) and _in_place(node.func.attr.value):  # type: ignore[attr-defined]
+            if is_name(node.func.value, name):  # `name.requires_grad_()`  # type: ignore[attr-defined]
+                return None
+    return values
+
+
+def _pairs(
+    target: cst.BaseExpression, value: cst.BaseExpression
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression | None]]:
+    """What each part of an assignment's target receives: `a, b = x, y` pairs `a` with
+    `x`; a target that unpacks anything else gets None for its names."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        elements = (*target.elements, *getattr(value, "elements", ()))
+        if (
+            isinstance(value, (cst.Tuple, cst.List))
+            and len(value.elements) == len(target.elements)
+            and not any(isinstance(e, cst.StarredElement) for e in elements)
+        ):
+            return [p for t, v in zip(target.elements, value.elements) for p in _pairs(t.value, v.value)]
+        return [(t, None) for t in find(target, cst.Name)]
+    return [(target, value)]
+
+
+def _changes(target: cst.CSTNode, name: str) -> bool:
+    """Whether assigning to `target` rebinds or mutates `name`: `name`, `(a, name)`,
+    `name.attr`, `name[0]`."""
+    return any(is_name(found, name) for found in find(target, cst.Name))
+
+
+def _in_place(method: str) -> bool:
+    return method.endswith("_") and not method.startswith("_")
+
+
+# Factories whose result has no graph (unless `requires_grad=True`): a new tensor.
+FACTORIES = frozenset(
+    f"torch.{name}"
+    for name in (
+        "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange",
+        "range", "linspace", "logspace", "eye", "tensor", "from_numpy", "zeros_like",
+        "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
+    )
+)  # fmt: skip
+# Tensor methods that make nothing requiring grad from a tensor that does not.
+_KEEPS_GRAPH_FREE = (
+    "cuda", "cpu", "to", "float", "double", "half", "bfloat16", "long", "int", "bool",
+    "view", "reshape", "contiguous", "squeeze", "unsqueeze", "permute", "transpose", "t",
+    "pin_memory", "type",
+)  # fmt: skip

@@ -78,7 +78,7 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
 
-            total_loss += loss
+            total_loss += loss.detach()
         return total_loss.item() / len(self.train_loader)
 
     def validate(self):
