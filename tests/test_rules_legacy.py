@@ -270,12 +270,25 @@ def test_volatile_and_variable_together_leave_plain_code():
     source = """\
         import torch
         from torch.autograd import Variable
+        loader = torch.utils.data.DataLoader(dataset)
         for data, target in loader:
             data, target = Variable(data, volatile=True), Variable(target)
             out = model(data)
+            out.sum().backward()
         """
     after = fixed(source, "ACC501", "ACC502")
-    assert after == "import torch\nfor data, target in loader:\n    out = model(data)\n"
+    assert "    data, target =" not in after and "Variable" not in after
+
+
+def test_volatile_wrapper_of_what_may_have_a_graph_keeps_its_detach():
+    """`Variable(h, volatile=True)` is `h.detach()` too: dropping it lets gradients through."""
+    source = """\
+        import torch
+        from torch.autograd import Variable
+        h = lin(x)
+        v = Variable(h, volatile=True)
+        """
+    assert "v = h.detach()\n" in fixed(source, "ACC502")
 
 
 def test_volatile_fix_runs_without_the_warning():

@@ -221,17 +221,12 @@ class VariableWrapper(LintRule):
         if args.requires_grad is not None and not is_false(args.requires_grad):
             replacement = replacing(node, parent, _requiring_grad(self, args))
             self.report(node, edits={node: replacement})
-        elif graph_free(self, args.data):
-            self.report(node, edits={node: replacing(node, parent, args.data)})
         else:
             # `Variable(h)` is `h.detach()`: for a tensor with a graph, or one that
             # requires grad, dropping the wrapper would let gradients through.
-            detached = _method(as_receiver(args.data), "detach")
-            self.report(
-                node,
-                edits={node: replacing(node, parent, detached)},
-                fix_title="Replace `Variable(x)` with `x.detach()`",
-            )
+            replacement = unwrapped(self, args.data)
+            title = None if replacement is args.data else "Replace `Variable(x)` with `x.detach()`"
+            self.report(node, edits={node: replacing(node, parent, replacement)}, fix_title=title)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         # `from torch.autograd import Variable` left without uses by the fixes above
@@ -268,6 +263,12 @@ def graph_free(rule: LintRule, data: cst.BaseExpression) -> bool:
     """Whether `data` certainly neither has an autograd graph nor requires grad,
     so that `Variable(data)`, which is `data.detach()`, changes nothing."""
     return _made_without_graph(rule, data) or _batch(rule, data, set())
+
+
+def unwrapped(rule: LintRule, data: cst.BaseExpression) -> cst.BaseExpression:
+    """What `Variable(data)` is without the wrapper: `data` where it has no graph,
+    else `data.detach()`."""
+    return data if graph_free(rule, data) else _method(as_receiver(data), "detach")
 
 
 def _batch(rule: LintRule, data: cst.BaseExpression, seen: set[str]) -> bool:
@@ -347,7 +348,14 @@ def _fresh(rule: LintRule, data: cst.BaseExpression) -> bool:
 
 
 def _made_without_graph(rule: LintRule, data: cst.BaseExpression) -> bool:
-    """`_fresh`, and a factory not asked to make a tensor that requires grad."""
+    """`_fresh`, and a factory not asked to make a tensor that requires grad; or
+    arithmetic of such tensors and numbers (`torch.ones(2) * 2`)."""
+    if isinstance(data, cst.BinaryOperation):
+        return all(_made_without_graph(rule, side) for side in (data.left, data.right))
+    if isinstance(data, cst.UnaryOperation):
+        return _made_without_graph(rule, data.expression)
+    if isinstance(data, (cst.Integer, cst.Float)):
+        return True
     if not _fresh(rule, data):
         return False
     if not isinstance(data, cst.Call) or is_method_call(data, "detach"):

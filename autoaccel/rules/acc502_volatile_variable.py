@@ -10,9 +10,11 @@ from autoaccel.cst_edit import remove_keyword, replacing
 from autoaccel.lint.rule import Invalid, LintRule
 from autoaccel.rules.acc501_variable_wrapper import (
     VARIABLE,
+    graph_free,
     parse_variable_call,
     self_assignment,
     statement_removal,
+    unwrapped,
 )
 
 
@@ -35,22 +37,32 @@ class VolatileVariable(LintRule):
     ]
     INVALID = [
         Invalid(
-            "import torch\nx = torch.autograd.Variable(data, volatile=True)\n",
-            fixed="import torch\nx = data\n",
+            "import torch\nx = torch.autograd.Variable(torch.zeros(3), volatile=True)\n",
+            fixed="import torch\nx = torch.zeros(3)\n",
         ),
+        # `Variable` detaches what it wraps: a value that may have a graph keeps `.detach()`.
         Invalid(
             "from torch.autograd import Variable\n"
             "x, y = Variable(x.cuda(), volatile=not train), Variable(y)\n",
-            fixed="from torch.autograd import Variable\nx, y = x.cuda(), Variable(y)\n",
+            fixed="from torch.autograd import Variable\nx, y = x.cuda().detach(), Variable(y)\n",
         ),
-        # An `else:` block left empty goes, rather than becoming `else: pass`.
+        # A DataLoader's batch has no graph; an `else:` block left empty goes, rather than
+        # becoming `else: pass`.
         Invalid(
             "from torch.autograd import Variable\n"
-            "if use_gpu:\n"
-            "    x = Variable(x, volatile=True).cuda()\n"
-            "else:\n"
-            "    x = Variable(x, volatile=True)\n",
-            fixed="from torch.autograd import Variable\nif use_gpu:\n    x = x.cuda()\n",
+            "from torch.utils.data import DataLoader\n"
+            "for x in DataLoader(ds):\n"
+            "    if use_gpu:\n"
+            "        x = x.cuda()\n"
+            "    else:\n"
+            "        x = Variable(x, volatile=True)\n"
+            "    print(model(x))\n",
+            fixed="from torch.autograd import Variable\n"
+            "from torch.utils.data import DataLoader\n"
+            "for x in DataLoader(ds):\n"
+            "    if use_gpu:\n"
+            "        x = x.cuda()\n"
+            "    print(model(x))\n",
         ),
         Invalid(
             "import torch\nx = torch.zeros(3, volatile=True)\n",
@@ -73,6 +85,9 @@ class VolatileVariable(LintRule):
         found = self_assignment(self, node)
         if found is None or not found.volatile:
             return
+        wrapped = [parse_variable_call(call).data for call in (*found.volatile, *found.plain)]  # type: ignore[union-attr]
+        if not all(graph_free(self, data) for data in wrapped):
+            return  # `x = x.detach()`, call by call: `Variable` detaches a graph
         edits = statement_removal(self, node)
         if edits is not None:
             self.handled.update(found.volatile)
@@ -93,7 +108,7 @@ class VolatileVariable(LintRule):
                 self.report(node)
                 return
             parent = self.get_metadata(ParentNodeProvider, node, None)
-            self.report(node, edits={node: replacing(node, parent, args.data)})
+            self.report(node, edits={node: replacing(node, parent, unwrapped(self, args.data))})
             return
         volatile = _volatile_keyword(node)
         if volatile is None or is_false(volatile):
