@@ -5,6 +5,10 @@ project (the nearest folder up with `pyproject.toml`, `setup.py`, `setup.cfg` or
 the way Python would find them when the script runs from its folder or the project is
 installed: `from trainer import Trainer`, `import mingpt.model`, `from .data import
 make_loaders`. Libraries (torch, numpy, ...) are never read.
+
+The other way round, `entry_projects(trainer.py)` finds the scripts that import a module
+(`train.py` beside it, or above its package): what such a script passes to the module's
+functions (the model, its device, the loaders) is what the module works with.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+import re
+import stat
 
 import libcst as cst
 
@@ -24,6 +31,10 @@ SCRIPT = "__main__"
 _PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 MAX_MODULES = 64  # a script's own code, not a library vendored beside it
 MAX_BYTES = 2_000_000
+MAX_SCRIPTS = 256  # files of a folder read to find the scripts that import a module
+# A top-level line of a script that does something when it runs: the `__main__` test,
+# a loop, a `with`, or a call statement (`main()`, `trainer.fit(loader)`).
+_RUNS = re.compile(r"^(?:if\s+__name__\s*==|for\s|while\s|with\s|async\s|[\w.]+\()", re.MULTILINE)
 
 
 @dataclass
@@ -145,3 +156,88 @@ def _dotted(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.Attribute):
         return f"{_dotted(node.value)}.{node.attr.value}"
     return ""
+
+
+def entry_projects(path: Path) -> list[tuple[Project, SourceModule]]:
+    """The projects of the entry scripts that import the module at `path`, each with the
+    module as that project reads it (its import name, package and a parse of the file on
+    disk). A script is looked for beside the module, above its package, and in the
+    project's root folder; one that another of them imports is not an entry (`train.py`
+    runs `trainer.py`, which runs `data.py`: `train.py` is the entry of both)."""
+    target = path.resolve()
+    found: list[tuple[Project, SourceModule]] = []
+    for candidate in _scripts_importing(target):
+        project = _entry_project(str(candidate), *_stamp(candidate))
+        module = next((m for m in project.modules.values() if _is(m, target)), None) if project else None
+        if project is not None and module is not None:
+            found.append((project, module))
+    return [
+        (project, module)
+        for project, module in found
+        if not any(
+            _is(other_module, Path(project.script.path))  # type: ignore[arg-type]
+            for other, _ in found
+            if other is not project
+            for other_module in other.modules.values()
+        )
+    ]
+
+
+def _scripts_importing(target: Path) -> list[Path]:
+    """The Python files of the folders an entry script of `target` may sit in whose text
+    has an import naming `target`'s module and code that runs when it is started (cheap
+    tests: `entry_projects` then follows their imports). A library module beside it,
+    which only defines things, is no entry: reading its program would cost a whole
+    analysis for every module of a library."""
+    folder = target.parent
+    name = folder.name if target.name == "__init__.py" else target.stem
+    folders = [folder]
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+        folders.append(folder)
+    folders += [root for root in project_roots(target) if root not in folders]
+    mentions = re.compile(rf"^[ \t]*(?:from|import)\b[^\n]*\b{re.escape(name)}\b", re.MULTILINE)
+    found = []
+    for place in folders:
+        try:
+            scripts = sorted(place.glob("*.py"))[:MAX_SCRIPTS]
+        except OSError:
+            continue
+        for script in scripts:
+            try:
+                status = script.stat()
+                # a FIFO or a device named `x.py` would block the read
+                if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_BYTES:
+                    continue
+                if script.resolve() == target:
+                    continue
+                text = script.read_text(encoding="utf-8", errors="replace")
+                if mentions.search(text) and _RUNS.search(text):
+                    found.append(script)
+            except OSError:
+                continue
+    return found
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return (0, 0)
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=64)
+def _entry_project(path: str, mtime_ns: int, size: int) -> Project | None:
+    """The project of the script at `path` (None when it cannot be read or parsed), once
+    per process for each version of the file: linting a folder asks it for every module
+    the script imports."""
+    try:
+        script = _parsed(SCRIPT, path, Path(path).read_bytes())
+    except (OSError, cst.ParserSyntaxError, RecursionError):
+        return None
+    return load_project(Path(path), script.tree, script.index)
+
+
+def _is(module: SourceModule, target: Path) -> bool:
+    return module.path is not None and Path(module.path).resolve() == target.resolve()

@@ -31,6 +31,7 @@ from autoaccel.analysis.program import (
     DATALOADER,
     DISTRIBUTED_DATA_PARALLEL,
     ClassInfo,
+    FunctionInfo,
     Kind,
     Obj,
     Program,
@@ -167,6 +168,36 @@ class ScriptModel:
             if isinstance(child, cst.Call) and self.program.callees.get(child, set()) & self.training.trainers:
                 return True
         return False
+
+    def backpropagates(self, node: cst.CSTNode) -> bool:
+        """Whether `node` calls `.backward()`, or a function of the project that does,
+        directly or through others (`loss = self.training_step(x, y)`)."""
+        return any(
+            isinstance(child, cst.Call) and (child in self.training.backward_calls or self.runs_backward(child))
+            for child in descendants(node)
+        )
+
+    def runs_backward(self, call: cst.Call) -> bool:
+        """Whether `call` runs a function of the project that calls `.backward()`,
+        directly or through others."""
+        return self.program is not None and bool(
+            self.program.callees.get(call, set()) & self.training.backpropagating
+        )
+
+    def callees(self, call: cst.Call) -> set[FunctionInfo]:
+        """The functions of the project `call` (of this module) may run."""
+        return set(self.program.callees.get(call, ())) if self.program is not None else set()
+
+    def returns_loss(self, call: cst.Call) -> bool:
+        """Whether `call` (of this module) runs functions of the project that each return
+        the tensor they call `.backward()` on (`loss = self.training_step(x, y)`): a
+        tensor with a graph, on the device the step runs on."""
+        if self.program is None:
+            return False
+        functions = self.program.callees.get(call)
+        return bool(functions) and all(
+            _returns_backpropagated(f, self.program, self.training) for f in functions
+        )
 
     def streams(self, loader: cst.Call) -> bool:
         """Whether the DataLoader call `loader` reads an `IterableDataset` of the project:
@@ -341,6 +372,27 @@ class _Syntax(BindingVisitor, cst.CSTVisitor):
         if isinstance(parent, cst.DictElement) and parent.key is node:
             return  # `map_location={"cuda:0": ...}` maps where a checkpoint was saved
         self.model.uses_cuda = True
+
+
+def _returns_backpropagated(function: FunctionInfo, program: Program, training: Training) -> bool:
+    """Whether every `return` of `function` (not of a function nested in it) returns a
+    name that `function` calls `.backward()` on."""
+    backpropagated = {
+        name_key(call.func.value)  # type: ignore[attr-defined]
+        for call in training.backward_calls
+        if program.function_of.get(call) is function
+    } - {None}
+    index = function.module.index
+    returns = [
+        node
+        for node in descendants(function.node.body)
+        if isinstance(node, cst.Return)
+        and next(a for a in index.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.Lambda)))
+        is function.node
+    ]
+    return bool(returns) and all(
+        r.value is not None and name_key(r.value) in backpropagated for r in returns
+    )
 
 
 def _indexed_rows(dataset: Obj) -> bool:

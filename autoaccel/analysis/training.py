@@ -68,6 +68,8 @@ class Training:
     trained: set[Obj] = field(default_factory=set)  # models whose parameters an optimizer updates
     criteria: set[Obj] = field(default_factory=set)  # loss modules, built-in or the project's
     backward_calls: list[cst.Call] = field(default_factory=list)
+    # Functions that call `.backward()`, directly or through other functions.
+    backpropagating: set[FunctionInfo] = field(default_factory=set)
 
 
 def find_training(program: Program) -> Training:
@@ -84,7 +86,7 @@ class _Finder:
 
     def find(self) -> Training:
         self._nest()
-        self.reaching = self._functions_reaching_backward()
+        self.reaching = self.training.backpropagating = self._functions_reaching_backward()
         loops = self.program.loops
         candidates = [loop for loop in loops if self._reaches_backward(loop)]
         readers = {loop: self._loaders_read(loop) for loop in loops}

@@ -21,7 +21,8 @@ from libcst.metadata import (
 )
 
 from autoaccel.analysis.index import ModuleIndex, run_visitors
-from autoaccel.analysis.project import SCRIPT, load_project
+from autoaccel.analysis.program import SourceModule
+from autoaccel.analysis.project import SCRIPT, entry_projects, load_project
 from autoaccel.analysis.positions import Positions, SourcePositions
 from autoaccel.analysis.script_model import ProjectContext, ScriptModel, build_script_model
 from autoaccel.config import LintSettings
@@ -179,15 +180,19 @@ def analyse(
 ) -> Analysis:
     """Run the enabled rules over `source` (a module of `project`, when given: the
     rules then see the objects and loops of its other modules; or the text of the
-    file `script`, analysed with the local modules it imports). `module`: `source`
-    parsed by LibCST already, each node object once. Raises `SourceError` when it does
-    not parse."""
+    file `script`, analysed as a module of the entry scripts that import it, or else
+    with the local modules it imports). `module`: `source` parsed by LibCST already,
+    each node object once. Raises `SourceError` when it does not parse."""
     rules = [
         rule
         for rule in all_rules()
         if settings.enabled(rule.code, path) and (rule.default or settings.names(rule.code))
     ]
-    if not might_use_torch(source):
+    if project is None and script is not None:
+        project = _importing_project(script)
+    # A module of a project is analysed with torch or without: the objects it handles
+    # (a model, a loader, a device) come from the modules that call it.
+    if project is None and not might_use_torch(source):
         empty = cst.Module(body=[])
         return Analysis(module=empty, wrapper=None, positions=Positions(empty))
     if module is None:
@@ -234,6 +239,24 @@ def analyse(
         index=index,
         script=script,
     )
+
+
+def _importing_project(path: Path) -> ProjectContext | None:
+    """The file at `path` as a module of the programs of the entry scripts that import it
+    (None when none does): `trainer.py`, whose `Trainer` gets its model, device and
+    loaders from `train.py`, is analysed with what `train.py` passes."""
+    entries = entry_projects(path)
+    if not entries:
+        return None
+    name, package = entries[0][1].name, entries[0][1].package
+    others: dict[int, SourceModule] = {}
+    for project, module in entries:
+        if module.name != name:
+            continue  # imported under another name: another program
+        for other in project.all_modules:
+            if other is not module:
+                others.setdefault(id(other), other)
+    return ProjectContext(name, package, str(path), tuple(others.values()))
 
 
 def _imported_project(script: Path, tree: cst.Module, index: ModuleIndex) -> ProjectContext | None:

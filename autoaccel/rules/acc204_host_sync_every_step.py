@@ -86,6 +86,12 @@ class HostSyncEveryStep(LintRule):
             _CUDA_SCRIPT + "for x, y in loader:\n    loss = criterion(model(x), y)\n"
             "    loss.backward()\n    print(f'loss {loss:.3f}')\n"
         ),
+        # The loss a step function returns after its backward pass.
+        Invalid(
+            _CUDA_SCRIPT + "def train_step(x, y):\n    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n    return loss\n"
+            "for x, y in loader:\n    loss = train_step(x, y)\n    running_loss += loss.item()\n"
+        ),
         # The `else` branch of a logging gate runs on most steps.
         Invalid(
             _CUDA_SCRIPT + "for i, (x, y) in enumerate(loader):\n"
@@ -257,8 +263,8 @@ class HostSyncEveryStep(LintRule):
         ):
             return True  # `model(x)`, `criterion(out, y)`
         qualified = self.qualified_names(func)
-        if is_functional_loss(qualified):
-            return True
+        if is_functional_loss(qualified) or self.script.returns_loss(call):
+            return True  # `F.cross_entropy(...)`, `self.training_step(x, y)`
         if any(n.startswith("torch.") for n in qualified):
             # `torch.cat([...])` of device tensors, or a factory given `device=`.
             return any(

@@ -75,6 +75,12 @@ class DdpAccumulationWithoutNoSync(LintRule):
             "    if step + 1 == accum_steps or is_last:\n        scaler.step(optimizer)\n"
             "        scaler.update()\n"
         ),
+        # The backward pass in a function the loop calls.
+        Invalid(
+            _DDP + "def train_step(x, y):\n    loss = model(x, y) / accum\n    loss.backward()\n"
+            "for i, (x, y) in enumerate(loader):\n    train_step(x, y)\n"
+            "    if (i + 1) % accum == 0:\n        optimizer.step()\n        optimizer.zero_grad()\n"
+        ),
         # Micro-batches in an inner loop, one step after it.
         Invalid(
             _DDP + "for x, y in loader:\n    for mx, my in zip(x.chunk(4), y.chunk(4)):\n"
@@ -95,8 +101,8 @@ class DdpAccumulationWithoutNoSync(LintRule):
     def visit_Call(self, node: cst.Call) -> None:
         if self.calls(node, DISTRIBUTED_DATA_PARALLEL):
             self.ddp = True
-        elif is_attribute(node.func, "backward"):
-            self.backwards.append(node)
+        elif is_attribute(node.func, "backward") or self.script.runs_backward(node):
+            self.backwards.append(node)  # `loss.backward()`, `self.training_step(x, y)`
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self.ddp or self.controls_sync:

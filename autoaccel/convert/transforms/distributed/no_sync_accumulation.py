@@ -2,7 +2,10 @@
 
 In a training step loop that calls `backward()` every step but `optimizer.step()` only
 under a condition, the forward and backward run under `ddp_model.no_sync()` unless the
-condition holds; the condition is computed once, before them.
+condition holds; the condition is computed once, before them. The backward pass may be
+in a method the loop calls (`loss = self.training_step(x, y)`, in a Trainer whose
+`self.ddp_model` that method runs): the call then runs under `no_sync()`. A loop whose
+micro-steps cannot be put under it is listed as not changed, with the reason.
 """
 
 from __future__ import annotations
@@ -44,16 +47,26 @@ class NoSyncAccumulation(DistributedStep):
                 for c in method_calls(s.body, "step")
             )
         ]
-        backwards = [i for i, s in enumerate(body) if m.matches(s, _BACKWARD)]
-        if len(steps) != 1 or not backwards or backwards[-1] > steps[0]:
-            return  # not accumulation: the optimizer steps every iteration
-        if method_calls(loop, "no_sync"):
+        if len(steps) != 1 or method_calls(loop, "no_sync"):
+            return  # the optimizer steps every iteration, or the user chose already
+        backwards = [
+            i for i, s in enumerate(body)
+            if m.matches(s, _BACKWARD) or (i < steps[0] and self.script.backpropagates(s))
+        ]
+        if not backwards:
+            self.skipped(
+                "no_sync",
+                "gradient accumulation: the backward pass is not a statement of the loop;"
+                " run the micro-steps that do not update under `ddp_model.no_sync()` by hand",
+                loop,
+            )
             return
+        if backwards[-1] > steps[0]:
+            return  # not accumulation: the optimizer steps before the backward pass
         used = [
             (i, key)
-            for i, s in enumerate(body[: backwards[-1]])
-            for c in find(s, cst.Call)
-            if (key := name_key(c.func)) in wrappers
+            for i, s in enumerate(body[: backwards[-1] + 1])
+            for key in self._wrappers_run(s, wrappers, loop)
         ]
         condition = body[steps[0]]
         assert isinstance(condition, cst.If)
@@ -96,3 +109,28 @@ class NoSyncAccumulation(DistributedStep):
             f"accumulation micro-steps run under `{wrapper}.no_sync()`: gradients are"
             " all-reduced only before `optimizer.step()`",
         )
+
+    def _wrappers_run(self, statement: cst.CSTNode, wrappers: set[str], loop: cst.CSTNode) -> set[str]:
+        """The DDP wrappers `statement` calls: itself, or through a method of the loop's
+        own class it calls on `self` (`self.training_step(x, y)` running `self.ddp_model`,
+        which the loop reaches as `self.ddp_model` too)."""
+        found = {key for c in find(statement, cst.Call) if (key := name_key(c.func)) in wrappers}
+        own = self._class_of(loop)
+        for call in find(statement, cst.Call):
+            key = name_key(call.func)
+            if own is None or key is None or not key.startswith("self."):
+                continue
+            for function in self.script.callees(call):
+                if function.cls is own and function.module is self.script.module:
+                    found |= {
+                        wrapper
+                        for c in find(function.node.body, cst.Call)
+                        if (wrapper := name_key(c.func)) in wrappers and wrapper.startswith("self.")
+                    }
+        return found
+
+    def _class_of(self, loop: cst.CSTNode):
+        """The class whose method holds `loop` (None for a function or the module)."""
+        step = self.script.step_loops.get(loop)
+        function = step.function if step is not None else None
+        return function.cls if function is not None and function.is_method else None
