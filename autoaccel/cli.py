@@ -3,9 +3,10 @@ start-up stays light (pre-commit runs `autoaccel lint` on every commit)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -15,11 +16,23 @@ from autoaccel.lint.output_format import OutputFormat
 if TYPE_CHECKING:
     from autoaccel.convert.log import ConvertOptions
 
+
+class _Command(typer.core.TyperCommand):
+    """A command whose help names an argument by its metavar alone (`FILE`), as it names
+    options, where typer would add a Python type (`FILE <path>`, `PATHS <list[str]>`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, typer.core.TyperArgument) and param.metavar:
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+
+
 app = typer.Typer(
     name="autoaccel",
     help="Make PyTorch training scripts fast: lint slow patterns, convert scripts.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion (typer's)
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -30,6 +43,19 @@ def _codes(values: Optional[List[str]]) -> tuple[str, ...] | None:
     if not values:
         return None
     return tuple(code.strip().upper() for value in values for code in value.split(",") if code.strip())
+
+
+_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def _size(text: str) -> int:
+    """`--max-file-size`: a whole number of bytes, KiB, MiB or GiB."""
+    match = re.fullmatch(r"\s*(\d+)\s*(KiB|MiB|GiB)?\s*", text)
+    if match is None or int(match[1]) == 0:
+        raise typer.BadParameter(
+            f"{text!r} is not a size such as 2000000, 512KiB or 2MiB", param_hint="--max-file-size"
+        )
+    return int(match[1]) * _UNITS.get(match[2], 1)
 
 
 def _version(value: bool) -> None:
@@ -48,15 +74,24 @@ def _root(
     """Make PyTorch training scripts fast: lint slow patterns, convert scripts."""
 
 
-@app.command()
+@app.command(cls=_Command)
 def lint(
-    paths: List[str] = typer.Argument(None, help="Files or directories; `-` reads stdin."),
-    output_format: OutputFormat = typer.Option(
-        OutputFormat.text, "--format", "--output-format", help="How findings are printed."
+    paths: List[str] = typer.Argument(
+        None, metavar="PATHS", help="Files or directories; `-` reads stdin."
     ),
-    select: Optional[List[str]] = typer.Option(None, help="Rule codes or prefixes to run."),
-    extend_select: Optional[List[str]] = typer.Option(None, help="Codes to run in addition."),
-    ignore: Optional[List[str]] = typer.Option(None, help="Rule codes or prefixes to skip."),
+    output_format: OutputFormat = typer.Option(
+        OutputFormat.text, "--format", "--output-format", metavar="FORMAT",
+        help="How findings are printed: text | json | github | sarif.",
+    ),
+    select: Optional[List[str]] = typer.Option(
+        None, metavar="CODES", help="Rule codes or prefixes to run."
+    ),
+    extend_select: Optional[List[str]] = typer.Option(
+        None, metavar="CODES", help="Codes to run in addition."
+    ),
+    ignore: Optional[List[str]] = typer.Option(
+        None, metavar="CODES", help="Rule codes or prefixes to skip."
+    ),
     fix: bool = typer.Option(False, "--fix", help="Apply fixes in place."),
     diff: bool = typer.Option(False, "--diff", help="Show what --fix would change; write nothing."),
     unsafe_fixes: bool = typer.Option(
@@ -68,10 +103,27 @@ def lint(
     force_exclude: bool = typer.Option(
         False, "--force-exclude", help="Apply `exclude` to the paths given too (for hooks)."
     ),
+    stdin_filename: Optional[Path] = typer.Option(
+        None, "--stdin-filename", metavar="PATH",
+        help="The path of the script read from stdin (`-`): for messages, config and its local imports.",
+    ),
+    max_file_size: str = typer.Option(
+        "1MiB", "--max-file-size", metavar="SIZE",
+        help="A larger file is reported, not read: bytes, or 512KiB, 2MiB.",
+    ),
+    precise: bool = typer.Option(
+        False, "--precise",
+        help="Unless pyproject.toml sets `select`, run only the rules whose findings are certain"
+        " and cheap to act on (what the pre-commit hooks enforce).",
+    ),
 ) -> None:
     """Find slow patterns in PyTorch training scripts."""
     from autoaccel.lint.command import run_lint
 
+    if stdin_filename is not None and paths != ["-"]:
+        raise typer.BadParameter(
+            "names the script read from stdin: give `-` as the path", param_hint="--stdin-filename"
+        )
     code = run_lint(
         paths=paths or ["."],
         output_format=output_format,
@@ -85,12 +137,17 @@ def lint(
         statistics=statistics,
         quiet=quiet,
         force_exclude=force_exclude,
+        stdin_filename=stdin_filename,
+        precise=precise,
+        max_file_size=_size(max_file_size),
     )
     raise typer.Exit(code)
 
 
-@app.command()
-def rules(code: Optional[str] = typer.Argument(None, help="A rule code, e.g. ACC101.")) -> None:
+@app.command(cls=_Command)
+def rules(
+    code: Optional[str] = typer.Argument(None, metavar="CODE", help="A rule code, e.g. ACC101."),
+) -> None:
     """List the rules, or print one rule's documentation."""
     from autoaccel.docs import rule_doc
     from autoaccel.rules import all_rules, rule_by_code
@@ -110,8 +167,8 @@ def rules(code: Optional[str] = typer.Argument(None, help="A rule code, e.g. ACC
 
 # Convert options shared by the commands that convert (`convert`, `config`, `bench`):
 # left at None, a value comes from [tool.autoaccel.convert] or the default.
-TO_OPTION = typer.Option(None, "--to", help="single | dp | ddp | fsdp [default: single]")
-AMP_OPTION = typer.Option(None, "--amp", help="bf16 | fp16 | off [default: bf16]")
+TO_OPTION = typer.Option(None, "--to", metavar="TARGET", help="single | dp | ddp | fsdp [default: single]")
+AMP_OPTION = typer.Option(None, "--amp", metavar="PRECISION", help="bf16 | fp16 | off [default: bf16]")
 COMPILE_OPTION = typer.Option(
     None, "--compile/--no-compile", help="Compile the model (torch.compile)."
 )
@@ -120,10 +177,15 @@ CHANNELS_LAST_OPTION = typer.Option(
 )
 
 
-@app.command()
+@app.command(
+    cls=_Command,
+    short_help="Rewrite a training script into a fast one (a diff preview unless --write or -o).",
+)
 def convert(
     ctx: typer.Context,
-    file: Path = typer.Argument(..., help="The training script or notebook to convert."),
+    file: Path = typer.Argument(
+        ..., metavar="FILE", help="The training script or notebook to convert; `-` reads it from stdin."
+    ),
     to: Optional[str] = TO_OPTION,
     amp: Optional[str] = AMP_OPTION,
     compile_model: Optional[bool] = COMPILE_OPTION,
@@ -137,21 +199,28 @@ def convert(
         help="ddp: keep the batch size per process (default: global).",
     ),
     launcher: Optional[str] = typer.Option(
-        None, "--launcher", help="ddp: torchrun | slurm | spawn [default: torchrun]"
+        None, "--launcher", metavar="LAUNCHER",
+        help="ddp: torchrun | slurm | spawn [default: torchrun]",
     ),
     cpu_offload: Optional[bool] = typer.Option(
         None, "--cpu-offload/--no-cpu-offload",
         help="fsdp: keep parameters, gradients and optimizer state on the CPU between uses.",
     ),
     workers: Optional[str] = typer.Option(
-        None, "--workers", help="DataLoader workers: auto (from the CPU count) | keep [default: auto]"
+        None, "--workers", metavar="WORKERS",
+        help="DataLoader workers: auto (from the CPU count) | keep [default: auto]",
     ),
     diff: bool = typer.Option(False, "--diff", help="Show the diff and a summary (the default)."),
     write: bool = typer.Option(
         False, "--write", help="Rewrite the file (and the project modules that change) in place."
     ),
     output: Optional[Path] = typer.Option(
-        None, "-o", "--output", help="Write the result here (a folder when project modules change too)."
+        None, "-o", "--output", metavar="PATH",
+        help="Write the result here (a folder when project modules change too; `-`: stdout).",
+    ),
+    stdin_filename: Optional[Path] = typer.Option(
+        None, "--stdin-filename", metavar="PATH",
+        help="The path of the script read from stdin (`-`): for messages, config and its local imports.",
     ),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the script would change."),
     allow_partial: bool = typer.Option(
@@ -160,7 +229,9 @@ def convert(
         help="Write a --to ddp result even where a part the result needs to train correctly"
         " could not be made (listed as errors).",
     ),
-    report_format: str = typer.Option("text", "--format", help="text | markdown | json"),
+    report_format: str = typer.Option(
+        "text", "--format", metavar="FORMAT", help="text | markdown | json"
+    ),
     force: bool = typer.Option(
         False, "--force", help="Replace launcher files (train.sbatch, spawn_train.py) that exist."
     ),
@@ -170,15 +241,17 @@ def convert(
         help="ddp, fsdp: first run the result on 2 CPU processes (gloo) for a few steps and check"
         " it trains like the original; nothing is written when a check fails.",
     ),
-    verify_steps: int = typer.Option(20, "--verify-steps", min=1, help="Training steps --verify runs."),
+    verify_steps: int = typer.Option(
+        20, "--verify-steps", min=1, metavar="N", help="Training steps --verify runs."
+    ),
     script_args: Optional[List[str]] = typer.Argument(
-        None, help="The script's arguments for --verify, after `--`."
+        None, metavar="SCRIPT_ARGS", help="The script's arguments for --verify, after `--`."
     ),
 ) -> None:
     """Rewrite a single-GPU training script into a fast one (diff preview by default).
     Option defaults come from [tool.autoaccel.convert] in pyproject.toml."""
     from autoaccel.config import ConfigError, convert_options
-    from autoaccel.convert.command import run_convert
+    from autoaccel.convert.command import STDIN, STDOUT, run_convert
     from autoaccel.convert.verify import VerifyRequest
 
     if script_args and not verify:
@@ -189,6 +262,17 @@ def convert(
     if diff and (write or output is not None):
         # Black's --diff never writes; a preview that also writes would surprise.
         raise typer.BadParameter("--diff writes nothing: use it without --write and -o")
+    from_stdin = file == STDIN
+    if from_stdin:
+        if write or verify:
+            raise typer.BadParameter("stdin (`-`) takes neither --write nor --verify")
+        if output is None and not (diff or check):  # Black's way: the result on stdout
+            output = STDOUT
+    elif stdin_filename is not None:
+        raise typer.BadParameter(
+            "names the script read from stdin: give `-` as the file", param_hint="--stdin-filename"
+        )
+    file = stdin_filename or file
     try:
         options = convert_options(file, _convert_command_line(ctx.params))
     except ConfigError as error:
@@ -197,7 +281,10 @@ def convert(
     _check_distributed(options, verify)
     request = VerifyRequest(script_args or [], verify_steps) if verify else None
     raise typer.Exit(
-        run_convert(file, options, write, output, check, report_format, allow_partial, force, request)
+        run_convert(
+            file, options, write, output, check, report_format, allow_partial, force, request,
+            from_stdin,
+        )
     )
 
 
@@ -213,10 +300,10 @@ def _convert_command_line(params: dict[str, object]) -> dict[str, object]:
     return {name: value for name, value in given.items() if name in names and value is not None}
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(cls=_Command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def config(
     ctx: typer.Context,
-    path: Path = typer.Argument(Path("."), help="A file or folder [default: .]."),
+    path: Path = typer.Argument(Path("."), metavar="PATH", help="A file or folder."),
 ) -> None:
     """Print the settings in effect for PATH and where each comes from. Convert options
     after PATH (`autoaccel config train.py --to ddp`) count as given on the command line."""
@@ -232,14 +319,21 @@ def config(
         raise typer.Exit(2) from None
 
 
-@app.command()
+@app.command(
+    cls=_Command, short_help="Time the script's DataLoaders under settings and show the fastest."
+)
 def tune(
-    script: Path = typer.Argument(..., help="The training script."),
-    script_args: Optional[List[str]] = typer.Argument(None, help="Its arguments, after `--`."),
-    batches: int = typer.Option(50, "--batches", min=1, help="Batches timed per pass."),
-    repeats: int = typer.Option(3, "--repeats", min=1, help="Timed passes per setting (median)."),
+    script: Path = typer.Argument(..., metavar="SCRIPT", help="The training script."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, metavar="SCRIPT_ARGS", help="Its arguments, after `--`."
+    ),
+    batches: int = typer.Option(50, "--batches", min=1, metavar="N", help="Batches timed per pass."),
+    repeats: int = typer.Option(
+        3, "--repeats", min=1, metavar="N", help="Timed passes per setting (median)."
+    ),
     max_workers: Optional[int] = typer.Option(
-        None, "--max-workers", min=0, help="Largest num_workers tried [default: CPU count]."
+        None, "--max-workers", min=0, metavar="N",
+        help="Largest num_workers tried [default: CPU count].",
     ),
     write: bool = typer.Option(False, "--write", help="Write the best settings into the script."),
     as_json: bool = typer.Option(False, "--json", help="Print the measurements as JSON."),
@@ -252,34 +346,37 @@ def tune(
     )
 
 
-@app.command()
+@app.command(
+    cls=_Command, short_help="Time the script and its conversion; compare speed, memory, losses."
+)
 def bench(
     ctx: typer.Context,
-    script: Path = typer.Argument(..., help="The training script."),
-    script_args: Optional[List[str]] = typer.Argument(None, help="Its arguments, after `--`."),
-    to: Optional[str] = typer.Option(None, "--to", help="single | dp | ddp | fsdp [default: single]"),
-    amp: Optional[str] = typer.Option(None, "--amp", help="bf16 | fp16 | off [default: bf16]"),
-    compile_model: Optional[bool] = typer.Option(
-        None, "--compile/--no-compile", help="Compile the model (torch.compile)."
+    script: Path = typer.Argument(..., metavar="SCRIPT", help="The training script."),
+    script_args: Optional[List[str]] = typer.Argument(
+        None, metavar="SCRIPT_ARGS", help="Its arguments, after `--`."
     ),
-    channels_last: Optional[bool] = typer.Option(
-        None, "--channels-last/--no-channels-last", help="NHWC memory format."
-    ),
-    steps: int = typer.Option(50, "--steps", min=2, help="Training steps per run."),
-    warmup: int = typer.Option(5, "--warmup", min=1, help="Steps left out of the timing."),
+    to: Optional[str] = TO_OPTION,
+    amp: Optional[str] = AMP_OPTION,
+    compile_model: Optional[bool] = COMPILE_OPTION,
+    channels_last: Optional[bool] = CHANNELS_LAST_OPTION,
+    steps: int = typer.Option(50, "--steps", min=2, metavar="N", help="Training steps per run."),
+    warmup: int = typer.Option(5, "--warmup", min=1, metavar="N", help="Steps left out of the timing."),
     tolerance: Optional[float] = typer.Option(
-        None, "--tolerance", min=0, help="Largest relative loss difference [default: by options]."
+        None, "--tolerance", min=0, metavar="FRACTION",
+        help="Largest relative loss difference [default: by options].",
     ),
     nproc: Optional[int] = typer.Option(
-        None, "--nproc", min=1, help="ddp: processes [default: one per GPU, 2 without]."
+        None, "--nproc", min=1, metavar="N", help="ddp: processes [default: one per GPU, 2 without]."
     ),
     repeats: int = typer.Option(
-        3, "--repeats", min=1, help="Runs of each side, alternated (3 or more to judge speed)."
+        3, "--repeats", min=1, metavar="N", help="Runs of each side, alternated (3 or more to judge speed)."
     ),
     allow_slower: bool = typer.Option(
         False, "--allow-slower", help="Exit 0 when the conversion is measurably slower."
     ),
-    report: Optional[Path] = typer.Option(None, "--report", help="Write bench.json, .png, .html here."),
+    report: Optional[Path] = typer.Option(
+        None, "--report", metavar="FOLDER", help="Write bench.json, .png, .html here."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     verify: bool = typer.Option(
         False, "--verify", help="ddp, fsdp: also check the runs as `convert --verify` does (exit 1 on a failure)."

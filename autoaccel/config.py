@@ -28,13 +28,25 @@ class ConfigError(Exception):
 # Test code is not training code: its loaders, loops and models exercise the code
 # under test (`DataLoader(Mock())`). Ruff's pattern kinds: a name, or a path with `/`.
 DEFAULT_EXCLUDE = ("tests", "test_*.py", "*_test.py", "conftest.py")
+DEFAULT_SELECT = ("ACC",)
+# What a commit hook enforces when pyproject.toml does not choose the rules (Ruff's small
+# default set): findings that are certain and cheap to act on. Rules with only safe fixes
+# (`autoaccel-fix` fixes them), and definite bugs: a crash (ACC104, ACC503), the same
+# order every epoch (ACC105), lost determinism (ACC202), a growing graph (ACC203),
+# ranks writing one file (ACC403). Advice that changes numerics or needs a decision
+# (workers, AMP, non_blocking, DataParallel) is left to `autoaccel lint` and `convert`.
+PRECISE_SELECT = (
+    "ACC102", "ACC104", "ACC105", "ACC202", "ACC203", "ACC205", "ACC302", "ACC403",
+    "ACC501", "ACC502", "ACC503", "ACC504",
+)
 
 
 @dataclass(frozen=True)
 class LintSettings:
     """Which rules run on a file, Ruff-style: codes or prefixes."""
 
-    select: tuple[str, ...] = ("ACC",)
+    select: tuple[str, ...] = DEFAULT_SELECT  # with `extend-select` appended
+    select_configured: bool = False  # whether pyproject.toml sets `select`
     ignore: tuple[str, ...] = ()
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Files and folders that directory walks skip (Ruff's `exclude`, `extend-exclude`);
@@ -64,6 +76,12 @@ class LintSettings:
             if fnmatch(relative, pattern) or fnmatch(Path(relative).name, pattern)
         )
 
+    def precise(self) -> LintSettings:
+        """These settings with `PRECISE_SELECT` as the default selection: unless
+        pyproject.toml sets `select`, the precise rules and its `extend-select`."""
+        if self.select_configured:
+            return self
+        return replace(self, select=PRECISE_SELECT + self.select[len(DEFAULT_SELECT) :])
 
     def excludes(self, path: Path, ancestors: bool = False) -> bool:
         """Whether `path` (a file or a folder) is excluded: a pattern without `/` matches
@@ -199,7 +217,8 @@ def find_config(directory: Path) -> tuple[Path, dict[str, Any]] | None:
 def settings_from_table(table: dict[str, Any], source: Path) -> LintSettings:
     settings = LintSettings(root=source.parent.resolve())
     if "select" in table:
-        settings = replace(settings, select=_codes(table["select"], "select", source))
+        codes = _codes(table["select"], "select", source)
+        settings = replace(settings, select=codes, select_configured=True)
     if "extend-select" in table:
         extra = _codes(table["extend-select"], "extend-select", source)
         settings = replace(settings, select=settings.select + extra)

@@ -118,7 +118,7 @@ def test_fix_applies_safe_fixes_only(cli, tmp_path):
         path.read_text()
     )
     assert run.stdout == f"train.py:4:10: {ACC101}\n"
-    assert "Fixed 1 error." in run.stderr
+    assert "Found 2 errors (1 fixed, 1 remaining)." in run.stderr
 
 
 def test_fix_with_unsafe_fixes_fixes_everything(cli, tmp_path):
@@ -130,7 +130,7 @@ def test_fix_with_unsafe_fixes_fixes_everything(cli, tmp_path):
     assert text.startswith("import os\n")
     assert "num_workers=min(8, os.cpu_count() or 1)" in text
     assert "persistent_workers=True" in text
-    assert "Fixed 2 errors." in run.stderr
+    assert "Found 2 errors (2 fixed, 0 remaining)." in run.stderr
 
 
 def test_fix_keeps_crlf_and_permissions_and_leaves_no_temporary_file(cli, tmp_path):

@@ -302,3 +302,22 @@ def test_the_converted_script_prints_the_originals_numbers(name, change, printed
     assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
     lines = [[line for line in run.stdout.splitlines() if line.startswith(printed)] for run in runs]
     assert lines[0] and lines[0] == lines[1]
+
+
+def test_verify_prints_a_line_per_run_when_stderr_is_no_terminal(monkeypatch, capsys, tmp_path):
+    """In a CI log a spinner shows nothing: each run says when it starts."""
+    from autoaccel.convert import command
+    from autoaccel.convert.verify import VerifyRequest
+
+    def two_runs(script, write_conversion, request, import_roots, on_status):
+        on_status("original script, 1 process")
+        on_status("converted script, 2 processes (gloo)")
+        return [Check("every process finishes", True, "2 of 2")], ""
+
+    monkeypatch.setattr(command, "verify_ddp", two_runs)
+    assert command.verified(tmp_path / "train.py", lambda folder: (folder, []), VerifyRequest([]), [])
+    assert capsys.readouterr().err.splitlines() == [
+        "--verify: running the original script, 1 process ...",
+        "--verify: running the converted script, 2 processes (gloo) ...",
+        "--verify ok   every process finishes: 2 of 2",
+    ]

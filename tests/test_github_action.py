@@ -151,6 +151,7 @@ def test_pull_request_annotations_summary_comment_and_outputs(action):
     assert "### autoaccel convert: `train.py`" in summary
     assert "### autoaccel convert: `notebooks/explore.ipynb`" in summary
     assert "`src/data.py`" not in summary.split("### What")[1]
+    assert headings_in_a_row(summary) == []
     assert "+    num_workers=min(8, os.cpu_count() or 1)," in summary
     assert "\033[" not in summary + run.stdout  # no colour codes in CI logs or Markdown
 
@@ -288,6 +289,25 @@ def test_colour_only_on_a_terminal_without_no_color(monkeypatch):
     assert not use_colour(_Terminal())
 
 
+def headings_in_a_row(markdown: str) -> list[tuple[str, str]]:
+    """Each heading followed by another with only blank lines between (an empty section)."""
+    lines = [line for line in markdown.splitlines() if line.strip()]
+    return [(a, b) for a, b in zip(lines, lines[1:]) if a.startswith("#") and b.startswith("#")]
+
+
+def test_convert_section_has_no_empty_heading(tmp_path, monkeypatch):
+    from autoaccel.ci.github import convert_section
+
+    (tmp_path / "train.py").write_text(TRAIN)
+    monkeypatch.chdir(tmp_path)
+    section = convert_section([Path("train.py")], "--amp off")
+    assert section.startswith(
+        "### What `autoaccel convert` would change\n\nA preview for the 1 training script this"
+    )
+    assert "### autoaccel convert: `train.py`" in section
+    assert headings_in_a_row(section) == []
+
+
 def test_a_refused_ddp_preview_shows_as_a_failure_with_the_reason(tmp_path, monkeypatch):
     """A conversion that would train wrongly is shown as failed in the comment, with the
     line and the reason, never as a diff to apply."""
@@ -300,3 +320,19 @@ def test_a_refused_ddp_preview_shows_as_a_failure_with_the_reason(tmp_path, monk
     assert "`autoaccel convert train.py` failed:" in section
     assert "train.py:7:1: error: DistributedSampler not applied" in section
     assert "--to ddp refused" in section
+
+
+def test_a_pyproject_linked_out_of_the_checkout_is_not_read(action, repo, tmp_path):
+    secret = tmp_path / "runner-config.toml"
+    secret.write_text('[tool.autoaccel]\nSECRET-TOKEN-1234 = "x"\n')  # an unknown key: an error quoting it
+    (repo / "src" / "pyproject.toml").symlink_to(secret)
+    commit(repo, {}, "a linked config")
+    run = action.run()
+    comment = action.summary.read_text()
+    assert "SECRET-TOKEN" not in run.stdout + run.stderr + comment
+    assert (
+        "Skipped `src/data.py`: its settings would come from `src/pyproject.toml`, a symbolic"
+        " link to a file outside the checkout" in comment
+    )
+    assert "### autoaccel convert: `train.py`" in comment  # the other files are linted
+    assert run.returncode == 1, run.stderr

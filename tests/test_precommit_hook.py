@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml  # a dependency of libcst, so always installed with autoaccel
 from conftest import CLEAN, SCRIPT
+from running import FIXTURES_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = {hook["id"]: hook for hook in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not 
 
 def test_hook_definitions():
     assert set(HOOKS) == {"autoaccel", "autoaccel-fix"}
-    assert HOOKS["autoaccel"]["entry"] == "autoaccel lint --force-exclude"
-    assert HOOKS["autoaccel-fix"]["entry"] == "autoaccel lint --fix --force-exclude"
+    assert HOOKS["autoaccel"]["entry"] == "autoaccel lint --force-exclude --precise"
+    assert HOOKS["autoaccel-fix"]["entry"] == "autoaccel lint --fix --force-exclude --precise"
     for hook in HOOKS.values():
         assert hook["language"] == "python"
         assert hook["types_or"] == ["python", "jupyter"]
@@ -108,4 +109,48 @@ def test_fix_hook_rewrites_staged_files(repo):
     cell = json.loads((repo / "explore.ipynb").read_text())["cells"][0]
     assert "pin_memory=torch.cuda.is_available()" in "".join(cell["source"])
     assert (repo / "unstaged.py").read_text() == SCRIPT
-    assert "Fixed 2 errors." in run.stderr  # one in the script, one in the notebook
+    assert "Found 4 errors (2 fixed, 2 remaining)." in run.stderr  # a script and a notebook
+
+
+@pytest.fixture
+def plain_repo(tmp_path):
+    """A repository without autoaccel settings holding a plain float32 training script
+    (the hooks' defaults decide what a commit of it must pass)."""
+    git(tmp_path, "init", "-q")
+    (tmp_path / "train.py").write_text((FIXTURES_DIR / "cnn_toplevel.py").read_text())
+    git(tmp_path, "add", "train.py")
+    return tmp_path
+
+
+def test_fix_hook_passes_a_plain_float32_script_after_its_fixes(plain_repo):
+    first = run_hook("autoaccel-fix", plain_repo)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "pin_memory=torch.cuda.is_available()" in (plain_repo / "train.py").read_text()
+    git(plain_repo, "add", "train.py")
+    again = run_hook("autoaccel-fix", plain_repo)
+    assert (again.returncode, again.stdout) == (0, "")
+    assert (run_hook("autoaccel", plain_repo).returncode, again.stderr) == (0, "All checks passed!\n")
+
+
+def test_lint_hook_holds_only_precise_findings_and_lint_keeps_every_rule(plain_repo):
+    hook = run_hook("autoaccel", plain_repo)
+    assert hook.returncode == 1
+    assert {line.split()[1] for line in hook.stdout.splitlines()} == {"ACC102"}
+    everything = subprocess.run(
+        [sys.executable, "-m", "autoaccel", "lint", "train.py"],
+        cwd=plain_repo, capture_output=True, text=True,
+    )
+    assert {"ACC102", "ACC103", "ACC301"} <= {line.split()[1] for line in everything.stdout.splitlines()}
+
+
+def test_hooks_keep_the_projects_select(plain_repo):
+    (plain_repo / "pyproject.toml").write_text('[tool.autoaccel]\nselect = ["ACC301"]\n')
+    run = run_hook("autoaccel-fix", plain_repo)
+    assert run.returncode == 1
+    assert {line.split()[1] for line in run.stdout.splitlines()} == {"ACC301"}
+
+
+def test_hooks_add_the_projects_extend_select_to_the_precise_rules(plain_repo):
+    (plain_repo / "pyproject.toml").write_text('[tool.autoaccel]\nextend-select = ["ACC103"]\n')
+    run = run_hook("autoaccel", plain_repo)
+    assert {line.split()[1] for line in run.stdout.splitlines()} == {"ACC102", "ACC103"}

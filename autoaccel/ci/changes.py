@@ -69,6 +69,21 @@ def links_out_of(repo: Path, files: list[Path]) -> list[Path]:
     return [path for path in files if not (repo / path).resolve().is_relative_to(root)]
 
 
+def configs_out_of(repo: Path, files: list[Path]) -> dict[Path, Path]:
+    """The `files` (relative to `repo`) whose settings could come from a pyproject.toml
+    of the checkout that is a symbolic link out of it (in their folder or one above),
+    each with that pyproject.toml: reading it would read the runner's files."""
+    root = repo.resolve()
+    found = {}
+    for path in files:
+        for folder in path.parents:
+            config = folder / "pyproject.toml"
+            if (repo / config).is_symlink() and not (repo / config).resolve().is_relative_to(root):
+                found[path] = config
+                break
+    return found
+
+
 _NEW_FILE = re.compile(r"^\+\+\+ b/(?P<path>.*)$")
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(?P<start>\d+)(?:,(?P<count>\d+))? @@")
 

@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import quote
 
-from autoaccel.ci.changes import base_revision, changed_files, changed_lines, links_out_of
+from autoaccel.ci.changes import (
+    base_revision,
+    changed_files,
+    changed_lines,
+    configs_out_of,
+    links_out_of,
+)
 from autoaccel.convert.launch import shell_word
 from autoaccel.discovery import SOURCE_SUFFIXES
 from autoaccel.markdown import code_block, inline_code, table_cell
@@ -230,12 +236,26 @@ def skipped_link_note(path: Path) -> str:
     )
 
 
+def skipped_config_note(path: Path, config: Path) -> str:
+    """Why `path` is neither linted nor previewed: its settings would be read from `config`."""
+    return (
+        f"Skipped {inline_code(str(path))}: its settings would come from "
+        f"{inline_code(str(config))}, a symbolic link to a file outside the checkout, "
+        "which is not read (it could show the runner's files in this comment).\n"
+    )
+
+
 def convert_section(scripts: list[Path], convert_args: str) -> str:
     """`autoaccel convert --format markdown` of each training script (notebooks with
     `--to single`, the only target they support)."""
     if not scripts:
         return ""
-    parts = ["### What `autoaccel convert` would change", ""]
+    count = f"{len(scripts)} training script{'s' * (len(scripts) != 1)}"
+    # a sentence under the heading: each script's report starts with a heading of its own
+    parts = [
+        "### What `autoaccel convert` would change", "",
+        f"A preview for the {count} this change touches; nothing is written.", "",
+    ]
     for script in scripts:
         extra = ["--to", "single"] if script.suffix == ".ipynb" else []
         run = _autoaccel(
@@ -275,7 +295,12 @@ def run_action(repo: Path, env: Mapping[str, str]) -> int:
     files = changed_files(repo, base, SOURCE_SUFFIXES)
     outside = links_out_of(repo, files)
     files = [path for path in files if path not in outside]
-    body = [COMMENT_MARKER, "## autoaccel", "", *map(skipped_link_note, outside)]
+    configured_outside = configs_out_of(repo, files)
+    files = [path for path in files if path not in configured_outside]
+    body = [
+        COMMENT_MARKER, "## autoaccel", "", *map(skipped_link_note, outside),
+        *(skipped_config_note(path, config) for path, config in configured_outside.items()),
+    ]
     lint, scripts = LintSummary(0, 0, 0, ""), []
     if files:
         changed = changed_lines(repo, base) if base is not None else None

@@ -7,6 +7,7 @@ import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from autoaccel.convert.log import ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
@@ -14,11 +15,39 @@ from autoaccel.convert.project_conversion import convert_project, find_project
 from autoaccel.convert.report import json_report, markdown_report, text_report, without_launch
 from autoaccel.convert.verify import VerifyRequest, WriteConversion, verify_ddp, write_one
 from autoaccel.diff import use_colour
-from autoaccel.fileio import os_error_message, read_bytes, read_source, write_atomic
+from autoaccel.fileio import (
+    MAX_SOURCE_BYTES,
+    FileRefused,
+    SourceFile,
+    mebibytes,
+    os_error_message,
+    read_bytes,
+    read_source,
+    write_atomic,
+)
 from autoaccel.lint.engine import TOO_DEEP, SourceError
 from autoaccel.notebook import Notebook, NotebookError, is_notebook, read_notebook
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2  # EXIT_CHANGED also: refused
+STDIN = STDOUT = Path("-")  # `convert -` reads the script from stdin; `-o -` prints the result
+
+
+def report_stream(output: Path | None) -> TextIO:
+    """Where the report goes: stderr when stdout carries the converted code."""
+    return sys.stderr if output == STDOUT else sys.stdout
+
+
+def _file_output(output: Path | None) -> Path | None:
+    """The file or folder `-o` writes to (None for none, or for stdout)."""
+    return None if output == STDOUT else output
+
+
+def _read_stdin() -> SourceFile:
+    """The script on stdin, at most `MAX_SOURCE_BYTES` of it (`FileRefused` beyond)."""
+    text = sys.stdin.read(MAX_SOURCE_BYTES + 1)
+    if len(text) > MAX_SOURCE_BYTES:
+        raise FileRefused(f"larger than {mebibytes(MAX_SOURCE_BYTES)}; not read")
+    return SourceFile(text, "utf-8", text.encode("utf-8"))
 
 
 def run_convert(
@@ -31,20 +60,24 @@ def run_convert(
     allow_partial: bool = False,
     force: bool = False,
     verify: VerifyRequest | None = None,
+    from_stdin: bool = False,
 ) -> int:
     """Convert one file (a script, or a notebook's code cells); nothing is written
     unless every safety check passed, nor a result that would train wrongly (unless
     `allow_partial`), nor one that fails `verify` (a run on two processes). Launcher
-    files that exist with other contents are kept unless `force`."""
+    files that exist with other contents are kept unless `force`.
+    `from_stdin`: the file's text is read from stdin, `path` only names it (Black's
+    `--stdin-filename`). `output` `STDOUT`: the result goes to stdout, the report to stderr."""
     notebook: Notebook | None = None
     try:
+        source = _read_stdin() if from_stdin else None
         if is_notebook(path):
             if options.target != "single":
                 raise NotebookError("notebooks convert with `--to single` only")
-            notebook = read_notebook(path)
+            notebook = Notebook(source.text) if source else read_notebook(path)
             text, encoding, original = notebook.python, "utf-8", notebook.text.encode("utf-8")
         else:
-            source = read_source(path)
+            source = source or read_source(path)
             text, encoding, original = source.text, source.encoding, source.raw
     except OSError as error:
         print(f"{path}:1:1: error: {os_error_message(error)}", file=sys.stderr)
@@ -64,7 +97,7 @@ def run_convert(
                 verify,
             )
         # The launch commands of `--to ddp` name the script that will run.
-        conversion = convert_source(text, options, str(output or path))
+        conversion = convert_source(text, options, str(_file_output(output) or path))
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
     except SourceError as error:
         where = f"{error.line}:{error.column}"
@@ -94,7 +127,7 @@ def run_convert(
     if wrong and not allow_partial:
         # refused: nothing is written, so there is nothing to run
         refused = without_launch(_readable(conversion, notebook))
-        _print_report(refused, str(path), report_format, False)
+        _print_report(refused, str(path), report_format, False, report_stream(output))
         print_not_applied(path, wrong, "error")
         print_refused(path, options)
         return EXIT_CHANGED
@@ -103,16 +136,22 @@ def run_convert(
     writes = [_Write(output, converted, encoding)] if output is not None else []
     if write and conversion.changed:
         writes.append(_Write(path, converted, encoding, original))
-    if output is not None or write:
-        launchers = launcher_writes((output or path).parent, conversion.log.extra_files, force)
+    if _file_output(output) is not None or write:
+        folder = (_file_output(output) or path).parent
+        launchers = launcher_writes(folder, conversion.log.extra_files, force)
         if launchers is None:
             return EXIT_ERROR
         writes += launchers
-    _print_report(_readable(conversion, notebook), str(path), report_format, write or output)
+    writing = write or output is not None
+    report = report_stream(output)
+    _print_report(_readable(conversion, notebook), str(path), report_format, writing, report)
     print_not_applied(path, wrong, "warning")
     for item in writes:
         try:
-            write_atomic(item.path, item.text, item.encoding, item.original)
+            if item.path == STDOUT:
+                sys.stdout.write(item.text)
+            else:
+                write_atomic(item.path, item.text, item.encoding, item.original)
         except OSError as error:
             print(f"{item.path}: error: not written: {os_error_message(error)}", file=sys.stderr)
             return EXIT_ERROR
@@ -125,13 +164,20 @@ def verified(
     path: Path, write_conversion: WriteConversion, request: VerifyRequest, import_roots: list[Path]
 ) -> bool:
     """Run the conversion under `--verify` (see `verify_ddp`) and print each check;
-    False on a failure."""
-    from rich.console import Console
+    False on a failure. The run in progress shows on a spinner on a terminal, and as a
+    line when it starts in a log or pipe (as pip and pytest do), where a spinner shows nothing."""
+    if sys.stderr.isatty():
+        from rich.console import Console
 
-    with Console(stderr=True).status("") as status:
+        with Console(stderr=True).status("") as status:
+            checks, log = verify_ddp(
+                path, write_conversion, request, import_roots,
+                lambda what: status.update(f"--verify: running the {what}"),
+            )
+    else:
         checks, log = verify_ddp(
             path, write_conversion, request, import_roots,
-            lambda what: status.update(f"--verify: running the {what}"),
+            lambda what: print(f"--verify: running the {what} ...", file=sys.stderr, flush=True),
         )
     for check in checks:
         print(check.line, file=sys.stderr)
@@ -215,10 +261,12 @@ def _readable(conversion: Conversion, notebook: Notebook | None) -> Conversion:
     )
 
 
-def _print_report(conversion: Conversion, path: str, report_format: str, writing: bool) -> None:
+def _print_report(
+    conversion: Conversion, path: str, report_format: str, writing: bool, stream: TextIO
+) -> None:
     if report_format == "markdown":
-        sys.stdout.write(markdown_report(conversion, path))
+        stream.write(markdown_report(conversion, path))
     elif report_format == "json":
-        sys.stdout.write(json_report(conversion, path))
+        stream.write(json_report(conversion, path))
     elif not writing or conversion.log.changes or conversion.log.skipped:
-        sys.stdout.write(text_report(conversion, path, use_colour()))
+        stream.write(text_report(conversion, path, use_colour(stream)))

@@ -14,17 +14,20 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TextIO
 
 from autoaccel.analysis.project import project_roots
 from autoaccel.convert.command import (
     EXIT_CHANGED,
     EXIT_ERROR,
     EXIT_OK,
+    STDOUT,
     _print_report,
     _Write,
     launcher_writes,
     print_not_applied,
     print_refused,
+    report_stream,
     verified,
 )
 from autoaccel.convert.log import ConvertOptions
@@ -35,13 +38,16 @@ from autoaccel.fileio import os_error_message, read_bytes, write_all_atomic
 
 
 def is_folder_output(output: Path) -> bool:
-    """Whether `-o output` names a folder: one that exists, or a new path without `.py`."""
+    """Whether `-o output` names a folder: one that exists, or a new path without `.py`
+    (`-`, stdout, is none)."""
+    if output == STDOUT:
+        return False
     return output.is_dir() or (not output.exists() and output.suffix != ".py")
 
 
 def script_output(project: Project, output: Path | None) -> Path:
     """Where the converted script goes (its launch commands name it)."""
-    if output is None:
+    if output is None or output == STDOUT:
         return project.script.path
     return _in_copy(project, project.script.path, output) if is_folder_output(output) else output
 
@@ -72,7 +78,7 @@ def finish_project(
     if not allow_partial and any(s.wrong for f in result.files for s in f.conversion.log.skipped):
         # nothing is written, so there is nothing to run
         files = [replace(f, conversion=without_launch(f.conversion)) for f in result.files]
-        _report(ProjectConversion(files), report_format, False)
+        _report(ProjectConversion(files), report_format, False, report_stream(output))
         _refusals(result, "error")
         print_refused(project.script.path, options)
         return EXIT_CHANGED
@@ -85,10 +91,14 @@ def finish_project(
             writes += _project_copy(project, result, output)
         elif len(changed) > 1 or (changed and changed[0].file is not project.script):
             names = ", ".join(str(f.file.path) for f in changed)
+            where, takes = (
+                (project.script.path, "stdout takes the script only (convert the file itself)")
+                if output == STDOUT
+                else (output, "-o takes a folder for them (an existing one, or a new path without .py)")
+            )
             print(
-                f"{output}: error: the conversion changes {len(changed)} files ({names});"
-                " -o takes a folder for them (an existing one, or a new path without .py);"
-                " nothing written",
+                f"{where}: error: the conversion changes {len(changed)} files ({names});"
+                f" {takes}; nothing written",
                 file=sys.stderr,
             )
             return EXIT_ERROR
@@ -100,14 +110,16 @@ def finish_project(
             _Write(f.file.path, f.conversion.converted, f.file.source.encoding, f.file.source.raw)
             for f in changed
         ]
-    if output is not None or write:
+    if (output is not None and output != STDOUT) or write:
         folder = script_output(project, output).parent
         launchers = launcher_writes(folder, result.files[0].conversion.log.extra_files, force)
         if launchers is None:
             return EXIT_ERROR
         writes += launchers
-    _report(result, report_format, write or output is not None)
+    _report(result, report_format, write or output is not None, report_stream(output))
     _refusals(result, "warning")
+    printed = [item for item in writes if item.path == STDOUT]
+    writes = [item for item in writes if item.path != STDOUT]
     try:
         for folder in {item.path.parent for item in writes}:
             folder.mkdir(parents=True, exist_ok=True)
@@ -116,6 +128,8 @@ def finish_project(
         where = getattr(error, "path", None) or output or project.script.path
         print(f"{where}: error: nothing written: {os_error_message(error)}", file=sys.stderr)
         return EXIT_ERROR
+    for item in printed:
+        sys.stdout.write(item.text)
     if check and changed:
         return EXIT_CHANGED
     return EXIT_OK
@@ -155,7 +169,7 @@ def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> 
     return writes
 
 
-def _report(result: ProjectConversion, report_format: str, writing: bool) -> None:
+def _report(result: ProjectConversion, report_format: str, writing: bool, stream: TextIO) -> None:
     """The report of every file that changed (the script's always): its diff, changes
     and items not changed, with lines of that file."""
     shown = [
@@ -165,10 +179,11 @@ def _report(result: ProjectConversion, report_format: str, writing: bool) -> Non
     if report_format == "json":
         objects = [json_object(f.conversion, str(f.file.path)) for f in shown]
         report = {"path": objects[0]["path"], "changed": bool(result.changed), "files": objects}
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        stream.write(json.dumps(report, indent=2) + "\n")
         return
     for file in shown:  # each file without the launch commands, which end the report
-        _print_report(without_launch(file.conversion), str(file.file.path), report_format, writing)
+        conversion = without_launch(file.conversion)
+        _print_report(conversion, str(file.file.path), report_format, writing, stream)
     launch = launch_report(result.files[0].conversion, report_format == "markdown")
     if launch and (report_format == "markdown" or not writing or result.changed):
-        sys.stdout.write(("\n" if report_format == "markdown" else "") + launch)
+        stream.write(("\n" if report_format == "markdown" else "") + launch)

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
-from autoaccel.config import ConfigError, check_selectors, settings_for
+from autoaccel.config import ConfigError, LintSettings, check_selectors, settings_for
 from autoaccel.discovery import discover
 from autoaccel.diff import use_colour
-from autoaccel.fileio import MAX_SOURCE_BYTES, os_error_message
+from autoaccel.fileio import MAX_SOURCE_BYTES, mebibytes, os_error_message
 from autoaccel.lint.output import FORMATTERS, format_text, statistics_text, summary_text
 from autoaccel.lint.output_format import OutputFormat
 from autoaccel.lint.runner import FileResult, Mode, Overrides, lint_files, lint_text
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+EXIT_INTERRUPTED = 128 + 2  # SIGINT, as a shell reports it
 
 # The on/off options of `autoaccel lint` (declared with typer in `autoaccel.cli`), by
 # spelling, for `run_plain_call`; `tests/test_cli_lint.py` checks them against typer's.
@@ -27,7 +30,16 @@ PLAIN_FLAGS = {
     "--quiet": "quiet",
     "-q": "quiet",
     "--force-exclude": "force_exclude",
+    "--precise": "precise",
 }
+
+
+class PreciseOverrides(Overrides):
+    """`--precise` (the pre-commit hooks): the command line over settings whose default
+    selection is `PRECISE_SELECT`."""
+
+    def apply(self, settings: LintSettings) -> LintSettings:
+        return super().apply(settings.precise())
 
 
 def run_plain_call(args: list[str]) -> int | None:
@@ -47,6 +59,21 @@ def run_plain_call(args: list[str]) -> int | None:
     return run_lint(paths or ["."], **flags)
 
 
+def _quiet_on_interrupt(run: Callable[..., int]) -> Callable[..., int]:
+    """`run`, returning `EXIT_INTERRUPTED` on Ctrl-C instead of raising (Python would
+    print a traceback; a shell's own commands print nothing)."""
+
+    @functools.wraps(run)
+    def quiet(*args: Any, **kwargs: Any) -> int:
+        try:
+            return run(*args, **kwargs)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+    return quiet
+
+
+@_quiet_on_interrupt
 def run_lint(
     paths: list[str],
     output_format: OutputFormat = OutputFormat.text,
@@ -60,9 +87,16 @@ def run_lint(
     statistics: bool = False,
     quiet: bool = False,
     force_exclude: bool = False,
+    stdin_filename: Path | None = None,
+    precise: bool = False,
+    max_file_size: int = MAX_SOURCE_BYTES,
 ) -> int:
-    """Lint `paths` and print the report; returns Ruff's exit code."""
-    overrides = Overrides(select, extend_select, ignore, unsafe_fixes, force_exclude)
+    """Lint `paths` and print the report; returns Ruff's exit code. `stdin_filename`
+    names the text `-` reads (for messages, configuration and its local imports).
+    `precise`: without `select` in pyproject.toml, only the precise rules run.
+    `max_file_size`: bytes of Python code; a larger file is reported, not read."""
+    kind = PreciseOverrides if precise else Overrides
+    overrides = kind(select, extend_select, ignore, unsafe_fixes, force_exclude, max_file_size)
     mode = Mode.DIFF if diff else Mode.FIX if fix else Mode.CHECK
     missing = [p for p in paths if p != "-" and _missing(p)]
     unlisted: list[FileResult] = []
@@ -71,7 +105,7 @@ def run_lint(
                               ("--ignore", ignore)):
             check_selectors(codes or (), option)
         if paths == ["-"]:
-            results = _lint_stdin(overrides, mode)
+            results = _lint_stdin(overrides, mode, stdin_filename)
         else:
             files, unlisted = _files(paths, missing, overrides)
             for path in files:  # a bad configuration stops the run before any file is read
@@ -162,14 +196,21 @@ def _would_fix_text(results: list[FileResult]) -> str:
     return f"Would fix {fixable} error{'s' * (fixable != 1)}."
 
 
-def _lint_stdin(overrides: Overrides, mode: Mode) -> list[FileResult]:
-    """`-`: lint standard input; with --fix, the fixed text goes to stdout (Ruff's way)."""
-    settings = overrides.apply(settings_for(Path.cwd()))
-    text = sys.stdin.read(MAX_SOURCE_BYTES + 1)
-    if len(text) > MAX_SOURCE_BYTES:
-        limit = MAX_SOURCE_BYTES // 2**20
-        return [FileResult(path="-", error=f"1:1: error: larger than {limit} MiB; not read")]
-    result = lint_text(text, "-", settings, mode)
+def _lint_stdin(overrides: Overrides, mode: Mode, name: Path | None) -> list[FileResult]:
+    """`-`: lint standard input, as the file `name` when given (Ruff's `--stdin-filename`:
+    its settings, excludes with `--force-exclude`, and local imports); with --fix, the
+    fixed text goes to stdout (Ruff's way)."""
+    settings = overrides.apply(settings_for(name or Path.cwd()))
+    display = str(name or "-")
+    limit = overrides.max_file_size
+    text = sys.stdin.read(limit + 1)
+    if len(text) > limit:
+        return [FileResult(path=display, error=f"1:1: error: larger than {mebibytes(limit)}; not read")]
+    if name is not None and settings.force_exclude and settings.excludes(name, ancestors=True):
+        if mode is Mode.FIX:
+            sys.stdout.write(text)
+        return []
+    result = lint_text(text, display, settings, mode, script=name)
     if mode is Mode.FIX:
         sys.stdout.write(result.fixed_source if result.fixed_source is not None else text)
     return [result]

@@ -64,15 +64,20 @@ def format_text(results: list[FileResult], unsafe_fixes: bool = False, colour: b
 
 
 def summary_text(results: list[FileResult], unsafe_fixes: bool = False) -> str:
-    """Ruff-style closing lines (printed on stderr)."""
+    """Ruff's closing lines (printed on stderr). `[*] N fixable` counts the findings
+    there are now; `--fix` re-lints after each round of fixes, and a fix can uncover a
+    finding (once `pin_memory=True` is added, the copies from that loader can be
+    `non_blocking`), so it says what it found in all: `Found 7 errors (6 fixed, 1 remaining).`"""
     diagnostics = [d for r in results for d in r.diagnostics]
     fixed = sum(r.fixed for r in results)
+    count = len(diagnostics)
     lines = []
     if fixed:
-        lines.append(f"Fixed {fixed} error{'s' * (fixed != 1)}.")
-    if diagnostics:
-        count = len(diagnostics)
+        found = fixed + count
+        lines.append(f"Found {found} error{'s' * (found != 1)} ({fixed} fixed, {count} remaining).")
+    elif diagnostics:
         lines.append(f"Found {count} error{'s' * (count != 1)}.")
+    if diagnostics:
         fixable = sum(_fixable(d, unsafe_fixes) for d in diagnostics)
         hidden = sum(d.fix_applicability is Applicability.UNSAFE for d in diagnostics)
         if fixable:
