@@ -14,9 +14,12 @@ core while the unit tests keep the first one busy.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -102,17 +105,138 @@ class HarnessRun:
 
 
 def run_under_harness(script_path, args, cwd, env=None, max_steps=None) -> HarnessRun:
-    """Run `script_path args...` under the harness in `cwd`."""
+    """Run `script_path args...` under the harness in `cwd`: `python -m autoaccel.harness`,
+    or the same forked from the fork server where it may (see `_ForkServer`)."""
     out = Path(cwd) / f"losses-{Path(script_path).stem}.json"
-    cmd = [sys.executable, "-m", "autoaccel.harness", "--losses-out", str(out)]
+    harness_args = ["--losses-out", str(out)]
     if max_steps is not None:
-        cmd += ["--max-steps", str(max_steps)]
-    cmd += [str(script_path), *map(str, args)]
-    proc = subprocess.run(
-        cmd, cwd=cwd, env=_env(env), capture_output=True, text=True, timeout=TIMEOUT_S
-    )
+        harness_args += ["--max-steps", str(max_steps)]
+    harness_args += [str(script_path), *map(str, args)]
+    proc = _python_m("autoaccel.harness", harness_args, Path(cwd), _env(env))
     record = json.loads(out.read_text()) if out.is_file() else {}
     return HarnessRun(Path(script_path).name, Path(cwd), proc.returncode, proc.stderr, record)
+
+
+def _python_m(module: str, args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`python -m MODULE *args` in `cwd` (output captured, TIMEOUT_S), forked from the
+    fork server where it may (see `_ForkServer`)."""
+    server = _fork_server()
+    if server is not None and server.accepts(env):
+        proc = server.run(module, args, cwd, env, TIMEOUT_S)
+        if proc is not None:
+            return proc
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+
+
+# The fork server: one process that has imported torch and the harness, forking one child
+# per harness run (tests/forkserver.py). A run skips the ~1.1 s CPU of `import torch` (the
+# runs tests make ~180 harness runs). Conversions do not come here: forked, they cost as
+# much CPU as in a fresh process (measured: 34 s against 30 s for the 28 conversions of
+# the fixtures). AUTOACCEL_TESTS_FORK_SERVER=0 starts a fresh process for each run instead.
+FORK_SERVER = Path(__file__).resolve().with_name("forkserver.py")
+FORK_SERVER_ENV = "AUTOACCEL_TESTS_FORK_SERVER"
+# The variables in which a forked run's environment may differ from the server's: read
+# while the script runs, never when the interpreter or torch starts. Any other difference
+# (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY, OMP_NUM_THREADS, ...) gets a fresh process.
+READ_WHILE_RUNNING = {"AUTOACCEL_FORCE_AUTOCAST", "PYTEST_CURRENT_TEST"}
+
+
+class _ForkServer:
+    """The client of tests/forkserver.py: `run` sends a request and waits for the child's
+    exit. Safe to call from several threads (the children run side by side)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.outputs = Path(tempfile.mkdtemp(prefix="autoaccel-fork-server-"))
+        self._proc = subprocess.Popen(
+            [sys.executable, str(FORK_SERVER)], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, bufsize=1,
+        )  # fmt: skip
+        self._lock = threading.Lock()
+        self._count = 0
+        self._pids: dict[str, Future] = {}
+        self._exits: dict[str, Future] = {}
+        threading.Thread(target=self._read, name="fork-server", daemon=True).start()
+
+    def accepts(self, env: dict[str, str]) -> bool:
+        """Whether a run with this environment may be forked from the server."""
+        differ = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        return self._proc.poll() is None and differ <= READ_WHILE_RUNNING
+
+    def run(
+        self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess | None:
+        """`python -m MODULE *args` in `cwd`, forked; None when the server would not fork
+        (the caller starts a fresh process)."""
+        with self._lock:
+            self._count += 1
+            ident = str(self._count)
+            pid, ended = self._pids[ident], self._exits[ident] = Future(), Future()
+            out, err = self.outputs / f"{ident}.out", self.outputs / f"{ident}.err"
+            request = {
+                "id": ident, "module": module, "cwd": str(cwd), "env": env, "argv": args,
+                "stdout": str(out), "stderr": str(err),
+            }  # fmt: skip
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+        command = [sys.executable, "-m", module, *args]
+        try:
+            pid.result(timeout)
+        except RuntimeError:
+            return None
+        try:
+            returncode = ended.result(timeout)
+        except TimeoutError:
+            os.kill(pid.result(), signal.SIGKILL)
+            raise subprocess.TimeoutExpired(command, timeout) from None
+        proc = subprocess.CompletedProcess(
+            command, returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )  # fmt: skip
+        out.unlink()
+        err.unlink()
+        return proc
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            answer = json.loads(line)
+            ident = answer["id"]
+            with self._lock:
+                if "pid" in answer:
+                    self._pids.pop(ident).set_result(answer["pid"])
+                elif "exit" in answer:
+                    self._exits.pop(ident).set_result(answer["exit"])
+                else:
+                    self._pids.pop(ident).set_exception(RuntimeError(f"fork server: {answer}"))
+                    self._exits.pop(ident).set_exception(RuntimeError(f"fork server: {answer}"))
+        with self._lock:  # the server ended: the runs it had will not answer
+            for future in [*self._pids.values(), *self._exits.values()]:
+                future.set_exception(RuntimeError("the fork server ended"))
+            self._pids.clear()
+            self._exits.clear()
+
+    def close(self) -> None:
+        self._proc.stdin.close()  # the server exits at the end of its input
+        self._proc.wait(10)
+        shutil.rmtree(self.outputs, ignore_errors=True)
+
+
+_server_lock = threading.Lock()
+_server: list[_ForkServer | None] = []
+
+
+def _fork_server() -> _ForkServer | None:
+    """The session's fork server, started at the first run; None where fork is missing or
+    AUTOACCEL_TESTS_FORK_SERVER=0."""
+    with _server_lock:
+        if not _server:
+            usable = hasattr(os, "fork") and os.environ.get(FORK_SERVER_ENV, "1") != "0"
+            _server.append(_ForkServer(_env()) if usable else None)
+            if _server[0] is not None:
+                atexit.register(_server[0].close)
+        return _server[0]
 
 
 def run_with_losses(script_path, args, tmp_path, env=None, max_steps=None) -> list[float]:
