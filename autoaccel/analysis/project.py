@@ -14,12 +14,11 @@ functions (the model, its device, the loaders) is what the module works with.
 from __future__ import annotations
 
 from collections.abc import Iterator
+import re
+import stat
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-
-import re
-import stat
 
 import libcst as cst
 
@@ -35,6 +34,7 @@ MAX_SCRIPTS = 256  # files of a folder read to find the scripts that import a mo
 # A top-level line of a script that does something when it runs: the `__main__` test,
 # a loop, a `with`, or a call statement (`main()`, `trainer.fit(loader)`).
 _RUNS = re.compile(r"^(?:if\s+__name__\s*==|for\s|while\s|with\s|async\s|[\w.]+\()", re.MULTILINE)
+_IMPORT_LINE = re.compile(r"^[ \t]*(?:from|import)\b[^\n]*", re.MULTILINE)
 
 
 @dataclass
@@ -196,7 +196,6 @@ def _scripts_importing(target: Path) -> list[Path]:
         folder = folder.parent
         folders.append(folder)
     folders += [root for root in project_roots(target) if root not in folders]
-    mentions = re.compile(rf"^[ \t]*(?:from|import)\b[^\n]*\b{re.escape(name)}\b", re.MULTILINE)
     found = []
     for place in folders:
         try:
@@ -209,22 +208,32 @@ def _scripts_importing(target: Path) -> list[Path]:
                 # a FIFO or a device named `x.py` would block the read
                 if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_BYTES:
                     continue
-                if script.resolve() == target:
-                    continue
-                text = script.read_text(encoding="utf-8", errors="replace")
-                if mentions.search(text) and _RUNS.search(text):
+                if script.resolve() != target and name in _entry_imports(
+                    str(script), status.st_mtime_ns, status.st_size
+                ):
                     found.append(script)
             except OSError:
                 continue
     return found
 
 
+@lru_cache(maxsize=4096)
+def _entry_imports(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """The words of the import lines of the script at `path` when it runs something at
+    top level (empty otherwise): read once per process for each version of the file,
+    though every module of its folder asks."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    if not _RUNS.search(text):
+        return frozenset()
+    return frozenset(word for line in _IMPORT_LINE.findall(text) for word in re.findall(r"\w+", line))
+
+
 def _stamp(path: Path) -> tuple[int, int]:
     try:
-        stat = path.stat()
+        status = path.stat()
     except OSError:
         return (0, 0)
-    return (stat.st_mtime_ns, stat.st_size)
+    return (status.st_mtime_ns, status.st_size)
 
 
 @lru_cache(maxsize=64)
