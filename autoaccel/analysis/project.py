@@ -13,9 +13,9 @@ functions (the model, its device, the loaders) is what the module works with.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
