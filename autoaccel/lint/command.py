@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from autoaccel.config import ConfigError, LintSettings, check_selectors, settings_for
+from autoaccel.config import ConfigError, check_selectors, settings_for
 from autoaccel.discovery import discover
 from autoaccel.diff import use_colour
 from autoaccel.fileio import MAX_SOURCE_BYTES, mebibytes, os_error_message
@@ -32,14 +32,6 @@ PLAIN_FLAGS = {
     "--force-exclude": "force_exclude",
     "--precise": "precise",
 }
-
-
-class PreciseOverrides(Overrides):
-    """`--precise` (the pre-commit hooks): the command line over settings whose default
-    selection is `PRECISE_SELECT`."""
-
-    def apply(self, settings: LintSettings) -> LintSettings:
-        return super().apply(settings.precise())
 
 
 def run_plain_call(args: list[str]) -> int | None:
@@ -95,8 +87,9 @@ def run_lint(
     names the text `-` reads (for messages, configuration and its local imports).
     `precise`: without `select` in pyproject.toml, only the precise rules run.
     `max_file_size`: bytes of Python code; a larger file is reported, not read."""
-    kind = PreciseOverrides if precise else Overrides
-    overrides = kind(select, extend_select, ignore, unsafe_fixes, force_exclude, max_file_size)
+    overrides = Overrides(
+        select, extend_select, ignore, unsafe_fixes, force_exclude, max_file_size, precise
+    )
     mode = Mode.DIFF if diff else Mode.FIX if fix else Mode.CHECK
     missing = [p for p in paths if p != "-" and _missing(p)]
     unlisted: list[FileResult] = []

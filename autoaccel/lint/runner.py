@@ -40,8 +40,11 @@ class Overrides:
     unsafe_fixes: bool = False
     force_exclude: bool = False
     max_file_size: int = MAX_SOURCE_BYTES  # bytes of Python code; a larger file is not read
+    precise: bool = False  # `--precise` (the pre-commit hooks): see `LintSettings.precise`
 
     def apply(self, settings: LintSettings) -> LintSettings:
+        if self.precise:
+            settings = settings.precise()
         select = self.select if self.select is not None else settings.select
         return replace(
             settings,
