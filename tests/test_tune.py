@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoaccel.bench.report import stdout_console
+from autoaccel.console import stdout_console
 from autoaccel.rules.acc101_dataloader_without_workers import WORKERS
 from autoaccel.tune.command import heuristic_workers, print_tables
 from autoaccel.tune.set_loader_arguments import set_loader_arguments

@@ -22,8 +22,9 @@ from rich.console import Console
 
 from autoaccel.bench.compare import SLOWER, default_tolerance, summarise
 from autoaccel.bench.ddp_memory import ddp_peaks
-from autoaccel.bench.report import print_result, stdout_console, write_report
+from autoaccel.bench.report import print_result, write_report
 from autoaccel.bench.runner import Run, run_script
+from autoaccel.console import stdout_console
 from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions
 from autoaccel.convert.pipeline import ConversionError, convert_source
 from autoaccel.convert.verify import checks

@@ -8,7 +8,7 @@ import html
 import json
 import math
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -26,16 +26,7 @@ from autoaccel.bench.compare import (
 from autoaccel.convert.verify import Check
 
 PLOT_HINT = "bench.png needs matplotlib: pip install 'autoaccel[plot]'"
-# Piped or redirected, rich fits its output into 80 columns: it cuts table cells
-# ("curre…") and breaks lines. A file or a pipe has no width, so none is imposed.
-PIPED_WIDTH = 10_000
 _RUNS = ("original", "converted")
-
-
-def stdout_console(file: IO[str] | None = None) -> Console:
-    """A console for results: the terminal's width, or `PIPED_WIDTH` when not a terminal."""
-    console = Console(file=file)
-    return console if console.is_terminal else Console(file=file, width=PIPED_WIDTH)
 
 
 def _number(value: float | None, digits: int = 1) -> str:

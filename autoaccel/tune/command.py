@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from autoaccel.bench.report import stdout_console
+from autoaccel.console import stdout_console
 from autoaccel.tune.sweep import LoaderSetting, Measurement, clearly_faster
 
 EXIT_OK, EXIT_ERROR = 0, 2
