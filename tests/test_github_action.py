@@ -25,7 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 ACTION = yaml.safe_load((ROOT / "action.yml").read_text())
 NOTEBOOK = ROOT / "fixtures" / "notebooks" / "train.ipynb"
 # A finding (a CPU tensor moved to the GPU) but no training loop.
-DATA_MODULE = "import torch\n\nMEAN = torch.zeros(3).cuda()\n"
+# A tensor built on the CPU for every evaluation batch, then moved (ACC206).
+DATA_MODULE = (
+    "import torch\nfrom torch.utils.data import DataLoader\n\n"
+    "for x in DataLoader(ds):\n    print(x - torch.zeros(3).cuda())\n"
+)
 TRAIN = """\
 import torch
 from torch.utils.data import DataLoader

@@ -140,14 +140,14 @@ def test_lint_hook_holds_only_precise_findings_and_lint_keeps_every_rule(plain_r
         [sys.executable, "-m", "autoaccel", "lint", "train.py"],
         cwd=plain_repo, capture_output=True, text=True,
     )
-    assert {"ACC102", "ACC103", "ACC301"} <= {line.split()[1] for line in everything.stdout.splitlines()}
+    assert {"ACC102", "ACC103", "ACC201"} <= {line.split()[1] for line in everything.stdout.splitlines()}
 
 
 def test_hooks_keep_the_projects_select(plain_repo):
-    (plain_repo / "pyproject.toml").write_text('[tool.autoaccel]\nselect = ["ACC301"]\n')
+    (plain_repo / "pyproject.toml").write_text('[tool.autoaccel]\nselect = ["ACC201"]\n')
     run = run_hook("autoaccel-fix", plain_repo)
     assert run.returncode == 1
-    assert {line.split()[1] for line in run.stdout.splitlines()} == {"ACC301"}
+    assert {line.split()[1] for line in run.stdout.splitlines()} == {"ACC201"}
 
 
 def test_hooks_add_the_projects_extend_select_to_the_precise_rules(plain_repo):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.program import Kind, Obj, argument
 from autoaccel.analysis.script_model import DATALOADER, Missing, Unknown
+from autoaccel.analysis.shapes import find
 from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
@@ -16,6 +18,13 @@ IN_MEMORY_NOTE = (
     " of `num_workers=0`)"
 )
 _TRAIN = "for x, y in loader:\n    model(x).sum().backward()\n"
+# Calls that turn an in-memory row into a tensor or a number, and nothing more.
+_CONVERSIONS = frozenset(
+    {
+        "torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.LongTensor",
+        "torch.FloatTensor", "builtins.int", "builtins.float", "builtins.list", "builtins.tuple",
+    }
+)  # fmt: skip
 
 
 class DataLoaderWithoutWorkers(LintRule):
@@ -49,6 +58,16 @@ class DataLoaderWithoutWorkers(LintRule):
         "class Rows(Dataset):\n    def __getitem__(self, i):\n"
         "        return self.x[i], int(self.y[i])\n"
         "loader = DataLoader(Rows())\n" + _TRAIN,
+        # Pre-tokenised ids held in memory, sliced and made tensors per sample.
+        "import torch\nfrom torch.utils.data import DataLoader, Dataset\n"
+        "class Tokens(Dataset):\n    def __getitem__(self, i):\n"
+        "        chunk = self.ids[i : i + self.block + 1]\n"
+        "        return {'input_ids': torch.tensor(chunk[:-1], dtype=torch.long),"
+        " 'labels': torch.tensor(chunk[1:])}\n"
+        "loader = DataLoader(Tokens())\n" + _TRAIN,
+        # A list of samples in memory.
+        "from torch.utils.data import DataLoader\nloader = DataLoader([(x, y) for x, y in pairs])\n"
+        + _TRAIN,
         # Workers on the CUDA path only (pytorch/examples' `cuda_kwargs`): the script's choice.
         "from torch.utils.data import DataLoader\nkw = {'batch_size': 8}\n"
         "if cuda:\n    kw.update({'num_workers': 1})\nloader = DataLoader(ds, **kw)\n" + _TRAIN,
@@ -86,7 +105,7 @@ class DataLoaderWithoutWorkers(LintRule):
                 " split it per worker (`torch.utils.data.get_worker_info()`) before adding workers",
             )
             return
-        if self.script.in_memory(node):
+        if self.script.in_memory(node) or self._rows_in_memory(node):
             self.note(node, IN_MEMORY_NOTE)
             return
         if self.script.sometimes_missing(node, "num_workers") is not None:
@@ -112,6 +131,89 @@ class DataLoaderWithoutWorkers(LintRule):
         if call is not node:
             edits[node] = call
         self.report(node, edits=edits, imports=("os",))
+
+
+    def _rows_in_memory(self, loader: cst.Call) -> bool:
+        """Whether every dataset `loader` may read holds its samples in memory: a list
+        or tuple, or a Dataset of the project whose `__getitem__` only indexes or slices
+        its attributes and makes tensors of what it read (pre-tokenised ids)."""
+        dataset = argument(loader, 0, "dataset")
+        datasets = self.script.values(dataset) if dataset is not None else frozenset()
+        return bool(datasets) and all(self._reads_memory(obj) for obj in datasets)
+
+    def _reads_memory(self, dataset: Obj) -> bool:
+        if dataset.kind in (Kind.TENSOR_DATASET, Kind.CONTAINER):
+            return True
+        getitem = dataset.cls.method("__getitem__") if dataset.cls is not None else None
+        if getitem is None or len(getitem.positional) != 2:
+            return False
+        index = getitem.module.index
+        names = {getitem.positional[1], "self"}
+        body = getitem.node.body.body if isinstance(getitem.node.body, cst.IndentedBlock) else ()
+        statements = [s for s in body if not _is_docstring(s)]
+        for statement in statements[:-1]:
+            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+            if not (
+                isinstance(assign, cst.Assign)
+                and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Name)
+                and _reads(assign.value, names, index)
+            ):
+                return False
+            names.add(assign.targets[0].target.value)
+        last = statements[-1].body[0] if statements and isinstance(statements[-1], cst.SimpleStatementLine) else None
+        return isinstance(last, cst.Return) and last.value is not None and _reads(last.value, names, index)
+
+
+def _reads(value: cst.BaseExpression, names: set[str], index) -> bool:
+    """Whether `value` only reads memory: `self.x[i]`, `chunk[1:]`, `self.x[i : i + n]`,
+    displays of such values, and their conversions (`torch.tensor(...)`)."""
+    if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)):
+        return True
+    if isinstance(value, cst.Name):
+        return value.value in names
+    if isinstance(value, cst.Attribute):
+        return _reads(value.value, names, index)
+    if isinstance(value, cst.Subscript):
+        # the index: the parameter, locals, attributes, numbers and arithmetic; no calls
+        return (
+            _reads(value.value, names, index)
+            and not any(find(e, cst.Call) for e in value.slice)
+            and all(
+                n.value in names
+                for e in value.slice
+                for n in find(e, cst.Name)
+                if not _is_attr_name(n, e)
+            )
+        )
+    if isinstance(value, cst.BinaryOperation):
+        return _reads(value.left, names, index) and _reads(value.right, names, index)
+    if isinstance(value, (cst.Tuple, cst.List)):
+        return all(_reads(e.value, names, index) for e in value.elements)
+    if isinstance(value, cst.Dict):
+        return all(
+            isinstance(e, cst.DictElement) and _reads(e.key, names, index) and _reads(e.value, names, index)
+            for e in value.elements
+        )
+    if isinstance(value, cst.Call) and index.qualified_names(value.func) & _CONVERSIONS:
+        return all(
+            _reads(a.value, names, index) or (a.keyword is not None and not find(a.value, cst.Call))
+            for a in value.args
+        )
+    return False
+
+
+def _is_attr_name(name: cst.Name, within: cst.CSTNode) -> bool:
+    """Whether `name` is the attribute part of an `x.name` inside `within`."""
+    return any(a.attr is name for a in find(within, cst.Attribute))
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.SimpleString)
+    )
 
 
 def _is_zero(value: cst.BaseExpression) -> bool:

@@ -8,12 +8,19 @@ import libcst as cst
 
 from autoaccel.analysis.losses import is_loss_module
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import Kind, Obj
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import BindingVisitor, bound_names, find, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
+from autoaccel.rules.acc301_missing_autocast import LayerSizes
 from autoaccel.rules.acc401_data_parallel import offers_distributed
 
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+LINEAR = frozenset({"torch.nn.Linear", "torch.nn.LazyLinear"})
+# Methods that keep one value per sample one per sample (`out.squeeze(1)`, `out.view(-1)`).
+_SHAPE_METHODS = frozenset(
+    {"view", "reshape", "squeeze", "flatten", "sigmoid", "tanh", "float", "contiguous"}
+)
 
 _HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -71,6 +78,10 @@ class DataParallelLossOutsideForward(BindingVisitor, LintRule):
         # The loss does not read the wrapped model's output.
         _HEADER + "model = nn.DataParallel(Net())\nteacher = Net()\nfor x, y in loader:\n"
         "    out = model(x)\n    t = teacher(x)\n    loss = F.mse_loss(t, y)\n    loss.backward()\n",
+        # One value per sample is gathered: nothing to save.
+        _HEADER + "model = nn.DataParallel(nn.Sequential(nn.Linear(64, 32), nn.ReLU(),"
+        " nn.Linear(32, 1)))\nfor x, y in loader:\n    loss = F.mse_loss(model(x), y)\n"
+        "    loss.backward()\n",
     ]
     INVALID = [
         Invalid(
@@ -121,7 +132,7 @@ class DataParallelLossOutsideForward(BindingVisitor, LintRule):
     def leave_Module(self, original_node: cst.Module) -> None:
         if offers_distributed(self, original_node):
             return  # `DataParallel` is the fallback; DDP computes each loss on its GPU
-        wrapped = self.script.data_parallel  # aliases included
+        wrapped = {m for m in self.script.data_parallel if not self._one_per_sample(m)}
         for loss in self.losses:
             gathered = loss.called_models & wrapped or any(
                 output.scope is loss.scope and output.model in wrapped and output.names & loss.names
@@ -129,6 +140,23 @@ class DataParallelLossOutsideForward(BindingVisitor, LintRule):
             )
             if gathered:
                 self.report(loss.call)
+
+    # -- what is gathered ------------------------------------------------------------
+    def _one_per_sample(self, key: str) -> bool:
+        """Whether every model the DataParallel name `key` wraps ends in a layer of one
+        output (`nn.Linear(n, 1)`): what is gathered is one value per sample, no more
+        than the loss."""
+        program = self.script.program
+        if program is None:
+            return False
+        models = {
+            inner
+            for obj in self.script.held_by(key)
+            if obj.parallel == "dp"
+            for inner in program.read((obj, "wraps"))
+        }
+        sizes = LayerSizes(program)
+        return bool(models) and all(_ends_in_one_output(model, sizes) for model in models)
 
     # -- helpers -------------------------------------------------------------------
     def _is_loss(self, node: cst.Call) -> bool:
@@ -179,3 +207,51 @@ def _producing_call(value: cst.BaseExpression) -> cst.Call | None:
             return None
 
 
+
+
+def _ends_in_one_output(model: Obj, sizes: LayerSizes) -> bool:
+    """`nn.Sequential(..., nn.Linear(n, 1), nn.Sigmoid())`, or a module of the project
+    whose `forward` returns `self.head(...)` for `self.head = nn.Linear(n, 1)` (through
+    shape methods such as `.squeeze(1)`)."""
+    if not isinstance(model.node, cst.Call):
+        return False
+    index = model.module.index
+    if model.cls is None:
+        if model.kind is not Kind.MODULE:
+            return False
+        layers = [a.value for a in model.node.args if isinstance(a.value, cst.Call) and not a.star]
+        gemms = [c for c in layers if index.qualified_names(c.func) & sizes.layer_names]
+        return bool(gemms) and sizes.outputs(gemms[-1], model.module) == 1
+    forward = model.cls.method("forward")
+    if forward is None:
+        return False
+    returns = [r for r in find(forward.node, cst.Return) if r.value is not None]
+    heads = [_head(r.value) for r in returns]  # type: ignore[arg-type]
+    if not heads or None in heads:
+        return False
+    built = {
+        name_key(target.target): assign.value
+        for owner in model.cls.mro()
+        for method in owner.methods.values()
+        for assign in find(method.node, cst.Assign)
+        for target in assign.targets
+    }
+    for head in heads:
+        layer = built.get(head)
+        if not isinstance(layer, cst.Call) or not index.qualified_names(layer.func) & LINEAR:
+            return False
+        if sizes.outputs(layer, model.cls.module) != 1:
+            return False
+    return True
+
+
+def _head(value: cst.BaseExpression) -> str | None:
+    """`self.head` of `self.head(x)`, `self.head(x).squeeze(1)`, `self.head(x).view(-1)`."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        if value.func.attr.value not in _SHAPE_METHODS:
+            break
+        value = value.func.value
+    if isinstance(value, cst.Call):
+        key = name_key(value.func)
+        return key if key is not None and key.startswith("self.") else None
+    return None
