@@ -178,3 +178,60 @@ def test_a_call_chain_costs_no_more_than_the_square_of_its_links(monkeypatch):
     links = 8
     model_of("key = 'a.b'\nnew = key" + ".replace('a', 'b')" * links + "\n")
     assert evaluations < 4 * links**2
+
+
+def test_a_generator_yielding_its_argument_items_wraps_each_call_s_argument():
+    """`log_every(loader)` holds the loader of its own call, as `tqdm(loader)` does: the
+    training loop reads the training loader, the evaluation loop the other one."""
+    script = model_of(
+        """
+        import torch
+
+        def log_every(iterable, every):
+            for i, item in enumerate(iterable):
+                yield item
+
+        train_loader = torch.utils.data.DataLoader(a)
+        val_loader = torch.utils.data.DataLoader(b)
+        for x in log_every(train_loader, 10):
+            net(x).sum().backward()
+        for x in log_every(val_loader, 10):
+            net(x)
+        """
+    )
+    read = {loop.role.value: [o.node.args[0].value.value for o in loop.loaders]
+            for loop in script.step_loops.values() if loop.function is None}
+    assert read == {"train": ["a"], "eval": ["b"]}
+
+
+def test_an_instance_called_like_a_function_runs_its_call_method():
+    script = model_of(
+        """
+        class Scaler:
+            def __call__(self, loss):  # line 3
+                loss.backward()
+        scaler = Scaler()
+        scaler(loss)
+        """
+    )
+    assert callees(script, "scaler(loss)") == [[3]]
+
+
+def test_devices_made_in_the_caller_are_the_accelerator_or_the_cpu():
+    script = model_of(
+        """
+        import torch
+
+        def train(device):
+            return device
+
+        if torch.accelerator.is_available():
+            device = torch.accelerator.current_accelerator()
+        else:
+            device = torch.device("cpu")
+        train(device)
+        train(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        """
+    )
+    returned = find(script.module.tree, cst.Return)[0].value
+    assert script.device_types(returned) == {"accelerator", "cpu", "cuda"}

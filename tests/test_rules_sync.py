@@ -386,26 +386,29 @@ def test_acc205_noqa():
 
 
 # -- ACC206 cpu-tensor-moved-to-device ---------------------------------------------------
+# ACC206 reports a tensor made every step: each source is the body of a training step.
+ACC206_STEP = "import torch{}\nfor x in loader:\n    {}\n    model(x).sum().backward()\n"
+
+
 def test_acc206_random_factory_fix_is_unsafe():
-    source = "import torch\nnoise = torch.randn(4, 100).cuda()\n"
+    source = ACC206_STEP.format("", "noise = torch.randn(4, 100).cuda()")
     (finding,) = found(source, "ACC206")
     assert finding.fix_applicability is Applicability.UNSAFE
     assert fixed(source, "ACC206", unsafe=False) == source
-    assert (
-        fixed(source, "ACC206")
-        == 'import torch\nnoise = torch.randn(4, 100, device="cuda")\n'
+    assert fixed(source, "ACC206") == ACC206_STEP.format(
+        "", 'noise = torch.randn(4, 100, device="cuda")'
     )
 
 
 def test_acc206_deterministic_factory_fix_is_safe():
-    source = "import torch as T\nmask = T.full((4, 4), 1.0).cuda()\n"
-    assert fixed(source, "ACC206", unsafe=False) == (
-        'import torch as T\nmask = T.full((4, 4), 1.0, device="cuda")\n'
+    source = ACC206_STEP.format(" as T", "mask = T.full((4, 4), 1.0).cuda()")
+    assert fixed(source, "ACC206", unsafe=False) == ACC206_STEP.format(
+        " as T", 'mask = T.full((4, 4), 1.0, device="cuda")'
     )
 
 
 def test_acc206_move_with_device_index_is_reported_without_fix():
-    source = "import torch\nx = torch.zeros(8).cuda(1)\n"
+    source = ACC206_STEP.format("", "z = torch.zeros(8).cuda(1)")
     (finding,) = found(source, "ACC206")
     assert finding.fix is None
     assert "torch.zeros" in finding.message
@@ -415,26 +418,31 @@ def test_acc206_keeps_existing_keywords_and_layout():
     source = """\
     import torch
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    label = torch.full(
-        (batch_size,),
-        real_label,
-        dtype=torch.float,
-    ).to(device)
-    """
-    assert fixed(source, "ACC206") == dedent("""\
-        import torch
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for x in loader:
         label = torch.full(
             (batch_size,),
             real_label,
             dtype=torch.float,
-            device=device,
-        )
+        ).to(device)
+        model(x).sum().backward()
+    """
+    assert fixed(source, "ACC206") == dedent("""\
+        import torch
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        for x in loader:
+            label = torch.full(
+                (batch_size,),
+                real_label,
+                dtype=torch.float,
+                device=device,
+            )
+            model(x).sum().backward()
         """)
 
 
 # -- ACC301 missing-autocast -------------------------------------------------------------
-TWO_LOOPS = CUDA_HEAD + """\
+# A layer wide enough for mixed precision to pay (ACC301 leaves narrow models alone).
+TWO_LOOPS = CUDA_HEAD.replace("nn.Linear(4, 2)", "nn.Linear(1024, 1024)") + """\
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for x, y in loader:
     loss = criterion(model(x), y)

@@ -20,8 +20,10 @@ each statement left in it. Bindings made by functions (`global x`) reach every r
 
 Values flow through assignments (tuple unpacking included), arguments bound per call site
 to the parameters of functions, methods and constructors of the project, `return`,
-`for` targets and comprehensions, `self.x` across the methods of a class, and wrappers
-(`tqdm(loader)`, `enumerate`, `zip`, `iter`, `.to(device)`, `torch.compile`). The solver
+`for` targets and comprehensions, `self.x` across the methods of a class, calls of an
+instance of a project class (its `__call__`), and wrappers (`tqdm(loader)`, `enumerate`,
+`zip`, `iter`, `.to(device)`, `torch.compile`, and a generator of the project that
+yields the items of what it loops over: `metric_logger.log_every(loader)`). The solver
 re-runs only the constraints whose inputs grew (a worklist), so the cost stays close to
 one pass over the assignments and calls of the program.
 """
@@ -220,6 +222,9 @@ class Program:
         self.calls: list[cst.Call] = []
         self.loops: list[cst.For | cst.While] = []
         self.callees: dict[cst.Call, set[FunctionInfo]] = {}
+        # Generators that yield the items of a parameter (`def log_every(iterable)`):
+        # a call of one holds what it passes for that parameter, as `tqdm(loader)` does.
+        self.wrapped_parameter: dict[FunctionInfo, str] = {}
         self.values: dict[Var, set[Obj]] = {}
         self._objects: dict[tuple[Kind, int], Obj] = {}
         self._readers: dict[Var, set[int]] = {}
@@ -688,7 +693,13 @@ class Program:
                 if kept:
                     return kept
         found = self._constructed(node, module)
-        for function, _ in self._targets(node, module):
+        for function, bound in self._targets(node, module):
+            wrapped = self.wrapped_parameter.get(function)
+            if wrapped is not None:
+                positional = function.positional[1:] if bound is not None else function.positional
+                passed = argument(node, positional.index(wrapped), wrapped) if wrapped in positional else None
+                if passed is not None:
+                    found |= self._eval(passed, module)
             if function.name != "__init__":
                 found |= self._read((function, "return"))
         root = _dotted_root(node.func)
@@ -773,6 +784,12 @@ class Program:
                     forward = model.cls.method("forward") if model.cls is not None else None
                     if forward is not None:
                         found.append((forward, {model}))
+            elif obj.kind is Kind.INSTANCE and obj.cls is not None:
+                # an instance of a class of the project called like a function (a loss
+                # scaler whose `__call__` runs the backward pass)
+                method = obj.cls.method("__call__")
+                if method is not None:
+                    found.append((method, {obj}))
         if isinstance(func, cst.Attribute) and not found:
             for obj in self._eval(func.value, module):
                 if obj.cls is not None and obj.kind in (Kind.MODULE, Kind.INSTANCE):
@@ -982,6 +999,34 @@ def argument(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression 
     return positional[position].value if position < len(positional) else None
 
 
+def _yielded_iterable(node: cst.Yield, function: FunctionInfo) -> cst.BaseExpression | None:
+    """`x` of `yield from x`, or of `for item in x: ... yield item` in `function`."""
+    if isinstance(node.value, cst.From):
+        return node.value.item
+    if not isinstance(node.value, cst.Name):
+        return None
+    index = function.module.index
+    for ancestor in index.ancestors(node):
+        if ancestor is function.node:
+            return None
+        if not isinstance(ancestor, cst.For):
+            continue
+        iterated = ancestor.iter
+        target = ancestor.target
+        if (
+            isinstance(iterated, cst.Call)
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == 2
+            and iterated.args
+            and "builtins.enumerate" in index.qualified_names(iterated.func)
+        ):
+            # `for i, item in enumerate(x): yield item`
+            iterated, target = iterated.args[0].value, target.elements[1].value
+        if isinstance(target, cst.Name) and target.value == node.value.value:
+            return iterated
+    return None
+
+
 class ProgramCollector:
     """A visitor (see `run_visitors`) that records a module's definitions and a
     constraint for every assignment, call, return, `for` target and display."""
@@ -1055,6 +1100,21 @@ class ProgramCollector:
         function = self.functions[-1]
         if function is not None and node.value is not None:
             self._add(Program._return, function, node.value)
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        # A generator that yields the items of an iterable it loops over (a logger's
+        # `log_every(loader)`, a prefetcher) wraps that iterable, as `tqdm(loader)` does.
+        function = self.functions[-1]
+        if function is None or node.value is None:
+            return
+        iterated = _yielded_iterable(node, function)
+        if iterated is None:
+            return
+        if isinstance(iterated, cst.Name) and iterated.value in function.positional:
+            # a parameter: each call wraps what it passes (`log_every(train_loader)`)
+            self.program.wrapped_parameter[function] = iterated.value
+        else:
+            self._add(Program._return, function, iterated)
 
     def visit_Call(self, node: cst.Call) -> None:
         self.program.calls.append(node)

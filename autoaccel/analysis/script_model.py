@@ -23,6 +23,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from autoaccel.analysis.datasets import indexes_only
+from autoaccel.analysis.devices import device_types
 from autoaccel.analysis.index import ModuleIndex, Scope, descendants, run_visitors
 from autoaccel.analysis.losses import is_functional_loss
 from autoaccel.analysis.names import name_key
@@ -108,6 +109,8 @@ class ScriptModel:
     # models that train, not their layers nor a wrapper around them.
     trained: set[str] = field(default_factory=set)
     keyword_dicts: dict[str, KeywordDict] = field(default_factory=dict)
+    # id of another module of the program -> its `keyword_dicts`
+    other_keyword_dicts: dict[int, dict[str, KeywordDict]] = field(default_factory=dict, repr=False)
     # -- loops of this module --------------------------------------------------------
     step_loops: dict[cst.CSTNode, StepLoop] = field(default_factory=dict)
     epoch_loops: set[cst.CSTNode] = field(default_factory=set)  # loops around a step loop
@@ -126,6 +129,17 @@ class ScriptModel:
         if self.program is None or self.module is None:
             return frozenset()
         return self.program.values_of(node, self.module)
+
+    def device_types(self, node: cst.BaseExpression) -> frozenset[str]:
+        """The device types (`cuda`, `cpu`, `devices.ACCELERATOR`, ...) the expression
+        `node` of this module may name, wherever in the program its device was made;
+        empty when no device object reaches it or the code does not say which."""
+        if self.program is None:
+            return frozenset()
+        found: set[str] = set()
+        for obj in self.values(node):
+            found |= device_types(obj, self.program)
+        return frozenset(found)
 
     def trains(self, obj: Obj) -> bool:
         """Whether an optimizer updates the parameters of `obj`."""
@@ -179,9 +193,11 @@ class ScriptModel:
 
     def runs_backward(self, call: cst.Call) -> bool:
         """Whether `call` runs a function of the project that calls `.backward()`,
-        directly or through others."""
-        return self.program is not None and bool(
-            self.program.callees.get(call, set()) & self.training.backpropagating
+        directly or through others, or is a library call that runs it for the step
+        (`loss_scaler(loss, optimizer)`)."""
+        return self.program is not None and (
+            call in self.training.library_steps
+            or bool(self.program.callees.get(call, set()) & self.training.backpropagating)
         )
 
     def callees(self, call: cst.Call) -> set[FunctionInfo]:
@@ -197,6 +213,28 @@ class ScriptModel:
         functions = self.program.callees.get(call)
         return bool(functions) and all(
             _returns_backpropagated(f, self.program, self.training) for f in functions
+        )
+
+    @property
+    def builds_ddp(self) -> bool:
+        """Whether a module of the program wraps a model in `DistributedDataParallel`
+        (`main.py` builds it, `engine.py` trains it)."""
+        return self.program is not None and any(
+            obj.parallel == "ddp" for obj in self.program.objects(Kind.MODULE)
+        )
+
+    def model_method(self, call: cst.Call) -> bool:
+        """Whether `call` (of this module) runs a method that the class of a model
+        defines (`agent.get_action_and_value(obs)`, not `forward` nor an `nn.Module`
+        method): computed by the model's layers, its tensors are where the model is."""
+        func = call.func
+        if not isinstance(func, cst.Attribute) or self.program is None:
+            return False
+        name = func.attr.value
+        models = [o for o in self.values(func.value) if o.kind is Kind.MODULE]
+        return bool(models) and all(
+            obj.cls is not None and obj.cls.method(name) is not None and name != "forward"
+            for obj in models
         )
 
     def streams(self, loader: cst.Call) -> bool:
@@ -218,14 +256,16 @@ class ScriptModel:
 
     # -- keyword arguments -------------------------------------------------------------
     def keyword(self, call: cst.Call, name: str) -> KeywordValue:
-        """The value `call` passes for keyword `name`, following `**dict` arguments."""
+        """The value `call` passes for keyword `name`, following `**dict` arguments (the
+        dicts of the module `call` is written in: a loader built in `data.py`)."""
         found: KeywordValue = Missing.MISSING
+        dicts = self._keyword_dicts_of(call)
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == name:
                 found = arg.value
             elif arg.star == "**":
                 key = name_key(arg.value)
-                kwargs = self.keyword_dicts.get(key) if key else None
+                kwargs = dicts.get(key) if key else None
                 if kwargs is None or kwargs.opaque:
                     return Unknown.UNKNOWN
                 values = kwargs.values.get(name)
@@ -238,12 +278,20 @@ class ScriptModel:
     def sometimes_missing(self, call: cst.Call, name: str) -> cst.Dict | None:
         """The `{...}` display of a `**dict` argument of `call` that holds keyword
         `name` only on some paths (so `call` may run without it), if there is one."""
+        dicts = self._keyword_dicts_of(call)
         for arg in call.args:
             key = name_key(arg.value) if arg.star == "**" else None
-            kwargs = self.keyword_dicts.get(key) if key else None
+            kwargs = dicts.get(key) if key else None
             if kwargs is not None and not kwargs.opaque and name in kwargs.sometimes:
                 return kwargs.display
         return None
+
+    def _keyword_dicts_of(self, call: cst.Call) -> dict[str, KeywordDict]:
+        """The `**kwargs` dicts of the module `call` is written in."""
+        module = self.program.module_of.get(call) if self.program is not None else None
+        if module is None or module is self.module:
+            return self.keyword_dicts
+        return self.other_keyword_dicts.get(id(module), {})
 
     def is_loss_call(self, node: cst.CSTNode | None) -> bool:
         """`criterion(...)` of a loss module, or a call of a `torch.nn.functional` loss."""
@@ -254,6 +302,15 @@ class ScriptModel:
         return name_key(node.func) in self.criteria or is_functional_loss(
             self.index.qualified_names(node.func)
         )
+
+
+def _keys(display: cst.Dict) -> set[str]:
+    """The string keys a `{...}` display writes out."""
+    return {
+        element.key.evaluated_value  # type: ignore[misc]
+        for element in display.elements
+        if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+    }
 
 
 class _Syntax(BindingVisitor, cst.CSTVisitor):
@@ -270,6 +327,13 @@ class _Syntax(BindingVisitor, cst.CSTVisitor):
             return
         if isinstance(value, cst.Dict):
             self._record_dict(key, value)
+        elif isinstance(value, cst.IfExp) and isinstance(value.body, cst.Dict) and isinstance(value.orelse, cst.Dict):
+            # `{"pin_memory": True} if use_cuda else {}`: a key of one branch only is set
+            # on some paths
+            for branch in (value.body, value.orelse):
+                self._record_dict(key, branch)
+            kwargs = self.model.keyword_dicts[key]
+            kwargs.sometimes |= _keys(value.body) ^ _keys(value.orelse)
         elif isinstance(value, cst.Call) and is_name(value.func, "dict"):
             kwargs = self.model.keyword_dicts.setdefault(key, KeywordDict())
             for arg in value.args:
@@ -494,6 +558,7 @@ def build_script_model(
         syntax = _Syntax(other.index, ScriptModel())
         run_visitors(other.tree, [syntax, ProgramCollector(program, other)])
         model.uses_cuda = model.uses_cuda or syntax.model.uses_cuda
+        model.other_keyword_dicts[id(other)] = syntax.model.keyword_dicts
     program.solve()
     model.training = find_training(program)
     return _fill(model)

@@ -2,7 +2,9 @@
 
 A *step loop* is a loop over batches from which `.backward()` is reachable, in its own
 body or through calls of the project's functions (`for x, y in loader: train_step(...)`,
-`Trainer._run_epoch` -> `_run_batch`). A loop that reads a DataLoader wins over loops
+`Trainer._run_epoch` -> `_run_batch`, a loss scaler's `__call__`), or that hands the
+optimizer to an object of a library the analysis cannot read (timm's
+`loss_scaler(loss, optimizer)` runs both). A loop that reads a DataLoader wins over loops
 inside it, which are micro-steps (chunks of the batch); without a DataLoader the innermost
 loop that reaches `.backward()` is the step (manual batching, `get_batch()`). Loops around
 a step loop, in the same function or in a caller, are epoch loops. Loops that read a
@@ -68,6 +70,9 @@ class Training:
     trained: set[Obj] = field(default_factory=set)  # models whose parameters an optimizer updates
     criteria: set[Obj] = field(default_factory=set)  # loss modules, built-in or the project's
     backward_calls: list[cst.Call] = field(default_factory=list)
+    # Calls of a library object handed the optimizer inside a loop, which run the
+    # backward pass and the update for the loop (`loss_scaler(loss, optimizer)`).
+    library_steps: set[cst.Call] = field(default_factory=set)
     # Functions that call `.backward()`, directly or through other functions.
     backpropagating: set[FunctionInfo] = field(default_factory=set)
 
@@ -146,10 +151,51 @@ class _Finder:
         program = self.program
         backward = [c for c in program.calls if _is_backward(c)]
         self.training.backward_calls = backward
+        self.training.library_steps = {c for c in program.calls if self._is_library_step(c)}
         self.calls_of: dict[FunctionInfo | None, list[cst.Call]] = {}
         for call in program.calls:
             self.calls_of.setdefault(program.function_of[call], []).append(call)
-        return self._with_callers({program.function_of[c] for c in backward} - {None})  # type: ignore[arg-type]
+        stepping = [*backward, *self.training.library_steps]
+        return self._with_callers({program.function_of[c] for c in stepping} - {None})  # type: ignore[arg-type]
+
+    def _is_library_step(self, call: cst.Call) -> bool:
+        """Whether `call`, in a loop, calls an object of a library the analysis cannot
+        read and hands it the optimizer (and something else: the loss): a loss scaler
+        such as timm's `NativeScaler` runs `backward()` and `optimizer.step()` itself
+        (`loss_scaler(loss, optimizer, parameters=model.parameters())`)."""
+        if len(call.args) < 2 or not self.around[call]:
+            return False
+        program = self.program
+        module = program.module_of[call]
+        callee = program.values_of(call.func, module)
+        if not callee or any(obj.kind is not Kind.EXTERNAL for obj in callee):
+            return False
+        return any(
+            any(obj.kind is Kind.OPTIMIZER for obj in program.values_of(arg.value, module))
+            or self._annotated_optimizer(arg.value, module)
+            for arg in call.args
+        )
+
+    def _annotated_optimizer(self, node: cst.BaseExpression, module: SourceModule) -> bool:
+        """Whether `node` is a parameter annotated as a `torch.optim` optimizer
+        (`optimizer: torch.optim.Optimizer`, built by a library the analysis cannot read)."""
+        if not isinstance(node, cst.Name):
+            return False
+        scope = module.index.scopes.get(node)
+        owner = scope.owner(node.value) if scope is not None else None
+        function = self.program.function_of_scope(owner) if owner is not None else None
+        if function is None:
+            return False
+        params = function.node.params
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            if param.name.value == node.value and param.annotation is not None:
+                names = module.index.qualified_names(param.annotation.annotation)
+                return any(n.startswith("torch.optim.") for n in names)
+        return False
+
+    def _steps(self, call: cst.Call) -> bool:
+        """`loss.backward()`, or a library call that runs it (`loss_scaler(loss, optimizer)`)."""
+        return _is_backward(call) or call in self.training.library_steps
 
     def _with_callers(self, functions: set[FunctionInfo]) -> set[FunctionInfo]:
         """`functions` and every project function that calls one of them, directly or
@@ -168,7 +214,7 @@ class _Finder:
 
     def _reaches_backward(self, loop: cst.CSTNode) -> bool:
         return any(
-            _is_backward(call) or self.program.callees.get(call, set()) & self.reaching
+            self._steps(call) or self.program.callees.get(call, set()) & self.reaching
             for call in self.calls_in.get(loop, ())
         )
 
@@ -217,10 +263,10 @@ class _Finder:
         # In definition order, as the micro-loops: what steps report must not vary from
         # one run to the next with the objects' hashes.
         reached = tuple(f for f in program.functions.values() if f in reachable)
-        if role is LoopRole.TRAIN and not any(_is_backward(c) for c in self.calls_in.get(loop, ())):
+        if role is LoopRole.TRAIN and not any(self._steps(c) for c in self.calls_in.get(loop, ())):
             step_functions = tuple(
                 f for f in reached
-                if any(_is_backward(c) for c in self.calls_of.get(f, ()))
+                if any(self._steps(c) for c in self.calls_of.get(f, ()))
             )
         self.training.step_loops[loop] = StepLoop(
             node=loop,

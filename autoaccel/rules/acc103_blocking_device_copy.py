@@ -5,7 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import LoopRole, StepLoop, device_leaves
+from autoaccel.analysis.devices import ACCELERATORS
+from autoaccel.analysis.script_model import LoopRole, StepLoop, Unknown, device_leaves
 from autoaccel.analysis.shapes import bound_names, find, is_attribute, is_false
 from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
@@ -124,9 +125,17 @@ class BlockingDeviceCopy(LintRule):
         loop = self.enclosing_step_loop(node)
         if loop is None or not self._pinned_batches(loop):
             return
-        if not _derives(node.func.value, self._batch_names(loop)):  # type: ignore[attr-defined]
+        if not self._from_batch(node.func.value, self._batch_names(loop)):  # type: ignore[attr-defined]
             return
         kind = "cuda" if target is None else self._device_kind(target)
+        if kind is None:
+            # a device made elsewhere in the program: `current_accelerator()` with a CPU
+            # fallback is on the accelerator path, a CPU device alone is not
+            types = self.script.device_types(target)
+            if types & ACCELERATORS:
+                kind = "cuda"
+            elif types:
+                return
         if kind == "cuda":
             self._report(node)
         elif kind is None and self.script.uses_cuda and name_key(target) is not None:
@@ -146,6 +155,8 @@ class BlockingDeviceCopy(LintRule):
             return False
         for call in calls:
             pinned = self.script.keyword(call, "pin_memory")
+            if isinstance(pinned, Unknown):
+                return False  # ACC102 cannot tell either: it leaves the loader alone
             written = isinstance(pinned, cst.BaseExpression) and not is_false(pinned)
             if not written and loop.role is not LoopRole.TRAIN:
                 return False
@@ -170,6 +181,30 @@ class BlockingDeviceCopy(LintRule):
                 if text == "cpu":
                     return "cpu"
         return None
+
+    def _from_batch(self, value: cst.BaseExpression, names: frozenset[str]) -> bool:
+        """`_derives`, and the items of a comprehension over (part of) a batch:
+        `[{k: v.to(device) for k, v in t.items()} for t in targets]`."""
+        if _derives(value, names):
+            return True
+        root = value
+        while not isinstance(root, cst.Name):
+            if isinstance(root, (cst.Subscript, cst.Attribute)):
+                root = root.value
+            elif isinstance(root, cst.Call) and isinstance(root.func, cst.Attribute):
+                root = root.func.value
+            else:
+                return False
+        for ancestor in self.ancestors(root):
+            if isinstance(ancestor, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+                comp_for: cst.CompFor | None = ancestor.for_in
+                while comp_for is not None:
+                    if root.value in bound_names(comp_for.target):
+                        return self._from_batch(comp_for.iter, names)
+                    comp_for = comp_for.inner_for_in
+            elif isinstance(ancestor, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                return False
+        return False
 
     def _batch_names(self, loop) -> frozenset[str]:
         """The loop target's names plus names assigned in the body from them."""

@@ -6,6 +6,7 @@ import re
 
 import libcst as cst
 
+from autoaccel.analysis.host_values import HostValues
 from autoaccel.analysis.losses import is_detached, is_functional_loss
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
@@ -107,7 +108,7 @@ class HostSyncEveryStep(LintRule):
         if loop is None or loop.role is not LoopRole.TRAIN:
             return
         what = self._sync(node, loop)
-        if what is None or self._gated(node, loop):
+        if what is None or self._gated(node, loop) or self.host_values.needed(node, loop.node.body):
             return
         self.report(
             node,
@@ -193,6 +194,7 @@ class HostSyncEveryStep(LintRule):
     # -- which expressions are tensors on the device ------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
         self.device_names: dict[cst.CSTNode, frozenset[str]] = {}
+        self.host_values = HostValues(self.index)
 
     def _on_device(self, value: cst.BaseExpression, loop: StepLoop) -> bool:
         if loop.node not in self.device_names:
@@ -275,8 +277,8 @@ class HostSyncEveryStep(LintRule):
         if not isinstance(func, cst.Attribute):
             return False
         method = func.attr.value
-        if method == "cuda":
-            return True
+        if method == "cuda" or self.script.model_method(call):
+            return True  # `agent.get_action_and_value(obs)`: a model's own method
         if method == "to":
             return self._holds(func.value, names) or any(
                 self._is_device(arg.value) for arg in call.args

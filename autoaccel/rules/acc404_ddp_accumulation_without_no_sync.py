@@ -105,7 +105,7 @@ class DdpAccumulationWithoutNoSync(LintRule):
             self.backwards.append(node)  # `loss.backward()`, `self.training_step(x, y)`
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        if not self.ddp or self.controls_sync:
+        if not (self.ddp or self.script.builds_ddp) or self.controls_sync:
             return
         for backward in self.backwards:
             loop = self.enclosing_step_loop(backward)
@@ -116,13 +116,29 @@ class DdpAccumulationWithoutNoSync(LintRule):
             steps = self._optimizer_steps(loop.node)
             if steps:
                 accumulates = all(self._accumulation_guarded(s, loop.node) for s in steps)
-            else:  # micro-steps in an inner loop, the update after it
+            elif any(_counts_steps(arg.value) for arg in backward.args):
+                # a helper that runs backward and steps when told to:
+                # `loss_scaler(loss, optimizer, update_grad=(i + 1) % accum_iter == 0)`
+                accumulates = True
+            else:  # micro-steps in an inner loop (or a helper's loop), the update after it
                 outer = next((a for a in self.ancestors(loop.node) if isinstance(a, _LOOPS)), None)
-                accumulates = outer is not None and bool(self._optimizer_steps(outer))
+                outers = [outer] if outer is not None else self._calling_loops(loop)
+                accumulates = any(self._optimizer_steps(o) for o in outers)
             if accumulates:
                 self.report(backward)
 
     # -- helpers -------------------------------------------------------------------
+    def _calling_loops(self, loop) -> list[cst.CSTNode]:
+        """The loops of this module around a step loop of a helper, whose bodies call the
+        helper (`for batch in loader: forward_backward(batch); optimizer.step()`)."""
+        if loop.function is None:
+            return []
+        return [
+            outer
+            for outer in self.script.epoch_loops
+            if any(loop.function in self.script.callees(call) for call in find(outer, cst.Call))
+        ]
+
     def _every_iteration(self, node: cst.CSTNode, loop: cst.CSTNode) -> bool:
         """No `if`, inner loop or function between `node` and `loop`."""
         for ancestor in self.ancestors(node):
