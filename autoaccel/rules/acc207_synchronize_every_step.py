@@ -1,0 +1,285 @@
+"""ACC207: `torch.cuda.synchronize()` on every training (or evaluation) step."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from textwrap import indent
+
+import libcst as cst
+
+from autoaccel.analysis.index import ModuleIndex
+from autoaccel.analysis.program import FunctionInfo
+from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import find, is_method_call
+from autoaccel.lint.rule import Applicability, Invalid, LintRule, Replacement
+from autoaccel.rules.acc204_host_sync_every_step import _is_interval
+from autoaccel.rules.acc501_variable_wrapper import statement_removal
+
+# Device-wide waits. `torch.cpu.synchronize()` is a no-op kept for device-generic code.
+SYNCHRONIZE = (
+    "torch.cuda.synchronize",
+    "torch.accelerator.synchronize",
+    "torch.xpu.synchronize",
+    "torch.mps.synchronize",
+)
+# `torch.cuda.current_stream().synchronize()`: the stream every kernel of the step runs
+# on, so the same wait. Streams and events held in names are left alone: a side stream
+# or an event is synchronised on purpose (overlapping copies, timing).
+CURRENT_STREAM = (
+    "torch.cuda.current_stream",
+    "torch.cuda.default_stream",
+    "torch.accelerator.current_stream",
+    "torch.xpu.current_stream",
+)
+# Reading one of these right before or after the wait times the device's work.
+CLOCKS = frozenset(
+    f"time.{name}"
+    for name in (
+        "time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns",
+        "process_time", "process_time_ns",
+    )
+) | {"timeit.default_timer", "datetime.datetime.now", "datetime.datetime.utcnow"}  # fmt: skip
+# An `if` on a switch for measuring or debugging (`if args.profile:`) is opt-in.
+_MEASURING_SWITCH = re.compile(r"profil|bench|debug|timing|timer|verbose|sync", re.I)
+_Steps = tuple[LoopRole | None, bool]
+_NEVER: _Steps = (None, False)
+_STEP = "import torch\nfor x, y in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+
+
+class SynchronizeEveryStep(LintRule):
+    code = "ACC207"
+    name = "synchronize-every-step"
+    message = (
+        "`torch.cuda.synchronize()` on every training step makes the CPU wait until the GPU "
+        "has run all queued work"
+    )
+    fix_title = "Remove the `torch.cuda.synchronize()` call"
+    applicability = Applicability.UNSAFE
+
+    VALID = [
+        # Once, after training.
+        _STEP + "torch.cuda.synchronize()\n",
+        # Once per epoch, around the step loop.
+        "import torch\nfor epoch in range(3):\n" + indent(_STEP, "    ")
+        + "    torch.cuda.synchronize()\n",
+        # Timing a step: the wait is what makes the clock measure the GPU's work.
+        "import time\n" + _STEP + "    torch.cuda.synchronize()\n"
+        "    batch_time.update(time.time() - end)\n    end = time.time()\n",
+        "import time\n" + _STEP + "    torch.cuda.synchronize(); t0 = time.perf_counter()\n",
+        "import time\n" + _STEP + "    start = time.perf_counter()\n    torch.cuda.synchronize()\n",
+        _STEP + "    end_event.record()\n    torch.cuda.synchronize()\n"
+        "    ms = start_event.elapsed_time(end_event)\n",
+        # On logging steps only, or when the script is asked to measure.
+        "import torch\nfor step, (x, y) in enumerate(loader):\n    model(x).sum().backward()\n"
+        "    if step % 100 == 0:\n        torch.cuda.synchronize()\n",
+        _STEP + "    if args.profile:\n        torch.cuda.synchronize()\n",
+        # A loop that neither trains nor reads batches (a benchmark of the model).
+        "import torch\nfor _ in range(100):\n    model(x)\n    torch.cuda.synchronize()\n",
+        # A function that is not called every step.
+        "import torch\ndef log_memory():\n    torch.cuda.synchronize()\n    print(used())\n"
+        + _STEP + "    if step % 100 == 0:\n        log_memory()\n",
+        # Some other `synchronize`: the CPU's no-op, a user's own, a stream held in a name.
+        _STEP + "    torch.cpu.synchronize()\n",
+        "from mylib import cuda\n" + _STEP + "    cuda.synchronize()\n",
+        _STEP + "    copy_stream.synchronize()\n",
+    ]
+    INVALID = [
+        Invalid(_STEP + "    torch.cuda.synchronize()\n", fixed=_STEP),
+        Invalid(
+            "from torch.cuda import synchronize\nwhile True:\n    model(x).sum().backward()\n"
+            "    synchronize()\n",
+            fixed="from torch.cuda import synchronize\nwhile True:\n"
+            "    model(x).sum().backward()\n",
+        ),
+        Invalid(
+            "import torch as t\nfor x in data:\n"
+            "    model(x).sum().backward(); t.cuda.synchronize()\n",
+            fixed="import torch as t\nfor x in data:\n    model(x).sum().backward()\n",
+        ),
+        Invalid(_STEP + "    torch.accelerator.synchronize()\n", fixed=_STEP),
+        Invalid(_STEP + "    torch.cuda.current_stream().synchronize()\n", fixed=_STEP),
+        # On every step but the logging ones; and under a test that holds on every step.
+        Invalid(
+            "import torch\nfor step, (x, y) in enumerate(loader):\n    model(x).sum().backward()\n"
+            "    if step % 100 == 0:\n        print(step)\n"
+            "    else:\n        torch.cuda.synchronize()\n"
+        ),
+        Invalid(_STEP + "    if torch.cuda.is_available():\n        torch.cuda.synchronize()\n"),
+        # In the function the step calls.
+        Invalid(
+            "import torch\ndef train_step(x):\n    model(x).sum().backward()\n"
+            "    torch.cuda.synchronize()\nfor x, y in loader:\n    train_step(x)\n"
+        ),
+        # Per batch of an evaluation loop.
+        Invalid(
+            "import torch\nfrom torch.utils.data import DataLoader\nloader = DataLoader(ds)\n"
+            "with torch.no_grad():\n    for x, y in loader:\n"
+            "        correct += (model(x) == y).sum()\n        torch.cuda.synchronize()\n"
+        ),
+        # Used as a value: reported, not removed.
+        Invalid(_STEP + "    done = torch.cuda.synchronize()\n"),
+    ]
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.every_step: dict[FunctionInfo, _Steps] = {}
+        self.callers: dict[FunctionInfo, list[cst.Call]] | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        spelling = self._synchronize(node)
+        if spelling is None or self._times(node):
+            return
+        role, only = self._steps(node, self.index, set())
+        if role is None:
+            return
+        where = "training step" if role is LoopRole.TRAIN else "evaluation batch"
+        self.report(
+            node,
+            f"`{spelling}` on every {where} makes the CPU wait until the GPU has run all queued "
+            f"work, and the GPU idle while Python prepares the next {where.split()[-1]}",
+            # A function that also runs elsewhere (a timing helper) keeps its wait there.
+            edits=self._removal(node) if only else {},
+            fix_title=f"Remove the `{spelling}` call",
+        )
+
+    def _synchronize(self, call: cst.Call) -> str | None:
+        """How the message names the wait `call` makes, if it makes one."""
+        names = self.qualified_names(call.func)
+        found = next((name for name in SYNCHRONIZE if name in names), None)
+        if found is not None:
+            return f"{found}()"
+        func = call.func
+        if (
+            is_method_call(call, "synchronize")
+            and isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Call)
+            and self.calls(func.value, *CURRENT_STREAM)
+        ):
+            stream = next(n for n in CURRENT_STREAM if n in self.qualified_names(func.value.func))
+            return f"{stream}().synchronize()"
+        return None
+
+    # -- does it run on every step? --------------------------------------------------------
+    def _steps(self, node: cst.CSTNode, index: ModuleIndex, seen: set[FunctionInfo]) -> _Steps:
+        """The role of a step loop that runs `node` (a node of a module of the program,
+        walked with that module's `index`) on every iteration, None when none does; and
+        whether `node` runs only there (not also from other callers of its function)."""
+        step_loops = self.script.training.step_loops
+        child = node
+        for ancestor in index.ancestors(node):
+            loop = step_loops.get(ancestor)
+            if loop is not None:
+                # Its body runs every step; its `else:` and its header do not.
+                return (loop.role, True) if child is ancestor.body else _NEVER
+            if (
+                isinstance(ancestor, cst.If)
+                and child is ancestor.body
+                and _sometimes(ancestor.test)
+            ):
+                return _NEVER
+            if isinstance(
+                ancestor, (cst.ExceptHandler, cst.ExceptStarHandler, cst.Lambda, cst.ClassDef)
+            ):
+                return _NEVER  # after a failure, or code that is only defined here
+            if isinstance(ancestor, cst.FunctionDef):
+                return self._function_steps(ancestor, seen)
+            child = ancestor
+        return _NEVER
+
+    def _function_steps(self, node: cst.FunctionDef, seen: set[FunctionInfo]) -> _Steps:
+        """`_steps` of the body of the function `node`, from its calls (training first)."""
+        program = self.script.program
+        function = program.functions.get(node) if program is not None else None
+        if function is None or function in seen:
+            return _NEVER
+        if function not in self.every_step:
+            seen = seen | {function}
+            found = [
+                self._steps(call, program.module_of[call].index, seen)  # type: ignore[union-attr]
+                for call in self._callers().get(function, ())
+            ]
+            roles = {role for role, _ in found}
+            role = next((r for r in (LoopRole.TRAIN, LoopRole.EVAL) if r in roles), None)
+            self.every_step[function] = (role, all(r is not None and only for r, only in found))
+        return self.every_step[function]
+
+    def _callers(self) -> dict[FunctionInfo, list[cst.Call]]:
+        """The calls of the program that may run each function (built when first needed)."""
+        if self.callers is None:
+            self.callers = {}
+            program = self.script.program
+            for call, functions in program.callees.items() if program is not None else ():
+                for function in functions:
+                    self.callers.setdefault(function, []).append(call)
+        return self.callers
+
+    # -- timing ----------------------------------------------------------------------------
+    def _times(self, call: cst.Call) -> bool:
+        """Whether the first statement with a call before or after the wait reads a clock
+        (`time.time()`, `start.elapsed_time(end)`), past bookkeeping without calls
+        (`num_updates += 1`) but not into or past a block: the wait makes the clock see
+        the device's work (timm's `torch.cuda.synchronize()`, `num_updates += 1`,
+        `batch_time_m.update(time.time() - end)`)."""
+        small = next(
+            (a for a in self.ancestors(call) if isinstance(a, cst.BaseSmallStatement)), None
+        )
+        line = self.parent(small) if small is not None else None
+        if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            return False
+        block = self.parent(line)
+        statements = (
+            block.body
+            if isinstance(line, cst.SimpleStatementLine)
+            and isinstance(block, (cst.IndentedBlock, cst.Module))
+            else [line]
+        )
+        # The small statements around the wait, in order; None for a block.
+        sequence: list[cst.BaseSmallStatement | None] = []
+        for statement in statements:
+            if isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                sequence.extend(statement.body)
+            else:
+                sequence.append(None)
+        at = sequence.index(small)  # type: ignore[arg-type]
+        return any(
+            self._first_with_call_reads_clock(side)
+            for side in (reversed(sequence[:at]), sequence[at + 1 :])
+        )
+
+    def _first_with_call_reads_clock(self, statements: Iterable[cst.CSTNode | None]) -> bool:
+        for statement in statements:
+            if statement is None:
+                return False
+            calls = find(statement, cst.Call)
+            if calls:
+                return any(
+                    is_method_call(c, "elapsed_time") or self.calls(c, *CLOCKS) for c in calls
+                )
+        return False
+
+    # -- the fix ---------------------------------------------------------------------------
+    def _removal(self, call: cst.Call) -> dict[cst.CSTNode, Replacement]:
+        """Edits deleting the call's statement; empty when it is not a statement of its own."""
+        expr = self.parent(call)
+        line = self.parent(expr) if isinstance(expr, cst.Expr) else None
+        if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            return {}
+        others = [small for small in line.body if small is not expr]
+        if others:
+            # `step(x); torch.cuda.synchronize()`: drop it from the line.
+            others[-1] = others[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+            return {line: line.with_changes(body=others)}
+        block = self.parent(line)
+        if isinstance(line, cst.SimpleStatementSuite) or (
+            isinstance(block, cst.IndentedBlock) and len(block.body) == 1
+        ):
+            return {expr: cst.Expr(cst.Name("pass"))}  # a block cannot be empty
+        return statement_removal(self, line) or {}  # type: ignore[arg-type]
+
+
+def _sometimes(test: cst.BaseExpression) -> bool:
+    """An `if` test that holds on some steps only: a logging interval (`step % 100 == 0`)
+    or a switch for measuring (`args.profile`, `self.debug`)."""
+    return _is_interval(test, set()) or any(
+        _MEASURING_SWITCH.search(name.value) for name in find(test, cst.Name)
+    )
