@@ -2,11 +2,12 @@
 
 The code cells are joined into one script that the linter and the converter read like
 any other file: a marker comment opens each cell, and IPython-only lines (`%magic`,
-`!shell`, `obj?`) become `pass` placeholders at the same indentation, so line numbers
-and blocks stay intact. Positions in that script map back to cells and to the raw
-`.ipynb` text, and a rewritten script is written back into the notebook by replacing
-only the `source` of the cells that changed: metadata, outputs and formatting stay
-byte-identical. Cells that start with a cell magic (`%%bash`, `%%time`) are left out.
+`!shell`, `obj?`, and the lines a trailing backslash continues them onto) become `pass`
+placeholders at the same indentation, so line numbers and blocks stay intact.
+Positions in that script map back to cells and to the raw `.ipynb` text, and a
+rewritten script is written back into the notebook by replacing only the `source` of
+the cells that changed: metadata, outputs and formatting stay byte-identical. Cells
+that start with a cell magic (`%%bash`, `%%time`) are left out.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class Notebook:
         _check_structure(data)
         self.cells = _code_cells(data, root) if _is_python(data) else []
         self.ipython_lines: list[str] = []
+        # Lines that continue the IPython line before them, with that line's indentation.
+        self._continued: dict[int, str] = {}
         self.python = self._join()
         self._marker_lines = [
             number
@@ -99,12 +102,20 @@ class Notebook:
     def _join(self) -> str:
         lines: list[str] = []
         for cell in self.cells:
+            indent: str | None = None  # the IPython command's, while a `\` continues it
             for line in cell.lines:
                 python_line = line
-                if _IPYTHON_LINE.match(line) and _statement_starts_after(cell.python_lines):
+                if indent is not None:
+                    # IPython joins the lines after a trailing `\` into the command
+                    # (`!pip install a \` then `    b`): masked at the command's indentation.
+                    self._continued[len(self.ipython_lines)] = indent
+                elif _IPYTHON_LINE.match(line) and _statement_starts_after(cell.python_lines):
                     indent = line[: len(line) - len(line.lstrip())]
+                if indent is not None:
                     python_line = indent + _PLACEHOLDER.format(len(self.ipython_lines))
                     self.ipython_lines.append(line)
+                    if not line.endswith("\\"):
+                        indent = None
                 cell.python_lines.append(python_line)
             lines += [_MARKER.format(cell.number), *cell.python_lines]
         return "".join(line + "\n" for line in lines)
@@ -157,7 +168,15 @@ class Notebook:
         if placeholder is None:
             return line
         indent, number, newline = placeholder.groups()
-        return indent + self.ipython_lines[int(number)].lstrip() + newline
+        original = self.ipython_lines[int(number)]
+        head = self._continued.get(int(number))
+        if head is None:
+            return indent + original.lstrip() + newline
+        # A continuation keeps its indentation relative to the command's (as written
+        # when it has less).
+        if not original.startswith(head):
+            return original + newline
+        return indent + original[len(head) :] + newline
 
     def with_python(self, python: str) -> str:
         """The notebook text with `python` (a rewrite of `self.python`) put back: only
@@ -169,6 +188,8 @@ class Notebook:
         kept = [line for _, lines in chunks for line in lines if _PLACEHOLDER_LINE.fullmatch(line)]
         if len(kept) != len(self.ipython_lines):
             raise NotebookError("the rewrite lost an IPython line (magic or shell escape)")
+        if not self._continuations_kept(chunks):
+            raise NotebookError("the rewrite split an IPython line continued with `\\`")
         text = self.text
         for cell, (_, lines) in reversed(list(zip(self.cells, chunks))):
             new_lines = [line.rstrip("\n") for line in lines]
@@ -180,6 +201,19 @@ class Notebook:
             encoded = _encode_source(text, cell.source, source)
             text = text[: cell.source.start] + encoded + text[cell.source.end :]
         return text
+
+    def _continuations_kept(self, chunks: list[tuple[int, list[str]]]) -> bool:
+        """Whether each continuation line of an IPython command still directly follows
+        the line it continues (IPython would run whatever came between as the command)."""
+        for _, lines in chunks:
+            before = None
+            for line in lines:
+                placeholder = _PLACEHOLDER_LINE.fullmatch(line)
+                number = int(placeholder.group(2)) if placeholder else None
+                if number is not None and number in self._continued and before != number - 1:
+                    return False
+                before = number
+        return True
 
 
 def read_notebook(path: Path) -> Notebook:

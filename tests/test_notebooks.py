@@ -80,6 +80,50 @@ def test_ipython_lines_become_placeholders_and_cell_magics_are_left_out():
     compile(python, "<notebook>", "exec")
 
 
+def test_ipython_lines_continued_with_a_backslash_are_masked_whole():
+    # IPython joins the lines after a trailing `\` into the command (`!`, `%`, `x = !`).
+    cell = (
+        "import torch\n!pip install foo \\\n  bar \\\n    baz\nfor i in range(2):\n"
+        "    %run train.py \\\n--epochs 1\n    files = !ls \\\n      -a\n"
+        "total = 1 + \\\n    2\n"
+    )
+    notebook = Notebook(notebook_text(cell, "%%bash\npip install foo \\\n  bar\n"))
+    assert notebook.python.splitlines() == [
+        "# %% autoaccel cell 2",
+        "import torch",
+        "pass  # autoaccel ipython line 0",
+        "pass  # autoaccel ipython line 1",
+        "pass  # autoaccel ipython line 2",
+        "for i in range(2):",
+        "    pass  # autoaccel ipython line 3",
+        "    pass  # autoaccel ipython line 4",  # at the command's indentation, not its own
+        "    pass  # autoaccel ipython line 5",
+        "    pass  # autoaccel ipython line 6",
+        "total = 1 + \\",  # a Python continuation stays Python
+        "    2",
+    ]  # cell 3 (%%bash) is left out whole
+    compile(notebook.python, "<notebook>", "exec")
+    assert notebook.render(notebook.python) == "# %% [cell 2]\n" + cell
+
+
+def test_a_rewrite_keeps_a_continued_ipython_line_whole():
+    text = notebook_text("!pip install foo \\\n    bar\nx = 1\n")
+    notebook = Notebook(text)
+    rewritten = notebook.with_python(notebook.python.replace("x = 1", "x = 2"))
+    assert json.loads(rewritten)["cells"][1]["source"] == [
+        "!pip install foo \\\n", "    bar\n", "x = 2\n"
+    ]
+    # A block indented around it keeps the continuation's own indentation with it.
+    indented = notebook.python.replace("pass  #", "if True:\n    pass  #", 1).replace(
+        "\npass  #", "\n    pass  #"
+    )
+    assert "    !pip install foo \\\n        bar\n" in notebook.render(indented)
+    with pytest.raises(NotebookError, match="continued"):
+        notebook.with_python(
+            notebook.python.replace("line 0\n", "line 0\nimport os\n")
+        )
+
+
 def test_a_notebook_of_another_language_has_no_python():
     assert Notebook(notebook_text("library(torch)\n", kernel_language="R")).python == ""
 
@@ -178,6 +222,20 @@ def test_syntax_error_is_located_in_its_cell(cli, tmp_path):
     run = cli("lint", "nb.ipynb")
     assert run.exit_code == 2
     assert run.stderr.startswith("nb.ipynb:cell 3:1:")
+
+
+def test_lint_after_a_continued_shell_line_reports_the_right_line(cli, tmp_path):
+    (tmp_path / "nb.ipynb").write_text(
+        notebook_text(
+            "!pip install torch \\\n    torchvision\n",
+            "%pip install foo \\\n  bar\nfrom torch.utils.data import DataLoader\n"
+            "loader = DataLoader(ds)\nfor x in loader:\n    model(x).sum().backward()\n",
+            "%%bash\npip install foo \\\n  bar\n",
+        )
+    )
+    run = cli("lint", "--select", "ACC101", "nb.ipynb")
+    assert (run.exit_code, run.stderr.count("SyntaxError")) == (1, 0), run.stderr
+    assert run.stdout.startswith("nb.ipynb:cell 3:4:10: ACC101 `DataLoader`")
 
 
 def test_directories_include_notebooks_but_not_checkpoints(tmp_path):
