@@ -53,8 +53,8 @@ def test_preview_names_each_file_with_its_own_lines(project, capsys):
     for name in CHANGED:
         assert f"--- {name}\n+++ {name}\n" in out
     # a change reported with the line of its own file: the loader in data.py is on line 27
-    assert "toygpt/data.py: 4 changes\n" in out and "  line 27: ddp training DataLoader" in out
-    assert out.index("Run it:") > out.index("toygpt/data.py: 4 changes")
+    assert "toygpt/data.py: 3 changes\n" in out and "  line 27: ddp training DataLoader" in out
+    assert out.index("Run it:") > out.index("toygpt/data.py: 3 changes")
     assert "toygpt/model.py" not in out
     assert contents(project) == before
 

@@ -87,8 +87,8 @@ print('Finished Training')
 model.eval()
 correct = 0
 total = 0
-class_correct = torch.zeros(num_classes, device=device)
-class_total = torch.zeros(num_classes, device=device)
+class_correct = torch.zeros(num_classes).to(device)
+class_total = torch.zeros(num_classes).to(device)
 with torch.no_grad():
     for images, labels in test_loader:
         images = images.to(device)

@@ -9,7 +9,6 @@ Slow patterns on purpose: nn.DataParallel, blocking .to(device) copies, loss.ite
 every step.
 """
 import argparse
-import os
 
 import torch
 import torch.nn as nn
@@ -68,8 +67,6 @@ train_loader = DataLoader(
     dataset,
     batch_size=args.batch_size,
     sampler=sampler,
-    num_workers=min(8, os.cpu_count() or 1),
-    persistent_workers=True,
     pin_memory=torch.cuda.is_available(),
 )
 

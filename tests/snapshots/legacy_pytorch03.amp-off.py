@@ -120,7 +120,9 @@ def test():
     with torch.no_grad():
         for data, target in test_loader:
             if args.cuda:
-                data, target = data.cuda(), target.cuda()
+                data, target = data.cuda(non_blocking=True), target.cuda(
+                    non_blocking=True
+                )
             output = model(data)
             test_loss += F.nll_loss(
                 output, target, size_average=False

@@ -125,7 +125,9 @@ def test():
     with torch.no_grad():
         for data, target in test_loader:
             if args.cuda:
-                data, target = data.cuda(), target.cuda()
+                data, target = data.cuda(non_blocking=True), target.cuda(
+                    non_blocking=True
+                )
             with torch.autocast(
                 device_type="cuda" if torch.cuda.is_available() else "cpu",
                 dtype=torch.bfloat16,

@@ -89,7 +89,7 @@ if DISTRIBUTED:
 criterion = nn.MSELoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
-epoch_losses = torch.zeros(args.epochs, device=device)
+epoch_losses = torch.zeros(args.epochs).to(device)
 # Same model and data on every process so far; from here each draws its own random
 # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
 if DISTRIBUTED:

@@ -51,7 +51,7 @@ model = nn.Sequential(
 criterion = nn.MSELoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
-epoch_losses = torch.zeros(args.epochs, device=device)
+epoch_losses = torch.zeros(args.epochs).to(device)
 for epoch in range(args.epochs):
     model.train()
     running = 0.0

@@ -68,7 +68,7 @@ model = nn.Sequential(
 criterion = nn.MSELoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
 
-epoch_losses = torch.zeros(args.epochs, device=device)
+epoch_losses = torch.zeros(args.epochs).to(device)
 model_with_loss = ModelWithLoss(model, criterion)
 if next(model.parameters()).is_cuda:  # one replica per visible GPU
     model_with_loss = nn.DataParallel(model_with_loss)

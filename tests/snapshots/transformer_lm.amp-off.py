@@ -11,7 +11,6 @@ pin_memory, blocking .to(device) copies, loss.item() every step, no autocast.
 """
 import argparse
 import math
-import os
 
 import torch
 import torch.nn as nn
@@ -126,8 +125,6 @@ def main():
         train_set,
         batch_size=batch_size,
         shuffle=True,
-        num_workers=min(8, os.cpu_count() or 1),
-        persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
     )
     val_loader = DataLoader(val_set, batch_size=batch_size)

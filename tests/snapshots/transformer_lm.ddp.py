@@ -36,10 +36,6 @@ if DISTRIBUTED:
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method="env://")
 
-# DataLoader workers: the processes on this node share its CPUs.
-LOCAL_WORLD_SIZE = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-CPUS_PER_PROCESS = max(1, (os.cpu_count() or 1) // LOCAL_WORLD_SIZE)
-
 
 def per_process_batch_size(global_batch_size):
     """Each process loads an equal share of the original (global) batch."""
@@ -160,8 +156,6 @@ def main():
         train_set,
         batch_size=per_process_batch_size(batch_size),
         shuffle=train_sampler is None,
-        num_workers=min(8, CPUS_PER_PROCESS),
-        persistent_workers=True,
         pin_memory=torch.cuda.is_available(),
         sampler=train_sampler,
     )
