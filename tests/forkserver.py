@@ -1,13 +1,15 @@
 """A fork server ("zygote") for the harness runs of the tests: started once per test session
 with the environment the runs get, it imports torch and `autoaccel.harness` once, then forks
-one child per run, which runs `python -m autoaccel.harness ARGS` as a fresh process would.
-A run then skips the ~1.1 s CPU of `import torch`. `running.py` starts it and decides which
-runs may use it.
+one child per run, which runs `python -m autoaccel.harness ARGS` (or `python SCRIPT ARGS`: the
+ranks that `running.run_ranks` forks in torchrun's stead) as a fresh process would. A run
+then skips the ~1.1 s CPU of `import torch`. `running.py` starts it and decides which runs
+may use it.
 
     python forkserver.py        (the requests on stdin, the answers on stdout; JSON lines)
 
-Request: ``{"id", "module", "cwd", "env", "argv", "stdout", "stderr"}`` (module:
-``autoaccel.harness``; argv: its arguments; stdout/stderr: files the run writes).
+Request: ``{"id", "module" or "script", "cwd", "env", "argv", "stdout", "stderr"}`` (module:
+``autoaccel.harness``; script: a file's path; argv: their arguments; stdout/stderr: files
+the run writes).
 Answers: ``{"id", "pid"}`` when the child started (``{"id", "error"}`` when the server
 would not fork), ``{"id", "exit"}`` when it ended (the exit code, or -N for signal N, as
 `subprocess` reports it). The end of stdin ends the server.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import runpy
 import select
 import sys
 
@@ -67,8 +70,8 @@ def serve() -> dict:
 
 
 def become(request: dict) -> list[str]:
-    """Make this forked child look like `python -m MODULE` started in the request's
-    folder with its environment; return the module's arguments."""
+    """Make this forked child look like `python -m MODULE` (or `python SCRIPT`) started in
+    the request's folder with its environment; return the arguments."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -79,9 +82,11 @@ def become(request: dict) -> list[str]:
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, fd)
         os.close(out)
-    # `python -m` puts the working folder first on the path (here: this file's folder)
-    sys.path[0] = os.getcwd()
-    sys.argv = [harness.__file__, *request["argv"]]
+    script = request.get("script")
+    # `python -m` puts the working folder first on the path (here: this file's folder),
+    # `python SCRIPT` the script's folder
+    sys.path[0] = os.path.dirname(os.path.abspath(script)) if script else os.getcwd()
+    sys.argv = [script or harness.__file__, *request["argv"]]
     # `random` reseeds itself in a forked child; NumPy's global generator does not (a fresh
     # process seeds it from the OS)
     if "numpy" in sys.modules:
@@ -103,5 +108,8 @@ if __name__ == "__main__":
     gc.freeze()
     request = serve()
     argv = become(request)
+    if "script" in request:
+        runpy.run_path(request["script"], run_name="__main__")
+        sys.exit(0)
     assert request["module"] == "autoaccel.harness", request["module"]
     sys.exit(harness.main(argv))

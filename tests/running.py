@@ -15,16 +15,18 @@ core while the unit tests keep the first one busy.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -161,43 +163,34 @@ class _ForkServer:
         self._exits: dict[str, Future] = {}
         threading.Thread(target=self._read, name="fork-server", daemon=True).start()
 
-    def accepts(self, env: dict[str, str]) -> bool:
+    def accepts(self, env: dict[str, str], may_differ: frozenset[str] = READ_WHILE_RUNNING) -> bool:
         """Whether a run with this environment may be forked from the server."""
         differ = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        return self._proc.poll() is None and differ <= READ_WHILE_RUNNING
+        return self._proc.poll() is None and differ <= may_differ
 
     def run(
         self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess | None:
         """`python -m MODULE *args` in `cwd`, forked; None when the server would not fork
         (the caller starts a fresh process)."""
+        child = self.start({"module": module}, args, cwd, env)
+        return child.wait(timeout) if child.forked(timeout) else None
+
+    def start(self, what: dict[str, str], args: list[str], cwd: Path, env: dict[str, str]) -> _Child:
+        """Ask for a child running `what` (`{"module": M}` or `{"script": PATH}`) with `args`."""
         with self._lock:
             self._count += 1
             ident = str(self._count)
             pid, ended = self._pids[ident], self._exits[ident] = Future(), Future()
             out, err = self.outputs / f"{ident}.out", self.outputs / f"{ident}.err"
             request = {
-                "id": ident, "module": module, "cwd": str(cwd), "env": env, "argv": args,
+                "id": ident, **what, "cwd": str(cwd), "env": env, "argv": args,
                 "stdout": str(out), "stderr": str(err),
             }  # fmt: skip
             self._proc.stdin.write(json.dumps(request) + "\n")
             self._proc.stdin.flush()
-        command = [sys.executable, "-m", module, *args]
-        try:
-            pid.result(timeout)
-        except RuntimeError:
-            return None
-        try:
-            returncode = ended.result(timeout)
-        except TimeoutError:
-            os.kill(pid.result(), signal.SIGKILL)
-            raise subprocess.TimeoutExpired(command, timeout) from None
-        proc = subprocess.CompletedProcess(
-            command, returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
-        )  # fmt: skip
-        out.unlink()
-        err.unlink()
-        return proc
+        launch = ["-m", what["module"]] if "module" in what else [what["script"]]
+        return _Child([sys.executable, *launch, *args], pid, ended, out, err)
 
     def _read(self) -> None:
         for line in self._proc.stdout:
@@ -223,6 +216,46 @@ class _ForkServer:
         shutil.rmtree(self.outputs, ignore_errors=True)
 
 
+@dataclass
+class _Child:
+    """A run the fork server was asked for: its pid once forked, its exit, its output files."""
+
+    command: list[str]
+    pid: Future
+    ended: Future
+    out: Path
+    err: Path
+
+    def forked(self, timeout: float) -> bool:
+        """Whether the server forked it (False: it would not, the caller runs it anew)."""
+        try:
+            self.pid.result(timeout)
+        except RuntimeError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        """Stop it (SIGKILL) unless it has ended."""
+        if not self.ended.done():
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.kill(self.pid.result(), signal.SIGKILL)
+
+    def wait(self, timeout: float) -> subprocess.CompletedProcess:
+        """Its exit and output (the files are removed); killed after `timeout` seconds."""
+        try:
+            returncode = self.ended.result(timeout)
+        except TimeoutError:
+            self.kill()
+            raise subprocess.TimeoutExpired(self.command, timeout) from None
+        proc = subprocess.CompletedProcess(
+            self.command, returncode, self.out.read_text(errors="replace"),
+            self.err.read_text(errors="replace"),
+        )  # fmt: skip
+        self.out.unlink()
+        self.err.unlink()
+        return proc
+
+
 _server_lock = threading.Lock()
 _server: list[_ForkServer | None] = []
 
@@ -237,6 +270,61 @@ def _fork_server() -> _ForkServer | None:
             if _server[0] is not None:
                 atexit.register(_server[0].close)
         return _server[0]
+
+
+def free_port() -> int:
+    """A TCP port of this host that no one listens on (now)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun_worker_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+    """The variables torchrun (torch 2.13: `LocalElasticAgent._start_workers`) sets for local
+    rank `rank` of `--standalone --nproc_per_node=NPROC`, all read while the script runs,
+    none at start-up; test_running.py compares them with a real torchrun's. Two differ on
+    purpose: no agent holds the store (rank 0 does, at MASTER_PORT), and no error file."""
+    ranks = {name: str(rank) for name in ("RANK", "LOCAL_RANK", "ROLE_RANK")}
+    sizes = {name: str(nproc) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE")}
+    return {
+        **ranks, **sizes, "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default",
+        "MASTER_ADDR": "localhost", "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none",
+        "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+    }  # fmt: skip
+
+
+TORCHRUN_WORKER_VARIABLES = frozenset(torchrun_worker_env(0, 1, 0))
+
+
+def run_ranks(script: Path, args: Iterable[str], cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node=NPROC SCRIPT ARGS` in `cwd` (output captured,
+    TIMEOUT_S). Where the fork server may, its NPROC processes are forked from it with the
+    environment torchrun gives its workers, and, as torchrun does, the others are stopped when
+    one fails: the launcher and NPROC imports of torch (~3.5 CPU-s a run) are saved. The
+    ranks' outputs follow each other, rank 0's first."""
+    args = [*map(str, args)]
+    server, port = _fork_server(), free_port()
+    envs = [_env(torchrun_worker_env(rank, nproc, port)) for rank in range(nproc)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nproc}", str(script), *args]  # fmt: skip
+    if server is None or not server.accepts(envs[0], READ_WHILE_RUNNING | TORCHRUN_WORKER_VARIABLES):
+        return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    children = [server.start({"script": str(script)}, args, cwd, env) for env in envs]
+    if not all(child.forked(TIMEOUT_S) for child in children):
+        raise AssertionError("the fork server would not fork the ranks")
+    pending = {child.ended for child in children}
+    while pending:
+        done, pending = wait(pending, TIMEOUT_S, return_when=FIRST_COMPLETED)
+        if not done or any(future.result() != 0 for future in done):
+            for child in children:  # timed out, or a rank failed: stop the others
+                child.kill()
+    procs = [child.wait(TIMEOUT_S) for child in children]
+    return subprocess.CompletedProcess(
+        command, int(any(proc.returncode != 0 for proc in procs)),  # torchrun exits 1
+        "".join(proc.stdout for proc in procs), "".join(proc.stderr for proc in procs),
+    )  # fmt: skip
 
 
 def run_with_losses(script_path, args, tmp_path, env=None, max_steps=None) -> list[float]:

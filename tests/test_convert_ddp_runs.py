@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -39,6 +38,8 @@ from running import (
     _env,
     convert,
     ddp_options,
+    free_port,
+    run_ranks,
     runs_fixture,
     selected,
 )
@@ -109,13 +110,7 @@ def run_torchrun(script: Path, args: tuple[str, ...], cwd: Path) -> list[dict]:
     """`torchrun --nproc_per_node=2 probe.py script args` in `cwd`; one probe per rank."""
     probe = cwd / "probe.py"
     probe.write_text(PROBE)
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={WORLD_SIZE}", str(probe), str(script), *args,
-        ],
-        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
+    proc = run_ranks(probe, (script, *args), cwd, WORLD_SIZE)
     _check(proc, f"torchrun {script.name}")
     return [
         {
@@ -192,17 +187,11 @@ def test_only_rank_zero_saves(name, ddp_runs):
     assert ranks[1]["saves"] == []
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def run_spawn_launcher(script: Path, args: tuple[str, ...], cwd: Path) -> None:
     """`python spawn_SCRIPT --nproc 2 args`: the file `--launcher spawn` writes beside it."""
     proc = subprocess.run(
         [sys.executable, str(script.with_name(f"spawn_{script.name}")), "--nproc", str(WORLD_SIZE), *args],
-        cwd=cwd, env=_env({"MASTER_PORT": str(_free_port())}), capture_output=True, text=True,
+        cwd=cwd, env=_env({"MASTER_PORT": str(free_port())}), capture_output=True, text=True,
         timeout=TIMEOUT_S,
     )
     _check(proc, f"spawn_{script.name}")
@@ -251,7 +240,7 @@ def test_sbatch_file_runs_on_a_one_node_allocation(tmp_path, session_runs):
     assert "--nproc_per_node=gpu" in text and ":29500" in text
     sbatch.write_text(
         text.replace("--nproc_per_node=gpu", f"--nproc_per_node={WORLD_SIZE}")
-        .replace(":29500", f":{_free_port()}")
+        .replace(":29500", f":{free_port()}")
         .replace("srun torchrun", f"srun {sys.executable} -m torch.distributed.run")
     )
     bin_dir = tmp_path / "bin"

@@ -9,7 +9,7 @@ from textwrap import dedent
 
 import pytest
 
-from running import TIMEOUT_S, _env
+from running import TIMEOUT_S, _env, run_ranks
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
@@ -40,10 +40,7 @@ def convert_and_run(tmp_path, extra: str, after: str) -> str:
         [sys.executable, "-m", "autoaccel", "convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "ddp.py"],
         cwd=tmp_path, env=_env(), check=True, capture_output=True, timeout=TIMEOUT_S,
     )  # fmt: skip
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "ddp.py"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    run = run_ranks(tmp_path / "ddp.py", (), tmp_path)
     assert run.returncode == 0, run.stderr
     return run.stdout
 

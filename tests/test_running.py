@@ -3,6 +3,9 @@ the run tests' jobs run on background threads."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -131,3 +134,42 @@ def test_folders_for_jobs_are_new_each_time(tmp_path):
 def test_selected_names_of_parametrized_tests(params, default, expected):
     tests = [SimpleNamespace() if p is None else SimpleNamespace(callspec=SimpleNamespace(params=p)) for p in params]
     assert running.selected(tests, "name", default) == expected
+
+
+ENV_PROBE = "import json, os\njson.dump(dict(os.environ), open(f\"env-{os.environ['RANK']}.json\", 'w'))\n"
+
+
+@pytest.mark.runs
+def test_forked_ranks_get_the_environment_torchrun_gives_its_workers(tmp_path):
+    """`run_ranks` forks the ranks in torchrun's stead: each gets what a real torchrun's
+    worker gets, but for the port, the run id, the agent's store and its error file."""
+    pytest.importorskip("torch")
+    own = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"}
+    envs = {}
+    for launcher, run in [("real", _real_torchrun), ("forked", running.run_ranks)]:
+        folder = tmp_path / launcher
+        folder.mkdir()
+        (folder / "probe.py").write_text(ENV_PROBE)
+        assert run(folder / "probe.py", (), folder).returncode == 0
+        envs[launcher] = [json.loads((folder / f"env-{rank}.json").read_text()) for rank in (0, 1)]
+    for real, forked in zip(envs["real"], envs["forked"]):
+        assert {k: v for k, v in real.items() if k not in own} == {
+            k: v for k, v in forked.items() if k not in own
+        }
+        assert forked["TORCHELASTIC_USE_AGENT_STORE"] == "False" and int(forked["MASTER_PORT"])
+
+
+def _real_torchrun(script, args, cwd):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    return subprocess.run(command, cwd=cwd, env=running._env(), capture_output=True, timeout=running.TIMEOUT_S)
+
+
+@pytest.mark.runs
+def test_when_one_rank_fails_the_other_is_stopped(tmp_path):
+    """As torchrun does: rank 1 waiting for ever is killed when rank 0 fails."""
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys, time\nif os.environ['RANK'] == '0':\n    sys.exit('rank 0 failed')\ntime.sleep(600)\n")
+    started = time.monotonic()
+    run = running.run_ranks(script, (), tmp_path)
+    assert run.returncode == 1 and "rank 0 failed" in run.stderr
+    assert time.monotonic() - started < 60
