@@ -37,9 +37,6 @@ import pytest
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 TIMEOUT_S = 120
 DDP_OPTIONS = ("--to", "ddp", "--amp", "off")
-# Fixtures without a DataLoader: the conversion cannot shard their data, so it refuses;
-# `--allow-partial` writes it (every rank then trains on all the data).
-UNSHARDED = {"lstm_lm.py"}
 # Jobs run side by side in the background (the machine the suite is timed on has 2 cores;
 # with the test that runs meanwhile, that keeps both busy).
 BACKGROUND_THREADS = 2
@@ -330,12 +327,6 @@ def run_ranks(script: Path, args: Iterable[str], cwd: Path, nproc: int = 2) -> s
 def run_with_losses(script_path, args, tmp_path, env=None, max_steps=None) -> list[float]:
     """Run `script_path args...` under the harness in `tmp_path`; return the recorded losses."""
     return run_under_harness(script_path, args, tmp_path, env, max_steps).losses
-
-
-def ddp_options(name: str) -> tuple[str, ...]:
-    """The options the tests convert fixture `name` with for `--to ddp`: `--allow-partial`
-    only where the conversion refuses, so that the snapshot and the runs share it."""
-    return DDP_OPTIONS + (("--allow-partial",) if name in UNSHARDED else ())
 
 
 def _fixture_path(fixture) -> Path:

@@ -32,12 +32,10 @@ from running import (
     DDP_OPTIONS,
     FIXTURES_DIR,
     TIMEOUT_S,
-    UNSHARDED,
     SessionRuns,
     _check,
     _env,
     convert,
-    ddp_options,
     free_port,
     run_ranks,
     runs_fixture,
@@ -49,9 +47,10 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
 WORLD_SIZE = 2
-# Fixtures whose weighted sampler each process reads a share of (no DistributedSampler):
-# tests/test_convert_data_runs.py checks what they read.
-WEIGHTED = {"imbalanced_resume.py"}
+# Fixtures whose data no DistributedSampler reads: a weighted sampler each process reads a
+# share of (tests/test_convert_data_runs.py checks what they read), and token streams
+# split by column (tests/test_convert_tensor_data_runs.py checks them).
+NO_SAMPLER = {"imbalanced_resume.py", "lstm_lm.py"}
 # Final-loss gap allowed between two ranks' mean (last epoch) and the original's: the
 # DistributedSampler shuffles with its own generator, and from the start of training each
 # rank draws its own random numbers (re-seeded with seed + RANK), so a fixture sees other
@@ -123,7 +122,7 @@ def run_torchrun(script: Path, args: tuple[str, ...], cwd: Path) -> list[dict]:
 
 def _job(shared: SessionRuns, name: str) -> dict:
     args = CASES[name].args
-    converted = shared.convert(name, *ddp_options(name))
+    converted = shared.convert(name, *DDP_OPTIONS)
     folder = shared.folder(f"ddp-{name.removesuffix('.py')}")
     return {
         "orig": shared.run(FIXTURES_DIR / name, args).losses,
@@ -165,7 +164,7 @@ def test_two_processes_train_on_disjoint_halves(name, ddp_runs):
     assert [r["exit"] for r in ranks] == ["ok", "ok"]
     for rank in ranks:
         assert len(rank["losses"]) == len(runs["orig"]), "the global batch changed"
-    if name in UNSHARDED | WEIGHTED:
+    if name in NO_SAMPLER:
         assert not ranks[0]["passes"]
     else:
         assert len(ranks[0]["passes"]) == len(ranks[1]["passes"]) >= 2

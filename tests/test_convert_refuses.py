@@ -154,9 +154,10 @@ def test_a_stream_gets_no_workers_and_no_sampler(cli, tmp_path):
     assert single.exit_code == 0, single.stderr
     assert "num_workers" not in (tmp_path / "fast.py").read_text()
     assert "IterableDataset: every worker would yield the whole stream" in single.stdout
+    # --to ddp splits it by process and by worker instead (tests/test_convert_tensor_data.py)
     ddp = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
-    assert ddp.exit_code == 1
-    assert "train.py:13:1: error: DistributedSampler not applied: the training data is an IterableDataset" in ddp.stderr
+    assert ddp.exit_code == 0, ddp.stderr
+    assert "DataLoader(ShardedStream(Stream()), batch_size=per_process_batch_size(4))" in (tmp_path / "ddp.py").read_text()
 
 
 def test_check_fails_a_refused_conversion(cli, tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from running import DDP_OPTIONS, SessionRuns, ddp_options, fixture_names, runs_fixture
+from running import DDP_OPTIONS, SessionRuns, fixture_names, runs_fixture
 
 SNAPSHOTS_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE = os.environ.get("AUTOACCEL_UPDATE_SNAPSHOTS") == "1"
@@ -29,16 +29,10 @@ VARIANTS = {
 }
 
 
-def options(name: str, variant: str) -> tuple[str, ...]:
-    """The variant's options; for `ddp` the ddp run tests' (their conversion is shared):
-    `--allow-partial` only for lstm_lm.py, which --to ddp refuses without it (it has no
-    DataLoader to shard, tests/test_convert_refuses.py), so each other snapshot also shows
-    that its fixture converts without a refusal."""
-    return ddp_options(name) if variant == "ddp" else VARIANTS[variant]
-
-
 def _convert(shared: SessionRuns, name: str, variant: str) -> Path:
-    return shared.convert(name, *options(name, variant))
+    """The variant's conversion; for `ddp` the ddp run tests' (their conversion is shared,
+    without `--allow-partial`: each snapshot also shows its fixture converts unrefused)."""
+    return shared.convert(name, *VARIANTS[variant])
 
 
 def start_runs(shared: SessionRuns, tests: list) -> dict[tuple[str, str], Future]:

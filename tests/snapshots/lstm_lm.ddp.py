@@ -83,6 +83,10 @@ def batchify(data, bsz):
 
 eval_batch_size = 10
 train_data = batchify(train_ids, args.batch_size)
+if DISTRIBUTED:
+    # each process trains on its own args.batch_size // WORLD_SIZE streams (columns)
+    assert args.batch_size % WORLD_SIZE == 0, "the streams must divide evenly"
+    train_data = train_data.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()
 val_data = batchify(val_ids, eval_batch_size)
 
 ###############################################################################
@@ -171,7 +175,7 @@ def train():
     model.train()
     total_loss = 0.
     start_time = time.time()
-    hidden = model.init_hidden(args.batch_size)
+    hidden = model.init_hidden(args.batch_size // WORLD_SIZE)
     for batch, i in enumerate(range(0, train_data.size(0) - 1, args.bptt)):
         data, targets = get_batch(train_data, i)
         # Starting each batch, we detach the hidden state from how it was previously produced.

@@ -14,9 +14,9 @@ import libcst.matchers as m
 
 from autoaccel.analysis.fresh_data import draws_fresh_batches
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.rank_guards import mentions_rank
+from autoaccel.analysis.rank_guards import mentions_rank, names_in
 from autoaccel.analysis.script_model import LoopRole, Missing
-from autoaccel.analysis.shapes import find, is_name, is_true
+from autoaccel.analysis.shapes import bound_names, find, is_name, is_true
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     RANK,
@@ -24,6 +24,10 @@ from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
     fresh_name,
     parse_statements,
+)
+from autoaccel.convert.transforms.distributed.shard_stream_columns import (
+    reads_batchified,
+    slices_by_counter,
 )
 from autoaccel.convert.transforms.inserted_names import variable_names
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
@@ -55,6 +59,23 @@ class {SHARED_DRAW}(torch.utils.data.Sampler):
     def __len__(self):
         return -(-len(self.sampler) // {WORLD_SIZE})
 '''
+SHARDED_STREAM = "ShardedStream"
+_SHARDED_STREAM_CLASS = f'''
+
+class {SHARDED_STREAM}(torch.utils.data.IterableDataset):
+    """Each process, and each DataLoader worker in it, reads its own share of `dataset`:
+    of every {WORLD_SIZE} x workers items in a row, the one at its place. An incomplete
+    last round is left out, so that every process takes as many steps."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        worker = torch.utils.data.get_worker_info()
+        workers, worker_id = (worker.num_workers, worker.id) if worker else (1, 0)
+        rounds = zip(*[iter(self.dataset)] * ({WORLD_SIZE} * workers))
+        return (items[{RANK} * workers + worker_id] for items in rounds)
+'''
 BATCH_HELPER = "per_process_batch_size"
 _HELPER = f'''
 def {BATCH_HELPER}(global_batch_size):
@@ -79,6 +100,8 @@ class ShardTrainLoader(DistributedStep):
         self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)} | variable_names(node)
         self.helper_needed = False
         self.shared_draws_needed = False
+        self.streams: set[cst.CSTNode] = set()  # dataset arguments wrapped in ShardedStream
+        self.draw_sizes: dict[cst.Element, str] = {}  # `(batch_size,)` of an offset draw
         loaders = {  # built here, read by a training loop of any module of the program
             loader.node
             for loop in self.script.training.step_loops.values()
@@ -89,8 +112,19 @@ class ShardTrainLoader(DistributedStep):
         for loop in self.script.step_loops.values():
             if loop.node not in self.train_loops() or loop.loaders:
                 continue
+            if reads_batchified(loop.node, node):
+                continue  # ShardStreamColumns gives each process its columns
             if draws_fresh_batches(loop):
                 self._draw_per_process(node, loop.node)
+            elif not slices_by_counter(loop):
+                self.skipped(
+                    "DistributedSampler",
+                    "full-batch training: one graph per step, nothing to shard; every process"
+                    " would compute the same step on all of the data (train it on one process,"
+                    " or cut the data into batches first)",
+                    loop.node,
+                    wrong=True,
+                )
             else:
                 self.skipped(
                     "DistributedSampler",
@@ -108,12 +142,19 @@ class ShardTrainLoader(DistributedStep):
             self.imports.append("import warnings")
         if self.shared_draws_needed:
             self.define_helper(node, SHARED_DRAW, _SHARED_DRAW_CLASS)
+        if self.streams:
+            self.define_helper(node, SHARDED_STREAM, _SHARDED_STREAM_CLASS)
 
     def _draw_per_process(self, module: cst.Module, loop: cst.CSTNode) -> None:
         """A loop that samples new random batches every step: each process draws its own,
         unless every process seeds its generator alike (then they all draw the same)."""
         seeds = self.seed_calls(module)
-        if seeds and not any(mentions_rank(a.value) for c in seeds for a in c.args):
+        alike = not any(mentions_rank(a.value) for c in seeds for a in c.args)
+        # a seed set again in every step, after the rank's re-seed, makes them draw alike too
+        reseeded = any(
+            loop in self.ancestors(c) and not any(mentions_rank(a.value) for a in c.args) for c in seeds
+        )
+        if seeds and alike or reseeded:
             self.skipped(
                 "DistributedSampler",
                 "this training loop draws new random batches every step, but every process"
@@ -123,6 +164,8 @@ class ShardTrainLoader(DistributedStep):
                 wrong=True,
             )
             return
+        if self._draw_offsets_per_process(loop):
+            return
         self.skipped(
             "DistributedSampler",
             "this training loop draws new random batches every step, and each process"
@@ -131,16 +174,62 @@ class ShardTrainLoader(DistributedStep):
             loop,
         )
 
+    def _draw_offsets_per_process(self, loop: cst.CSTNode) -> bool:
+        """nanoGPT's `get_batch()`: `ix = torch.randint(len(data) - block_size,
+        (batch_size,))` draws offsets into a tensor of the data (`data[i:i + block_size]
+        for i in ix`). Each process draws its own from its rank-seeded stream, which
+        samples the data as a sampler with replacement would; like such a sampler, each
+        draws `batch_size // WORLD_SIZE`, so the global batch stays."""
+        step = self.script.step_loops[loop]
+        bodies = [loop] + [f.node for f in step.reached if f.module is step.module and not (f.cls and f.cls.is_module)]
+        sizes = [
+            size
+            for body in bodies
+            for call in find(body, cst.Call)
+            if (size := self._offset_draw_size(body, call)) is not None
+        ]
+        if not sizes:
+            return False
+        for size in sizes:
+            batch = size.value
+            if isinstance(batch, cst.Call) and is_name(batch.func, BATCH_HELPER):
+                continue  # converted already
+            if not self.options.per_process_batch:
+                self.draw_sizes[size] = f"{BATCH_HELPER}({code_of(batch)})"
+                self.helper_needed = True
+            self.changed(
+                size,
+                "each process draws its own offsets into the data from its own random stream"
+                f" (re-seeded with its {RANK}, or unseeded), which shards it"
+                + ("" if self.options.per_process_batch else f"; per-process batch = global batch // {WORLD_SIZE}"),
+            )
+        return True
+
+    def _offset_draw_size(self, body: cst.CSTNode, call: cst.Call) -> cst.Element | None:
+        """The batch element of `size` in `ix = torch.randint(high, (batch_size,))` when `ix`
+        indexes a tensor in `body` (`data[ix]`, `data[i:i + n] for i in ix`)."""
+        if "torch.randint" not in self.qualified_names(call.func) or keyword_value(call, "generator") is not None:
+            return None
+        size = keyword_value(call, "size")
+        if size is None:
+            size = next((a.value for a in call.args if a.keyword is None and isinstance(a.value, (cst.Tuple, cst.List))), None)
+        assign = self.parent(call)
+        if not isinstance(size, (cst.Tuple, cst.List)) or not size.elements or not isinstance(assign, cst.Assign):
+            return None
+        offsets = {name_key(t.target) for t in assign.targets}
+        indexes = {
+            name_key(name) for subscript in find(body, cst.Subscript) for element in subscript.slice
+            for name in find(element.slice, cst.Name)
+        }
+        iterated = {
+            name for comp in find(body, cst.CompFor) for name in bound_names(comp.target)
+            if name_key(comp.iter) in offsets
+        }
+        return size.elements[0] if offsets & indexes or iterated & indexes else None
+
     def _shard(self, call: cst.Call) -> None:
         if self.script.streams(call):
-            self.skipped(
-                "DistributedSampler",
-                "the training data is an IterableDataset, which no sampler can shard: every"
-                f" process would train on the whole stream; split it by `{RANK}`/`{WORLD_SIZE}`"
-                " in its `__iter__` by hand",
-                call,
-                wrong=True,
-            )
+            self._split_stream(call)
             return
         sampler = keyword_value(call, "sampler")
         if sampler is not None and self._weighted(sampler):
@@ -200,6 +289,39 @@ class ShardTrainLoader(DistributedStep):
             "training DataLoader reads its own shard through DistributedSampler"
             + ("" if shuffled == "False" else " (the shuffle moves into the sampler)")
             + (f"; per-process batch = global batch // {WORLD_SIZE}" if "batch_size" in edits else ""),
+        )
+
+    def _split_stream(self, call: cst.Call) -> None:
+        """An IterableDataset of the project, which no sampler can shard: the loader reads
+        it through `ShardedStream`, which splits it by process and by DataLoader worker
+        (so workers can be added); each process loads `batch_size // WORLD_SIZE`."""
+        dataset = call.args[0].value if call.args and call.args[0].keyword is None else keyword_value(call, "dataset")
+        assert dataset is not None  # `streams` found it
+        if isinstance(dataset, cst.Call) and is_name(dataset.func, SHARDED_STREAM):
+            return  # converted already
+        if any(
+            mentions_rank(obj.cls.node) or "get_worker_info" in names_in(obj.cls.node)
+            for obj in self.script.values(dataset)
+            if obj.cls is not None
+        ):
+            self.skipped(
+                "DistributedSampler",
+                "the training IterableDataset reads its process or worker itself; left as it is",
+                call,
+            )
+            return
+        self.streams.add(dataset)
+        edits: dict[str, str] = {}
+        batch = keyword_value(call, "batch_size")
+        if batch is not None and not self.options.per_process_batch:
+            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
+            self.helper_needed = True
+        self.calls[call] = edits
+        self.changed(
+            call,
+            f"the training IterableDataset is split by process and by DataLoader worker (`{SHARDED_STREAM}`:"
+            f" each reads every {WORLD_SIZE} x workers-th item, a last incomplete round left out)"
+            + (f"; per-process batch = global batch // {WORLD_SIZE}" if edits else ""),
         )
 
     def _weighted(self, sampler: cst.BaseExpression) -> bool:
@@ -307,8 +429,8 @@ class ShardTrainLoader(DistributedStep):
         return chosen
 
     def edited(self) -> list[cst.CSTNode]:
-        arguments = [self.parent(dataset) for dataset in self.datasets]  # `leave_Arg`'s
-        return [*self.planned_statements(), *self.calls, *filter(None, arguments)]
+        arguments = [self.parent(dataset) for dataset in [*self.datasets, *self.streams]]  # `leave_Arg`'s
+        return [*self.planned_statements(), *self.calls, *filter(None, arguments), *self.draw_sizes]
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         for keyword, value in self.calls.get(original_node, {}).items():
@@ -319,8 +441,15 @@ class ShardTrainLoader(DistributedStep):
         return updated_node
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if original_node.value in self.streams:
+            wrapped = cst.Call(cst.Name(SHARDED_STREAM), [cst.Arg(updated_node.value)])
+            return updated_node.with_changes(value=wrapped)
         name = self.datasets.get(original_node.value)
         return updated_node if name is None else updated_node.with_changes(value=cst.Name(name))
+
+    def leave_Element(self, original_node: cst.Element, updated_node: cst.Element) -> cst.Element:
+        size = self.draw_sizes.get(original_node)
+        return updated_node if size is None else updated_node.with_changes(value=cst.parse_expression(size))
 
 
 def _before_double_star(call: cst.Call) -> cst.Call:

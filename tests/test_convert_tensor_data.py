@@ -1,0 +1,223 @@
+"""`convert --to ddp` of training data that never passes through a DataLoader sampler:
+`batchify()` columns (word_language_model), `torch.randint` offsets (nanoGPT's
+`get_batch()`), a project `IterableDataset`, and full-batch training, which is refused.
+What the ranks really read is checked in tests/test_convert_tensor_data_runs.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import convert_source
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+DDP = ConvertOptions(target="ddp", amp="off")
+FSDP = ConvertOptions(target="fsdp", amp="off")
+
+
+def convert(source: str, options: ConvertOptions = DDP, path: str = "train.py"):
+    return convert_source(source, options, path)
+
+
+def convert_fixture(name: str, options: ConvertOptions = DDP):
+    path = FIXTURES / name
+    return convert(path.read_text(encoding="utf-8"), options, str(path))
+
+
+def wrong(log) -> list:
+    return [s for s in log.skipped if s.wrong]
+
+
+# -- batchify: each process its own columns -------------------------------------------------
+def test_batchify_columns_are_split_right_after_batchify():
+    conversion = convert_fixture("ddp/batchify_lm.py")
+    assert not wrong(conversion.log)
+    assert (
+        "train_data = batchify(corpus(640, 1), args.batch_size)\n"
+        "if DISTRIBUTED:\n"
+        "    # each process trains on its own args.batch_size // WORLD_SIZE streams (columns)\n"
+        '    assert args.batch_size % WORLD_SIZE == 0, "the streams must divide evenly"\n'
+        "    train_data = train_data.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()\n"
+        "model = TinyLM(vocab, 24).to(device)\n"
+    ) in conversion.converted
+
+
+def test_batchify_hidden_state_takes_the_per_process_streams():
+    converted = convert_fixture("ddp/batchify_lm.py").converted
+    assert "hidden = torch.zeros(1, args.batch_size // WORLD_SIZE, 24, device=device)" in converted
+
+
+def test_word_language_model_converts_and_keeps_its_evaluation_whole():
+    """fixtures/lstm_lm.py (pytorch/examples' shape): was refused ("does not read a
+    DataLoader"); its training streams are split, `init_hidden` takes the per-process
+    count, and the evaluation keeps all of `val_data` and `eval_batch_size`."""
+    conversion = convert_fixture("lstm_lm.py")
+    assert not wrong(conversion.log)
+    code = conversion.converted
+    assert "    train_data = train_data.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()\n" in code
+    assert "hidden = model.init_hidden(args.batch_size // WORLD_SIZE)" in code
+    assert "hidden = model.init_hidden(eval_batch_size)" in code
+    assert "val_data.chunk" not in code
+
+
+def test_fsdp_splits_the_columns_too():
+    conversion = convert_fixture("ddp/batchify_lm.py", FSDP)
+    assert not wrong(conversion.log)
+    assert "train_data = train_data.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()" in conversion.converted
+
+
+COLUMNS = dedent(
+    """\
+    import torch
+
+    def batchify(data, bsz):
+        return data[: data.size(0) // bsz * bsz].view(-1, bsz)
+
+    bsz = 4
+    stream = batchify(torch.arange(400) % 50, bsz)
+    model = torch.nn.Embedding(50, 50)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(0, stream.size(0) - 1, 10):
+        x, y = stream[i:i + 10], stream[i + 1:i + 11]
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """
+)
+
+
+def test_batchify_without_transpose_is_recognised():
+    """`view(-1, bsz)`: the streams are the columns as well."""
+    conversion = convert(COLUMNS)
+    assert not wrong(conversion.log)
+    assert "    stream = stream.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()\n" in conversion.converted
+
+
+def test_batchify_into_rows_is_not_taken_for_columns():
+    """`view(bsz, -1)` without a transpose makes rows of streams: not this shape."""
+    source = COLUMNS.replace("view(-1, bsz)", "view(bsz, -1)")
+    (skip,) = wrong(convert(source).log)
+    assert "does not read a DataLoader" in skip.reason
+
+
+def test_batchify_with_a_literal_batch_is_refused_with_its_line():
+    conversion = convert(COLUMNS.replace("batchify(torch.arange(400) % 50, bsz)", "batchify(torch.arange(400) % 50, 4)"))
+    (skip,) = wrong(conversion.log)
+    assert skip.line == 7 and "`4` is not a variable" in skip.reason
+
+
+# -- torch.randint offsets: each process its own draws, the global batch stays ------------
+def test_randint_offsets_are_drawn_per_process_with_a_share_of_the_batch():
+    conversion = convert_fixture("ddp/randint_lm.py")
+    assert not wrong(conversion.log)
+    code = conversion.converted
+    assert "ix = torch.randint(len(data) - block_size, (per_process_batch_size(batch_size),))" in code
+    assert "    torch.manual_seed(torch.initial_seed() + RANK)\n" in code  # seed_each_rank
+    (change,) = [c for c in conversion.log.changes if "offsets" in c.description]
+    assert change.line == 25 and "global batch // WORLD_SIZE" in change.description
+
+
+def test_randint_offsets_keep_the_batch_with_per_process_batch():
+    options = ConvertOptions(target="ddp", amp="off", per_process_batch=True)
+    conversion = convert_fixture("ddp/randint_lm.py", options)
+    assert not wrong(conversion.log)
+    assert "ix = torch.randint(len(data) - block_size, (batch_size,))" in conversion.converted
+
+
+def test_randint_offsets_of_processes_seeded_alike_are_refused():
+    """A seed that every process sets again inside the loop beats the rank re-seed."""
+    source = (FIXTURES / "ddp/randint_lm.py").read_text().replace(
+        "    xb, yb = get_batch(\"train\")\n", "    torch.manual_seed(it)\n    xb, yb = get_batch(\"train\")\n"
+    )
+    conversion = convert(source)
+    (skip,) = wrong(conversion.log)
+    assert skip.line == 46 and "seeds its generator alike" in skip.reason
+    assert "per_process_batch_size" not in conversion.converted
+
+
+# -- a project IterableDataset: split by process and by worker --------------------------------
+def test_iterable_dataset_is_read_through_a_sharded_stream():
+    conversion = convert_fixture("ddp/iterable_stream.py")
+    assert not wrong(conversion.log)
+    code = conversion.converted
+    assert (
+        "loader = DataLoader(\n"
+        "    ShardedStream(Readings(96, seed=11)),\n"
+        "    batch_size=per_process_batch_size(args.batch_size),\n"
+        "    num_workers=args.workers,\n"
+        ")\n"
+    ) in code
+    assert code.count("class ShardedStream(torch.utils.data.IterableDataset):") == 1
+    assert "return (items[RANK * workers + worker_id] for items in rounds)" in code
+
+
+def test_iterable_dataset_that_splits_itself_is_left_alone():
+    source = (FIXTURES / "ddp/iterable_stream.py").read_text().replace(
+        "        gen = torch.Generator().manual_seed(self.seed)\n",
+        "        gen = torch.Generator().manual_seed(self.seed)\n"
+        "        info = torch.utils.data.get_worker_info()\n",
+    )
+    conversion = convert(source)
+    assert "ShardedStream" not in conversion.converted
+    assert any("reads its process or worker itself" in s.reason for s in conversion.log.skipped)
+
+
+# -- full-batch training: refused ---------------------------------------------------------
+def test_full_batch_training_is_refused_naming_the_loop():
+    conversion = convert_fixture("ddp/full_batch_gnn.py")
+    (skip,) = wrong(conversion.log)
+    assert skip.line == 32
+    assert skip.reason.startswith("full-batch training: one graph per step, nothing to shard")
+
+
+def test_full_batch_refusal_on_the_command_line(cli, tmp_path):
+    (tmp_path / "train.py").write_text((FIXTURES / "ddp/full_batch_gnn.py").read_text())
+    run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
+    assert run.exit_code == 1
+    assert "train.py:32:1: error: DistributedSampler not applied: full-batch training" in run.stderr
+    assert not (tmp_path / "ddp.py").exists()
+
+
+# -- every conversion is stable ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name", ["ddp/batchify_lm.py", "ddp/randint_lm.py", "ddp/iterable_stream.py", "lstm_lm.py"]
+)
+def test_a_second_conversion_changes_nothing(name):
+    first = convert_fixture(name).converted
+    assert convert(first, DDP, str(FIXTURES / name)).converted == first
+
+
+@pytest.mark.parametrize("name", ["ddp/batchify_lm.py", "ddp/randint_lm.py", "ddp/iterable_stream.py"])
+def test_lines_of_the_original_stay_byte_identical(name):
+    """Only the lines the steps rewrite change: every other line of the original (comments,
+    quotes, blank lines) is in the result as it was, in order."""
+    original = (FIXTURES / name).read_text().splitlines()
+    converted = convert_fixture(name).converted.splitlines()
+    rewritten = {
+        "ddp/batchify_lm.py": {
+            "    hidden = torch.zeros(1, args.batch_size, 24, device=device)",
+            "        output, hidden = model(tokens, hidden)",
+            '    print(f"epoch {epoch} | train loss {total / steps:.4f}")',
+            'torch.save(model.state_dict(), "batchify_lm.pt")',
+        },
+        "ddp/randint_lm.py": {
+            "    ix = torch.randint(len(data) - block_size, (batch_size,))",
+            "    loss = model(xb, yb)",
+            '        print(f"step {it}: train loss {loss.item():.4f}")',
+            'print(f"final train loss {loss.item():.4f}")',
+        },
+        "ddp/iterable_stream.py": {
+            "loader = DataLoader(Readings(96, seed=11), batch_size=args.batch_size, num_workers=args.workers)",
+            "        loss = nn.functional.cross_entropy(model(x), y)",
+            '    print(f"epoch {epoch} | mean loss {total / seen:.4f}")',
+        },
+    }[name]
+    position = 0
+    for line in original:
+        if line in rewritten:
+            continue
+        position = converted.index(line, position) + 1

@@ -1,0 +1,124 @@
+"""What each process of a `--to ddp` conversion reads, when the data never passes through a
+sampler: each rank runs the converted fixture under a probe that records what it read
+(checked per rank, not by reading the code), two ranks forked as torchrun would start them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from running import FIXTURES_DIR, _check, _env, run_ranks
+
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import convert_source
+
+pytestmark = pytest.mark.runs
+
+PROBE = textwrap.dedent(
+    """\
+    # Run a script and write probe-<RANK>.json: the token ids every training forward of an
+    # Embedding read, the offsets every unseeded torch.randint drew, and the samples every
+    # DataLoader yielded.
+    import json
+    import os
+    import runpy
+    import sys
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    seen = {"tokens": [], "offsets": [], "samples": []}
+    embedding_forward, randint, loader_iter = torch.nn.Embedding.forward, torch.randint, DataLoader.__iter__
+
+
+    def recording_forward(self, input):
+        if torch.is_grad_enabled():
+            seen["tokens"].append(input.tolist())
+        return embedding_forward(self, input)
+
+
+    def recording_randint(*args, **kwargs):
+        drawn = randint(*args, **kwargs)
+        if "generator" not in kwargs:
+            seen["offsets"].append(drawn.tolist())
+        return drawn
+
+
+    def recording_iter(self):
+        for batch in loader_iter(self):
+            seen["samples"] += [[round(v, 5) for v in row] for row in batch[0].tolist()]
+            yield batch
+
+
+    torch.nn.Embedding.forward, torch.randint, DataLoader.__iter__ = recording_forward, recording_randint, recording_iter
+    script, sys.argv = sys.argv[1], sys.argv[1:]
+    runpy.run_path(script, run_name="__main__")
+    with open(f"probe-{os.environ.get('RANK', 0)}.json", "w") as f:
+        json.dump(seen, f)
+    """
+)
+
+
+def _converted(name: str, folder: Path) -> Path:
+    source = (FIXTURES_DIR / name).read_text(encoding="utf-8")
+    conversion = convert_source(source, ConvertOptions(target="ddp", amp="off"), name)
+    assert not [s for s in conversion.log.skipped if s.wrong]
+    script = folder / Path(name).name
+    script.write_text(conversion.converted, encoding="utf-8")
+    return script
+
+
+def _ranks(name: str, args: tuple[str, ...], folder: Path) -> list[dict]:
+    (folder / "probe.py").write_text(PROBE)
+    proc = run_ranks(folder / "probe.py", (_converted(name, folder), *args), folder)
+    _check(proc, f"two ranks of {name}")
+    return [json.loads((folder / f"probe-{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def _original(name: str, args: tuple[str, ...], folder: Path) -> dict:
+    (folder / "probe.py").write_text(PROBE)
+    proc = subprocess.run(
+        [sys.executable, "probe.py", str(FIXTURES_DIR / name), *args],
+        cwd=folder, env=_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    _check(proc, f"{name}")
+    return json.loads((folder / "probe-0.json").read_text())
+
+
+def test_batchify_ranks_read_disjoint_columns_that_make_up_the_batch(tmp_path):
+    """Each step, rank 0 reads the first half of the original's streams and rank 1 the
+    second: disjoint, together the original's batch, as many steps on each."""
+    (tmp_path / "one").mkdir()
+    original = _original("ddp/batchify_lm.py", (), tmp_path / "one")["tokens"]
+    rank0, rank1 = (probe["tokens"] for probe in _ranks("ddp/batchify_lm.py", (), tmp_path))
+    assert len(rank0) == len(rank1) == len(original) > 0
+    for step, (whole, first, second) in enumerate(zip(original, rank0, rank1)):
+        assert [len(row) for row in first] == [len(row) for row in second] == [2] * len(whole), step
+        assert [a + b for a, b in zip(first, second)] == whole, step
+
+
+def test_randint_ranks_draw_different_offsets_each_a_share_of_the_batch(tmp_path):
+    rank0, rank1 = (probe["offsets"] for probe in _ranks("ddp/randint_lm.py", (), tmp_path))
+    assert len(rank0) == len(rank1) == 40  # max_iters: as many steps on each
+    assert all(len(draw) == 4 for draw in rank0 + rank1)  # batch_size 8 // 2 processes
+    assert all(a != b for a, b in zip(rank0, rank1))
+
+
+def test_iterable_stream_ranks_and_workers_read_disjoint_shares_of_all(tmp_path):
+    """Two ranks with two DataLoader workers each: every sample once per epoch, on one
+    rank (a worker replaying the stream would read samples twice)."""
+    (tmp_path / "one").mkdir()
+    everything = {tuple(s) for s in _original("ddp/iterable_stream.py", (), tmp_path / "one")["samples"]}
+    assert len(everything) == 96
+    rank0, rank1 = (
+        [tuple(s) for s in probe["samples"]]
+        for probe in _ranks("ddp/iterable_stream.py", ("--workers", "2"), tmp_path)
+    )
+    assert len(rank0) == len(rank1) == 96  # 2 epochs of 48: as many steps on each
+    assert len(set(rank0)) == len(set(rank1)) == 48
+    assert not set(rank0) & set(rank1)
+    assert set(rank0) | set(rank1) == everything
