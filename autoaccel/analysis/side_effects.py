@@ -1,4 +1,5 @@
-"""What a training script does to the outside world: prints, checkpoint saves, file writes.
+"""What a training script does to the outside world: prints (and progress bars written to
+`sys.stdout`), checkpoint saves, file writes (figures and animations of matplotlib too).
 
 Found in one walk over the file's `ModuleIndex` (parents and imported names), so the distributed target can run each of them
 on one process only. Every effect comes with the statement that would be guarded (the
@@ -15,6 +16,7 @@ from enum import Enum
 import libcst as cst
 
 from autoaccel.analysis.index import ModuleIndex, run_visitors
+from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import is_attribute
 
@@ -28,6 +30,11 @@ class EffectKind(Enum):
 
 _BY_NAME = {
     "builtins.print": EffectKind.PRINT,
+    # progress bars (kuangliu's `progress_bar`, tqdm-less scripts) write to the terminal
+    "sys.stdout.write": EffectKind.PRINT,
+    "sys.stdout.flush": EffectKind.PRINT,
+    "sys.stderr.write": EffectKind.PRINT,
+    "sys.stderr.flush": EffectKind.PRINT,
     "torch.save": EffectKind.CHECKPOINT,
     "os.makedirs": EffectKind.FILE_WRITE,
     "os.mkdir": EffectKind.FILE_WRITE,
@@ -45,6 +52,8 @@ _BY_NAME = {
     "numpy.savetxt": EffectKind.FILE_WRITE,
     "matplotlib.pyplot.savefig": EffectKind.FILE_WRITE,
     "torchvision.utils.save_image": EffectKind.FILE_WRITE,
+    "imageio.imwrite": EffectKind.FILE_WRITE,
+    "imageio.mimsave": EffectKind.FILE_WRITE,
     "wandb.init": EffectKind.EXPERIMENT_LOG,
     "wandb.log": EffectKind.EXPERIMENT_LOG,
     "wandb.watch": EffectKind.EXPERIMENT_LOG,
@@ -59,6 +68,9 @@ PRINTS = frozenset(name for name, kind in _BY_NAME.items() if kind is EffectKind
 _WRITING_METHODS = frozenset(
     {"write_text", "write_bytes", "savefig", "to_csv", "mkdir", "save_pretrained"}
 )
+# What matplotlib's figures and animations write with (`anim.save("gan.gif")`): `save`
+# is a write only on an object that a call of matplotlib made.
+_MATPLOTLIB_SAVES = frozenset({"save", "savefig"})
 _OPEN = frozenset({"builtins.open", "io.open"})
 # Identifiers that say "which process am I": `rank`, `RANK`, `args.local_rank`,
 # `dist.get_rank()`, `is_main_process()`, `is_master`.
@@ -88,6 +100,7 @@ class _Collector(cst.CSTVisitor):
         self.index = index
         self.found = SideEffects()
         self.function_effects: dict[cst.FunctionDef, list[SideEffect]] = {}
+        self.matplotlib_objects: set[str] = set()  # names bound to what matplotlib made
 
     def visit_Call(self, node: cst.Call) -> None:
         kind = self._kind(node)
@@ -95,6 +108,14 @@ class _Collector(cst.CSTVisitor):
             self._add(kind, node, self._statement(node))
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node.value, cst.Call) and any(
+            name.startswith("matplotlib.") for name in self.index.qualified_names(node.value.func)
+        ):
+            for assigned in node.targets:
+                target = assigned.target  # `fig, ax = plt.subplots()` binds both
+                tuple_like = isinstance(target, (cst.Tuple, cst.List))
+                parts = [e.value for e in target.elements] if tuple_like else [target]  # type: ignore[attr-defined]
+                self.matplotlib_objects |= {key for key in map(name_key, parts) if key is not None}
         # `wandb.run.name = ...`: the run exists on the process that started it only.
         if any(
             name.startswith("wandb.")
@@ -131,6 +152,9 @@ class _Collector(cst.CSTVisitor):
             return EffectKind.FILE_WRITE if _opens_for_writing(call) else None
         if not names and is_attribute(call.func, *_WRITING_METHODS):
             return EffectKind.FILE_WRITE
+        func = call.func
+        if is_attribute(func, *_MATPLOTLIB_SAVES):
+            return EffectKind.FILE_WRITE if name_key(func.value) in self.matplotlib_objects else None  # type: ignore[attr-defined]
         return None
 
     # -- where it sits --------------------------------------------------------------

@@ -12,7 +12,14 @@ from typing import TextIO
 from autoaccel.convert.log import ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.project_conversion import convert_project, find_project
-from autoaccel.convert.report import json_report, markdown_report, text_report, without_launch
+from autoaccel.convert.report import (
+    json_report,
+    markdown_report,
+    nothing_to_do_report,
+    text_report,
+    without_launch,
+)
+from autoaccel.convert.transforms.distributed.init_process_group import ALREADY_DISTRIBUTED
 from autoaccel.convert.verify import VerifyRequest, WriteConversion, verify_ddp, write_one
 from autoaccel.diff import use_colour
 from autoaccel.fileio import (
@@ -92,6 +99,12 @@ def run_convert(
             from autoaccel.convert.project_command import finish_project, script_output  # builds on this module
 
             result = convert_project(project, options, str(script_output(project, output)))
+            line = already_distributed(
+                options, [s for f in result.files for s in f.conversion.log.skipped]
+            )
+            if line is not None:
+                report_stream(output).write(nothing_to_do_report(str(path), line, report_format))
+                return EXIT_OK
             return finish_project(
                 project, result, options, write, output, check, report_format, allow_partial, force,
                 verify,
@@ -123,6 +136,10 @@ def run_convert(
         print(f"{path}: internal error: {type(error).__name__}: {first_line}{details}", file=sys.stderr)
         return EXIT_ERROR
 
+    line = already_distributed(options, conversion.log.skipped)
+    if line is not None:
+        report_stream(output).write(nothing_to_do_report(str(path), line, report_format))
+        return EXIT_OK  # and nothing written
     wrong = [s for s in conversion.log.skipped if s.wrong]
     if wrong and not allow_partial:
         # refused: nothing is written, so there is nothing to run
@@ -158,6 +175,17 @@ def run_convert(
     if check and conversion.changed:
         return EXIT_CHANGED
     return EXIT_OK
+
+
+def already_distributed(options: ConvertOptions, skipped: list[Skipped]) -> int | None:
+    """The line where the script starts torch.distributed or wraps a model in DDP itself
+    (nanoGPT), when that is all that stops `--to ddp`: then there is nothing to do. (A
+    `torch.distributed.launch` or apex script is migrated instead; one whose migration
+    fails is refused for what is left, and `--to fsdp` of a DDP script is refused.)"""
+    wrong = [s for s in skipped if s.wrong]
+    if options.target == "ddp" and len(wrong) == 1 and wrong[0].reason == ALREADY_DISTRIBUTED:
+        return wrong[0].line
+    return None
 
 
 def verified(

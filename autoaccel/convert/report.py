@@ -123,3 +123,17 @@ def _json_entry(conversion: Conversion, path: str, entry: Change | Skipped) -> d
 
 def json_report(conversion: Conversion, path: str) -> str:
     return json.dumps(json_object(conversion, path), indent=2) + "\n"
+
+
+ALREADY_DISTRIBUTED = "the script is already distributed"
+
+
+def nothing_to_do_report(path: str, line: int, report_format: str) -> str:
+    """What `--to ddp` says of a script that sets up torch.distributed itself (at `line`)."""
+    if report_format == "markdown":
+        heading = f"### autoaccel convert: {inline_code(path)}"
+        return f"{heading}\n\nNothing to do: {ALREADY_DISTRIBUTED} (line {line}).\n"
+    if report_format == "json":
+        found = {"path": path, "changed": False, "nothing_to_do": ALREADY_DISTRIBUTED, "line": line}
+        return json.dumps(found, indent=2) + "\n"
+    return f"{path}: nothing to do: {ALREADY_DISTRIBUTED} (line {line})\n"

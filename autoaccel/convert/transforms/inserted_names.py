@@ -39,7 +39,7 @@ INSERTED: dict[str, frozenset[str]] = {
             "DISTRIBUTED", "RANK", "LOCAL_RANK", "WORLD_SIZE", "backend",
             "LOCAL_WORLD_SIZE", "CPUS_PER_PROCESS", "per_process_batch_size",
             "sync_gradients", "no_sync", "on_any_rank", "all_reduce_sums",
-            "average_over_processes", "sum_over_processes", "NoWriter", "ShardedDraws",
+            "average_over_processes", "sum_over_processes", "NoWriter", "ShardedDraws", "ShardedStream",
             "shard_model", "full_state_dict", "load_full_state_dict",
             "full_optimizer_state_dict", "load_full_optimizer_state_dict", "ModelWithLoss",
         ),
@@ -59,7 +59,7 @@ INSERTED: dict[str, frozenset[str]] = {
         {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
     ),
     "default_hooks": frozenset({"torch.distributed.algorithms.ddp_comm_hooks.default_hooks"}),
-    **{name: frozenset({_FSDP + name}) for name in ("fully_shard", "MixedPrecisionPolicy", "CPUOffloadPolicy", "FSDPModule")},
+    **{name: frozenset({_FSDP + name}) for name in ("fully_shard", "MixedPrecisionPolicy", "CPUOffloadPolicy", "FSDPModule", "register_fsdp_forward_method")},
     **{
         name: frozenset({_STATE_DICT + name})
         for name in (

@@ -23,6 +23,8 @@ from autoaccel.convert.transforms.distributed._base import (
 from autoaccel.convert.transforms.inserted_names import name_refusal
 from autoaccel.cst_edit import add_import, leading_import_block
 
+# The refusal of a script that starts its own process group (`convert` says "nothing to do").
+ALREADY_DISTRIBUTED = "the script already sets up torch.distributed; convert it by hand"
 _ENVIRONMENT = '''DISTRIBUTED = "LOCAL_RANK" in os.environ
 RANK = int(os.environ.get("RANK", 0))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
@@ -64,7 +66,7 @@ class InitProcessGroup(Transform):
         if self.already_distributed is not None:
             self.skipped(
                 "--to ddp",
-                "the script already sets up torch.distributed; convert it by hand",
+                ALREADY_DISTRIBUTED,
                 self.already_distributed,
                 wrong=True,
             )

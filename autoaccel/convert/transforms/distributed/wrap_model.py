@@ -41,7 +41,7 @@ class WrapModel(DistributedStep):
         bound = {name_key(a.target) for a in find(node, cst.AssignTarget)}
         # model calls and arguments of training functions -> the wrapper they use
         self.rewrites: dict[cst.CSTNode, str] = {}
-        models = self.trained_models(node)
+        models = unique_models(self.trained_models(node))
         loops = self.train_loops()
         if not models and loops and not self.ddp_wrappers(node):  # (none: converted before)
             self.skipped(
@@ -278,6 +278,16 @@ class WrapModel(DistributedStep):
             return updated
         self.changed(original, f"{what} `{wrapper}`")
         return updated.with_changes(**{field: cst.parse_expression(wrapper)})
+
+
+def unique_models(models: list[TrainedModel]) -> list[TrainedModel]:
+    """Each model once: a model that the step calls under its own name and that a helper
+    receives too (WGAN-GP's critic, called in the step and in `compute_gradient_penalty(D,
+    ...)`) is found both ways, and must be wrapped (or sharded) once."""
+    unique: dict[str, TrainedModel] = {}
+    for model in models:
+        unique.setdefault(model.key, model)
+    return list(unique.values())
 
 
 def _stores_locally(function: cst.FunctionDef) -> bool:

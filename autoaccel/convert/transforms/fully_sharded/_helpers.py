@@ -9,6 +9,7 @@ from __future__ import annotations
 from autoaccel.convert.log import ConvertOptions
 
 SHARD = "shard_model"
+REGISTER_FORWARD = "register_fsdp_forward_method"
 FULL_STATE = "full_state_dict"
 LOAD_FULL_STATE = "load_full_state_dict"
 FULL_OPTIMIZER_STATE = "full_optimizer_state_dict"
@@ -17,12 +18,15 @@ LOAD_FULL_OPTIMIZER_STATE = "load_full_optimizer_state_dict"
 COLLECTIVES = (FULL_STATE, FULL_OPTIMIZER_STATE)
 
 
-def shard_code(options: ConvertOptions) -> tuple[str, str]:
-    """`shard_model()` for these options, and the import it needs. For a model on a GPU:
-    bf16 compute with fp32 gradient reduction unless `--amp off`, and with `--cpu-offload`
-    the shards kept on the CPU between uses (both need an accelerator: a model on the CPU
-    trains in fp32, as autocast leaves it on a CPU)."""
+def shard_code(options: ConvertOptions, forward_methods: bool = False) -> tuple[str, str]:
+    """`shard_model()` for these options, and the import it needs (with
+    `register_fsdp_forward_method` where a model's other `forward_methods` are registered).
+    For a model on a GPU: bf16 compute with fp32 gradient reduction unless `--amp off`, and
+    with `--cpu-offload` the shards kept on the CPU between uses (both need an accelerator:
+    a model on the CPU trains in fp32, as autocast leaves it on a CPU)."""
     policies, names = [], ["fully_shard"]
+    if forward_methods:
+        names.append(REGISTER_FORWARD)
     if options.amp != "off":
         names.append("MixedPrecisionPolicy")
         policies.append(

@@ -3,7 +3,10 @@
 `if DISTRIBUTED: shard_model(model)` goes right after the model is built and on its
 device. `fully_shard` turns the model's parameters into DTensors in place, so the
 training loop keeps calling `model(...)`; an optimizer built from the parameters before
-that point would hold the unsharded ones, so its construction moves after it. Code that
+that point would hold the unsharded ones, so its construction moves after it. FSDP gathers
+the parameters around `forward()` only: each other method of the model's class that the
+script calls and that computes with its layers (a VAE's `model.decode(z)`) is registered
+with `register_fsdp_forward_method`, or it would mix sharded and whole tensors. Code that
 reads a parameter's tensor (`.data`) or pickles the whole model would see one shard:
 the conversion refuses it.
 """
@@ -21,7 +24,12 @@ from autoaccel.convert.transforms.distributed._base import (
     TrainedModel,
     parse_statements,
 )
-from autoaccel.convert.transforms.fully_sharded._helpers import SHARD, shard_code
+from autoaccel.convert.transforms.distributed.wrap_model import unique_models
+from autoaccel.convert.transforms.fully_sharded._helpers import (
+    REGISTER_FORWARD,
+    SHARD,
+    shard_code,
+)
 from autoaccel.convert.transforms.fully_sharded._sharded import given_to_shard
 
 _PARAMETERS = ("parameters", "named_parameters")
@@ -35,7 +43,9 @@ class ShardModel(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         sharded = given_to_shard(node)
-        models = [model for model in self.trained_models(node) if model.key not in sharded]
+        models = [
+            model for model in unique_models(self.trained_models(node)) if model.key not in sharded
+        ]
         if not models and not sharded and self.train_loops():
             self.skipped(
                 "fully_shard",
@@ -46,24 +56,35 @@ class ShardModel(DistributedStep):
             )
         shardable = [model for model in models if not self._refused(node, model)]
         self._blocks: set[cst.If] = set()  # the `if DISTRIBUTED:` blocks this step wrote
+        methods = {model.key: self._forward_methods(node, model.key) for model in shardable}
         for model in shardable:
-            self._shard(model)
+            self._shard(model, methods[model.key])
         if shardable:
-            code, imports = shard_code(self.options)
+            code, imports = shard_code(self.options, any(methods.values()))
             self.define_helper(node, SHARD, code)
             self.imports.append(imports)
 
-    def _shard(self, model: TrainedModel) -> None:
+    def _shard(self, model: TrainedModel, methods: list[str]) -> None:
         """Shard after `model.anchor`, the optimizers built before it moving after the
         sharding; or, where the statements from the first optimizer on only load a state
-        into the model, just before that optimizer."""
+        into the model, just before that optimizer. The model's other forward `methods`
+        are registered with it."""
         moved = self._optimizers_built_before(model)
         anchor = model.anchor
+        registered = "".join(
+            f'    {REGISTER_FORWARD}({model.key}, "{method}")\n' for method in methods
+        )
         code = parse_statements(
             "# sharded with FSDP2 when distributed: each process keeps a share of the\n"
             "# parameters, gradients and optimizer state\n"
             f"if {DISTRIBUTED}:\n"
             f"    {SHARD}({model.key})\n"
+            + (
+                f"    # {_listed(methods, quote='')} gather the parameters too, as forward() does\n"
+                + registered
+                if methods
+                else ""
+            )
         )
         self._blocks.add(code[-1])  # type: ignore[arg-type]
         if moved and not self._changes_model_after(model, moved[0]):
@@ -86,6 +107,34 @@ class ShardModel(DistributedStep):
             anchor,
             f"`{model.key}` sharded with fully_shard (its repeated blocks, then the whole model)",
         )
+        if methods:
+            self.changed(
+                anchor,
+                f"{_listed(methods, model.key)} registered as forward methods of the sharded"
+                f" `{model.key}`: they gather its parameters as `forward()` does",
+            )
+
+    def _forward_methods(self, module: cst.Module, key: str) -> list[str]:
+        """The methods other than `forward` of the model `key`'s class that the script
+        calls on it (under any name that holds it) and that compute with its layers, in
+        the order of their first call. (Not a getter such as minGPT's `get_block_size()`:
+        registered, it would gather the parameters, a collective, to read a number.)"""
+        names = {key} | self.script.names_of(self.script.held_by(key))
+        methods: list[str] = []
+        for call in find(module, cst.Call):
+            func = call.func
+            if not isinstance(func, cst.Attribute) or name_key(func.value) not in names:
+                continue
+            if func.attr.value in methods or not self.script.model_method(call):
+                continue
+            defined = [
+                obj.cls.method(func.attr.value)
+                for obj in self.script.values(func.value)
+                if obj.kind is Kind.MODULE and obj.cls is not None
+            ]
+            if any(f is not None and _computes_with_layers(f.node) for f in defined):
+                methods.append(func.attr.value)
+        return methods
 
     def _join(self, statements: list[cst.BaseStatement], block: list[cst.BaseStatement]) -> None:
         """Add the sharding `block` to `statements`: its call joins the sharding block
@@ -183,6 +232,29 @@ class ShardModel(DistributedStep):
     def _refuse(self, node: cst.CSTNode, reason: str) -> bool:
         self.skipped("fully_shard", reason, node, wrong=True)
         return True
+
+
+def _listed(methods: list[str], key: str = "", quote: str = "`") -> str:
+    """`decode()`, or `model.encode()` and `model.decode()` with the model's `key`."""
+    named = [f"{quote}{key + '.' if key else ''}{method}(){quote}" for method in methods]
+    return " and ".join(filter(None, [", ".join(named[:-1]), named[-1]]))
+
+
+def _computes_with_layers(method: cst.FunctionDef) -> bool:
+    """Whether `method` calls something of `self` (a layer, another method) or hands an
+    attribute of `self` to a call (`F.linear(x, self.weight)`)."""
+    for call in find(method.body, cst.Call):
+        root = call.func
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if isinstance(call.func, cst.Attribute) and isinstance(root, cst.Name) and root.value == "self":
+            return True
+        if any(
+            isinstance(arg.value, cst.Attribute) and name_key(arg.value.value) == "self"
+            for arg in call.args
+        ):
+            return True
+    return False
 
 
 def _reads_parameter(value: cst.BaseExpression, key: str, scope: cst.CSTNode) -> bool:
