@@ -25,9 +25,9 @@ from data import Rows
 from trainer import train_step
 
 device = torch.device("cuda")
-net = torch.nn.Linear(1024, 1024).to(device)  # wide enough for ACC301
+net = torch.nn.Linear(1024, 1024).to(device)  # wide enough for ACC301 at batch 256
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
-loader = DataLoader(Rows(), batch_size=8, pin_memory=True)
+loader = DataLoader(Rows(), batch_size=256, pin_memory=True)
 for x, y in loader:
     loss = train_step(net, opt, x.to(device), y.to(device))
 """

@@ -371,3 +371,243 @@ def test_acc103_a_loader_pinned_on_the_cuda_path_through_a_conditional_dict():
             print(model(data).sum())
     """
     assert lines(source, "ACC103") == [10, 10, 17]
+
+
+# -- hold-out round: legacy tensor types, per-step functions, batch-sized GEMMs ------------
+def test_acc103_batch_copied_with_a_legacy_cuda_tensor_type():
+    """`imgs.type(Tensor)` with `Tensor = torch.cuda.FloatTensor if cuda else ...` is the
+    same blocking copy as `.cuda()`; `Tensor.type` takes `non_blocking`."""
+    source = """\
+    import torch
+    from torch.utils.data import DataLoader
+
+    cuda = torch.cuda.is_available()
+    Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+    loader = DataLoader(data, batch_size=64)
+    for imgs, _ in loader:
+        real = imgs.type(Tensor)
+        cpu = imgs.type(torch.FloatTensor)
+        model(real).sum().backward()
+    """
+    assert lines(source, "ACC103") == [8]
+
+
+FULL_BATCH = """\
+import torch
+import torch.nn.functional as F
+
+
+def accuracy(output, labels):
+    correct = output.max(1)[1].eq(labels).double()
+    correct = correct.sum()
+    return correct / len(labels)
+
+
+model = Net().cuda()
+optimizer = torch.optim.Adam(model.parameters())
+
+
+def train(epoch):
+    optimizer.zero_grad()
+    output = model(features)
+    loss_train = F.nll_loss(output, labels)
+    acc_train = accuracy(output, labels)
+    loss_train.backward()
+    optimizer.step()
+    print(epoch, loss_train.item(), acc_train.item())
+
+
+for epoch in range(200):
+    {call}
+"""
+
+
+def test_acc204_function_that_is_the_step_called_every_epoch():
+    """`train(epoch)` does one full-batch step: each call is a step, so its `.item()`s
+    (of the loss, and of what a helper computes from device tensors) run every step."""
+    assert lines(FULL_BATCH.format(call="train(epoch)"), "ACC204") == [22, 22]
+
+
+def test_acc204_function_called_under_a_logging_interval_is_not_reported():
+    source = FULL_BATCH.format(call="if epoch % 10 == 0:\n        train(epoch)")
+    assert lines(source, "ACC204") == []
+
+
+def test_acc204_helper_the_step_loop_calls_with_its_outputs():
+    source = """\
+    import torch
+
+
+    def cal_performance(pred, gold):
+        loss = torch.nn.functional.cross_entropy(pred, gold)
+        n_correct = pred.max(1)[1].eq(gold).sum().item()
+        return loss, n_correct
+
+
+    model = Net().cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    for src, gold in batches:
+        pred = model(src)
+        loss, n_correct = cal_performance(pred, gold)
+        loss.backward()
+    """
+    assert lines(source, "ACC204") == [6]
+
+
+def test_acc204_terms_of_a_backpropagated_sum_are_device_tensors():
+    """`(value_loss * coef + action_loss).backward()`: both losses carry the graph."""
+    source = """\
+    import torch
+
+    model = Net().cuda()
+    for sample in generator:
+        value_loss = 0.5 * (model(sample) - 1).pow(2).mean()
+        action_loss = -model(sample).mean()
+        (value_loss * coef + action_loss).backward()
+        value_loss_epoch += value_loss.item()
+        action_loss_epoch += action_loss.item()
+    """
+    assert lines(source, "ACC204") == [8, 9]
+
+
+def test_acc204_update_every_n_steps_is_not_a_logging_interval():
+    source = """\
+    import torch
+
+    model = Net().cuda()
+    for i, x in enumerate(loader):
+        model(x).mean().backward()
+        if i % n_critic == 0:
+            g_loss = -model(x).mean()
+            g_loss.backward()
+            print(g_loss.item())
+    """
+    assert lines(source, "ACC204") == [9]
+
+
+def test_acc204_module_imported_through_its_package_is_analysed_with_its_entry(cli, tmp_path):
+    """`main.py` imports `pkg.algo`, whose `__init__.py` imports `.ppo`: ppo.py is linted
+    as a module of main.py's program (which says the device is CUDA)."""
+    (tmp_path / "pkg" / "algo").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    files = {
+        "pkg/algo/__init__.py": "from .ppo import PPO\n",
+        "pkg/algo/ppo.py": """\
+        import torch
+
+
+        class PPO:
+            def __init__(self, net):
+                self.net = net
+                self.optimizer = torch.optim.Adam(net.parameters())
+
+            def update(self, generator):
+                for sample in generator:
+                    loss = self.net(sample).mean()
+                    loss.backward()
+                    self.optimizer.step()
+                    total += loss.item()
+        """,
+        "main.py": """\
+        import torch
+        from pkg import algo
+
+        agent = algo.PPO(Net().to(torch.device("cuda")))
+        for j in range(10):
+            agent.update(rollouts)
+        """,
+    }
+    found = project(cli, tmp_path, files, "pkg/algo/ppo.py")
+    assert ("pkg/algo/ppo.py", 14, "ACC204") in found
+
+
+def test_acc206_random_weights_moved_after_a_view_in_a_per_step_method():
+    source = """\
+    import torch
+
+
+    def grad_pen(expert, policy):
+        alpha = torch.rand(expert.size(0), 1)
+        alpha = alpha.expand_as(expert).to(expert.device)
+        return alpha * expert + (1 - alpha) * policy
+
+
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+        (model(x).mean() + grad_pen(x, y)).backward()
+    """
+    assert lines(source, "ACC206") == [5]
+
+
+MLP_GAN = """\
+import argparse
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch_size", type=int, default={batch})
+opt = parser.parse_args()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
+
+
+model = Net().cuda()
+optimizer = torch.optim.Adam(model.parameters())
+loader = DataLoader(data, batch_size=opt.batch_size)
+for x in loader:
+    model(x.cuda()).mean().backward()
+"""
+
+
+def test_acc301_linear_layers_at_a_small_batch_stay_memory_bound():
+    """M = 64: 64*1024*1024 / (64*1024 + 1024*1024 + 64*1024) = 57 ops/byte < 139."""
+    assert lines(MLP_GAN.format(batch=64), "ACC301") == []
+
+
+def test_acc301_linear_layers_at_a_large_batch_are_reported():
+    """M = 512: 512*1024*1024 / (512*1024 + 1024*1024 + 512*1024) = 256 ops/byte."""
+    assert lines(MLP_GAN.format(batch=512), "ACC301") == [22]
+
+
+def test_acc301_weight_matrix_width_from_an_option_default():
+    """A layer of the project's own (`Parameter(torch.FloatTensor(k, n))` and `torch.mm`)
+    of width `args.hidden` = 16: no GEMM reaches the Tensor Cores."""
+    source = """\
+    import argparse
+
+    import torch
+    from torch.nn import Module, Parameter
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hidden", type=int, default=16)
+    args = parser.parse_args()
+
+
+    class GraphConvolution(Module):
+        def __init__(self, in_features, out_features):
+            super().__init__()
+            self.weight = Parameter(torch.FloatTensor(in_features, out_features))
+
+        def forward(self, x, adj):
+            return torch.spmm(adj, torch.mm(x, self.weight))
+
+
+    class GCN(Module):
+        def __init__(self, nfeat, nhid):
+            super().__init__()
+            self.gc1 = GraphConvolution(nfeat, nhid)
+
+
+    model = GCN(nfeat=features.shape[1], nhid=args.hidden).cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    for epoch in range(200):
+        model(features, adj).sum().backward()
+    """
+    assert lines(source, "ACC301") == []
+    assert lines(source.replace("default=16", "default=4096"), "ACC301") != []

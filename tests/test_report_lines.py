@@ -158,7 +158,7 @@ def test_a_companion_file_name_stays_in_its_comment():
 # A markdown cell, then three code cells (cells 2-4), one with a magic.
 NOTEBOOK = notebook_text(
     "import torch\nfrom torch.utils.data import DataLoader\n",
-    "%matplotlib inline\nloader = DataLoader(torch.randn(64, 1024), batch_size=8)\n",
+    "%matplotlib inline\nloader = DataLoader(torch.randn(512, 1024), batch_size=256)\n",
     textwrap.dedent("""\
         model = torch.nn.Linear(1024, 1024).cuda()  # wide enough for ACC301
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

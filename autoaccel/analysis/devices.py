@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoaccel.analysis.program import Kind, Obj, Program, is_device_string
+from autoaccel.analysis.program import TENSOR_TYPES, Kind, Obj, Program, is_device_string
 
 ACCELERATOR = "accelerator"
 ACCELERATOR_CALL = "torch.accelerator.current_accelerator"
@@ -24,11 +24,14 @@ ACCELERATORS = frozenset({"cuda", "xpu", ACCELERATOR})
 
 
 def device_types(obj: Obj, program: Program, _seen: frozenset[Obj] = frozenset()) -> frozenset[str]:
-    """The device types `obj` (a device object) may be; empty when the code does not
-    say (`torch.device(args.device)`, `torch.device(0)`)."""
+    """The device types `obj` (a device object, or a legacy tensor type such as
+    `torch.cuda.FloatTensor`) may be; empty when the code does not say (`torch.device(args.device)`, `torch.device(0)`)."""
+    node = obj.node
+    if obj.kind is Kind.TENSOR_TYPE:  # `torch.cuda.FloatTensor`
+        names = obj.module.index.qualified_names(node)
+        return frozenset(TENSOR_TYPES[n] for n in names if n in TENSOR_TYPES)
     if obj.kind is not Kind.DEVICE or obj in _seen:
         return frozenset()
-    node = obj.node
     if isinstance(node, cst.SimpleString):
         return _string_type(node)
     if not isinstance(node, cst.Call):

@@ -68,6 +68,12 @@ _SELF_RETURNING = frozenset(
     }
 )  # fmt: skip
 PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
+# Legacy tensor types, with the device type of their tensors: `x.type(torch.cuda.FloatTensor)`
+# copies `x` to the GPU, as `x.cuda()` does.
+_ELEMENTS = ("Float", "Double", "Half", "BFloat16", "Byte", "Char", "Short", "Int", "Long", "Bool")
+TENSOR_TYPES = {f"torch.{e}Tensor": "cpu" for e in _ELEMENTS} | {
+    f"torch.cuda.{e}Tensor": "cuda" for e in _ELEMENTS
+}
 
 
 class Kind(Enum):
@@ -84,6 +90,7 @@ class Kind(Enum):
     PARAMETERS = "parameters"  # `model.parameters()`: `(obj, "of")` holds the model
     CONTAINER = "container"  # tuple/list/dict display: `(obj, i)`, `(obj, "*")`
     TENSOR_DATASET = "TensorDataset"  # samples are rows of tensors held in memory
+    TENSOR_TYPE = "tensor type"  # `torch.cuda.FloatTensor`: a dtype and a device (TENSOR_TYPES)
 
 
 @dataclass(eq=False)
@@ -614,10 +621,13 @@ class Program:
         """What a name bound by an import of one of the project's modules holds."""
         if id(node) in self._not_imported:  # the same answer every time it is evaluated
             return None
-        for name in _library_names(node, module):
+        names = _library_names(node, module)
+        for name in names:
             found = self._project_name(name, module)
             if found is not None:
                 return found
+        if not names.isdisjoint(TENSOR_TYPES):
+            return {self.obj(Kind.TENSOR_TYPE, node, module)}
         self._not_imported.add(id(node))
         return None
 

@@ -191,8 +191,12 @@ def _scripts_importing(target: Path) -> list[Path]:
     analysis for every module of a library."""
     folder = target.parent
     name = folder.name if target.name == "__init__.py" else target.stem
+    # A module of a package may be imported through the package (`from pkg import algo`,
+    # whose `__init__.py` imports `.ppo`): the packages' names count too.
+    names = {name}
     folders = [folder]
     while (folder / "__init__.py").is_file() and folder.parent != folder:
+        names.add(folder.name)
         folder = folder.parent
         folders.append(folder)
     folders += [root for root in project_roots(target) if root not in folders]
@@ -208,8 +212,8 @@ def _scripts_importing(target: Path) -> list[Path]:
                 # a FIFO or a device named `x.py` would block the read
                 if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_BYTES:
                     continue
-                if script.resolve() != target and name in _entry_imports(
-                    str(script), status.st_mtime_ns, status.st_size
+                if script.resolve() != target and not names.isdisjoint(
+                    _entry_imports(str(script), status.st_mtime_ns, status.st_size)
                 ):
                     found.append(script)
             except OSError:

@@ -24,6 +24,7 @@ from libcst.metadata import MetadataWrapper
 
 from autoaccel.analysis.datasets import indexes_only
 from autoaccel.analysis.devices import device_types
+from autoaccel.analysis.every_step import StepRuns, Steps
 from autoaccel.analysis.index import ModuleIndex, Scope, descendants, run_visitors
 from autoaccel.analysis.losses import is_functional_loss
 from autoaccel.analysis.names import name_key
@@ -122,6 +123,7 @@ class ScriptModel:
     program: Program | None = field(default=None, repr=False, compare=False)
     module: SourceModule | None = field(default=None, repr=False, compare=False)
     training: Training = field(default_factory=Training, repr=False, compare=False)
+    _step_runs: StepRuns | None = field(default=None, repr=False, compare=False)
 
     # -- by node ---------------------------------------------------------------------
     def values(self, node: cst.BaseExpression) -> Values:
@@ -182,6 +184,22 @@ class ScriptModel:
             if isinstance(child, cst.Call) and self.program.callees.get(child, set()) & self.training.trainers:
                 return True
         return False
+
+    def every_step(self, node: cst.CSTNode, index: ModuleIndex | None = None) -> Steps:
+        """The role of a step loop that runs `node` on every iteration (in its body, or in
+        a function one of its calls runs), None when none does; and whether `node` runs
+        only there (every call of its function is per step). `index`: that of the module
+        `node` belongs to, when it is not this one. See `autoaccel.analysis.every_step`."""
+        runs = self.step_runs
+        if runs is None:
+            return (None, False)
+        return runs.steps(node, index or self.index)  # type: ignore[arg-type]
+
+    @property
+    def step_runs(self) -> StepRuns | None:
+        if self._step_runs is None and self.program is not None:
+            self._step_runs = StepRuns(self.program, self.training)
+        return self._step_runs
 
     def backpropagates(self, node: cst.CSTNode) -> bool:
         """Whether `node` calls `.backward()`, or a function of the project that does,

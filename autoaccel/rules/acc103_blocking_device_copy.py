@@ -48,6 +48,9 @@ class BlockingDeviceCopy(LintRule):
         _LOOP.format("model.to(device)"),
         # A keyword we cannot see.
         _LOOP.format("x = x.to(device, **options)"),
+        # A legacy tensor type of the CPU, or a dtype: no copy between devices.
+        _LOOP.format("x = x.type(torch.FloatTensor)"),
+        _LOOP.format("x = x.type(torch.float16)"),
         # Another tensor as the target: device and dtype are unknown.
         _LOOP.format("x = x.to(y)"),
         # Outside a step loop.
@@ -76,6 +79,15 @@ class BlockingDeviceCopy(LintRule):
         Invalid(
             _LOOP.format("x = x.to('cuda:0', torch.float16)"),
             fixed=_LOOP.format("x = x.to('cuda:0', torch.float16, non_blocking=True)"),
+        ),
+        # A legacy tensor type of the GPU (old PyTorch-GAN style).
+        Invalid(
+            _LOOP.replace("loader =", "Tensor = torch.cuda.FloatTensor\nloader =").format(
+                "x = x.type(Tensor)"
+            ),
+            fixed=_LOOP.replace("loader =", "Tensor = torch.cuda.FloatTensor\nloader =").format(
+                "x = x.type(Tensor, non_blocking=True)"
+            ),
         ),
         Invalid(
             _LOOP.format("inputs = x.float()\n    inputs = inputs.to(device=device)"),
@@ -106,8 +118,9 @@ class BlockingDeviceCopy(LintRule):
                 self._cpu.add(key)
 
     def visit_Call(self, node: cst.Call) -> None:
-        # `tensor.to(...)` / `tensor.cuda(...)` with everything passed written out.
-        if not is_attribute(node.func, "to", "cuda"):
+        # `tensor.to(...)` / `tensor.cuda(...)` / `tensor.type(torch.cuda.FloatTensor)` with
+        # everything passed written out.
+        if not is_attribute(node.func, "to", "cuda", "type"):
             return
         if any(arg.star for arg in node.args) or _keyword(node, "non_blocking") is not None:
             return
@@ -118,6 +131,14 @@ class BlockingDeviceCopy(LintRule):
             # `.cuda(device=None, non_blocking=False)`
             if len(positional) > 1:
                 return
+        elif method == "type":
+            # `.type(dtype=None, non_blocking=False)`: a legacy tensor type of the GPU
+            # (`Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`)
+            dtype = positional[0].value if positional else _keyword(node, "dtype")
+            if len(positional) > 1 or dtype is None:
+                return
+            if not self.script.device_types(dtype) & ACCELERATORS:
+                return
         else:
             target = positional[0].value if positional else _keyword(node, "device")
             if len(positional) > 2 or target is None:
@@ -127,7 +148,7 @@ class BlockingDeviceCopy(LintRule):
             return
         if not self._from_batch(node.func.value, self._batch_names(loop)):  # type: ignore[attr-defined]
             return
-        kind = "cuda" if target is None else self._device_kind(target)
+        kind = "cuda" if target is None else self._device_kind(target)  # `.cuda()`, `.type(T)`
         if kind is None:
             # a device made elsewhere in the program: `current_accelerator()` with a CPU
             # fallback is on the accelerator path, a CPU device alone is not

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
+from autoaccel.analysis.every_step import is_interval
 from autoaccel.analysis.host_values import HostValues
 from autoaccel.analysis.losses import is_detached, is_functional_loss
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import FunctionInfo
 from autoaccel.analysis.script_model import LoopRole, StepLoop
 from autoaccel.analysis.shapes import find, is_binary, is_method_call, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
@@ -35,8 +35,6 @@ _NOT_DEVICE_TENSOR = SYNC_METHODS | frozenset(
 )
 # Attributes of a device tensor that are device tensors too.
 _TENSOR_ATTRIBUTES = frozenset({"data", "grad", "T", "mT", "H", "real", "imag"})
-# Names that count steps, for `if step % 100 == 0:` / `if batch_idx > 0:` gates.
-_COUNTER_NAME = re.compile(r"^(?:i|j|n|t|it)$|step|iter|idx|batch|count", re.I)
 _CONVERSIONS = ("builtins.float", "builtins.int", "builtins.bool")
 _CUDA_SCRIPT = (
     "import torch\nfrom torch import nn\n"
@@ -105,10 +103,21 @@ class HostSyncEveryStep(LintRule):
         if not self.script.uses_cuda:
             return
         loop = self.enclosing_step_loop(node)
-        if loop is None or loop.role is not LoopRole.TRAIN:
-            return
-        what = self._sync(node, loop)
-        if what is None or self._gated(node, loop) or self.host_values.needed(node, loop.node.body):
+        if loop is not None:
+            if loop.role is not LoopRole.TRAIN:
+                return
+            region: cst.CSTNode = loop.node
+            gated = self._gated(node, loop)
+            body = loop.node.body
+        else:
+            # In a function every call of which runs on a training step (`train(epoch)`
+            # doing one full-batch step, `cal_performance(pred, gold)` called by the step).
+            function = self._function_of(node)
+            if function is None or self.script.every_step(node)[0] is not LoopRole.TRAIN:
+                return
+            region, gated, body = function.node, False, function.node.body
+        what = self._sync(node, region)
+        if what is None or gated or self.host_values.needed(node, body):
             return
         self.report(
             node,
@@ -116,32 +125,42 @@ class HostSyncEveryStep(LintRule):
             "the device with `.detach()` and sync every N steps",
         )
 
-    def _sync(self, call: cst.Call, loop: StepLoop) -> str | None:
+    def _function_of(self, node: cst.CSTNode) -> FunctionInfo | None:
+        """The function of the program whose own body holds `node` (not a lambda's)."""
+        program = self.script.program
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.Lambda, cst.ClassDef)):
+                return None
+            if isinstance(ancestor, cst.FunctionDef):
+                return program.functions.get(ancestor) if program is not None else None
+        return None
+
+    def _sync(self, call: cst.Call, region: cst.CSTNode) -> str | None:
         """What in `call` copies a device tensor to the host, described for the message."""
         func = call.func
         if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS:
-            if not call.args and self._on_device(func.value, loop):
+            if not call.args and self._on_device(func.value, region):
                 return f"`.{func.attr.value}()` of a CUDA tensor"
             return None
         names = self.qualified_names(func)
         conversion = next((n for n in _CONVERSIONS if n in names), None)
         if conversion is not None:
-            if len(call.args) == 1 and self._on_device(call.args[0].value, loop):
+            if len(call.args) == 1 and self._on_device(call.args[0].value, region):
                 return f"`{conversion.removeprefix('builtins.')}()` of a CUDA tensor"
             return None
         if "builtins.print" in names and any(
-            self._formats_device_tensor(arg.value, loop) for arg in call.args
+            self._formats_device_tensor(arg.value, region) for arg in call.args
         ):
             return "`print()` of a CUDA tensor"
         return None
 
-    def _formats_device_tensor(self, value: cst.BaseExpression, loop: StepLoop) -> bool:
-        if self._on_device(value, loop):
+    def _formats_device_tensor(self, value: cst.BaseExpression, region: cst.CSTNode) -> bool:
+        if self._on_device(value, region):
             return True
         if isinstance(value, cst.FormattedString):
             return any(
                 isinstance(part, cst.FormattedStringExpression)
-                and self._on_device(part.expression, loop)
+                and self._on_device(part.expression, region)
                 for part in value.parts
             )
         if is_binary(value, cst.Modulo):
@@ -151,13 +170,14 @@ class HostSyncEveryStep(LintRule):
                 if isinstance(right, cst.Tuple)
                 else [right]
             )
-            return any(self._on_device(item, loop) for item in items)
+            return any(self._on_device(item, region) for item in items)
         if is_method_call(value, "format"):
-            return any(self._on_device(arg.value, loop) for arg in value.args)  # type: ignore[attr-defined]
+            return any(self._on_device(arg.value, region) for arg in value.args)  # type: ignore[attr-defined]
         return False
 
     def _gated(self, node: cst.CSTNode, loop: StepLoop) -> bool:
-        """Inside `if step % N == 0:` (or another test on a step counter)."""
+        """Inside `if step % N == 0:` (or another test on a step counter) that logs, not
+        one that updates the model every N steps."""
         counters = self._counters(loop)
         child = node
         for ancestor in self.ancestors(node):
@@ -166,7 +186,10 @@ class HostSyncEveryStep(LintRule):
             if (
                 isinstance(ancestor, cst.If)
                 and child is ancestor.body
-                and _is_interval(ancestor.test, counters)
+                and is_interval(ancestor.test, counters)
+                # `if i % n_critic == 0:` around a backward pass: an update every N
+                # steps, each of them paying for the sync
+                and not self.script.backpropagates(ancestor.body)
             ):
                 return True
             child = ancestor
@@ -194,42 +217,77 @@ class HostSyncEveryStep(LintRule):
     # -- which expressions are tensors on the device ------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
         self.device_names: dict[cst.CSTNode, frozenset[str]] = {}
+        self.returns_device: dict[tuple[FunctionInfo, frozenset[str]], bool] = {}
         self.host_values = HostValues(self.index)
 
-    def _on_device(self, value: cst.BaseExpression, loop: StepLoop) -> bool:
-        if loop.node not in self.device_names:
-            self.device_names[loop.node] = self._device_names(loop)
-        return self._holds(value, self.device_names[loop.node])
+    def _on_device(self, value: cst.BaseExpression, region: cst.CSTNode) -> bool:
+        """Whether `value` is a tensor on the device, in `region` (a step loop or a function
+        that runs on every step)."""
+        return self._holds(value, self._names_in(region))
 
-    def _device_names(self, loop: StepLoop) -> frozenset[str]:
-        """Names that every assignment in the step binds to a device tensor (a fixed
-        point, so that `out = model(x)` and then `pred = out.argmax(1)` both count)."""
+    def _names_in(self, region: cst.CSTNode) -> frozenset[str]:
+        if region not in self.device_names:
+            self.device_names[region] = frozenset()  # while it is being found: none
+            seeds = self._device_parameters(region) if isinstance(region, cst.FunctionDef) else frozenset()
+            body = region.body  # type: ignore[attr-defined]
+            self.device_names[region] = self._device_names(body, seeds)
+        return self.device_names[region]
+
+    def _device_parameters(self, node: cst.FunctionDef) -> frozenset[str]:
+        """The parameters of the function `node` to which a call of this module on a
+        training step passes a device tensor (`cal_performance(pred, gold)`)."""
+        program, runs = self.script.program, self.script.step_runs
+        function = program.functions.get(node) if program is not None else None
+        if function is None or runs is None:
+            return frozenset()
+        found: set[str] = set()
+        for call in runs.callers().get(function, ()):
+            if program.module_of.get(call) is not self.script.module:  # type: ignore[union-attr]
+                continue
+            if self.script.every_step(call)[0] is not LoopRole.TRAIN:
+                continue
+            loop = self.enclosing_step_loop(call)
+            region = loop.node if loop is not None else self._function_node(call)
+            if region is None:
+                continue
+            names = self._names_in(region)
+            found |= {p for p, arg in _bound_arguments(function, call) if self._holds(arg, names)}
+        return frozenset(found)
+
+    def _function_node(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        function = self._function_of(node)
+        return function.node if function is not None else None
+
+    def _device_names(self, body: cst.CSTNode, seeds: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Names that every assignment in `body` (a step's) binds to a device tensor,
+        starting from `seeds` (a fixed point, so that `out = model(x)` and then
+        `pred = out.argmax(1)` both count)."""
         bindings: dict[str, list[cst.BaseExpression]] = {}
-        for assign in find(loop.node.body, (cst.Assign, cst.AnnAssign)):
+        for assign in find(body, (cst.Assign, cst.AnnAssign)):
             for target, value in _pairs(assign):
                 key = name_key(target)
                 if key is not None:
                     bindings.setdefault(key, []).append(value)
-        # A backpropagated name is a tensor with a graph: on the device in a CUDA script.
+        # A backpropagated name is a tensor with a graph: on the device in a CUDA script;
+        # so are the terms of a sum that is (`(value_loss * coef + action_loss).backward()`)
+        # where the step computes them.
         backpropagated = {
             key
-            for call in method_calls(loop.node.body, "backward")
-            if (key := name_key(call.func.value)) is not None  # type: ignore[attr-defined]
+            for call in method_calls(body, "backward")
+            for key in _backpropagated_keys(call.func.value, bindings)  # type: ignore[attr-defined]
         }
         # `loss = self.compute(batch)` counts; `loss = 0.0` or `loss.item()` does not.
-        names = frozenset(
+        names = seeds | frozenset(
             key
             for key in backpropagated
-            if all(
-                isinstance(v, cst.Call) and not is_detached(v)
-                for v in bindings.get(key, [])
-            )
+            if all(_computed(v) and not is_detached(v) for v in bindings.get(key, []))
         )
         changed = True
         while changed:
             changed = False
             for key, values in bindings.items():
-                if key not in names and all(self._holds(v, names) for v in values):
+                # `correct = preds.eq(y); correct = correct.sum()`: a rebinding from itself
+                if key not in names and all(self._holds(v, names | {key}) for v in values):
                     names = names | {key}
                     changed = True
         return names
@@ -264,7 +322,7 @@ class HostSyncEveryStep(LintRule):
             func_key in self.script.models or func_key in self.script.criteria
         ):
             return True  # `model(x)`, `criterion(out, y)`
-        qualified = self.qualified_names(func)
+        qualified = self._qualified(func, call)
         if is_functional_loss(qualified) or self.script.returns_loss(call):
             return True  # `F.cross_entropy(...)`, `self.training_step(x, y)`
         if any(n.startswith("torch.") for n in qualified):
@@ -274,6 +332,12 @@ class HostSyncEveryStep(LintRule):
                 or (arg.keyword is not None and arg.keyword.value == "device")
                 for arg in call.args
             )
+        if "builtins.map" in qualified and call.args and isinstance(call.args[0].value, cst.Lambda):
+            # `map(lambda x: x.to(device), batch)`: what the lambda returns
+            return self._holds(call.args[0].value.body, names)
+        functions = self.script.callees(call)
+        if functions and all(self._returns_device(f, call, names) for f in functions):
+            return True  # `accuracy(output, labels)` computed from device tensors
         if not isinstance(func, cst.Attribute):
             return False
         method = func.attr.value
@@ -284,6 +348,37 @@ class HostSyncEveryStep(LintRule):
                 self._is_device(arg.value) for arg in call.args
             )
         return method not in _NOT_DEVICE_TENSOR and self._holds(func.value, names)
+
+    def _qualified(self, func: cst.BaseExpression, call: cst.Call) -> frozenset[str]:
+        """Qualified names of `func`, read with the index of the module `call` is in (the
+        body of a function of another module, `utils.accuracy`)."""
+        program = self.script.program
+        module = program.module_of.get(call) if program is not None else None
+        index = module.index if module is not None else self.index
+        return index.qualified_names(func)
+
+    def _returns_device(self, function: FunctionInfo, call: cst.Call, names: frozenset[str]) -> bool:
+        """Whether each `return` of `function` (a function of the project that `call` runs)
+        gives a device tensor, computed from the device tensors `call` passes it."""
+        params = frozenset(p for p, arg in _bound_arguments(function, call) if self._holds(arg, names))
+        if not params:
+            return False
+        key = (function, params)
+        if key not in self.returns_device:
+            self.returns_device[key] = False  # while it is being found (recursion)
+            inner = self._device_names(function.node.body, params)
+            returns = [
+                node
+                for node in find(function.node.body, cst.Return)
+                if next(
+                    a for a in function.module.index.ancestors(node)
+                    if isinstance(a, (cst.FunctionDef, cst.Lambda))
+                ) is function.node
+            ]
+            self.returns_device[key] = bool(returns) and all(
+                r.value is not None and self._holds(r.value, inner) for r in returns
+            )
+        return self.returns_device[key]
 
     def _is_device(self, value: cst.BaseExpression) -> bool:
         if isinstance(value, cst.SimpleString):
@@ -317,16 +412,50 @@ def _pairs(
     return pairs
 
 
-def _is_interval(test: cst.BaseExpression, counters: set[str]) -> bool:
-    """`step % 100 == 0`, `i == len(loader) - 1`, `batch_idx > 0 and ...`."""
-    if any(is_binary(node, cst.Modulo) for node in find(test, cst.BinaryOperation)):
+
+def _backpropagated_keys(
+    value: cst.BaseExpression, bindings: dict[str, list[cst.BaseExpression]]
+) -> list[str]:
+    """The names `value.backward()` backpropagates through: `loss` of `loss.backward()`,
+    and the terms of `(value_loss * coef + action_loss).backward()` that the step binds."""
+    key = name_key(value)
+    if key is not None:
+        return [key]
+    terms: list[str] = []
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.BinaryOperation):
+            stack += [node.left, node.right]
+        elif isinstance(node, cst.UnaryOperation):
+            stack.append(node.expression)
+        elif (key := name_key(node)) is not None and bindings.get(key):
+            terms.append(key)
+    return terms
+
+
+def _computed(value: cst.BaseExpression) -> bool:
+    """A call, or arithmetic on one (`0.5 * torch.max(a, b).mean()`, `-x.mean()`): a
+    value the step computes, not a number written out."""
+    if isinstance(value, cst.Call):
         return True
-    for comparison in find(test, cst.Comparison):
-        operands = [comparison.left] + [c.comparator for c in comparison.comparisons]
-        for operand in operands:
-            key = name_key(operand)
-            if key is not None and (
-                key in counters or _COUNTER_NAME.search(key.split(".")[-1])
-            ):
-                return True
+    if isinstance(value, cst.BinaryOperation):
+        return _computed(value.left) or _computed(value.right)
+    if isinstance(value, cst.UnaryOperation):
+        return _computed(value.expression)
     return False
+
+
+def _bound_arguments(function: FunctionInfo, call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
+    """(parameter, argument) pairs of `call` to `function`; a method called on an object
+    or `self` binds its first parameter to the receiver, not to an argument."""
+    params = function.positional
+    if function.is_method and isinstance(call.func, cst.Attribute):
+        params = params[1:]
+    pairs: list[tuple[str, cst.BaseExpression]] = []
+    for param, arg in zip(params, [a for a in call.args if a.keyword is None]):
+        if arg.star:
+            break
+        pairs.append((param, arg.value))
+    pairs += [(a.keyword.value, a.value) for a in call.args if a.keyword is not None]
+    return pairs

@@ -112,10 +112,11 @@ class CpuTensorMovedToDevice(LintRule):
         if not is_attribute(node.func, "cuda", "to"):
             return
         receiver = node.func.value  # type: ignore[attr-defined]
-        if isinstance(receiver, cst.Call):
+        if isinstance(receiver, cst.Call) and self._factory(receiver) is not None:
             self._check_chained(node, receiver)
-        elif isinstance(receiver, cst.Name):
-            self._check_name(node, receiver)
+        elif isinstance(receiver, (cst.Name, cst.Call)):
+            # `t.to(device)`, `alpha.expand_as(x).to(x.device)` of a name built earlier
+            self._check_origin(node, receiver)
 
     def _check_chained(self, node: cst.Call, factory: cst.Call) -> None:
         """`torch.zeros(n).to(device)`: reported, and fixed when the move is plain."""
@@ -138,8 +139,9 @@ class CpuTensorMovedToDevice(LintRule):
             applicability=Applicability.UNSAFE if name in RANDOM else None,
         )
 
-    def _check_name(self, node: cst.Call, tensor: cst.Name) -> None:
-        """`t = torch.arange(n)` ... `t = t.to(device)`: reported at the factory, unfixed."""
+    def _check_origin(self, node: cst.Call, tensor: cst.BaseExpression) -> None:
+        """`t = torch.arange(n)` ... `t = t.to(device)` (or `t.expand_as(x).to(device)`):
+        reported at the factory, unfixed."""
         if self._target(node) is None or not self._per_step(node):
             return
         factory = self._cpu_origin(tensor, self._statement(node))

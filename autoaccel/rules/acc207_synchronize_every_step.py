@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from textwrap import indent
 
 import libcst as cst
 
-from autoaccel.analysis.index import ModuleIndex
-from autoaccel.analysis.program import FunctionInfo
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find, is_method_call
 from autoaccel.lint.rule import Applicability, Invalid, LintRule, Replacement
-from autoaccel.rules.acc204_host_sync_every_step import _is_interval
 from autoaccel.rules.acc501_variable_wrapper import statement_removal
 
 # Device-wide waits. `torch.cpu.synchronize()` is a no-op kept for device-generic code.
@@ -40,10 +36,6 @@ CLOCKS = frozenset(
         "process_time", "process_time_ns",
     )
 ) | {"timeit.default_timer", "datetime.datetime.now", "datetime.datetime.utcnow"}  # fmt: skip
-# An `if` on a switch for measuring or debugging (`if args.profile:`) is opt-in.
-_MEASURING_SWITCH = re.compile(r"profil|bench|debug|timing|timer|verbose|sync", re.I)
-_Steps = tuple[LoopRole | None, bool]
-_NEVER: _Steps = (None, False)
 _STEP = "import torch\nfor x, y in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
 
 
@@ -121,15 +113,11 @@ class SynchronizeEveryStep(LintRule):
         Invalid(_STEP + "    done = torch.cuda.synchronize()\n"),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        self.every_step: dict[FunctionInfo, _Steps] = {}
-        self.callers: dict[FunctionInfo, list[cst.Call]] | None = None
-
     def visit_Call(self, node: cst.Call) -> None:
         spelling = self._synchronize(node)
         if spelling is None or self._times(node):
             return
-        role, only = self._steps(node, self.index, set())
+        role, only = self.script.every_step(node)
         if role is None:
             return
         where = "training step" if role is LoopRole.TRAIN else "evaluation batch"
@@ -158,60 +146,6 @@ class SynchronizeEveryStep(LintRule):
             stream = next(n for n in CURRENT_STREAM if n in self.qualified_names(func.value.func))
             return f"{stream}().synchronize()"
         return None
-
-    # -- does it run on every step? --------------------------------------------------------
-    def _steps(self, node: cst.CSTNode, index: ModuleIndex, seen: set[FunctionInfo]) -> _Steps:
-        """The role of a step loop that runs `node` (a node of a module of the program,
-        walked with that module's `index`) on every iteration, None when none does; and
-        whether `node` runs only there (not also from other callers of its function)."""
-        step_loops = self.script.training.step_loops
-        child = node
-        for ancestor in index.ancestors(node):
-            loop = step_loops.get(ancestor)
-            if loop is not None:
-                # Its body runs every step; its `else:` and its header do not.
-                return (loop.role, True) if child is ancestor.body else _NEVER
-            if (
-                isinstance(ancestor, cst.If)
-                and child is ancestor.body
-                and _sometimes(ancestor.test)
-            ):
-                return _NEVER
-            if isinstance(
-                ancestor, (cst.ExceptHandler, cst.ExceptStarHandler, cst.Lambda, cst.ClassDef)
-            ):
-                return _NEVER  # after a failure, or code that is only defined here
-            if isinstance(ancestor, cst.FunctionDef):
-                return self._function_steps(ancestor, seen)
-            child = ancestor
-        return _NEVER
-
-    def _function_steps(self, node: cst.FunctionDef, seen: set[FunctionInfo]) -> _Steps:
-        """`_steps` of the body of the function `node`, from its calls (training first)."""
-        program = self.script.program
-        function = program.functions.get(node) if program is not None else None
-        if function is None or function in seen:
-            return _NEVER
-        if function not in self.every_step:
-            seen = seen | {function}
-            found = [
-                self._steps(call, program.module_of[call].index, seen)  # type: ignore[union-attr]
-                for call in self._callers().get(function, ())
-            ]
-            roles = {role for role, _ in found}
-            role = next((r for r in (LoopRole.TRAIN, LoopRole.EVAL) if r in roles), None)
-            self.every_step[function] = (role, all(r is not None and only for r, only in found))
-        return self.every_step[function]
-
-    def _callers(self) -> dict[FunctionInfo, list[cst.Call]]:
-        """The calls of the program that may run each function (built when first needed)."""
-        if self.callers is None:
-            self.callers = {}
-            program = self.script.program
-            for call, functions in program.callees.items() if program is not None else ():
-                for function in functions:
-                    self.callers.setdefault(function, []).append(call)
-        return self.callers
 
     # -- timing ----------------------------------------------------------------------------
     def _times(self, call: cst.Call) -> bool:
@@ -276,10 +210,3 @@ class SynchronizeEveryStep(LintRule):
             return {expr: cst.Expr(cst.Name("pass"))}  # a block cannot be empty
         return statement_removal(self, line) or {}  # type: ignore[arg-type]
 
-
-def _sometimes(test: cst.BaseExpression) -> bool:
-    """An `if` test that holds on some steps only: a logging interval (`step % 100 == 0`)
-    or a switch for measuring (`args.profile`, `self.debug`)."""
-    return _is_interval(test, set()) or any(
-        _MEASURING_SWITCH.search(name.value) for name in find(test, cst.Name)
-    )

@@ -8,6 +8,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.options import OptionDefaults
 from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Obj, Program, SourceModule, argument
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find
@@ -96,6 +97,17 @@ _FUNCTIONAL_GEMMS = frozenset(
     }
 )
 _CONTAINERS = frozenset({"torch.nn.Sequential", "torch.nn.ModuleList", "torch.nn.ModuleDict"})
+# GEMMs whose M is the batch: a linear layer on `[batch, features]` rows. Any other layer
+# (a convolution's M is batch x output pixels, a sequence model's batch x tokens) or a
+# table of embeddings means M is not the batch alone.
+_ROW_GEMMS = frozenset({"torch.nn.Linear", "torch.nn.LazyLinear", "torch.nn.Bilinear"})
+_SEQUENCES = frozenset({"torch.nn.Embedding", "torch.nn.EmbeddingBag"})
+# A weight matrix of a layer of the project's own (`Parameter(torch.FloatTensor(k, n))`,
+# multiplied with `torch.mm` in `forward`): a GEMM of K = k, N = n.
+_PARAMETERS = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
+_PARAMETER_FACTORIES = frozenset(
+    {"torch.empty", "torch.zeros", "torch.ones", "torch.rand", "torch.randn", "torch.Tensor", "torch.FloatTensor"}
+)
 _OPERATORS = {
     cst.Add: lambda a, b: a + b,
     cst.Subtract: lambda a, b: a - b,
@@ -217,8 +229,35 @@ class MissingAutocast(LintRule):
         trained = self.script.training.trained
         if program is None or not trained:
             return True
+        if not any(LayerSizes(program).model_pays(obj) for obj in trained):
+            return False
+        # With the batch known, a model of linear layers on rows has M = batch: the
+        # GEMM's intensity M*K*N / (M*K + K*N + M*N) stays below M and below the bound
+        # K*N / (K + N) used above.
+        batch = self._batch_size(program)
+        if batch is None:
+            return True
+        sizes = LayerSizes(program, batch)
+        pays = any(sizes.model_pays(obj) for obj in trained)
+        return pays or sizes.not_rows
+
+    def _batch_size(self, program: Program) -> int | None:
+        """The largest batch the DataLoaders of this module's training loops give, when
+        each is written out (a literal, or the default of a command-line option)."""
         sizes = LayerSizes(program)
-        return any(sizes.model_pays(obj) for obj in trained)
+        found: list[int | None] = []
+        for loop in self.script.step_loops.values():
+            if loop.role is not LoopRole.TRAIN:
+                continue
+            if not loop.loaders:
+                return None
+            for loader in loop.loaders:
+                value = argument(loader.node, 1, "batch_size")  # type: ignore[arg-type]
+                frame = _Frame(loader.module, program.function_of.get(loader.node))
+                found.append(None if value is None else sizes.int_of(value, frame))
+        if not found or None in found:
+            return None
+        return max(found)  # type: ignore[type-var]
 
     def _start(self, node: cst.CSTNode) -> tuple[int, int]:
         position = self.get_metadata(PositionProvider, node).start
@@ -248,8 +287,12 @@ class LayerSizes:
 
     DEPTH = 8  # project classes nested deeper are not followed (treated as unknown)
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, batch: int | None = None) -> None:
+        """`batch`: the M of the GEMMs of linear layers on rows, when known."""
         self.program = program
+        self.batch = batch
+        self.not_rows = False  # a layer was seen whose M is not the batch alone
+        self.options = OptionDefaults(program)
         self.calls_of: dict[FunctionInfo | None, list[cst.Call]] = {}
         for call in program.calls:
             self.calls_of.setdefault(program.function_of.get(call), []).append(call)
@@ -308,9 +351,15 @@ class LayerSizes:
         names = module.index.qualified_names(call.func)
         gemm = next((GEMMS[n] for n in names if n in GEMMS), None)
         if gemm is not None:
-            return self._gemm_pays(gemm, call, frame)
+            self.not_rows |= names.isdisjoint(_ROW_GEMMS)
+            return self._gemm_pays(gemm, call, frame, rows=not names.isdisjoint(_ROW_GEMMS))
+        if names & _PARAMETERS:
+            return self._parameter_pays(call, frame)
         if names & _FUNCTIONAL_GEMMS:
+            self.not_rows = True
             return True
+        if names & _SEQUENCES:
+            self.not_rows = True
         if any(n.startswith(("torch.", "builtins.", "numpy.", "math.")) for n in names):
             return None
         classes = [
@@ -323,14 +372,40 @@ class LayerSizes:
                 for c in classes if c.is_module
             ]
             return True if any(verdicts) else (False if verdicts else None)
-        if self.program.callees.get(call):
+        helpers = self.program.callees.get(call)
+        if helpers:
+            if self.batch is not None and depth <= self.DEPTH:
+                # with M known, the layers a helper builds (`block(in_feat, out_feat)`)
+                # are judged whatever their widths
+                verdicts = [
+                    self._calls_pay(self.calls_of.get(f, []), _Frame(f.module, f), depth + 1)
+                    for f in helpers
+                ]
+                return True if any(verdicts) else (False if False in verdicts else None)
             return None  # a helper of the project: its layers are the calls it is passed
         # an object of a library outside torch held as a submodule (`GCNConv(...)`, a
         # backbone): its layers cannot be seen
         parent = module.index.parent(call)
-        return True if isinstance(parent, cst.Assign) and _holds_self_attribute(parent) else None
+        if isinstance(parent, cst.Assign) and _holds_self_attribute(parent):
+            self.not_rows = True
+            return True
+        return None
 
-    def _gemm_pays(self, gemm: _Gemm, call: cst.Call, frame: _Frame) -> bool:
+    def _parameter_pays(self, call: cst.Call, frame: _Frame) -> bool | None:
+        """`Parameter(torch.FloatTensor(k, n))`: a weight matrix (a GEMM); a vector (a
+        bias) or a tensor of other shapes is none."""
+        data = argument(call, 0, "data")
+        if not isinstance(data, cst.Call) or frame.module.index.qualified_names(data.func).isdisjoint(
+            _PARAMETER_FACTORIES
+        ):
+            return None
+        dims = [a.value for a in data.args if a.keyword is None and not a.star]
+        if len(dims) != 2 or len(data.args) != 2:
+            return None
+        matrix = _Gemm((0, "", None), (1, "", None))
+        return self._gemm_pays(matrix, data, frame, rows=False)
+
+    def _gemm_pays(self, gemm: _Gemm, call: cst.Call, frame: _Frame, rows: bool = False) -> bool:
         k = self._dimension(call, gemm.k, frame) if gemm.k is not None else None
         n = self._dimension(call, gemm.n, frame)
         if k is not None and gemm.kernel is not None:
@@ -341,6 +416,15 @@ class LayerSizes:
             n *= gemm.gates
         # Arithmetic intensity of an M x N x K GEMM in 16 bits: MNK / (MK + KN + MN), which
         # stays below KN / (K + N) for every M, and below min(K, N).
+        m = self.batch if rows else None
+        if m is not None:
+            # an unknown K or N taken as infinite: the bound MK / (M + K), or M
+            known = [d for d in (k, n) if d is not None]
+            if len(known) == 2:
+                return m * k * n / (m * k + k * n + m * n) >= OPS_PER_BYTE  # type: ignore[operator]
+            if known:
+                return m * known[0] / (m + known[0]) >= OPS_PER_BYTE
+            return m >= OPS_PER_BYTE
         if k is not None and n is not None:
             return k * n / (k + n) >= OPS_PER_BYTE if k + n else False
         known = k if k is not None else n
@@ -363,6 +447,10 @@ class LayerSizes:
         return self._int(value, frame)
 
     # -- integers ----------------------------------------------------------------------
+    def int_of(self, value: cst.BaseExpression, frame: _Frame) -> int | None:
+        """The integer `value` (an expression run in `frame`) is, when written out."""
+        return self._int(value, frame)
+
     def _int(self, value: cst.BaseExpression, frame: _Frame, depth: int = 0) -> int | None:
         if depth > 20:
             return None
@@ -376,6 +464,9 @@ class LayerSizes:
             return _OPERATORS[type(value.operator)](left, right)
         if isinstance(value, cst.Name):
             return self._name(value.value, frame, depth)
+        default = self.options.default(value, frame.module)  # `args.hidden`
+        if default is not None:
+            return self._int(default, _Frame(frame.module), depth + 1)
         return None
 
     def _name(self, name: str, frame: _Frame, depth: int) -> int | None:
