@@ -5,6 +5,7 @@ and every relative link leads to a file (and heading) that exists. Regenerate th
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -154,3 +155,19 @@ if __name__ == "__main__":
     start, end = text.index(START) + len(START), text.index(END)
     README.write_text(text[:start] + "\n" + rules_table() + "\n" + text[end:], encoding="utf-8")
     print(f"updated the rule table in {README}")
+
+
+QUICK_START_OUTPUT = "On `fixtures/cnn_toplevel.py` (copied to `train.py`), it prints:"
+
+
+def test_quick_start_lint_output_is_what_lint_prints(tmp_path):
+    """The quick start's `autoaccel lint train.py` output, as the README shows it."""
+    text = README.read_text(encoding="utf-8")
+    after = text.split(QUICK_START_OUTPUT, 1)[1]
+    shown = after.split("```text\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "train.py").write_text((ROOT / "fixtures" / "cnn_toplevel.py").read_text())
+    run = subprocess.run(
+        [sys.executable, "-m", "autoaccel", "lint", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert run.stdout + run.stderr == shown
