@@ -611,3 +611,49 @@ def test_acc301_weight_matrix_width_from_an_option_default():
     """
     assert lines(source, "ACC301") == []
     assert lines(source.replace("default=16", "default=4096"), "ACC301") != []
+
+
+GRAD_NORM_HELPER = """\
+import torch
+from torch import nn
+
+device = torch.device("cuda")
+model = nn.Linear(1024, 1024).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.model = model
+        self.optimizer = optimizer
+
+    def log_grad_norm(self):
+        sqsum = 0.0
+        for p in self.model.parameters():
+            sqsum += (p.grad ** 2).sum().item()
+        print(sqsum ** 0.5)
+
+    def step(self, x, i):
+        loss = self.model(x).pow(2).mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.log_grad_norm()
+        self.optimizer.step()
+
+
+trainer = Trainer(model, optimizer)
+for i, x in enumerate(loader):
+    trainer.step(x.to(device), i)
+"""
+
+
+def test_acc204_item_of_every_parameters_gradient_in_a_helper_method():
+    """improved-diffusion's `_log_grad_norm`: a sync per parameter, every step."""
+    assert lines(GRAD_NORM_HELPER, "ACC204") == [17]
+    named = GRAD_NORM_HELPER.replace("for p in self.model.parameters()", "for name, p in self.model.named_parameters()")
+    assert lines(named, "ACC204") == [17]
+
+
+def test_acc204_the_gradient_norm_logged_every_100_steps_is_not_reported():
+    gated = GRAD_NORM_HELPER.replace("        self.log_grad_norm()", "        if i % 100 == 0:\n            self.log_grad_norm()")
+    assert lines(gated, "ACC204") == []

@@ -8,7 +8,7 @@ from autoaccel.analysis.every_step import is_interval
 from autoaccel.analysis.host_values import HostValues
 from autoaccel.analysis.losses import is_detached, is_functional_loss
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo
+from autoaccel.analysis.program import FunctionInfo, Kind
 from autoaccel.analysis.script_model import LoopRole, StepLoop
 from autoaccel.analysis.shapes import find, is_binary, is_method_call, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
@@ -277,7 +277,7 @@ class HostSyncEveryStep(LintRule):
             for key in _backpropagated_keys(call.func.value, bindings)  # type: ignore[attr-defined]
         }
         # `loss = self.compute(batch)` counts; `loss = 0.0` or `loss.item()` does not.
-        names = seeds | frozenset(
+        names = seeds | self._parameter_names(body) | frozenset(
             key
             for key in backpropagated
             if all(_computed(v) and not is_detached(v) for v in bindings.get(key, []))
@@ -291,6 +291,27 @@ class HostSyncEveryStep(LintRule):
                     names = names | {key}
                     changed = True
         return names
+
+    def _parameter_names(self, body: cst.CSTNode) -> frozenset[str]:
+        """Loop variables over a model's parameters (`for p in model.parameters()`,
+        `for name, p in self.model.named_parameters()`): tensors on the model's device."""
+        found: set[str] = set()
+        for loop in find(body, cst.For):
+            call = loop.iter
+            if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
+                continue
+            method = call.func.attr.value
+            if method not in ("parameters", "named_parameters") or not any(
+                obj.kind is Kind.MODULE for obj in self.script.values(call.func.value)
+            ):
+                continue
+            target = loop.target
+            if method == "named_parameters" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
+                target = target.elements[1].value
+            key = name_key(target)
+            if key is not None:
+                found.add(key)
+        return frozenset(found)
 
     def _holds(self, value: cst.BaseExpression, names: frozenset[str]) -> bool:
         """Whether `value` is a tensor on the device, given the names known to hold one."""

@@ -1,7 +1,7 @@
 """Print the recall of every rule on a hand-labelled set of training scripts (`recall.json`),
 and the precision of the findings on the same files.
 
-    .venv/bin/python benchmarks/precision/recall.py CHECKOUTS_DIR [--recall recall.json]
+    .venv/bin/python benchmarks/precision/recall.py CHECKOUTS_DIR [--recall recall.json ...]
 
 CHECKOUTS_DIR holds one git checkout per repository, named `owner+name` (as for
 `sample.py`). `recall.json` lists the files of the set and, for each, every place where
@@ -130,13 +130,17 @@ def overall(rows: dict, label: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkouts", type=Path)
-    parser.add_argument("--recall", type=Path, default=RECALL, help="the labelled set")
+    parser.add_argument(
+        "--recall", type=Path, nargs="+", default=[RECALL], help="the labelled set(s), measured together",
+    )
     parser.add_argument(
         "--findings", type=Path, help="JSON that the lint of the listed files printed (saves linting)",
     )
     args = parser.parse_args(argv)
 
-    data = json.loads(args.recall.read_text())
+    sets = [json.loads(path.read_text()) for path in args.recall]
+    data = {key: [item for labelled in sets for item in labelled.get(key, [])]
+            for key in ("files", "expected", "unexpected")}  # fmt: skip
     files = data["files"]
     for entry in files:
         checkout = args.checkouts / checkout_name(entry["repo"])
