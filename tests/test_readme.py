@@ -150,13 +150,6 @@ def test_readme_stays_a_front_door():
         assert f"(docs/{doc.name})" in text, f"README does not link docs/{doc.name}"
 
 
-if __name__ == "__main__":
-    text = README.read_text(encoding="utf-8")
-    start, end = text.index(START) + len(START), text.index(END)
-    README.write_text(text[:start] + "\n" + rules_table() + "\n" + text[end:], encoding="utf-8")
-    print(f"updated the rule table in {README}")
-
-
 QUICK_START_OUTPUT = "On `fixtures/cnn_toplevel.py` (copied to `train.py`), it prints:"
 
 
@@ -171,3 +164,11 @@ def test_quick_start_lint_output_is_what_lint_prints(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"},
     )
     assert run.stdout + run.stderr == shown
+
+
+if __name__ == "__main__":
+    text = README.read_text(encoding="utf-8")
+    start, end = text.index(START) + len(START), text.index(END)
+    README.write_text(text[:start] + "\n" + rules_table() + "\n" + text[end:], encoding="utf-8")
+    print(f"updated the rule table in {README}")
+
