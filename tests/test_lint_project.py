@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from textwrap import dedent
 
 TRAINER = """\
 import torch.nn.functional as F
@@ -115,3 +116,36 @@ def test_an_import_inside_a_loop_is_followed(cli, tmp_path):
     )
     write(tmp_path, train=inside, trainer=TRAINER, data=IN_MEMORY)
     assert ("train.py", 10, "ACC301") in codes_by_line(cli, "train.py")
+
+
+def test_linting_the_script_alone_names_the_imported_module_with_findings(cli, tmp_path):
+    """`lint main.py` reports main.py only (Ruff's way), and says that the `solver.py` it
+    imports, holding the step, has findings of its own: it used to say "All checks passed!"."""
+    (tmp_path / "solver.py").write_text(dedent("""\
+        import torch
+
+
+        def train(model, loader, device, opt):
+            for x, y in loader:
+                x = x.to(device)
+                loss = torch.nn.functional.cross_entropy(model(x), y.to(device))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                print(loss.item())
+        """))
+    (tmp_path / "main.py").write_text(dedent("""\
+        import torch
+        from torch.utils.data import DataLoader
+
+        from solver import train
+
+        device = torch.device("cuda")
+        model = torch.nn.Linear(1024, 1024).to(device)
+        train(model, DataLoader(data, batch_size=64, pin_memory=True), device, torch.optim.SGD(model.parameters()))
+        """))
+    alone = cli("lint", "main.py")
+    assert all(line.startswith("main.py:") for line in alone.stdout.splitlines())
+    assert "note: solver.py (imported by main.py) has 3 findings not shown; lint it too" in alone.stderr
+    both = cli("lint", "main.py", "solver.py")
+    assert "note:" not in both.stderr and "solver.py:11" in both.stdout

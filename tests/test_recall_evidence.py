@@ -657,3 +657,38 @@ def test_acc204_item_of_every_parameters_gradient_in_a_helper_method():
 def test_acc204_the_gradient_norm_logged_every_100_steps_is_not_reported():
     gated = GRAD_NORM_HELPER.replace("        self.log_grad_norm()", "        if i % 100 == 0:\n            self.log_grad_norm()")
     assert lines(gated, "ACC204") == []
+
+
+HF_STYLE_METHOD = """\
+import torch
+from torch.utils.data import DataLoader
+
+device = torch.device("cuda")
+model = Net().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(data, batch_size=64, pin_memory=True)
+
+
+class Trainer:
+    def train_epoch(self):
+        total_loss = 0.0
+        for batch in loader:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            outputs = model(**batch)
+            loss = outputs.loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total_loss += loss.item()
+        return total_loss
+
+
+Trainer().train_epoch()
+"""
+
+
+def test_a_loss_read_from_the_models_output_summed_with_item_in_a_method():
+    """`total_loss += loss.item()` in a method, the loss an attribute of the output and
+    the batch a dict moved in a comprehension: both the sync and the copies are reported."""
+    assert lines(HF_STYLE_METHOD, "ACC204") == [20]
+    assert lines(HF_STYLE_METHOD, "ACC103") == [14]

@@ -131,6 +131,9 @@ def run_lint(
         closing = summary_text(results, unsafe_fixes)
         if closing:
             print(closing, file=sys.stderr)
+        if mode is Mode.CHECK and paths != ["-"]:
+            for note in _unlinted_imports([Path(p) for p in paths if Path(p).is_file()], results, overrides):
+                print(note, file=sys.stderr)
 
     if any(r.error for r in results):
         return EXIT_ERROR
@@ -179,6 +182,46 @@ def _files(
         if path not in given or not given_and_excluded(path)
     ]
     return files, unlisted
+
+
+def _unlinted_imports(scripts: list[Path], results: list[FileResult], overrides: Overrides) -> list[str]:
+    """A note for each local module that a script named on the command line imports, that
+    was not linted, and that has findings: `lint main.py` says nothing of the step in the
+    `solver.py` it imports (Ruff's way: only the paths given are reported)."""
+    if not scripts:
+        return []
+    from autoaccel.analysis.project import load_project
+    from autoaccel.lint.engine import SourceError, might_use_torch, parse
+
+    linted = {Path(result.path).resolve() for result in results}
+    importers: dict[Path, Path] = {}
+    for script in scripts:
+        try:
+            source = script.read_text(encoding="utf-8")
+            tree = parse(source) if script.suffix == ".py" and might_use_torch(source) else None
+        except (OSError, UnicodeDecodeError, SourceError):
+            continue
+        modules = load_project(script, tree).modules.values() if tree is not None else ()
+        for module in modules:
+            path = _shown(Path(module.path)) if module.path else None
+            if path is not None and path.resolve() not in linted:
+                importers.setdefault(path, script)
+    found = lint_files(sorted(importers), overrides, Mode.CHECK)
+    return [
+        f"note: {result.path} (imported by {importers[Path(result.path)]}) has"
+        f" {len(result.diagnostics)} finding{'s' * (len(result.diagnostics) != 1)} not shown;"
+        " lint it too"
+        for result in found
+        if result.diagnostics
+    ]
+
+
+def _shown(path: Path) -> Path:
+    """`path` relative to the working folder when it is below it."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def _would_fix_text(results: list[FileResult]) -> str:

@@ -456,9 +456,10 @@ def _backpropagated_keys(
 
 
 def _computed(value: cst.BaseExpression) -> bool:
-    """A call, or arithmetic on one (`0.5 * torch.max(a, b).mean()`, `-x.mean()`): a
-    value the step computes, not a number written out."""
-    if isinstance(value, cst.Call):
+    """A call, a part of a value (`outputs.loss`, `model(x)[0]`), or arithmetic on one
+    (`0.5 * torch.max(a, b).mean()`, `-x.mean()`): a value the step computes, not a number
+    written out."""
+    if isinstance(value, (cst.Call, cst.Attribute, cst.Subscript)):
         return True
     if isinstance(value, cst.BinaryOperation):
         return _computed(value.left) or _computed(value.right)
