@@ -39,6 +39,25 @@ ngf = opt.ngf
 ndf = opt.ndf
 
 
+class LossInForward(nn.Module):
+    """A model and its loss in one `forward`: under `nn.DataParallel` each GPU runs
+    `compute` on its part of the batch (every tensor argument split along
+    dimension 0) and only the losses (one per GPU) are gathered, instead of every
+    output on GPU 0. `modules`, the models and losses `compute` calls, are
+    replicated to every GPU and passed to it first."""
+
+    def __init__(self, compute, *modules):
+        super().__init__()
+        self.compute = compute
+        self.parts = nn.ModuleList(modules)
+
+    def forward(self, *batch):
+        returned = self.compute(*self.parts, *batch)  # the loss, or (loss, *kept)
+        if isinstance(returned, tuple):
+            return (returned[0].unsqueeze(0), *returned[1:])
+        return returned.unsqueeze(0)
+
+
 class RingDataset(Dataset):
     """'Real' data: points from 8 Gaussians arranged on a circle of radius 2."""
 
@@ -125,6 +144,43 @@ optimizerG = optim.Adam(netG.parameters(), lr=opt.lr, betas=(opt.beta1, 0.999))
 G_losses = []
 D_losses = []
 
+
+def compute_errD_real(netD, criterion, real_cpu, label):
+    # runs on each GPU's part of the batch
+    output = netD(real_cpu)
+    errD_real = criterion(output, label)
+    return errD_real, output
+
+
+errD_real_on_gpus = LossInForward(compute_errD_real, netD, criterion)
+if next(netD.parameters()).is_cuda:  # one replica per visible GPU
+    errD_real_on_gpus = nn.DataParallel(errD_real_on_gpus)
+
+
+def compute_errD_fake(netG, netD, criterion, noise, label):
+    # runs on each GPU's part of the batch
+    fake = netG(noise)
+    output = netD(fake.detach())
+    errD_fake = criterion(output, label)
+    return errD_fake, fake, output
+
+
+errD_fake_on_gpus = LossInForward(compute_errD_fake, netG, netD, criterion)
+if next(netG.parameters()).is_cuda:  # one replica per visible GPU
+    errD_fake_on_gpus = nn.DataParallel(errD_fake_on_gpus)
+
+
+def compute_errG(netD, criterion, fake, label):
+    # runs on each GPU's part of the batch
+    output = netD(fake)
+    errG = criterion(output, label)
+    return errG, output
+
+
+errG_on_gpus = LossInForward(compute_errG, netD, criterion)
+if next(netD.parameters()).is_cuda:  # one replica per visible GPU
+    errG_on_gpus = nn.DataParallel(errG_on_gpus)
+
 for epoch in range(opt.epochs):
     for i, data in enumerate(dataloader, 0):
         ############################
@@ -136,17 +192,16 @@ for epoch in range(opt.epochs):
         batch_size = real_cpu.size(0)
         label = torch.ones(batch_size, device=device)
 
-        output = netD(real_cpu)
-        errD_real = criterion(output, label)
+        errD_real, output = errD_real_on_gpus(real_cpu, label)
+        errD_real = errD_real.mean()  # mean of the per-GPU losses
         errD_real.backward()
         D_x = output.mean().item()
 
         # train with fake
         noise = torch.randn(batch_size, nz, device=device)
-        fake = netG(noise)
         label = torch.zeros(batch_size, device=device)
-        output = netD(fake.detach())
-        errD_fake = criterion(output, label)
+        errD_fake, fake, output = errD_fake_on_gpus(noise, label)
+        errD_fake = errD_fake.mean()  # mean of the per-GPU losses
         errD_fake.backward()
         D_G_z1 = output.mean().item()
         errD = errD_real + errD_fake
@@ -159,8 +214,8 @@ for epoch in range(opt.epochs):
         label = torch.ones(
             batch_size, device=device
         )  # fake labels are real for generator cost
-        output = netD(fake)
-        errG = criterion(output, label)
+        errG, output = errG_on_gpus(fake, label)
+        errG = errG.mean()  # mean of the per-GPU losses
         errG.backward()
         D_G_z2 = output.mean().item()
         optimizerG.step()

@@ -19,6 +19,25 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 
+class LossInForward(nn.Module):
+    """A model and its loss in one `forward`: under `nn.DataParallel` each GPU runs
+    `compute` on its part of the batch (every tensor argument split along
+    dimension 0) and only the losses (one per GPU) are gathered, instead of every
+    output on GPU 0. `modules`, the models and losses `compute` calls, are
+    replicated to every GPU and passed to it first."""
+
+    def __init__(self, compute, *modules):
+        super().__init__()
+        self.compute = compute
+        self.parts = nn.ModuleList(modules)
+
+    def forward(self, *batch):
+        returned = self.compute(*self.parts, *batch)  # the loss, or (loss, *kept)
+        if isinstance(returned, tuple):
+            return (returned[0].unsqueeze(0), *returned[1:])
+        return returned.unsqueeze(0)
+
+
 class FocalLoss(nn.Module):
     """Cross-entropy that weighs down the examples the model already gets right."""
 
@@ -47,7 +66,16 @@ def make_loaders(batch_size):
 
 def train_step(net, optimizer, criterion, x, y):
     optimizer.zero_grad()
-    loss = criterion(net(x), y)
+
+    def compute_loss(net2, criterion2, criterion, net, x, y):
+        # runs on each GPU's part of the batch
+        loss = criterion2(net2(x), y)
+        return loss
+
+    loss_on_gpus = LossInForward(compute_loss, net, criterion)
+    if next(net.parameters()).is_cuda:  # one replica per visible GPU
+        loss_on_gpus = nn.DataParallel(loss_on_gpus)
+    loss = loss_on_gpus(criterion, net, x, y).mean()  # mean of the per-GPU losses
     loss.backward()
     optimizer.step()
     return loss

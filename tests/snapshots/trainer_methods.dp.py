@@ -17,6 +17,25 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 
+class LossInForward(torch.nn.Module):
+    """A model and its loss in one `forward`: under `nn.DataParallel` each GPU runs
+    `compute` on its part of the batch (every tensor argument split along
+    dimension 0) and only the losses (one per GPU) are gathered, instead of every
+    output on GPU 0. `modules`, the models and losses `compute` calls, are
+    replicated to every GPU and passed to it first."""
+
+    def __init__(self, compute, *modules):
+        super().__init__()
+        self.compute = compute
+        self.parts = torch.nn.ModuleList(modules)
+
+    def forward(self, *batch):
+        returned = self.compute(*self.parts, *batch)  # the loss, or (loss, *kept)
+        if isinstance(returned, tuple):
+            return (returned[0].unsqueeze(0), *returned[1:])
+        return returned.unsqueeze(0)
+
+
 class NoisyLinearData(Dataset):
     """`y = x @ w + noise` for 20 features."""
 
@@ -43,8 +62,17 @@ class Trainer:
 
     def _run_batch(self, source, targets):
         self.optimizer.zero_grad()
-        output = self.model(source)
-        loss = F.mse_loss(output, targets)
+
+        def compute_loss(model, source, targets):
+            # runs on each GPU's part of the batch
+            output = model(source)
+            loss = F.mse_loss(output, targets)
+            return loss
+
+        loss_on_gpus = LossInForward(compute_loss, self.model)
+        if next(self.model.parameters()).is_cuda:  # one replica per visible GPU
+            loss_on_gpus = torch.nn.DataParallel(loss_on_gpus)
+        loss = loss_on_gpus(source, targets).mean()  # mean of the per-GPU losses
         loss.backward()
         self.optimizer.step()
 

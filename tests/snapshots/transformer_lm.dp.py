@@ -24,6 +24,25 @@ SIZES = {
 }
 
 
+class LossInForward(nn.Module):
+    """A model and its loss in one `forward`: under `nn.DataParallel` each GPU runs
+    `compute` on its part of the batch (every tensor argument split along
+    dimension 0) and only the losses (one per GPU) are gathered, instead of every
+    output on GPU 0. `modules`, the models and losses `compute` calls, are
+    replicated to every GPU and passed to it first."""
+
+    def __init__(self, compute, *modules):
+        super().__init__()
+        self.compute = compute
+        self.parts = nn.ModuleList(modules)
+
+    def forward(self, *batch):
+        returned = self.compute(*self.parts, *batch)  # the loss, or (loss, *kept)
+        if isinstance(returned, tuple):
+            return (returned[0].unsqueeze(0), *returned[1:])
+        return returned.unsqueeze(0)
+
+
 def markov_corpus(n_tokens, vocab_size, seed):
     """A walk of `n_tokens` on one fixed chain (the same in every split)."""
     chain = torch.Generator().manual_seed(0)
@@ -137,11 +156,20 @@ def main():
         lambda s: min(1.0, (s + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * s / total_steps)),
     )
 
+    def compute_loss(model, x, y):
+        # runs on each GPU's part of the batch
+        loss = model(x, y)
+        return loss
+
+    loss_on_gpus = LossInForward(compute_loss, model)
+    if next(model.parameters()).is_cuda:  # one replica per visible GPU
+        loss_on_gpus = nn.DataParallel(loss_on_gpus)
+
     for epoch in range(args.epochs):
         model.train()
         for step, (x, y) in enumerate(train_loader):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = model(x, y)
+            loss = loss_on_gpus(x, y).mean()  # mean of the per-GPU losses
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

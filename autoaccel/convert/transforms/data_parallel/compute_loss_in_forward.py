@@ -21,7 +21,14 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole, StepLoop
 from autoaccel.analysis.shapes import find, method_calls, name_calls
 from autoaccel.convert.transform import StatementRewrite
+from autoaccel.convert.transforms.data_parallel.step_segments import (
+    Refused,
+    Segment,
+    SegmentFinder,
+    training_backward_calls,
+)
 from autoaccel.convert.transforms.data_parallel.wraps import (
+    GENERAL_CLASS,
     WRAPPER_CLASS,
     aliases,
     data_parallel_wraps,
@@ -78,6 +85,11 @@ class ComputeLossInForward(StatementRewrite):
         self.sites: dict[cst.CSTNode, _Site] = {}  # keyed by the loss statement
         self.removed: set[cst.CSTNode] = set()
         self.created: dict[cst.CSTNode, _Site] = {}  # anchor -> the site whose wrapper is built there
+        self.segments: dict[cst.CSTNode, Segment] = {}  # keyed by the span's first line
+        self.segment_lines: set[cst.CSTNode] = set()  # every line of a span
+        self.segment_anchors: dict[cst.CSTNode, list[Segment]] = {}
+        # (what, reason, line) of each step left alone; refusals when no step converts
+        self.pending: list[tuple[str, str, cst.CSTNode | None]] = []
         ddp = next(
             (c for c in find(node, cst.Call) if DISTRIBUTED_DATA_PARALLEL in self.qualified_names(c.func)),
             None,
@@ -88,6 +100,7 @@ class ComputeLossInForward(StatementRewrite):
                 "the script already trains with DistributedDataParallel, which beats"
                 " nn.DataParallel even on one machine; --to dp would mix the two",
                 ddp,
+                wrong=True,  # --to dp adds no DataParallel
             )
             return
         refusal = name_refusal(node, self.context.filename)
@@ -95,32 +108,108 @@ class ComputeLossInForward(StatementRewrite):
             reason, where = refusal
             self.skipped("loss inside forward (--to dp)", reason, where, wrong=True)
             return
+        simple_reasons: dict[cst.CSTNode, str] = {}
         for loop in self.script.step_loops.values():
             if loop.role is LoopRole.TRAIN:
-                self._plan(loop)
+                reason = self._plan(loop)
+                if reason is not None:
+                    simple_reasons[loop.node] = reason
+        general_reasons = self._plan_segments(node)
+        planned_loops = self.ancestors_of_segments()
+        for loop_node, reason in simple_reasons.items():
+            if loop_node in planned_loops or any(loop_node is n for n, _ in general_reasons):
+                continue
+            self.pending.append(("loss inside forward (--to dp)", reason + _BY_HAND, loop_node))
+        for where, reason in general_reasons:
+            self.pending.append(("loss inside forward (--to dp)", reason + _BY_HAND, where))
+        # --to dp that adds no DataParallel is refused (exit 1), as --to ddp is
+        refuse = not self.sites and not self.segments and not self.converted
+        if refuse and not self.pending:
+            self.pending.append((
+                "DataParallel (--to dp)",
+                "no training step was found: no `.backward()` runs in a loop over batches",
+                None,
+            ))
+        for what, reason, where in self.pending:
+            self.skipped(what, reason, where, wrong=refuse)
 
-    def _plan(self, loop: StepLoop) -> None:
+    def ancestors_of_segments(self) -> set[cst.CSTNode]:
+        """The step loops around a planned segment."""
+        found = set()
+        functions = set()
+        for segment in self.segments.values():
+            for ancestor in self.ancestors(segment.span[0]):
+                if ancestor in self.script.step_loops:
+                    found.add(ancestor)
+                if isinstance(ancestor, cst.FunctionDef):
+                    functions.add(ancestor)
+        for node, loop in self.script.step_loops.items():
+            # a loop whose step runs in a function the segment is in (`train_step(...)`)
+            if any(f.node in functions for f in (*loop.reached, *loop.step_functions)):
+                found.add(node)
+        return found
+
+    def _plan_segments(self, module: cst.Module) -> list[tuple[cst.CSTNode, str]]:
+        """Each training `.backward()` the simple shape did not take: its lines from the
+        forward pass to the loss, moved into a function run by `LossInForward`."""
+        reasons: list[tuple[cst.CSTNode, str]] = []
+        done = {site.loss for site in self.sites.values()}
+        for call in training_backward_calls(self, module):
+            finder = SegmentFinder(self, call)
+            statement = finder._statement_of(call)
+            block = self.parent(statement)
+            before = list(block.body)[: list(block.body).index(statement)]  # type: ignore[union-attr]
+            if any(s in done for s in before) or any(
+                name_key(c.func) in self.converted for s in before for c in find(s, cst.Call)
+            ):
+                continue  # converted already (the simple shape, or an earlier conversion)
+            loop = next((a for a in self.ancestors(call) if a in self.script.step_loops), None)
+            try:
+                segment = finder.find()
+            except Refused as refusal:
+                where = refusal.node if refusal.node is not None else statement
+                reasons.append((loop if loop is not None else where, f"line {self.line_of(where)}: {refusal.reason}"))
+                continue
+            if segment is None or any(s in self.segment_lines for s in segment.span):
+                continue
+            if any(m in self.configured_wraps for m in segment.modules):
+                reasons.append((loop or statement, f"`{segment.modules[0]}` is wrapped in `nn.DataParallel` with its own settings (device_ids, dim, ...)"))
+                continue
+            segment.function_name = self._fresh(f"compute_{segment.loss_name}")
+            segment.wrapper_name = self._fresh(f"{segment.loss_name}_on_gpus")
+            self.segments[segment.span[0]] = segment
+            self.segment_lines |= set(segment.span)
+            self.segment_anchors.setdefault(segment.anchor, []).append(segment)
+            self.changed(
+                segment.span[0],
+                f"`{segment.loss_name}` is computed inside `forward` on every GPU by"
+                f" `{segment.wrapper_name}` (`nn.DataParallel` of `{GENERAL_CLASS}` running"
+                f" `{segment.function_name}` with {', '.join(f'`{m}`' for m in segment.modules)});"
+                " the inputs are split along dimension 0",
+            )
+        return reasons
+
+    def _fresh(self, name: str) -> str:
+        candidate, n = name, 2
+        while candidate in self.names_in_use:
+            candidate = f"{name}{n}"
+            n += 1
+        self.names_in_use.add(candidate)
+        return candidate
+
+    def _plan(self, loop: StepLoop) -> str | None:
+        """Plans the simple shape; the reason when it does not apply."""
         site = self._find_site(loop)
         if not isinstance(site, _Site):
-            if site is not None:
-                self.skipped("loss inside forward (--to dp)", site + _BY_HAND, loop.node)
-            return
+            return site
         built = self.created.get(site.anchor)
         if built is not None and (built.model, built.loss_fn) != (site.model, site.loss_fn):
-            self.skipped(
-                "loss inside forward (--to dp)",
+            return (
                 f"another step before this loop already builds `{built.wrapper_name}` from"
-                f" `{built.model}` and `{built.loss_fn}`" + _BY_HAND,
-                loop.node,
+                f" `{built.model}` and `{built.loss_fn}`"
             )
-            return
         if built is None and site.wrapper_name in self.names_in_use:
-            self.skipped(
-                "loss inside forward (--to dp)",
-                f"the name `{site.wrapper_name}` is already used in this script" + _BY_HAND,
-                loop.node,
-            )
-            return
+            return f"the name `{site.wrapper_name}` is already used in this script"
         self.created.setdefault(site.anchor, site)
         self.sites[site.loss] = site
         if site.forward is not None:
@@ -131,6 +220,7 @@ class ComputeLossInForward(StatementRewrite):
             f" `{site.wrapper_name}` (`nn.DataParallel` of `{WRAPPER_CLASS}({site.model},"
             f" {site.loss_fn})`); `{site.model}` stays the bare model",
         )
+        return None
 
     def _find_site(self, loop: StepLoop) -> _Site | str | None:
         """The step's site, a reason why it cannot be rewritten, or None when already done."""
@@ -258,17 +348,23 @@ class ComputeLossInForward(StatementRewrite):
         result: list[cst.CSTNode] = []
         carried: list[cst.EmptyLine] = []  # comments and blank lines of a removed forward line
         for original, new in zip(originals, updated):
-            if original in self.removed:
+            if original in self.removed or (original in self.segment_lines and original not in self.segments):
                 carried += [*new.leading_lines, *_trailing_comment(new)]  # type: ignore[attr-defined]
                 continue
             leading = [*carried, *new.leading_lines]  # type: ignore[attr-defined]
             carried = []
             statements = [new.with_changes(leading_lines=[])]
+            if original in self.segments:
+                statements = self._segment_call(self.segments[original], originals, updated)
             if original in self.created:
                 statements = [*self._creation(self.created[original]), *statements]
             if original in self.sites:
                 statements[-1:] = self._combined_call(self.sites[original], statements[-1])  # type: ignore[arg-type]
             statements[0] = statements[0].with_changes(leading_lines=leading)
+            # The functions and wrappers of the segments go in above the loop, with blank
+            # lines of their own; the loop keeps its comments and blank lines.
+            for seg in self.segment_anchors.get(original, []):
+                result += self._segment_creation(seg)
             result += statements
         return result
 
@@ -281,6 +377,50 @@ class ComputeLossInForward(StatementRewrite):
                 f"    {name} = {self.nn}.DataParallel({name})\n"
             ),
         ]
+
+    def _segment_creation(self, seg: Segment) -> list[cst.BaseStatement]:
+        """`def compute_loss(model, x, y): ...` and its `LossInForward` wrapper."""
+        renames = dict(zip(seg.modules, seg.params))
+        lines = []
+        for statement in seg.chain:
+            lines.append(code_of(statement.with_changes(leading_lines=[]).visit(_Replace(renames))).rstrip("\n"))
+        returned = ", ".join([seg.loss_name, *(name for name, _ in seg.kept)])
+        body = "".join(f"    {line}\n" for text in lines for line in text.splitlines())
+        function = cst.parse_statement(
+            f"def {seg.function_name}({', '.join([*seg.params, *seg.inputs])}):\n"
+            "    # runs on each GPU's part of the batch\n"
+            f"{body}"
+            f"    return {returned}\n"
+        )
+        first = seg.modules[0]
+        name = seg.wrapper_name
+        nested = isinstance(self.parent(seg.anchor), cst.IndentedBlock)
+        blank = [cst.EmptyLine(indent=False)] * (1 if nested else 2)
+        return [
+            function.with_changes(leading_lines=blank),
+            cst.parse_statement(
+                f"{name} = {GENERAL_CLASS}({', '.join([seg.function_name, *seg.modules])})\n"
+            ).with_changes(leading_lines=blank),
+            cst.parse_statement(
+                f"if next({first}.parameters()).is_cuda:  # one replica per visible GPU\n"
+                f"    {name} = {self.nn}.DataParallel({name})\n"
+            ),
+        ]
+
+    def _segment_call(self, seg: Segment, originals: list, updated: list) -> list[cst.BaseStatement]:
+        """The span's lines: those that stay before, the wrapper's call, those after."""
+        new_of = dict(zip(map(id, originals), updated))
+        before = [new_of[id(s)].with_changes(leading_lines=[]) for s in seg.before]
+        after = [new_of[id(s)].with_changes(leading_lines=[]) for s in seg.after]
+        call = f"{seg.wrapper_name}({', '.join(seg.inputs)})"
+        comment = f"  # {seg.reduce} of the per-GPU losses"
+        if not seg.kept:
+            lines = [f"{seg.loss_name} = {call}.{seg.reduce}(){comment}\n"]
+        else:
+            names = ", ".join([seg.loss_name, *(n for n, _ in seg.kept)])
+            lines = [f"{names} = {call}\n", f"{seg.loss_name} = {seg.loss_name}.{seg.reduce}(){comment}\n"]
+            lines += [f"{n} = {n}.{seg.reduce}()\n" for n, scalar in seg.kept if scalar]
+        return [*before, *(cst.parse_statement(line) for line in lines), *after]
 
     def _combined_call(self, site: _Site, line: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
         call = cst.Call(
@@ -310,11 +450,38 @@ class ComputeLossInForward(StatementRewrite):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body = self.rebuild(list(original_node.body), list(updated_node.body))
         updated_node = updated_node.with_changes(body=body)
-        if not self.sites or _defines_class(updated_node, WRAPPER_CLASS):
-            return updated_node
-        keeps_outputs = any(site.outputs for site in self.sites.values())
-        updated_node = _insert_class(updated_node, self._wrapper_class(keeps_outputs))
-        return add_imports(updated_node, ("torch",)) if self.nn == "torch.nn" else updated_node
+        inserted = False
+        if self.sites and not _defines_class(updated_node, WRAPPER_CLASS):
+            keeps_outputs = any(site.outputs for site in self.sites.values())
+            updated_node = _insert_class(updated_node, self._wrapper_class(keeps_outputs), WRAPPER_CLASS)
+            inserted = True
+        if self.segments and not _defines_class(updated_node, GENERAL_CLASS):
+            updated_node = _insert_class(updated_node, self._general_class(), GENERAL_CLASS)
+            inserted = True
+        if inserted and self.nn == "torch.nn":
+            return add_imports(updated_node, ("torch",))
+        return updated_node
+
+    def _general_class(self) -> cst.BaseStatement:
+        return cst.parse_statement(
+            f"class {GENERAL_CLASS}({self.nn}.Module):\n"
+            '    """A model and its loss in one `forward`: under `nn.DataParallel` each GPU runs\n'
+            "    `compute` on its part of the batch (every tensor argument split along\n"
+            "    dimension 0) and only the losses (one per GPU) are gathered, instead of every\n"
+            "    output on GPU 0. `modules`, the models and losses `compute` calls, are\n"
+            '    replicated to every GPU and passed to it first."""\n'
+            "\n"
+            "    def __init__(self, compute, *modules):\n"
+            "        super().__init__()\n"
+            "        self.compute = compute\n"
+            f"        self.parts = {self.nn}.ModuleList(modules)\n"
+            "\n"
+            "    def forward(self, *batch):\n"
+            "        returned = self.compute(*self.parts, *batch)  # the loss, or (loss, *kept)\n"
+            "        if isinstance(returned, tuple):\n"
+            "            return (returned[0].unsqueeze(0), *returned[1:])\n"
+            "        return returned.unsqueeze(0)\n"
+        )
 
     def _wrapper_class(self, keeps_outputs: bool) -> cst.BaseStatement:
         returned = "loss.unsqueeze(0), outputs" if keeps_outputs else "loss.unsqueeze(0)"
@@ -394,13 +561,13 @@ def _defines_class(module: cst.Module, name: str) -> bool:
     return any(isinstance(s, cst.ClassDef) and s.name.value == name for s in module.body)
 
 
-def _insert_class(module: cst.Module, statement: cst.BaseStatement) -> cst.Module:
+def _insert_class(module: cst.Module, statement: cst.BaseStatement, name: str = WRAPPER_CLASS) -> cst.Module:
     """`statement` before the first top-level `class` / `def` when that comes before the
     wrapper's first use, else after the leading imports; two blank lines around it (black)."""
     body = list(module.body)
     _, index = leading_import_block(module)
     first_use = next(
-        i for i, s in enumerate(body) if name_calls(s, WRAPPER_CLASS)
+        i for i, s in enumerate(body) if name_calls(s, name)
     )
     first_definition = next(
         (i for i, s in enumerate(body) if isinstance(s, (cst.ClassDef, cst.FunctionDef))), None
@@ -416,3 +583,20 @@ def _insert_class(module: cst.Module, statement: cst.BaseStatement) -> cst.Modul
             body[index] = following.with_changes(leading_lines=[*two_blank[blank:], *leading])
     body.insert(index, statement.with_changes(leading_lines=two_blank if index else []))
     return module.with_changes(body=body)
+
+
+class _Replace(cst.CSTTransformer):
+    """The models a step's lines call, as written (`self.model`), by the parameters of the
+    function that runs them (`model`)."""
+
+    def __init__(self, renames: dict[str, str]) -> None:
+        super().__init__()
+        self.renames = renames
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        new = self.renames.get(code_of(original_node))
+        return cst.Name(new) if new else updated_node
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        new = self.renames.get(original_node.value)
+        return cst.Name(new) if new else updated_node

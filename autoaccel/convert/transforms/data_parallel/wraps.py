@@ -12,6 +12,8 @@ from autoaccel.analysis.shapes import find, name_calls
 from autoaccel.convert.transform import Transform
 
 WRAPPER_CLASS = "ModelWithLoss"
+# The wrapper of a step's own lines (see `step_segments`): `LossInForward(compute, *modules)`.
+GENERAL_CLASS = "LossInForward"
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def wrapper_instances(module: cst.Module) -> set[str]:
     created = set()
     for statement in find(module, cst.SimpleStatementLine):
         assign = single_assign(statement)
-        if assign is not None and name_calls(assign[1], WRAPPER_CLASS):
+        if assign is not None and name_calls(assign[1], WRAPPER_CLASS, GENERAL_CLASS):
             key = name_key(assign[0])
             if key:
                 created.add(key)
@@ -89,9 +91,13 @@ def wrapper_instances(module: cst.Module) -> set[str]:
 
 
 def replicated_models(module: cst.Module) -> set[str]:
-    """Names of the models passed to `ModelWithLoss(model, loss_fn)`."""
-    return {
+    """Names of the models passed to `ModelWithLoss(model, loss_fn)` and
+    `LossInForward(compute, *modules)`."""
+    found = {
         key
         for call in name_calls(module, WRAPPER_CLASS)
         if call.args and (key := name_key(call.args[0].value))
     }
+    for call in name_calls(module, GENERAL_CLASS):
+        found |= {key for arg in call.args[1:] if (key := name_key(arg.value))}
+    return found

@@ -1,0 +1,563 @@
+"""The general shape of `--to dp`: the lines of a training step from its forward pass to
+its loss, moved into a function that each GPU runs on its part of the batch.
+
+    out = self.model(x, lengths)[0]                def compute_loss(model, x, lengths, y):
+    out = out.squeeze(1)                 ->            out = model(x, lengths)[0]
+    loss = self.criterion(out, y)                      out = out.squeeze(1)
+    loss.backward()                                    return self.criterion(out, y)
+                                               loss_on_gpus = LossInForward(compute_loss, self.model)
+                                               ...
+                                               loss = loss_on_gpus(x, lengths, y).mean()
+
+Every tensor `nn.DataParallel` receives is split along dimension 0, so the step's
+inputs must be batch-first: names bound by the loop over the loader, or computed from
+them in the step. A recurrent state, a tensor made elsewhere, or one reshaped across
+the batch dimension would be split wrongly: those steps are refused, naming the line.
+Values that are not per-step tensors (`self.criterion`, `args.alpha`, `epoch`) are read
+by the function from its scope. Each `.backward()` gets its own segment, so each model of
+a GAN trains under its own wrapper; a model that no optimizer trains (a frozen teacher)
+is not replicated: its outputs have no gradients to reduce, and it runs where it ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.shapes import find
+from autoaccel.cst_edit import code_of
+
+
+# Methods and functions that mix the samples of a batch (or leave the GPU): a line of the
+# forward pass that calls one is not per-sample, so it cannot run on a part of the batch.
+_ACROSS_BATCH_METHODS = frozenset({"mean", "sum", "std", "var", "norm", "max", "min", "prod", "logsumexp"})
+_HOST_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
+_ACROSS_BATCH_FUNCTIONS = frozenset({"torch.cat", "torch.stack", "torch.mean", "torch.sum"})
+_FLATTENING = frozenset({"view", "reshape", "flatten"})
+# Names a recurrent model's state goes by, for a step function's parameters (no loop to
+# follow them in).
+_STATE_NAMES = frozenset({"hidden", "hx", "h0", "c0", "state", "states", "memory", "mems", "carry", "h", "c"})
+
+
+@dataclass
+class Segment:
+    """One `.backward()`'s forward pass and loss, to run on every GPU."""
+
+    block: cst.CSTNode  # the block holding the lines
+    span: list[cst.BaseStatement]  # from the first forward line to the loss line
+    chain: list[cst.SimpleStatementLine]  # the lines that move into the function
+    before: list[cst.BaseStatement]  # lines of the span that stay, before the call
+    after: list[cst.BaseStatement]  # lines of the span that stay, after the call
+    anchor: cst.CSTNode  # the function and its wrapper are created before this statement
+    modules: list[str]  # the models (and loss modules) replicated, as written
+    params: list[str]  # the function's parameter for each of `modules`
+    inputs: list[str]  # the batch-first tensors passed to the wrapper
+    loss_name: str
+    kept: list[tuple[str, bool]] = field(default_factory=list)  # (name, scalar) read later
+    reduce: str = "mean"
+    function_name: str = ""
+    wrapper_name: str = ""
+
+
+class Refused(Exception):
+    """Why a step cannot move into a wrapper; `node`: the line to name."""
+
+    def __init__(self, reason: str, node: cst.CSTNode | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.node = node
+
+
+def assigned(statement: cst.CSTNode) -> set[str]:
+    """Names (and `self.x` keys) a statement binds."""
+    found: set[str] = set()
+    for target in find(statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.WithItem, cst.For)):
+        expr = target.target if not isinstance(target, cst.WithItem) else (target.asname.name if target.asname else None)
+        if expr is None:
+            continue
+        for node in find(expr, (cst.Name, cst.Attribute)):
+            key = name_key(node)
+            if key:
+                found.add(key)
+    return found
+
+
+def read(statement: cst.CSTNode) -> set[str]:
+    """Variable names a statement reads (attribute names and keywords left out)."""
+    names = {id(n): n.value for n in find(statement, cst.Name)}
+    for node in find(statement, (cst.Attribute, cst.Arg)):
+        inner = node.attr if isinstance(node, cst.Attribute) else node.keyword
+        if inner is not None:
+            names.pop(id(inner), None)
+    for target in find(statement, (cst.AssignTarget, cst.AnnAssign)):
+        bound = target.target
+        if isinstance(bound, cst.Name):
+            names.pop(id(bound), None)
+        elif isinstance(bound, (cst.Tuple, cst.List)):
+            for element in bound.elements:
+                if isinstance(element.value, cst.Name):
+                    names.pop(id(element.value), None)
+    return set(names.values())
+
+
+class SegmentFinder:
+    """Finds the segment of one `.backward()` call; raises `Refused` with a reason."""
+
+    def __init__(self, transform, backward: cst.Call) -> None:
+        self.t = transform
+        self.script = transform.script
+        self.backward = backward
+
+    # -- helpers --------------------------------------------------------------------
+    def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        while not isinstance(self.t.parent(node), (cst.IndentedBlock, cst.Module)):
+            node = self.t.parent(node)
+        return node
+
+    def _model_calls(self, node: cst.CSTNode) -> list[cst.Call]:
+        return [c for c in find(node, cst.Call) if name_key(c.func) in self.models]
+
+    def _trains(self, call: cst.Call) -> bool:
+        if not self.script.optimizers and not self.script.trained:
+            return True  # no optimizer in sight: nothing tells which model is frozen
+        values = [o for o in self.script.values(call.func)]
+        if values:
+            return any(self.script.trains(o) for o in values)
+        key = name_key(call.func)
+        return key in self.script.trained or not self.script.trained
+
+    def _frozen_only(self, statement: cst.CSTNode) -> bool:
+        calls = self._model_calls(statement)
+        return bool(calls) and not any(self._trains(c) for c in calls)
+
+    # -- the search -----------------------------------------------------------------
+    def find(self) -> Segment | None:
+        self.models = set(self.script.models)
+        statement = self._statement_of(self.backward)
+        block = self.t.parent(statement)
+        statements = list(block.body)
+        end = statements.index(statement)
+        loss_names = read(self.backward.func.value)  # `loss`, `scaler.scale(loss)`
+        owner = next((s for s in reversed(statements[:end]) if assigned(s) & loss_names), None)
+        if owner is None:
+            raise Refused("the loss is not computed in the lines before `.backward()`", statement)
+        loss_name = sorted(assigned(owner) & loss_names)[0]
+        last = statements.index(owner)
+        if not isinstance(owner, cst.SimpleStatementLine):
+            raise Refused(f"`{loss_name}` is not computed by one plain assignment", owner)
+        # the lines that compute the loss from a trained model's outputs, back to its call
+        model_derived = self._model_derived(statements[: last + 1])
+        needed = read(owner) | (assigned(owner) & read(owner))
+        chain_idx = [last]
+        producers: set[cst.CSTNode] = set()  # lines computing the chain's other inputs
+        first = None if not self._model_calls(owner) else last
+        for j in range(last - 1, -1, -1):
+            s = statements[j]
+            if self._barrier(s):
+                break
+            defs = assigned(s)
+            if not defs & needed:
+                continue
+            if s in model_derived and isinstance(s, cst.SimpleStatementLine) and not self._frozen_only(s):
+                chain_idx.append(j)
+                needed |= read(s)
+                if self._model_calls(s):
+                    first = j
+            else:
+                producers.add(s)
+                needed -= defs
+        if first is None:
+            if any(c for c in self._model_calls(owner)) or model_derived:
+                raise Refused("only models that no optimizer trains are called for this loss", owner)
+            raise Refused(
+                "no model is called in the lines before `.backward()` (the forward pass"
+                " is computed in a helper)",
+                owner,
+            )
+        chain_idx = sorted(i for i in chain_idx if i >= first)
+        span = statements[first : last + 1]
+        chain = [statements[i] for i in chain_idx]
+        for s in chain:
+            if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], (cst.Assign, cst.AugAssign))):
+                raise Refused("a line of the forward pass is not a plain assignment", s)
+        defined_in_chain: set[str] = set()
+        for s in chain:
+            defined_in_chain |= assigned(s)
+        before, after = [], []
+        for s in span:
+            if s in chain:
+                continue
+            reads_chain = bool(read(s) & defined_in_chain)
+            feeds_chain = s in producers
+            if feeds_chain and not reads_chain:
+                before.append(s)  # e.g. the frozen teacher's outputs under no_grad
+            elif not feeds_chain:
+                after.append(s)  # a timer, a print: not per-sample, stays outside
+            else:
+                raise Refused("a line between the forward pass and the loss both reads and feeds them", s)
+        for s in chain:
+            self._check_per_sample(s, s is owner)
+        self._chain_tensors = defined_in_chain
+        models, scalars = self._models_and_scalars(chain, loss_name, owner)
+        inputs = self._inputs(chain, [*statements[:first], *before])
+        kept = self._kept(chain, defined_in_chain, scalars, loss_name)
+        reduce = self._reduce(chain, owner)
+        self._check_forward_attributes(chain)
+        anchor = self._anchor(statement, span[0])
+        params = self._params(models, inputs)
+        return Segment(
+            block=block, span=span, chain=chain, before=before, after=after, anchor=anchor,
+            modules=models, params=params, inputs=inputs, loss_name=loss_name, kept=kept, reduce=reduce,
+        )
+
+    def _barrier(self, s: cst.CSTNode) -> bool:
+        """A line the segment cannot reach over: another step's backward or update."""
+        return any(
+            isinstance(c.func, cst.Attribute) and c.func.attr.value in ("backward", "step", "zero_grad")
+            for c in find(s, cst.Call)
+        )
+
+    def _model_derived(self, statements: list[cst.CSTNode]) -> set[cst.CSTNode]:
+        """The lines that call a model or read what such a line computed."""
+        derived_names: set[str] = set()
+        lines = set()
+        for s in statements:
+            if self._model_calls(s) or read(s) & derived_names:
+                lines.add(s)
+                derived_names |= assigned(s)
+        return lines
+
+    def _check_per_sample(self, s: cst.SimpleStatementLine, is_loss: bool) -> None:
+        for call in find(s, cst.Call):
+            func = call.func
+            if isinstance(func, cst.Attribute):
+                name = func.attr.value
+                if name in _HOST_METHODS:
+                    raise Refused(f"`.{name}()` in the forward pass leaves the GPU (not per-sample)", s)
+                if name in _ACROSS_BATCH_METHODS and not is_loss and self._across_dim0(call):
+                    raise Refused(f"`.{name}(...)` mixes the samples of the batch (not per-sample)", s)
+            if self.t.qualified_names(func) & _ACROSS_BATCH_FUNCTIONS and not is_loss:
+                raise Refused(f"`{code_of(func)}(...)` mixes the samples of the batch (not per-sample)", s)
+            if isinstance(func, cst.Name) and func.value == "print":
+                raise Refused("a print inside the forward pass", s)
+
+    @staticmethod
+    def _across_dim0(call: cst.Call) -> bool:
+        dims = [a.value for a in call.args if a.keyword is None or a.keyword.value == "dim"]
+        if not dims:
+            return True
+        return isinstance(dims[0], cst.Integer) and dims[0].value == "0"
+
+    def _models_and_scalars(self, chain, loss_name, owner) -> tuple[list[str], set[str]]:
+        models: list[str] = []
+        for s in chain:
+            for call in self._model_calls(s):
+                text = code_of(call.func)
+                if text not in models:
+                    models.append(text)
+            for node in find(s, (cst.Name, cst.Attribute)):
+                key = name_key(node)
+                if key in self.script.criteria and key not in models and self._is_module_criterion(node):
+                    models.append(key)
+        scalars: set[str] = set()
+        for s in chain:
+            value = s.body[0].value
+            if self._scalar(value, scalars):
+                scalars |= assigned(s)
+        if not self._scalar(owner.body[0].value, scalars) and not self._model_calls(owner):
+            raise Refused(
+                f"`{loss_name}` is not computed by a loss function autoaccel knows (whether it"
+                " averages the batch decides how the per-GPU losses combine)",
+                owner,
+            )
+        return models, scalars
+
+    def _is_module_criterion(self, node: cst.CSTNode) -> bool:
+        parent = self.t.parent(node)
+        return isinstance(parent, cst.Call) and parent.func is node
+
+    def _scalar(self, expr: cst.BaseExpression, scalars: set[str]) -> bool:
+        if isinstance(expr, cst.Call):
+            if self.script.is_loss_call(expr):
+                return True
+            if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("mean", "sum") and not expr.args:
+                return True
+            return False
+        if isinstance(expr, cst.BinaryOperation):
+            sides = (expr.left, expr.right)
+            return any(self._scalar(x, scalars) for x in sides) and all(
+                self._scalar(x, scalars) or not (read(x) & self._chain_tensors) for x in sides
+            )
+        if isinstance(expr, cst.UnaryOperation):
+            return self._scalar(expr.expression, scalars)
+        if isinstance(expr, cst.Name):
+            return expr.value in scalars
+        return False
+
+    _chain_tensors: set[str] = set()
+
+    def _inputs(self, chain, before_chain) -> list[str]:
+        """The batch-first tensors the chain reads, in order; refused when one is not."""
+        defined: set[str] = set()
+        wanted: list[str] = []
+        for s in chain:
+            for name in sorted(read(s) - defined, key=lambda n: code_of(s).find(n)):
+                if name not in wanted:
+                    wanted.append(name)
+            defined |= assigned(s)
+        loop = self._step_loop()
+        step_names, batch, flattened, lines = self._step_names(loop, before_chain)
+        moved = self._moved(before_chain)
+        models = {m.split(".")[0] for m in self.models}
+        inputs = []
+        for name in wanted:
+            if name in models and name not in batch:
+                continue
+            if name in batch:
+                inputs.append(name)
+            elif name in defined or defined_in_loop_after(chain, name):
+                raise Refused(
+                    f"`{name}` is fed back into the model from one step to the next (a recurrent"
+                    " state): `nn.DataParallel` would split it along dimension 0",
+                    lines.get(name, chain[0]),
+                )
+            elif name in step_names:
+                raise Refused(
+                    f"`{name}` is made in the step but not from the batch, so it is not known to"
+                    " be batch-first: `nn.DataParallel` would split it along dimension 0",
+                    lines.get(name, chain[0]),
+                )
+            if name in flattened:
+                raise Refused(
+                    f"`{name}` is reshaped across the batch dimension before the forward pass:"
+                    " `nn.DataParallel` would split it unlike the other inputs",
+                    lines.get(name, chain[0]),
+                )
+        on_host = [n for n in inputs if n in batch and n not in moved]
+        if on_host and len(on_host) < len([n for n in inputs if n in batch]):
+            name = on_host[0]
+            raise Refused(
+                f"`{name}` stays on the CPU where the other inputs move to the device (lengths"
+                " for `pack_padded_sequence` must); `nn.DataParallel` would move it to every GPU",
+                lines.get(name, chain[0]),
+            )
+        return inputs
+
+    def _step_loop(self):
+        for ancestor in self.t.ancestors(self.backward):
+            loop = self.script.step_loops.get(ancestor)
+            if loop is not None:
+                return loop
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+                return ancestor if isinstance(ancestor, cst.FunctionDef) else None
+        return None
+
+    def _step_names(self, loop, before_chain):
+        """Names bound each step, those computed from the batch, those reshaped across
+        it, and the line binding each."""
+        step_names: set[str] = set()
+        batch: set[str] = set()
+        flattened: set[str] = set()
+        lines: dict[str, cst.CSTNode] = {}
+        if isinstance(loop, cst.FunctionDef):  # a step function: its parameters
+            params = [p.name.value for p in loop.params.params if p.name.value != "self"]
+            for p in params:
+                step_names.add(p)
+                lines[p] = loop
+                if p in _STATE_NAMES:
+                    raise Refused(
+                        f"`{p}` looks like a recurrent state: `nn.DataParallel` would split it"
+                        " along dimension 0",
+                        loop,
+                    )
+                batch.add(p)
+            body = before_chain
+        elif loop is not None:
+            batch |= set(loop.batch_names)
+            step_names |= set(loop.batch_names)
+            target = loop.node.target if isinstance(loop.node, cst.For) else None
+            if (
+                isinstance(target, cst.Tuple)
+                and isinstance(loop.node.iter, cst.Call)
+                and is_enumerate(loop.node.iter)
+                and target.elements
+            ):
+                index = target.elements[0].value
+                if isinstance(index, cst.Name):
+                    batch.discard(index.value)  # the step counter: a number, not split
+            body = before_chain
+        else:
+            body = before_chain
+        for s in body:
+            defs = assigned(s)
+            step_names |= defs
+            for name in defs:
+                lines[name] = s
+            reads = read(s)
+            if reads & batch:
+                batch |= defs
+                if self._flattens(s):
+                    flattened |= defs
+            else:
+                batch -= defs
+            flattened -= set() if reads & flattened else set()
+            if reads & flattened:
+                flattened |= defs
+        return step_names, batch, flattened, lines
+
+    @staticmethod
+    def _moved(statements) -> set[str]:
+        """Names bound to a tensor moved to a device (`.to(...)`, `.cuda()`) in the step."""
+        moved: set[str] = set()
+        for s in statements:
+            moves = any(
+                isinstance(c.func, cst.Attribute) and c.func.attr.value in ("to", "cuda")
+                for c in find(s, cst.Call)
+            )
+            if moves or read(s) & moved:
+                moved |= assigned(s)
+        return moved
+
+    @staticmethod
+    def _flattens(s: cst.CSTNode) -> bool:
+        for call in find(s, cst.Call):
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value in _FLATTENING:
+                if call.func.attr.value == "flatten" and not call.args:
+                    return True
+                first = call.args[0].value if call.args else None
+                if isinstance(first, cst.UnaryOperation) and code_of(first) == "-1":
+                    return True
+        return False
+
+    def _kept(self, chain, defined, scalars, loss_name) -> list[tuple[str, bool]]:
+        """The names the chain binds that other lines of its function read."""
+        scope = next(
+            (a for a in self.t.ancestors(chain[0]) if isinstance(a, cst.FunctionDef)), self.t.tree
+        )
+        inside = {id(n) for s in chain for n in find(s, cst.Name)}
+        later = {
+            n.value for s in find(scope, cst.SimpleStatementLine) if s not in chain
+            for n in find(s, cst.Name) if id(n) not in inside
+        }
+        for s in find(scope, cst.BaseCompoundStatement):
+            if not isinstance(s, (cst.FunctionDef, cst.ClassDef)):
+                later |= read(getattr(s, "test", None) or getattr(s, "iter", None) or cst.Name("_"))
+        kept = []
+        for name in sorted(defined & later, key=lambda n: (n != loss_name, n)):
+            if name == loss_name:
+                continue
+            if name in scalars:
+                kept.append((name, True))
+                continue
+            if self._unpacked_from_model(chain, name):
+                raise Refused(
+                    f"`{name}` comes from a model returning several values and is read after"
+                    " the step; it is not known to be batch-first, so gathering it along"
+                    " dimension 0 could be wrong",
+                    chain[0],
+                )
+            kept.append((name, False))
+        return kept
+
+    def _unpacked_from_model(self, chain, name) -> bool:
+        for s in chain:
+            assign = s.body[0]
+            if isinstance(assign, cst.Assign) and self._model_calls(assign.value):
+                for target in assign.targets:
+                    if isinstance(target.target, (cst.Tuple, cst.List)) and name in assigned(target):
+                        return True
+        return False
+
+    def _reduce(self, chain, owner) -> str:
+        reductions = set()
+        for s in chain:
+            for call in find(s, cst.Call):
+                if self.script.is_loss_call(call):
+                    reduction = self.t._reduction(call)
+                    if reduction is None:
+                        raise Refused(f"`{code_of(call.func)}` does not average or sum its loss (reduction)", s)
+                    reductions.add(reduction)
+        if reductions == {"sum"}:
+            value = owner.body[0].value
+            if isinstance(value, cst.Call) and self.script.is_loss_call(value) and len(chain) == 1:
+                return "sum"
+            raise Refused("the loss adds summed losses to other terms; their per-GPU parts would not add up", owner)
+        if "sum" in reductions:
+            raise Refused("the loss mixes summed and averaged losses", owner)
+        return "mean"
+
+    def _check_forward_attributes(self, chain) -> None:
+        """`self.x = ...` in a replicated model's `forward` is set on a replica and lost."""
+        for s in chain:
+            for call in self._model_calls(s):
+                for obj in self.script.values(call.func):
+                    cls = getattr(obj, "cls", None)
+                    method = cls.method("forward") if cls is not None else None
+                    if method is None or getattr(method, "node", None) is None:
+                        continue
+                    for target in find(method.node, (cst.AssignTarget, cst.AugAssign)):
+                        node = target.target
+                        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+                            line = ""
+                            if obj.module is self.script.module:
+                                line = f" (line {self.t.line_of(target)})"
+                            raise Refused(
+                                f"`{cls.name}.forward` sets `self.{node.attr.value}`{line}:"
+                                " `nn.DataParallel` sets it on a replica, and the model never sees it",
+                                s,
+                            )
+
+    def _anchor(self, statement, first) -> cst.CSTNode:
+        """The outermost loop around the step in its function; the span's first line
+        in a step function without one."""
+        outermost = None
+        for ancestor in self.t.ancestors(statement):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                break
+            if isinstance(ancestor, (cst.For, cst.While)):
+                outermost = ancestor
+        return outermost if outermost is not None else first
+
+    def _params(self, models: list[str], inputs: list[str]) -> list[str]:
+        params = []
+        for text in models:
+            base = text.split(".")[-1]
+            name = base
+            n = 2
+            while name in inputs or name in params:
+                name = f"{base}{n}"
+                n += 1
+            params.append(name)
+        return params
+
+
+def defined_in_loop_after(chain, name) -> set[str]:
+    """`{name}` when a line of the chain binds `name` after reading it (a state fed back)."""
+    seen_read = False
+    for s in chain:
+        if name in read(s):
+            seen_read = True
+        if seen_read and name in assigned(s):
+            return {name}
+    return set()
+
+
+def is_enumerate(call: cst.Call) -> bool:
+    return isinstance(call.func, cst.Name) and call.func.value == "enumerate"
+
+
+def training_backward_calls(transform, module: cst.Module) -> list[cst.Call]:
+    """`.backward()` calls that run every training step."""
+    from autoaccel.analysis.shapes import method_calls
+
+    found = []
+    for call in method_calls(module, "backward"):
+        if not isinstance(call.func, cst.Attribute):
+            continue
+        role, _ = transform.script.every_step(call)
+        if role is LoopRole.TRAIN:
+            found.append(call)
+    return found
