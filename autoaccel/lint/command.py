@@ -132,7 +132,7 @@ def run_lint(
         if closing:
             print(closing, file=sys.stderr)
         if mode is Mode.CHECK and paths != ["-"]:
-            for note in _unlinted_imports([Path(p) for p in paths if Path(p).is_file()], results, overrides):
+            for note in _unlinted_imports([Path(p) for p in paths if os.path.isfile(p)], results, overrides):
                 print(note, file=sys.stderr)
 
     if any(r.error for r in results):
