@@ -244,17 +244,26 @@ def convert(
     verify_steps: int = typer.Option(
         20, "--verify-steps", min=1, metavar="N", help="Training steps --verify runs."
     ),
+    no_run: bool = typer.Option(
+        False,
+        "--no-run",
+        help="ddp, fsdp: never run the script. Without it, where the code alone does not show"
+        " which model trains, the script runs for a few steps in a child process to find out.",
+    ),
     script_args: Optional[List[str]] = typer.Argument(
-        None, metavar="SCRIPT_ARGS", help="The script's arguments for --verify, after `--`."
+        None, metavar="SCRIPT_ARGS",
+        help="The script's arguments, after `--`: for the short run and --verify (ddp, fsdp).",
     ),
 ) -> None:
     """Rewrite a single-GPU training script into a fast one (diff preview by default).
     Option defaults come from [tool.autoaccel.convert] in pyproject.toml."""
     from autoaccel.config import ConfigError, convert_options
     from autoaccel.convert.command import STDIN, STDOUT, run_convert
+    from autoaccel.convert.log import MULTI_PROCESS
     from autoaccel.convert.verify import VerifyRequest
+    from autoaccel.facts.run import FactsRequest
 
-    if script_args and not verify:
+    if script_args and not verify and no_run:
         raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments go after `--verify --`)")
     _choice("--format", report_format, ("text", "markdown", "json"))
     if write and output is not None:
@@ -279,11 +288,15 @@ def convert(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
     _check_distributed(options, verify)
+    if script_args and not verify and options.target not in MULTI_PROCESS:
+        raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments go after `--verify --`)")
     request = VerifyRequest(script_args or [], verify_steps) if verify else None
+    # A run only where the target needs to know which model trains, of a script on disk.
+    facts = None if no_run or from_stdin else FactsRequest(script_args or [])
     raise typer.Exit(
         run_convert(
             file, options, write, output, check, report_format, allow_partial, force, request,
-            from_stdin,
+            from_stdin, facts,
         )
     )
 

@@ -28,6 +28,10 @@ bf16 needs none). An environment variable, so that it reaches the harness throug
 ``--scratch DIR`` sends what ``torch.save`` writes into DIR (``torch.load`` of such a path
 reads it back from there), so that a trial run leaves the script's checkpoints alone.
 
+With ``AUTOACCEL_FACTS_OUT=PATH`` in the environment, `autoaccel.facts.recorder` also
+records what the script makes and calls, keyed to source positions, into PATH (JSON; see
+`autoaccel.facts.model`); the script's own ``open(..., "w")`` writes then go to DIR too.
+
 The record also has ``saves`` (the paths each ``torch.save`` call wrote) and
 ``param_digest`` (per optimizer, then per model wrapped in DDP, the sum and the sum of
 absolute values of its parameters at the end, in float64: equal on every rank of a distributed run when the gradients were
@@ -463,10 +467,25 @@ def record_steps(
         # as unseeded processes do (torch seeds each from the OS), until a script seeds
         seed_everything(seed + int(os.environ.get("RANK", 0)))
     recorder = _StepRecorder(max_steps, progress, scratch)
-    exit_status = run_as_main(script, args, recorder.patches(align_loader_rng))
+    patches = recorder.patches(align_loader_rng)
+    facts = _fact_recorder(script, scratch)
+    if facts is not None:  # entered last: its patches wrap the harness's
+        patches.enter_context(facts[0].patches())
+    exit_status = run_as_main(script, args, patches)
     record = recorder.finish(exit_status)
+    if facts is not None:
+        facts[0].write(facts[1], exit_status, len(record.times))
     _end_process_group()
     return record
+
+
+def _fact_recorder(script: str, scratch: Path | None) -> Any:
+    """`autoaccel.facts`' recorder and its output path, when ``AUTOACCEL_FACTS_OUT`` asks
+    for facts (an environment variable, as `AUTOACCEL_FORCE_AUTOCAST`: it reaches the
+    harness through `autoaccel.bench.runner.run_script`); None otherwise."""
+    from autoaccel.facts.recorder import recorder_from_env
+
+    return recorder_from_env(script, scratch)
 
 
 def _end_process_group() -> None:

@@ -96,5 +96,5 @@ def test_dp_that_adds_no_data_parallel_exits_1(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 1, proc.stderr
-    assert "--to dp refused" in proc.stderr and "recurrent state" in proc.stderr
+    assert "--to dp refused: no DataParallel was added" in proc.stderr and "recurrent state" in proc.stderr
     assert not out.exists()

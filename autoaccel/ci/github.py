@@ -259,7 +259,8 @@ def convert_section(scripts: list[Path], convert_args: str) -> str:
     for script in scripts:
         extra = ["--to", "single"] if script.suffix == ".ipynb" else []
         run = _autoaccel(
-            "convert", "--format", "markdown", *shlex.split(convert_args), *extra, "--", str(script)
+            # --no-run: a preview never runs the code of a pull request
+            "convert", "--format", "markdown", "--no-run", *shlex.split(convert_args), *extra, "--", str(script)
         )
         if run.returncode == 0:
             parts.append(run.stdout)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from autoaccel.convert.log import ConvertOptions, Skipped
+from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.project_conversion import convert_project, find_project
 from autoaccel.convert.report import (
@@ -22,6 +22,7 @@ from autoaccel.convert.report import (
 from autoaccel.convert.transforms.distributed.init_process_group import ALREADY_DISTRIBUTED
 from autoaccel.convert.verify import VerifyRequest, WriteConversion, verify_ddp, write_one
 from autoaccel.diff import use_colour
+from autoaccel.facts.run import FactsRequest
 from autoaccel.fileio import (
     MAX_SOURCE_BYTES,
     FileRefused,
@@ -68,13 +69,17 @@ def run_convert(
     force: bool = False,
     verify: VerifyRequest | None = None,
     from_stdin: bool = False,
+    facts: FactsRequest | None = None,
 ) -> int:
     """Convert one file (a script, or a notebook's code cells); nothing is written
     unless every safety check passed, nor a result that would train wrongly (unless
     `allow_partial`), nor one that fails `verify` (a run on two processes). Launcher
     files that exist with other contents are kept unless `force`.
     `from_stdin`: the file's text is read from stdin, `path` only names it (Black's
-    `--stdin-filename`). `output` `STDOUT`: the result goes to stdout, the report to stderr."""
+    `--stdin-filename`). `output` `STDOUT`: the result goes to stdout, the report to stderr.
+    `facts`: where the static conversion of a script (not a notebook, nor a project) to
+    ddp/fsdp finds no trained model, run it for a few steps and convert again with what
+    the run showed (`autoaccel.facts`); None: never run it (`--no-run`)."""
     notebook: Notebook | None = None
     try:
         source = _read_stdin() if from_stdin else None
@@ -111,6 +116,9 @@ def run_convert(
             )
         # The launch commands of `--to ddp` name the script that will run.
         conversion = convert_source(text, options, str(_file_output(output) or path))
+        # (a script that calls no `.step(` has no optimizer step for a run to find)
+        if facts is not None and notebook is None and ".step(" in text and needs_facts(conversion, options):
+            conversion = with_run_facts(path, text, options, facts, output) or conversion
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
     except SourceError as error:
         where = f"{error.line}:{error.column}"
@@ -177,6 +185,44 @@ def run_convert(
     return EXIT_OK
 
 
+# The refusal of the wrap and shard steps that facts from a run can answer.
+NO_TRAINED_MODEL = "no trained model was recognised"
+
+
+def needs_facts(conversion: Conversion, options: ConvertOptions) -> bool:
+    """Whether the static conversion to ddp/fsdp refused for want of a trained model."""
+    return options.target in MULTI_PROCESS and any(
+        s.wrong and NO_TRAINED_MODEL in s.reason for s in conversion.log.skipped
+    )
+
+
+def with_run_facts(
+    path: Path, text: str, options: ConvertOptions, request: FactsRequest, output: Path | None
+) -> Conversion | None:
+    """Run the script for a few steps (`autoaccel.facts.collect_facts`) and convert it
+    again with what the run showed; None when the run showed nothing (it failed before
+    a training step: the static conversion stands). Says on stderr that it ran, and what
+    it established."""
+    from autoaccel.facts import collect_facts
+    from autoaccel.facts.resolve import ConversionFacts
+    from autoaccel.facts.run import describe
+
+    steps = f"{request.steps} training steps"
+    print(
+        f"{path}: no trained model found in the code alone: running the script for {steps}"
+        f" to see which one trains (writes go to a scratch folder; --no-run skips this) ...",
+        file=sys.stderr, flush=True,
+    )
+    ran = collect_facts(path, request)
+    if ran.facts is None or not ran.facts.ran_steps:
+        error = (ran.error.strip().splitlines() or ["it made no training step"])[0]
+        print(f"{path}: the run showed nothing ({error}); the conversion stays static", file=sys.stderr)
+        return None
+    print(f"{path}: the run ({ran.seconds:.1f} s) {describe(ran.facts)}", file=sys.stderr)
+    given = ConversionFacts(ran.facts, path, text)
+    return convert_source(text, options, str(_file_output(output) or path), given)
+
+
 def already_distributed(options: ConvertOptions, skipped: list[Skipped]) -> int | None:
     """The line where the script starts torch.distributed or wraps a model in DDP itself
     (nanoGPT), when that is all that stops `--to ddp`: then there is nothing to do. (A
@@ -224,9 +270,13 @@ def print_not_applied(path: Path, items: list[Skipped], level: str) -> None:
 
 
 def print_refused(path: Path, options: ConvertOptions) -> None:
+    why = (
+        "no DataParallel was added" if options.target == "dp"
+        else "the result would not train like the original"
+    )  # fmt: skip
     print(
-        f"{path}: error: --to {options.target} refused: the result would not train like the"
-        " original (see above); nothing written. `--allow-partial` writes it anyway.",
+        f"{path}: error: --to {options.target} refused: {why} (see above); nothing written."
+        " `--allow-partial` writes it anyway.",
         file=sys.stderr,
     )
 

@@ -36,6 +36,7 @@ from autoaccel.module_code import ModuleCode
 
 if TYPE_CHECKING:
     from autoaccel.convert.transforms.rule_fixes import RuleFixes
+    from autoaccel.facts.resolve import ConversionFacts
 
 
 class ConversionError(Exception):
@@ -175,12 +176,21 @@ def _run(
     log: ConversionLog,
     path: str | None,
     tree: cst.Module | None = None,
+    facts: ConversionFacts | None = None,
 ) -> str:
-    """The code of `source` (parsed as `tree` when given) after every step of the target."""
+    """The code of `source` (parsed as `tree` when given) after every step of the target;
+    `facts` (of a run of the script) reach the steps through their context."""
     state = ModuleState.of(source) if tree is None else ModuleState(tree, source)
+    if facts is not None:
+        from autoaccel.facts.resolve import FACTS_KEY
+
+        facts.history = state.history  # the steps map their tree's lines back through it
     for step in transforms_for(options):
         if step.enabled(options):
-            apply_step(step, state, state.context(options, log, path))
+            context = state.context(options, log, path)
+            if facts is not None:
+                context.scratch[FACTS_KEY] = facts
+            apply_step(step, state, context)
     return state.text
 
 
@@ -228,14 +238,18 @@ def _in_the_users_terms(
             log.skipped[index] = replace(skipped, line=original_line(history, skipped.line))
 
 
-def convert_source(source: str, options: ConvertOptions, path: str = "<string>") -> Conversion:
-    """Convert the script `source` (`path` names the result, for its launch commands).
+def convert_source(
+    source: str, options: ConvertOptions, path: str = "<string>", facts: ConversionFacts | None = None
+) -> Conversion:
+    """Convert the script `source` (`path` names the result, for its launch commands),
+    with the `facts` of a run of it where there was one (the second conversion, of the
+    result, is static: the run's positions are the original's).
     Raises `SourceError` when it does not parse and `ConversionError` when the result
     fails a safety check."""
     log = ConversionLog()
     script = None if path.startswith("<") else path
     with fewer_collections():
-        converted = _run(source, options, log, script)
+        converted = _run(source, options, log, script, facts=facts)
         if converted != source:
             tree = check_compiles(converted, path)
             check_stable(converted, _run(converted, options, ConversionLog(), script, tree))

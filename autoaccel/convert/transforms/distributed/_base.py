@@ -19,6 +19,7 @@ from autoaccel.analysis.side_effects import find_side_effects
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
 from autoaccel.cst_edit import add_import, keyword_value
+from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts, FactsResolver
 
 # Module-level names the set-up block defines; every later step builds on them.
 DISTRIBUTED = "DISTRIBUTED"
@@ -330,7 +331,10 @@ class DistributedStep(StatementRewrite):
             if (key := name_key(call.func)) in self.script.models:
                 known = {o for o in self.script.values(call.func) if o.kind is Kind.MODULE}
                 called.setdefault(key, set()).update(known)
-        keys = sorted(called.keys() - self.ddp_wrappers(module))
+        wrappers = self.ddp_wrappers(module)
+        if not called.keys() - wrappers:
+            called.update(self._called_per_run_facts(module))
+        keys = sorted(called.keys() - wrappers)
         training = self.training_functions(module)
         loops = set(self.train_loops())
         assignments = find(module, (cst.Assign, cst.AnnAssign))
@@ -368,6 +372,77 @@ class DistributedStep(StatementRewrite):
             if model is not None:
                 found.append(model)
         return found
+
+    # -- facts from a run of the script (`autoaccel.facts`) -----------------------------
+    def run_facts(self) -> FactsResolver | None:
+        """The facts of a short run of the script, for this module's tree, when the
+        conversion has them (`convert --to ddp|fsdp` ran the script) and this module is
+        the script that ran."""
+        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
+        index = self.script.index
+        if given is None or index is None or not self.in_entry_script:
+            return None
+        return given.resolver(index.module, self.position_of)
+
+    def _called_per_run_facts(self, module: cst.Module) -> dict[str, set[Obj]]:
+        """Where the static model found no trained model, the models the run trained
+        (the modules whose parameters a stepping optimizer holds), under the names the
+        training code calls them by: `self.model(x)` where the run called that model at
+        that node. A name the static model binds to another construction call of this
+        module than the one that made the model in the run is left out, and both views
+        are reported (refused); so is a trained model the run did not call at a node of
+        the training code here (the wrap step could not reach it)."""
+        facts = self.run_facts()
+        if facts is None or not facts.trained_models():
+            return {}
+        called: dict[str, set[Obj]] = {}
+        reached: set[int] = set()
+        for call in self.step_calls(module):
+            models = facts.trained_at(call)
+            key = name_key(call.func)
+            if not models or key is None:
+                continue
+            reached |= {model.id for model in models}
+            static = {o for o in self.script.values(call.func) if o.kind is Kind.MODULE}
+            made = [facts.creation_call(model) for model in models]
+            nodes = {o.node for o in static if o.module.tree is module}
+            if nodes and any(node is not None and node not in nodes for node in made):
+                seen = ", ".join(sorted(f"`{_code(n)}` at line {self.line_of(n)}" for n in nodes))
+                self._facts_refuse(
+                    f"`{key}` holds {seen} to the static analysis, while the run shows"
+                    f" {self._facts_made(facts, models)}, called here; nothing is wrapped on"
+                    " either view: wrap the trained model by hand",
+                    call,
+                )
+                continue
+            called.setdefault(key, set()).update(static)
+        missed = [model for model in facts.trained_models() if model.id not in reached]
+        if missed and not called:
+            where = [f for model in missed for f in facts.facts.forwards_of(model.id)]
+            calls = "; ".join(f"`{facts.text_of(f.site) or '?'}` at {facts.shown(f.site)}" for f in where[:3])
+            self._facts_refuse(
+                f"the run shows the optimizer trains {self._facts_made(facts, missed)}"
+                f"{', called as ' + calls if calls else ', never called at top level'}, which the"
+                " training code of this file does not call by a name the conversion can wrap"
+                " (an item of a container, a model passed to another module); wrap it by hand",
+                None,
+            )
+        return called
+
+    def _facts_made(self, facts: FactsResolver, models: list) -> str:  # list[Made]
+        """`Net()` made at train.py:12:9, for each of `models`."""
+        return " and ".join(
+            f"`{facts.text_of(model.site) if model.site and facts.node_at(model.site) else model.cls.rpartition('.')[2]}`"
+            f" made at {facts.shown(model.site)}"
+            for model in models
+        )
+
+    def _facts_refuse(self, reason: str, node: cst.CSTNode | None) -> None:
+        """Log `reason` once per conversion (several steps ask for the trained models)."""
+        what = "facts from the run"
+        if any(s.what == what and s.reason == reason for s in self.log.skipped):
+            return
+        self.skipped(what, reason, node, wrong=True)
 
     def _bound_values(self, assignment: cst.Assign | cst.AnnAssign) -> Values:
         """What the assignment binds, where it has one target and one value."""
@@ -426,6 +501,10 @@ def _space_new_definitions(
                 leading_lines=[*missing, *following.leading_lines]
             )
     return spaced
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
 
 
 def _target_name(target: cst.BaseExpression) -> str | None:

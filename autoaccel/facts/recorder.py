@@ -1,0 +1,350 @@
+"""The child side of a fact run: patches that record, keyed to source positions, what the
+script makes and calls (see `autoaccel.facts.model` for the JSON it writes).
+
+It runs inside `autoaccel.harness` (same scratch folder and step limit): the harness
+enters `FactRecorder.patches()` after its own when ``AUTOACCEL_FACTS_OUT`` names the output
+file, and calls `write()` when the script has ended. torch is imported only inside the
+methods: importing this module stays cheap, and `lint` never gets here.
+
+What it patches, and why each is cheap: the `__init__` of `nn.Module`, `Optimizer`,
+`DataLoader`, the samplers, `LRScheduler` and `GradScaler` (one frame walk per object
+made); `Tensor.backward` and `Optimizer.zero_grad`, and a global optimizer step pre-hook
+(one frame walk per call); global module forward hooks that count the nesting depth and
+look at the stack only for top-level calls; `torch.save`, `builtins.open` and
+`builtins.print`. Writes by the script's own code (`open(path, "w")`) go to the scratch
+folder, as the harness sends `torch.save` there.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any, Callable
+
+from autoaccel.facts.model import VERSION
+
+FACTS_ENV = "AUTOACCEL_FACTS_OUT"
+_WRITE_MODES = frozenset("wax+")
+_AUTOACCEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Folders whose code is not the user's: the standard library, installed packages,
+    torch and autoaccel themselves."""
+    import torch
+
+    paths = sysconfig.get_paths()
+    roots = {paths.get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__))}
+    return tuple(sorted(os.path.join(os.path.realpath(r), "") for r in roots if r))
+
+
+class FactRecorder:
+    """Records facts while the patches are in place; `write(path)` saves them."""
+
+    def __init__(self, script: str, scratch: Path | None = None) -> None:
+        self.script = os.path.realpath(script)
+        self.scratch = scratch
+        self.started = time.perf_counter()
+        self._roots = _library_roots()
+        self._user_files: dict[str, bool] = {}
+        self._positions: dict[CodeType, list[tuple]] = {}
+        self._ids: dict[int, tuple[str, int]] = {}  # id(obj) -> (kind, fact id)
+        self._objects: dict[str, list[tuple[Any, dict[str, Any]]]] = {
+            kind: [] for kind in ("modules", "optimizers", "loaders", "samplers", "schedulers", "scalers")
+        }
+        self._counted: dict[tuple, dict[str, Any]] = {}  # (kind, site..., object) -> entry
+        self.calls: list[dict[str, Any]] = []
+        self.forwards: list[dict[str, Any]] = []
+        self.writes: list[dict[str, Any]] = []
+        self.prints: list[dict[str, Any]] = []
+        self._depth = 0  # module forwards under way
+        self.redirected: dict[str, str] = {}  # path the script wrote -> file in scratch
+
+    # -- where ----------------------------------------------------------------------------
+    def _is_user(self, filename: str) -> bool:
+        known = self._user_files.get(filename)
+        if known is None:
+            real = os.path.realpath(filename) if not filename.startswith("<") else ""
+            known = bool(real) and not real.startswith(self._roots)
+            self._user_files[filename] = known
+        return known
+
+    def _is_ours(self, frame: FrameType) -> bool:
+        """A frame of autoaccel's own wrappers (the harness's patches)."""
+        return frame.f_code.co_filename.startswith(_AUTOACCEL)
+
+    def _site_of(self, frame: FrameType) -> dict[str, Any]:
+        code = frame.f_code
+        positions = self._positions.get(code)
+        if positions is None:
+            positions = self._positions[code] = list(code.co_positions())
+        line, end_line, col, end_col = positions[frame.f_lasti // 2]
+        return {
+            "path": os.path.realpath(code.co_filename), "line": line, "col": col,
+            "end_line": end_line, "end_col": end_col,
+        }
+
+    def _user_frame(self, frame: FrameType | None) -> FrameType | None:
+        while frame is not None and not self._is_user(frame.f_code.co_filename):
+            frame = frame.f_back
+        return frame
+
+    def _caller_site(self, depth: int = 2) -> dict[str, Any] | None:
+        frame = self._user_frame(sys._getframe(depth))
+        return None if frame is None else self._site_of(frame)
+
+    def _creation(self, obj: Any) -> tuple[dict[str, Any] | None, bool]:
+        """The site of the call that made `obj`: the frame that called its outermost
+        `__init__` (or the first frame of the user's above it), and whether that frame
+        was the user's own (not torch making it inside another call)."""
+        frame: FrameType | None = sys._getframe(2)
+        while frame is not None and (_initialises(frame, obj) or self._is_ours(frame)):
+            frame = frame.f_back
+        if frame is None:
+            return None, True
+        user = self._user_frame(frame)
+        return (None if user is None else self._site_of(user)), self._is_user(frame.f_code.co_filename)
+
+    # -- objects --------------------------------------------------------------------------
+    def _made(self, kind: str) -> Callable[[Callable], Callable]:
+        def make(original: Callable) -> Callable:
+            def init(obj, *args, **kwargs):
+                result = original(obj, *args, **kwargs)
+                if id(obj) not in self._ids:
+                    site, direct = self._creation(obj)
+                    number = len(self._ids) + 1
+                    self._ids[id(obj)] = (kind, number)
+                    entry = {"id": number, "cls": _class_name(obj), "site": site, "direct": direct}
+                    self._objects[kind].append((obj, entry))
+                return result
+
+            return init
+
+        return make
+
+    def _fact_id(self, obj: Any) -> int | None:
+        known = self._ids.get(id(obj))
+        return None if known is None else known[1]
+
+    # -- calls ----------------------------------------------------------------------------
+    def _count(self, store: list[dict[str, Any]], key: tuple, make: Callable[[], dict[str, Any]]) -> None:
+        entry = self._counted.get(key)
+        if entry is None:
+            entry = self._counted[key] = make()
+            store.append(entry)
+        entry["count"] += 1
+
+    def _call(self, kind: str, obj: Any, frame: FrameType | None) -> None:
+        user = self._user_frame(frame)
+        if user is None:
+            return
+        site = self._site_of(user)
+        number = None if obj is None else self._fact_id(obj)
+        key = (kind, *site.values(), number)
+        self._count(self.calls, key, lambda: {"kind": kind, "site": site, "count": 0, "object": number})
+
+    def _backward(self, original: Callable) -> Callable:
+        def backward(tensor, *args, **kwargs):
+            self._call("backward", None, sys._getframe(1))
+            return original(tensor, *args, **kwargs)
+
+        return backward
+
+    def _zero_grad(self, original: Callable) -> Callable:
+        def zero_grad(optimizer, *args, **kwargs):
+            self._call("zero_grad", optimizer, sys._getframe(1))
+            return original(optimizer, *args, **kwargs)
+
+        return zero_grad
+
+    def _step_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._call("step", optimizer, sys._getframe(1))
+
+    def _forward_pre_hook(self, module: Any, args: Any) -> None:
+        self._depth += 1
+        if self._depth != 1:
+            return
+        number = self._fact_id(module)
+        user = self._user_frame(sys._getframe(1))
+        if number is None or user is None:
+            return
+        site = self._site_of(user)
+        key = ("forward", *site.values(), number)
+        self._count(
+            self.forwards, key,
+            lambda: {"module": number, "site": site, "count": 0, "args": [_shape(a) for a in args]},
+        )
+
+    def _forward_hook(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    # -- writes and prints ----------------------------------------------------------------
+    def _save(self, original: Callable) -> Callable:
+        def save(obj, f, *args, **kwargs):
+            user = self._user_frame(sys._getframe(1))
+            if user is not None:
+                path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else repr(f)
+                self._write("torch.save", path, self._site_of(user))
+            return original(obj, f, *args, **kwargs)
+
+        return save
+
+    def _write(self, kind: str, path: str, site: dict[str, Any]) -> None:
+        key = (kind, path, *site.values())
+        self._count(self.writes, key, lambda: {"kind": kind, "path": path, "site": site, "count": 0})
+
+    def _open(self, original: Callable) -> Callable:
+        def open_(file, mode="r", *args, **kwargs):
+            user = sys._getframe(1)
+            # only the script's own opens of a path: torch, the stdlib and pip open theirs
+            if self._is_user(user.f_code.co_filename) and isinstance(file, (str, os.PathLike)):
+                wanted = os.path.abspath(file)
+                if _WRITE_MODES & set(mode):
+                    self._write("open", os.fspath(file), self._site_of(user))
+                    if self.scratch is not None:
+                        name = wanted.strip(os.sep).replace(os.sep, "__")
+                        file = self.redirected[wanted] = str(self.scratch / f"open-{name}")
+                else:
+                    file = self.redirected.get(wanted, file)
+            return original(file, mode, *args, **kwargs)
+
+        return open_
+
+    def _print(self, original: Callable) -> Callable:
+        def print_(*args, **kwargs):
+            frame = sys._getframe(1)
+            if self._is_user(frame.f_code.co_filename):
+                site = self._site_of(frame)
+                self._count(self.prints, ("print", *site.values()), lambda: {"site": site, "count": 0})
+            return original(*args, **kwargs)
+
+        return print_
+
+    # -- patches --------------------------------------------------------------------------
+    def patches(self) -> ExitStack:
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+        from torch.utils.data import DataLoader, sampler
+
+        from autoaccel.harness import patched
+
+        stack = ExitStack()
+        stack.enter_context(patched(torch.nn.Module, "__init__", self._made("modules")))
+        stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._made("optimizers")))
+        stack.enter_context(patched(DataLoader, "__init__", self._made("loaders")))
+        samplers = [
+            cls for cls in vars(sampler).values()
+            if isinstance(cls, type) and issubclass(cls, sampler.Sampler) and "__init__" in vars(cls)
+        ]
+        from torch.utils.data.distributed import DistributedSampler
+
+        for cls in {*samplers, DistributedSampler}:
+            stack.enter_context(patched(cls, "__init__", self._made("samplers")))
+        stack.enter_context(
+            patched(torch.optim.lr_scheduler.LRScheduler, "__init__", self._made("schedulers"))
+        )
+        stack.enter_context(patched(torch.amp.GradScaler, "__init__", self._made("scalers")))
+        stack.enter_context(patched(torch.Tensor, "backward", self._backward))
+        stack.enter_context(patched(torch.optim.Optimizer, "zero_grad", self._zero_grad))
+        stack.callback(register_optimizer_step_pre_hook(self._step_hook).remove)
+        stack.callback(register_module_forward_pre_hook(self._forward_pre_hook).remove)
+        stack.callback(register_module_forward_hook(self._forward_hook, always_call=True).remove)
+        stack.enter_context(patched(torch, "save", self._save))
+        stack.enter_context(patched(builtins, "open", self._open))
+        stack.enter_context(patched(builtins, "print", self._print))
+        return stack
+
+    # -- the record -----------------------------------------------------------------------
+    def facts(self, exit_status: str, steps: int) -> dict[str, Any]:
+        """The JSON of the facts (see `autoaccel.facts.model`)."""
+        optimizers = []
+        module_params = [
+            (entry["id"], obj, {id(p) for p in obj.parameters()}) for obj, entry in self._objects["modules"]
+        ]
+        for optimizer, entry in self._objects["optimizers"]:
+            held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            owners = [(number, obj) for number, obj, params in module_params if params and params <= held]
+            inner = {
+                id(sub) for _, obj in owners for sub in obj.modules() if sub is not obj
+            }
+            optimizers.append({
+                **entry, "params": len(held), "modules": [n for n, _ in owners],
+                "roots": [n for n, obj in owners if id(obj) not in inner],
+            })
+        made = {kind: [entry for _, entry in items] for kind, items in self._objects.items()}
+        made["optimizers"] = optimizers
+        record = {
+            "version": VERSION, "script": self.script, "exit": exit_status, "steps": steps,
+            "seconds": round(time.perf_counter() - self.started, 3),
+            **made, "calls": self.calls, "forwards": self.forwards, "writes": self.writes,
+            "prints": self.prints,
+        }
+        record["files"] = _digests(record)
+        return record
+
+    def write(self, path: Path, exit_status: str, steps: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.facts(exit_status, steps)), encoding="utf-8")
+
+
+def _initialises(frame: FrameType, obj: Any) -> bool:
+    """Whether `frame` runs an `__init__` of `obj` (its own, or a base class's)."""
+    code = frame.f_code
+    if code.co_name != "__init__" or not code.co_argcount:
+        return False
+    return frame.f_locals.get(code.co_varnames[0]) is obj
+
+
+def _class_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _shape(value: Any) -> Any:
+    shape = getattr(value, "shape", None)
+    return list(shape) if shape is not None and not callable(shape) else type(value).__name__
+
+
+def _digests(record: dict[str, Any]) -> dict[str, str]:
+    """The sha256 of each file a site is in, as it was when it ran."""
+    paths: set[str] = set()
+
+    def collect(value: Any) -> None:
+        if isinstance(value, dict):
+            if {"path", "line", "col"} <= value.keys():
+                paths.add(value["path"])
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+
+    collect(record)
+    digests = {}
+    for path in sorted(paths):
+        try:
+            digests[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            continue
+    return digests
+
+
+def recorder_from_env(script: str, scratch: Path | None) -> tuple[FactRecorder, Path] | None:
+    """A recorder and where it writes, when ``AUTOACCEL_FACTS_OUT`` asks for one."""
+    out = os.environ.get(FACTS_ENV)
+    if not out:
+        return None
+    return FactRecorder(script, scratch), Path(out)
