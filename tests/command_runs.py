@@ -8,17 +8,20 @@ import subprocess
 import sys
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from running import FIXTURES_DIR, SessionRuns, selected
+from running import FIXTURES_DIR, SESSION_ENV, SessionRuns, selected
 
 
-def autoaccel(command: str, script: Path, *options: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`autoaccel COMMAND SCRIPT *options` in `cwd`, one intra-op thread, a wide terminal."""
+def autoaccel(
+    command: str, script: Path, *options: str, cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`autoaccel COMMAND SCRIPT *options` in `cwd`, one intra-op thread, a wide terminal,
+    with `env` (by default this process's environment, as a test may have set it)."""
     return subprocess.run(
         [sys.executable, "-m", "autoaccel", command, str(script), *options],
         cwd=cwd, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"},
+        env={**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "COLUMNS": "120"},
     )
 
 
@@ -26,7 +29,7 @@ def _on_fixture(
     shared: SessionRuns, command: str, name: str, options: tuple[str, ...]
 ) -> subprocess.CompletedProcess:
     folder = shared.folder(f"{command}-{name.removesuffix('.py')}")
-    return autoaccel(command, FIXTURES_DIR / name, *options, cwd=folder)
+    return autoaccel(command, FIXTURES_DIR / name, *options, cwd=folder, env=SESSION_ENV)
 
 
 def runs_on_fixtures(

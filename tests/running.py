@@ -64,9 +64,16 @@ def selected(items: Iterable, param: str = "name", default: Hashable = None) -> 
     return sorted(values - {None})
 
 
+# The environment the session started with. Runs read this, not `os.environ`: they run on
+# background threads while the tests on the main thread set variables for themselves
+# (`monkeypatch.setenv("AUTOACCEL_FORCE_AUTOCAST", "1")`, `WORLD_SIZE`), which must not
+# reach another test's run (and would also keep runs from the fork server).
+SESSION_ENV = dict(os.environ)
+
+
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # One intra-op thread: the scripts are tiny, and several run side by side on 2 cores.
-    return {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", **(extra or {})}
+    return {**SESSION_ENV, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", **(extra or {})}
 
 
 def _check(proc: subprocess.CompletedProcess, what: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from autoaccel.bench.runner import Run
 from autoaccel.convert.verify import Check, checks
-from running import DDP_OPTIONS, SessionRuns, runs_fixture, selected
+from running import DDP_OPTIONS, SESSION_ENV, SessionRuns, runs_fixture, selected
 
 DDP_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ddp"
 
@@ -139,9 +139,11 @@ def test_verify_is_for_ddp_and_script_arguments_need_it(cli, tmp_path):
 
 # -- runs ------------------------------------------------------------------------------------
 def _convert(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`autoaccel convert ARGS` in `cwd`, with the session's environment (it also runs on
+    the background threads, while other tests set variables of their own)."""
     return subprocess.run(
         [sys.executable, "-m", "autoaccel", "convert", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600,
+        cwd=cwd, capture_output=True, text=True, timeout=600, env=SESSION_ENV,
     )
 
 
