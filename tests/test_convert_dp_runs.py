@@ -14,7 +14,8 @@ from test_convert_runs import EXACT_REL
 pytestmark = pytest.mark.runs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dp"
-CONVERTED = ["two_inputs.py", "trainer_attribute.py", "gan_two_steps.py", "distill_frozen.py", "existing_dp_step.py"]
+CONVERTED = ["two_inputs.py", "trainer_attribute.py", "gan_two_steps.py", "distill_frozen.py", "existing_dp_step.py",
+             "loss_function.py", "summed_vae.py"]
 
 
 @pytest.mark.parametrize("name", CONVERTED)

@@ -45,6 +45,17 @@ def converted(name: str):
             "loss_on_gpus = LossInForward(compute_loss, model, criterion)",
             "torch.save(model.state_dict()",
         ], id="existing-data-parallel"),
+        pytest.param("loss_function.py", [
+            # the project's loss function, reached through the parameter `loss_fn`
+            "        loss = loss_fn(output, y, teacher_output, T=4.0, alpha=0.7)\n        return loss\n",
+            "loss = loss_on_gpus(x, y, teacher_output).mean()  # mean of the per-GPU losses",
+        ], id="project-loss-function"),
+        pytest.param("summed_vae.py", [
+            "        kl_div = -0.5 * torch.sum(1 + log_var - mu.pow(2) - log_var.exp())\n",
+            "loss, kl_div, reconst_loss = loss_on_gpus(x)\n",
+            "loss = loss.sum()  # sum of the per-GPU losses\n",
+            "kl_div = kl_div.sum()\n",
+        ], id="summed-loss"),
     ],
 )
 def test_step_moves_into_loss_in_forward(name: str, excerpts: list[str]) -> None:
@@ -98,3 +109,82 @@ def test_dp_that_adds_no_data_parallel_exits_1(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert "--to dp refused: no DataParallel was added" in proc.stderr and "recurrent state" in proc.stderr
     assert not out.exists()
+
+
+STEP = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+{helper}
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    out = model(x)
+    {loss}
+    loss.backward()
+"""
+
+
+@pytest.mark.parametrize(
+    ("helper", "loss", "combined"),
+    [
+        pytest.param("", "loss = ((out - y) ** 2).sum()", "sum", id="sum-method"),
+        pytest.param("", "loss = F.mse_loss(out, y, reduction='sum') + 0.1 * torch.sum(out ** 2)", "sum", id="sums-added"),
+        pytest.param("", "loss = F.mse_loss(out, y, size_average=False)", "sum", id="legacy-size-average"),
+        pytest.param("def my_loss(a, b):\n    return F.l1_loss(a, b) + (a - b).pow(2).mean()\n",
+                     "loss = my_loss(out, y)", "mean", id="project-function-of-means"),
+    ],
+)
+def test_per_gpu_losses_combine_as_the_loss_reduces(helper: str, loss: str, combined: str) -> None:
+    code = convert_source(STEP.format(helper=helper, loss=loss), DP, "step.py").converted
+    assert f"loss = loss_on_gpus(x, y).{combined}()  # {combined} of the per-GPU losses" in code
+
+
+@pytest.mark.parametrize(
+    ("helper", "loss", "reason"),
+    [
+        pytest.param("def my_loss(a, b):\n    return (a - b).abs()\n", "loss = my_loss(out, y).max()",
+                     "not computed by a loss function autoaccel knows", id="project-function-not-reducing"),
+        pytest.param("def my_loss(a, b):\n    d = (a - b).abs()\n    return d.sum() / d.numel() ** 0.5\n",
+                     "loss = my_loss(out, y)", "does not average or sum", id="project-function-odd-scale"),
+        pytest.param("", "loss = F.mse_loss(out, y) * F.l1_loss(out, y)", "does not average or sum",
+                     id="product-of-losses"),
+        pytest.param("", "loss = F.mse_loss(out, y, reduction='none').sum() + F.l1_loss(out, y)",
+                     "mixes summed and averaged", id="sum-and-mean"),
+    ],
+)
+def test_losses_that_do_not_combine_are_refused(helper: str, loss: str, reason: str) -> None:
+    conversion = convert_source(STEP.format(helper=helper, loss=loss), DP, "step.py")
+    assert "LossInForward(" not in conversion.converted
+    assert any(reason in s.reason for s in conversion.log.skipped), [s.reason for s in conversion.log.skipped]
+
+
+def test_method_step_builds_its_wrapper_once_in_init() -> None:
+    source = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Trainer:
+    def __init__(self, model, device):
+        self.model = model.to(device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def step(self, x, y):
+        self.optimizer.zero_grad()
+        loss = F.mse_loss(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+
+    def fit(self, loader):
+        for x, y in loader:
+            self.step(x, y)
+"""
+    code = convert_source(source, DP, "trainer.py").converted
+    init = code[code.index("    def __init__(self, model, device)"): code.index("    def step(")]
+    assert "        self.loss_on_gpus = LossInForward(compute_loss, self.model)\n" in init
+    assert code.index("\ndef compute_loss(model, x, y):") < code.index("class Trainer:")
+    step = code[code.index("    def step("): code.index("    def fit(")]
+    assert "LossInForward" not in step and "DataParallel" not in step
+    assert "loss = self.loss_on_gpus(x, y).mean()" in step
+    assert convert_source(code, DP, "trainer.py").converted == code

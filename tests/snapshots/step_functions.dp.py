@@ -64,18 +64,18 @@ def make_loaders(batch_size):
     return train_loader, val_loader
 
 
+def compute_loss(net, criterion, x, y):
+    # runs on each GPU's part of the batch
+    loss = criterion(net(x), y)
+    return loss
+
+
 def train_step(net, optimizer, criterion, x, y):
     optimizer.zero_grad()
-
-    def compute_loss(net2, criterion2, criterion, net, x, y):
-        # runs on each GPU's part of the batch
-        loss = criterion2(net2(x), y)
-        return loss
-
     loss_on_gpus = LossInForward(compute_loss, net, criterion)
     if next(net.parameters()).is_cuda:  # one replica per visible GPU
         loss_on_gpus = nn.DataParallel(loss_on_gpus)
-    loss = loss_on_gpus(criterion, net, x, y).mean()  # mean of the per-GPU losses
+    loss = loss_on_gpus(x, y).mean()  # mean of the per-GPU losses
     loss.backward()
     optimizer.step()
     return loss

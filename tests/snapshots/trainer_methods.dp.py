@@ -52,27 +52,27 @@ class NoisyLinearData(Dataset):
         return self.x[index], self.y[index]
 
 
+def compute_loss(model, source, targets):
+    # runs on each GPU's part of the batch
+    output = model(source)
+    loss = F.mse_loss(output, targets)
+    return loss
+
+
 class Trainer:
     def __init__(self, model, train_data, optimizer, device, save_every):
         self.device = device
         self.model = model.to(device)
+        self.loss_on_gpus = LossInForward(compute_loss, self.model)
+        if next(self.model.parameters()).is_cuda:  # one replica per visible GPU
+            self.loss_on_gpus = torch.nn.DataParallel(self.loss_on_gpus)
         self.train_data = train_data
         self.optimizer = optimizer
         self.save_every = save_every
 
     def _run_batch(self, source, targets):
         self.optimizer.zero_grad()
-
-        def compute_loss(model, source, targets):
-            # runs on each GPU's part of the batch
-            output = model(source)
-            loss = F.mse_loss(output, targets)
-            return loss
-
-        loss_on_gpus = LossInForward(compute_loss, self.model)
-        if next(self.model.parameters()).is_cuda:  # one replica per visible GPU
-            loss_on_gpus = torch.nn.DataParallel(loss_on_gpus)
-        loss = loss_on_gpus(source, targets).mean()  # mean of the per-GPU losses
+        loss = self.loss_on_gpus(source, targets).mean()  # mean of the per-GPU losses
         loss.backward()
         self.optimizer.step()
 

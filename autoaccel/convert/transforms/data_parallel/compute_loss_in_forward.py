@@ -25,6 +25,8 @@ from autoaccel.convert.transforms.data_parallel.step_segments import (
     Refused,
     Segment,
     SegmentFinder,
+    assigned,
+    read,
     training_backward_calls,
 )
 from autoaccel.convert.transforms.data_parallel.wraps import (
@@ -88,6 +90,7 @@ class ComputeLossInForward(StatementRewrite):
         self.segments: dict[cst.CSTNode, Segment] = {}  # keyed by the span's first line
         self.segment_lines: set[cst.CSTNode] = set()  # every line of a span
         self.segment_anchors: dict[cst.CSTNode, list[Segment]] = {}
+        self.wrappers_after: dict[cst.CSTNode, list[Segment]] = {}  # built after an `__init__` line
         # (what, reason, line) of each step left alone; refusals when no step converts
         self.pending: list[tuple[str, str, cst.CSTNode | None]] = []
         ddp = next(
@@ -177,9 +180,12 @@ class ComputeLossInForward(StatementRewrite):
                 continue
             segment.function_name = self._fresh(f"compute_{segment.loss_name}")
             segment.wrapper_name = self._fresh(f"{segment.loss_name}_on_gpus")
+            self._place(segment)
             self.segments[segment.span[0]] = segment
             self.segment_lines |= set(segment.span)
-            self.segment_anchors.setdefault(segment.anchor, []).append(segment)
+            self.segment_anchors.setdefault(segment.function_anchor or segment.anchor, []).append(segment)
+            if segment.wrapper_after is not None:
+                self.wrappers_after.setdefault(segment.wrapper_after, []).append(segment)
             self.changed(
                 segment.span[0],
                 f"`{segment.loss_name}` is computed inside `forward` on every GPU by"
@@ -188,6 +194,59 @@ class ComputeLossInForward(StatementRewrite):
                 " the inputs are split along dimension 0",
             )
         return reasons
+
+    def _place(self, seg: Segment) -> None:
+        """Builds a step's function and wrapper once, not on every step, where the step
+        has no loop of its own to build them before (`train_step(...)`, `_run_batch`):
+        the function at the top level when it reads nothing local to the step's function,
+        and for a method whose models are attributes assigned in `__init__`
+        (`self.model = model.to(device)`), the wrapper there too, as `self.loss_on_gpus`."""
+        if seg.anchor is not seg.span[0]:
+            return  # built before the loop around the step, once per run of its function
+        function = next((a for a in self.ancestors(seg.span[0]) if isinstance(a, cst.FunctionDef)), None)
+        if function is None:
+            return
+        top = function
+        for ancestor in self.ancestors(function):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+                return  # a nested function: its scope is not the module's
+            if isinstance(ancestor, (cst.ClassDef, cst.FunctionDef)) or isinstance(self.parent(ancestor), cst.Module):
+                top = ancestor
+            if isinstance(self.parent(ancestor), cst.Module):
+                break
+        params = {p.name.value for p in (*function.params.params, *function.params.kwonly_params)}
+        local = params | {n for s in find(function.body, cst.BaseSmallStatement) for n in _assigned_names(s)}
+        renames = dict(zip(seg.modules, seg.params))
+        free = set()
+        for statement in seg.chain:
+            free |= read(statement.visit(_Replace(renames)))
+        free -= {*seg.params, *seg.inputs}
+        for statement in seg.chain:
+            free -= _assigned_names(statement)
+        if free & local:
+            return  # the function reads the step's locals (`self.args`, `alpha`): it stays in the step
+        seg.function_anchor = top
+        cls = self.parent(self.parent(function))
+        if not (isinstance(cls, cst.ClassDef) and all(_self_attribute(m) for m in seg.modules)):
+            return
+        init = next(
+            (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None
+        )
+        if init is None:
+            return
+        body = list(init.body.body)
+        keys = set(seg.modules)
+        assigning = [s for s in body if assigned(s) & keys]
+        if not keys <= {k for s in assigning for k in assigned(s)}:
+            return  # a model assigned elsewhere (or in a branch of `__init__`)
+        elsewhere = [
+            s for method in cls.body.body if isinstance(method, cst.FunctionDef) and method is not init
+            for s in find(method, cst.BaseSmallStatement) if _assigned_names_keys(s) & keys
+        ]
+        if elsewhere:
+            return  # a model replaced after `__init__` (a checkpoint loaded into a new one)
+        seg.wrapper_after = assigning[-1]
+        seg.wrapper_name = f"self.{seg.wrapper_name}"
 
     def _fresh(self, name: str) -> str:
         candidate, n = name, 2
@@ -315,6 +374,14 @@ class ComputeLossInForward(StatementRewrite):
 
     def _reduction(self, call: cst.Call) -> str | None:
         """"mean" or "sum": how the loss reduces its batch, read from the criterion's construction."""
+        if any(keyword_value(call, legacy) for legacy in ("size_average", "reduce")):
+            return _legacy_reduction(call)
+        own = keyword_value(call, "reduction")  # `F.mse_loss(out, y, reduction="sum")`
+        if own is not None:
+            value = own.evaluated_value if isinstance(own, cst.SimpleString) else None
+            if value == "batchmean":  # `F.kl_div`: the sum divided by the batch size
+                return "mean"
+            return value if value in ("mean", "sum") else None
         key = name_key(call.func)
         if key not in self.script.criteria:
             return "mean"  # a functional loss called without keywords
@@ -366,6 +433,8 @@ class ComputeLossInForward(StatementRewrite):
             for seg in self.segment_anchors.get(original, []):
                 result += self._segment_creation(seg)
             result += statements
+            for seg in self.wrappers_after.get(original, []):
+                result += self._wrapper_creation(seg)
         return result
 
     def _creation(self, site: _Site) -> list[cst.BaseStatement]:
@@ -392,17 +461,23 @@ class ComputeLossInForward(StatementRewrite):
             f"{body}"
             f"    return {returned}\n"
         )
-        first = seg.modules[0]
-        name = seg.wrapper_name
-        nested = isinstance(self.parent(seg.anchor), cst.IndentedBlock)
+        anchor = seg.function_anchor or seg.anchor
+        nested = isinstance(self.parent(anchor), cst.IndentedBlock)
         blank = [cst.EmptyLine(indent=False)] * (1 if nested else 2)
+        if seg.function_anchor is not None:
+            return [function.with_changes(leading_lines=blank)]  # the wrapper: in the step or `__init__`
+        wrapper = self._wrapper_creation(seg)
+        return [function.with_changes(leading_lines=blank), wrapper[0].with_changes(leading_lines=blank), *wrapper[1:]]
+
+    def _wrapper_creation(self, seg: Segment) -> list[cst.BaseStatement]:
+        """`loss_on_gpus = LossInForward(compute_loss, model)`, in `nn.DataParallel` on a GPU."""
+        name = seg.wrapper_name
         return [
-            function.with_changes(leading_lines=blank),
             cst.parse_statement(
                 f"{name} = {GENERAL_CLASS}({', '.join([seg.function_name, *seg.modules])})\n"
-            ).with_changes(leading_lines=blank),
+            ),
             cst.parse_statement(
-                f"if next({first}.parameters()).is_cuda:  # one replica per visible GPU\n"
+                f"if next({seg.modules[0]}.parameters()).is_cuda:  # one replica per visible GPU\n"
                 f"    {name} = {self.nn}.DataParallel({name})\n"
             ),
         ]
@@ -411,6 +486,8 @@ class ComputeLossInForward(StatementRewrite):
         """The span's lines: those that stay before, the wrapper's call, those after."""
         new_of = dict(zip(map(id, originals), updated))
         before = [new_of[id(s)].with_changes(leading_lines=[]) for s in seg.before]
+        if seg.function_anchor is not None and seg.wrapper_after is None:
+            before += self._wrapper_creation(seg)  # a step function's models are its arguments
         after = [new_of[id(s)].with_changes(leading_lines=[]) for s in seg.after]
         call = f"{seg.wrapper_name}({', '.join(seg.inputs)})"
         comment = f"  # {seg.reduce} of the per-GPU losses"
@@ -517,6 +594,29 @@ def _reads(node: cst.CSTNode, name: str, skip: tuple[cst.CSTNode | None, ...] = 
 def _assigned_names(statement: cst.CSTNode) -> set[str]:
     targets = find(statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
     return {n.value for target in targets for n in find(target.target, cst.Name)}
+
+
+def _legacy_reduction(call: cst.Call) -> str | None:
+    """`size_average=False` sums, `size_average=True` averages; `reduce=False` keeps one
+    loss per element (neither)."""
+    reduce = keyword_value(call, "reduce")
+    if reduce is not None and not (isinstance(reduce, cst.Name) and reduce.value == "True"):
+        return None
+    average = keyword_value(call, "size_average")
+    if average is None or (isinstance(average, cst.Name) and average.value == "True"):
+        return "mean"
+    return "sum" if isinstance(average, cst.Name) and average.value == "False" else None
+
+
+def _self_attribute(key: str) -> bool:
+    """`self.model`: an attribute of the instance, one level deep."""
+    parts = key.split(".")
+    return len(parts) == 2 and parts[0] == "self"
+
+
+def _assigned_names_keys(statement: cst.CSTNode) -> set[str]:
+    return {key for node in find(statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
+            if (key := name_key(node.target))}
 
 
 def _backpropagates(loop: cst.CSTNode, loss: str) -> bool:

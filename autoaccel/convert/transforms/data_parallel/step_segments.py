@@ -60,6 +60,12 @@ class Segment:
     reduce: str = "mean"
     function_name: str = ""
     wrapper_name: str = ""
+    # Where the function and its wrapper are built (see `ComputeLossInForward._place`):
+    # by default both just before `anchor`; a step without a loop of its own gets its
+    # function at the top level, before `function_anchor`, and a method's step its wrapper
+    # in `__init__`, right after `wrapper_after` (where the models are assigned).
+    function_anchor: cst.CSTNode | None = None
+    wrapper_after: cst.CSTNode | None = None
 
 
 class Refused(Exception):
@@ -198,11 +204,13 @@ class SegmentFinder:
                 after.append(s)  # a timer, a print: not per-sample, stays outside
             else:
                 raise Refused("a line between the forward pass and the loss both reads and feeds them", s)
-        for s in chain:
-            self._check_per_sample(s, s is owner)
         self._chain_tensors = defined_in_chain
         models, scalars = self._models_and_scalars(chain, loss_name, owner)
-        inputs = self._inputs(chain, [*statements[:first], *before])
+        for s in chain:
+            # a whole-batch reduction is what a loss term is (`kl = -0.5 * torch.sum(...)`);
+            # `_reduce` checks that the per-GPU terms add up
+            self._check_per_sample(s, s is owner or bool(assigned(s)) and assigned(s) <= scalars)
+        inputs = self._inputs(chain, [*statements[:first], *before], models)
         kept = self._kept(chain, defined_in_chain, scalars, loss_name)
         reduce = self._reduce(chain, owner)
         self._check_forward_attributes(chain)
@@ -281,11 +289,7 @@ class SegmentFinder:
 
     def _scalar(self, expr: cst.BaseExpression, scalars: set[str]) -> bool:
         if isinstance(expr, cst.Call):
-            if self.script.is_loss_call(expr):
-                return True
-            if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("mean", "sum") and not expr.args:
-                return True
-            return False
+            return self._call_reduction(expr) is not None or self._loss_function(expr) is not None
         if isinstance(expr, cst.BinaryOperation):
             sides = (expr.left, expr.right)
             return any(self._scalar(x, scalars) for x in sides) and all(
@@ -299,8 +303,10 @@ class SegmentFinder:
 
     _chain_tensors: set[str] = set()
 
-    def _inputs(self, chain, before_chain) -> list[str]:
-        """The batch-first tensors the chain reads, in order; refused when one is not."""
+    def _inputs(self, chain, before_chain, replicated) -> list[str]:
+        """The batch-first tensors the chain reads, in order; refused when one is not.
+        The replicated modules are passed to the function apart (a step function's
+        `net` and `criterion` parameters are not batch)."""
         defined: set[str] = set()
         wanted: list[str] = []
         for s in chain:
@@ -314,7 +320,7 @@ class SegmentFinder:
         models = {m.split(".")[0] for m in self.models}
         inputs = []
         for name in wanted:
-            if name in models and name not in batch:
+            if name in replicated or (name in models and name not in batch):
                 continue
             if name in batch:
                 inputs.append(name)
@@ -332,8 +338,9 @@ class SegmentFinder:
                 )
             if name in flattened:
                 raise Refused(
-                    f"`{name}` is reshaped across the batch dimension before the forward pass:"
-                    " `nn.DataParallel` would split it unlike the other inputs",
+                    f"`{name}` is reshaped with `-1` first before the forward pass, which may"
+                    " merge the batch dimension with another (`.view(x.size(0), -1)` keeps it):"
+                    " `nn.DataParallel` would then split it unlike the other inputs",
                     lines.get(name, chain[0]),
                 )
         on_host = [n for n in inputs if n in batch and n not in moved]
@@ -438,8 +445,13 @@ class SegmentFinder:
             (a for a in self.t.ancestors(chain[0]) if isinstance(a, cst.FunctionDef)), self.t.tree
         )
         inside = {id(n) for s in chain for n in find(s, cst.Name)}
+        # other functions and classes have scopes of their own (`VAE.forward`'s `log_var`)
+        nested = {
+            id(s) for d in find(scope, (cst.FunctionDef, cst.ClassDef)) if d is not scope
+            for s in find(d, cst.SimpleStatementLine)
+        }
         later = {
-            n.value for s in find(scope, cst.SimpleStatementLine) if s not in chain
+            n.value for s in find(scope, cst.SimpleStatementLine) if s not in chain and id(s) not in nested
             for n in find(s, cst.Name) if id(n) not in inside
         }
         for s in find(scope, cst.BaseCompoundStatement):
@@ -471,20 +483,77 @@ class SegmentFinder:
                         return True
         return False
 
+    def _call_reduction(self, call: cst.Call) -> str | None:
+        """"mean" / "sum" for a loss call or a whole-tensor `.mean()` / `torch.sum(x)`;
+        "?" for a loss call that reduces otherwise; None for any other call."""
+        if self.script.is_loss_call(call):
+            return self.t._reduction(call) or "?"
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("mean", "sum") and not call.args:
+            return func.attr.value
+        qualified = self.t.qualified_names(func)
+        for how in ("mean", "sum"):
+            if f"torch.{how}" in qualified and len(call.args) == 1 and call.args[0].keyword is None:
+                return how
+        return None
+
+    def _loss_function(self, call: cst.Call, depth: int = 0) -> str | None:
+        """A function of this script used as a loss (`distillation(out, y, teacher_out, T,
+        alpha)`): "mean" or "sum" when every `return` reduces the batch that way, "?"
+        when one does not, None when `call` is not such a function."""
+        if depth > 2 or not isinstance(call.func, cst.Name):
+            return None
+        # the function the name holds, also through a parameter (`train(..., loss_fn=distillation)`)
+        functions = {
+            obj.node for obj in self.script.values(call.func)
+            if isinstance(getattr(obj, "node", None), cst.FunctionDef) and obj.module is self.script.module
+        }
+        if len(functions) != 1:
+            return None
+        function = functions.pop()
+        returns = find(function.body, cst.Return)
+        if not returns:
+            return None
+        found: set[str] = set()
+        for ret in returns:
+            if ret.value is None:
+                return "?"
+            found |= self._expr_reductions(ret.value, {}, depth + 1)
+        return found.pop() if len(found) == 1 else "?"
+
+    def _expr_reductions(self, expr, named: dict[str, set[str]], depth: int = 0) -> set[str]:
+        """How the loss terms of `expr` reduce the batch: {"mean"}, {"sum"}, or more
+        ("?" for a term that does neither, or a product of two terms)."""
+        if isinstance(expr, cst.Call):
+            if name_key(expr.func) in self.models:
+                return {"mean"}  # a model that returns its own loss averages it, as Hugging Face's do
+            how = self._call_reduction(expr) or self._loss_function(expr, depth)
+            return {how} if how else {"?"}
+        if isinstance(expr, cst.Name):
+            return named.get(expr.value, set())
+        if isinstance(expr, cst.UnaryOperation):
+            return self._expr_reductions(expr.expression, named, depth)
+        if isinstance(expr, cst.BinaryOperation):
+            left = self._expr_reductions(expr.left, named, depth)
+            right = self._expr_reductions(expr.right, named, depth)
+            if left and right and not isinstance(expr.operator, (cst.Add, cst.Subtract)):
+                return {"?"}  # `loss_a * loss_b`: per-GPU products do not combine
+            return left | right
+        if isinstance(expr, (cst.Integer, cst.Float, cst.Attribute)):
+            return set()  # a weight (`args.alpha`, `0.5`)
+        return {"?"} if read(expr) & self._chain_tensors else set()
+
     def _reduce(self, chain, owner) -> str:
-        reductions = set()
+        named: dict[str, set[str]] = {}
         for s in chain:
-            for call in find(s, cst.Call):
-                if self.script.is_loss_call(call):
-                    reduction = self.t._reduction(call)
-                    if reduction is None:
-                        raise Refused(f"`{code_of(call.func)}` does not average or sum its loss (reduction)", s)
-                    reductions.add(reduction)
+            found = self._expr_reductions(s.body[0].value, named)
+            for name in assigned(s):
+                named[name] = found | (named.get(name, set()) if isinstance(s.body[0], cst.AugAssign) else set())
+        reductions = named.get(sorted(assigned(owner))[0], set())
+        if "?" in reductions:
+            raise Refused("a term of the loss does not average or sum over the batch (reduction)", owner)
         if reductions == {"sum"}:
-            value = owner.body[0].value
-            if isinstance(value, cst.Call) and self.script.is_loss_call(value) and len(chain) == 1:
-                return "sum"
-            raise Refused("the loss adds summed losses to other terms; their per-GPU parts would not add up", owner)
+            return "sum"
         if "sum" in reductions:
             raise Refused("the loss mixes summed and averaged losses", owner)
         return "mean"
