@@ -3,7 +3,11 @@
 `--amp bf16` (default) wraps, in every training step loop, the statements from the
 first model call up to the last assignment of each tensor whose `.backward()` is
 called in `with torch.autocast(device_type=..., dtype=torch.bfloat16, enabled=...):`;
-evaluation loops get their model calls wrapped. Autocast (and the scaler) is enabled
+evaluation loops get their model calls wrapped. The wrap goes where the forward pass and
+loss run: in the body of a micro-batch loop inside the step (`for mx, my in
+zip(x.chunk(4), y.chunk(4)):`), or in the step function the loop calls (`train_step()`),
+also when that function is in another module of the project: that module's conversion
+wraps it. Autocast (and the scaler) is enabled
 only on CUDA: CPU autocast is slower and less precise for these models, so the converted
 script computes exactly what the original did when it runs on a CPU. `--amp fp16` also routes backward and
 `optimizer.step()` through one `torch.amp.GradScaler` (unscaling before gradient
@@ -151,17 +155,31 @@ class AddAutocast(Transform):
         self.edits = _Edits()
         self.touched = False
         self._collect_names(node)
+        self.planned_functions: set[cst.FunctionDef] = set()
         loops = list(self.script.step_loops.values())
-        if loops and not self.script.uses_cuda:
-            self.skipped(
-                "autocast",
-                "the script never uses CUDA: mixed precision pays off on GPUs, while CPU"
-                " autocast is slower and less precise for most models",
-                loops[0].node,
-            )
+        # Step loops of other modules whose step function is here (`mylib.train_step()`
+        # called from the loop of train.py): this module's conversion wraps it.
+        elsewhere = [
+            loop
+            for loop in self.script.training.step_loops.values()
+            if loop.module is not self.script.module
+            and loop.role is LoopRole.TRAIN
+            and any(f.module is self.script.module for f in loop.step_functions)
+        ]
+        if (loops or elsewhere) and not self.script.uses_cuda:
+            if loops:  # (the module of the loop says so for the others)
+                self.skipped(
+                    "autocast",
+                    "the script never uses CUDA: mixed precision pays off on GPUs, while CPU"
+                    " autocast is slower and less precise for most models",
+                    loops[0].node,
+                )
             return
         for loop in loops:
             self._plan_loop(loop)
+        for loop in elsewhere:
+            if not self._under_autocast(loop):
+                self._plan_step_functions(loop)
 
     def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
@@ -260,11 +278,19 @@ class AddAutocast(Transform):
             node,
         )
 
+    @staticmethod
+    def _under_autocast(loop: StepLoop) -> bool:
+        """Whether the loop (of any module) is mixed precision already."""
+        node = loop.node
+        index = loop.module.index if loop.module is not None else None
+        ancestors = index.ancestors(node) if index is not None else ()
+        return any(_is_autocast_with(a) for a in ancestors) or any(
+            _is_autocast_with(w) for w in find(node, cst.With)
+        )
+
     def _plan_loop(self, loop: StepLoop) -> None:
         node = loop.node
-        if any(_is_autocast_with(a) for a in self.ancestors(node)) or any(
-            _is_autocast_with(w) for w in find(node, cst.With)
-        ):
+        if self._under_autocast(loop):
             return  # already mixed precision: leave the loop as the user wrote it
         body = node.body
         if not isinstance(body, cst.IndentedBlock):
@@ -278,16 +304,31 @@ class AddAutocast(Transform):
             self._plan_train(node, body, self._device_expression(node))
 
     def _plan_step_functions(self, loop: StepLoop) -> None:
-        """Autocast in the functions the loop calls that run `backward()` (`train_step`)."""
+        """Autocast in the functions of this module that the loop calls and that run
+        `backward()` (`train_step`). A function of another module of the project is
+        planned by that module's conversion, which sees the same loop."""
         for function in loop.step_functions:
             node = function.node
-            if function.module is not loop.module or not isinstance(node.body, cst.IndentedBlock):
+            if function.module is not self.script.module:
+                if function.module.path is None and loop.module is self.script.module:
+                    # no file: no conversion of its own will wrap it
+                    self.skipped(
+                        "autocast",
+                        f"the training step `{function.name}()` is in `{function.module.name}`,"
+                        " which is not a file of the project; wrap its forward pass and loss in"
+                        f" `with torch.autocast(device_type=..., dtype={self.dtype})` by hand",
+                        loop.node,
+                    )
+                continue
+            if node in self.planned_functions:
+                continue
+            self.planned_functions.add(node)
+            if not isinstance(node.body, cst.IndentedBlock):
                 self.skipped(
                     "autocast",
-                    f"the training step `{function.name}()` is in another module; wrap its"
-                    f" forward pass and loss in `with torch.autocast(device_type=...,"
-                    f" dtype={self.dtype})` by hand",
-                    loop.node,
+                    f"the body of the training step `{function.name}()` is on the `def` line;"
+                    " wrap its forward pass and loss by hand",
+                    node,
                 )
             elif self.options.amp == "fp16":
                 self.skipped(
@@ -296,28 +337,35 @@ class AddAutocast(Transform):
                     " use `--amp bf16`, or add autocast and a scaler by hand",
                     node,
                 )
-            elif node.body not in self.edits.blocks and not any(
-                _is_autocast_with(w) for w in find(node, cst.With)
-            ):
+            elif not any(_is_autocast_with(w) for w in find(node, cst.With)):
                 self._plan_train(node, node.body, self._device_expression(node.body.body[0]))
 
-    def _plan_train(self, node: cst.CSTNode, body: cst.IndentedBlock, device: str) -> None:
-        """Autocast the forward passes and losses before each `backward()` of `body`."""
-        statements = list(body.body)
-        backwards = [i for i, s in enumerate(statements) if _backward_target(s) is not None]
-        nested = [
-            c
-            for c in method_calls(body, "backward")
-            if not any(
-                _backward_target(s) is not None and s.body[0].value is c  # type: ignore[attr-defined]
-                for s in statements
-            )
+    def _micro_bodies(self, body: cst.IndentedBlock) -> list[cst.BaseSuite]:
+        """The bodies of the micro-batch loops inside the step `body` (`for mx, my in
+        zip(x.chunk(4), y.chunk(4)):`), outermost first."""
+        return [
+            loop.body
+            for loop in find(body, (cst.For, cst.While))
+            if loop in self.script.training.micro_loops
         ]
-        if not backwards or nested:
+
+    def _plan_train(self, node: cst.CSTNode, body: cst.IndentedBlock, device: str) -> None:
+        """Autocast the forward passes and losses before each `backward()` of `body`, or
+        of the body of a micro-batch loop inside it, where that is where `backward()` is."""
+        blocks: list[cst.BaseSuite] = [body, *self._micro_bodies(body)]
+        direct = {
+            s.body[0].value  # type: ignore[attr-defined]
+            for block in blocks
+            for s in block.body
+            if _backward_target(s) is not None
+        }
+        nested = [c for c in method_calls(body, "backward") if c not in direct]
+        if not direct or nested or any(not isinstance(b, cst.IndentedBlock) for b in blocks):
             self.skipped(
                 "autocast",
-                "`.backward()` is not a statement of the loop body itself (it is nested in"
-                " another block or expression); wrap the forward pass and loss in"
+                "`.backward()` is not a statement of the loop body itself nor of a"
+                " micro-batch loop's body (it is nested in another block or expression);"
+                " wrap the forward pass and loss in"
                 f" `with torch.autocast(device_type=..., dtype={self.dtype})` by hand",
                 node,
             )
@@ -338,14 +386,39 @@ class AddAutocast(Transform):
                 node,
             )
             return
+        plans: list[tuple[cst.IndentedBlock, list[tuple[int, int]]]] = []
+        changes: list[tuple[cst.CSTNode, str]] = []
+        for block in blocks:
+            assert isinstance(block, cst.IndentedBlock)
+            wraps = self._train_wraps(list(block.body), changes)
+            if wraps is None:
+                return  # skipped, with the reason
+            if wraps:
+                plans.append((block, wraps))
+        for changed, message in changes:
+            self.changed(changed, message)
+        for block, wraps in plans:
+            self.edits.blocks[block] = _BlockPlan(wraps=wraps, device=device)
+            self._cast_back(list(block.body), wraps)
+        if fp16:
+            self._plan_scaler(node, body, device, optimizers_stepped)
+
+    def _train_wraps(
+        self, statements: Statements, changes: list[tuple[cst.CSTNode, str]]
+    ) -> list[tuple[int, int]] | None:
+        """The (first, last) statements to put under autocast for each `backward()` of
+        `statements` (none: no `backward()` there); None when one cannot be followed (the
+        reason is logged). The changes to report go to `changes`."""
         wraps: list[tuple[int, int]] = []
         previous = -1
-        for index in backwards:
-            target = _backward_target(statements[index])
-            key = name_key(target) if target is not None else None
+        for index, statement in enumerate(statements):
+            target = _backward_target(statement)
+            if target is None:
+                continue
+            key = name_key(target)
             if key is None:
-                self.skipped("autocast", f"cannot follow the tensor `{code_of(target)}` whose backward is called; wrap its computation by hand", statements[index])
-                return
+                self.skipped("autocast", f"cannot follow the tensor `{code_of(target)}` whose backward is called; wrap its computation by hand", statement)
+                return None
             loss_at = next(
                 (j for j in range(index - 1, previous, -1) if key in _assigned_keys(statements[j])),
                 None,
@@ -356,9 +429,9 @@ class AddAutocast(Transform):
                     f"`{key}` is not computed in the same block as `{key}.backward()` (model"
                     " call and loss in different blocks); wrap the forward pass and loss in"
                     " torch.autocast by hand",
-                    statements[index],
+                    statement,
                 )
-                return
+                return None
             start = next(
                 (j for j in range(previous + 1, loss_at + 1) if self._calls_model(statements[j])),
                 None,
@@ -372,32 +445,29 @@ class AddAutocast(Transform):
                     " and loss in torch.autocast by hand",
                     statements[loss_at],
                 )
-                return
+                return None
             helper = self._bce_helper(statements[start : loss_at + 1])
             if helper is not None:
                 self._skip_for_bce_helper(helper, statements[loss_at])
-                return
+                return None
             end = loss_at
             bce = next(
                 (j for j in range(start, loss_at + 1) if self._bce_calls(statements[j])), None
             )
             if bce is not None:
                 end = bce - 1
-                self.changed(
-                    statements[bce],
-                    "binary_cross_entropy computed outside torch.autocast on a float32 input"
-                    " (CUDA autocast rejects it as unsafe)",
+                outside = (
+                    "binary_cross_entropy computed outside torch.autocast on a float32"
+                    " input (CUDA autocast rejects it as unsafe)"
                 )
+                changes.append((statements[bce], outside))
             if end >= start:
                 wraps.append((start, end))
-                self.changed(
-                    statements[start], f"forward pass and loss under torch.autocast({self.label})"
+                changes.append(
+                    (statements[start], f"forward pass and loss under torch.autocast({self.label})")
                 )
             previous = index
-        self.edits.blocks[body] = _BlockPlan(wraps=wraps, device=device)
-        self._cast_back(statements, wraps)
-        if fp16:
-            self._plan_scaler(node, body, device, optimizers_stepped)
+        return wraps
 
     def _plan_eval(self, node: cst.CSTNode, body: cst.IndentedBlock, device: str) -> None:
         statements = list(body.body)
