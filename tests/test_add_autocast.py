@@ -661,13 +661,8 @@ def test_step_in_another_module_of_a_cpu_only_script_is_left_alone() -> None:
     assert ["never uses CUDA" in s.reason for s in results["train.py"][1].skipped] == [True]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="find_project rewrites the modules that hold a training step loop or its loader,"
-    " not one that holds only the step function the loop calls: until it also takes the"
-    " modules of `loop.step_functions`, `convert` does not write mylib.py's autocast",
-)
 def test_the_conversion_of_a_project_rewrites_the_module_of_its_step_function() -> None:
+    """`find_project` rewrites the module that holds only the step function a loop calls."""
     from pathlib import Path
 
     from autoaccel.convert.project_conversion import find_project

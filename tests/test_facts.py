@@ -183,7 +183,8 @@ def test_facts_let_fsdp_shard_the_trained_model(name, key):
 
 
 def test_a_model_in_a_container_is_refused_with_what_the_run_showed():
-    reasons = wrong(converted("model_dict", DDP, True))
+    # (--to ddp wraps `models["net"]`: tests/test_convert_project_facts.py)
+    reasons = wrong(converted("model_dict", FSDP, True))
     [facts] = [r for r in reasons if "the run shows" in r]
     assert "`Net()` made at fixtures/facts/model_dict.py:36:18" in facts
     assert '`models["net"](x)` at fixtures/facts/model_dict.py:43:39' in facts

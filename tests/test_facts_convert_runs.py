@@ -40,14 +40,20 @@ def digest(params: list) -> list[float]:
 
 @pytest.mark.parametrize(
     "name, target",
-    [("kwargs_trainer", "ddp"), ("kwargs_trainer", "fsdp"), ("model_factory", "ddp"), ("model_factory", "fsdp")],
-)
+    [
+        ("kwargs_trainer", "ddp"), ("kwargs_trainer", "fsdp"), ("model_factory", "ddp"), ("model_factory", "fsdp"),
+        ("model_dict", "ddp"),  # `models["net"](x)`: the item wrapped
+        # `mylib.train_step(model, opt, x, y)`: the project, run, converted into a folder
+        ("step_module/train", "ddp"), ("step_module/train", "fsdp"),
+    ],
+)  # fmt: skip
 def test_converted_with_facts_trains_the_same_on_two_ranks(tmp_path, name, target):
     fixture = FIXTURES_DIR / "facts" / f"{name}.py"
-    out = tmp_path / f"{name}_{target}.py"
+    project = "/" in name  # written with the modules it imports: `-o DIR`
+    out = tmp_path / (f"{target}/{fixture.name}" if project else f"{name}_{target}.py")
     conversion = subprocess.run(
         [sys.executable, "-m", "autoaccel", "convert", str(fixture), "--to", target, "--amp", "off",
-         "-o", str(out), "--", *ARGS],
+         "-o", str(out.parent if project else out), "--", *ARGS],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
     _check(conversion, f"autoaccel convert {name} --to {target}")
@@ -71,7 +77,9 @@ def test_converted_with_facts_trains_the_same_on_two_ranks(tmp_path, name, targe
     assert first == pytest.approx(expected, rel=1e-5)  # the original's parameters
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in SNAPSHOTS.glob("*.json")))
+@pytest.mark.parametrize(
+    "name", sorted(str(p.relative_to(SNAPSHOTS).with_suffix("")) for p in SNAPSHOTS.rglob("*.json"))
+)
 def test_fact_snapshots_are_current(tmp_path, name):
     """What the recorder writes for each fixture now is tests/snapshots/facts/NAME.json."""
     out = tmp_path / "facts.json"

@@ -7,11 +7,16 @@ import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
-from autoaccel.convert.project_conversion import convert_project, find_project
+from autoaccel.convert.project_conversion import (
+    Project,
+    ProjectConversion,
+    convert_project,
+    find_project,
+)
 from autoaccel.convert.report import (
     json_report,
     markdown_report,
@@ -35,6 +40,9 @@ from autoaccel.fileio import (
 )
 from autoaccel.lint.engine import TOO_DEEP, SourceError
 from autoaccel.notebook import Notebook, NotebookError, is_notebook, read_notebook
+
+if TYPE_CHECKING:
+    from autoaccel.facts.resolve import ConversionFacts
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2  # EXIT_CHANGED also: refused
 STDIN = STDOUT = Path("-")  # `convert -` reads the script from stdin; `-o -` prints the result
@@ -77,9 +85,10 @@ def run_convert(
     files that exist with other contents are kept unless `force`.
     `from_stdin`: the file's text is read from stdin, `path` only names it (Black's
     `--stdin-filename`). `output` `STDOUT`: the result goes to stdout, the report to stderr.
-    `facts`: where the static conversion of a script (not a notebook, nor a project) to
-    ddp/fsdp finds no trained model, run it for a few steps and convert again with what
-    the run showed (`autoaccel.facts`); None: never run it (`--no-run`)."""
+    `facts`: where the static conversion of a script (with the modules of its project,
+    not a notebook) to ddp/fsdp finds no trained model, run it for a few steps and
+    convert again with what the run showed (`autoaccel.facts`); None: never run it
+    (`--no-run`)."""
     notebook: Notebook | None = None
     try:
         source = _read_stdin() if from_stdin else None
@@ -103,7 +112,10 @@ def run_convert(
         if project is not None:
             from autoaccel.convert.project_command import finish_project, script_output  # builds on this module
 
-            result = convert_project(project, options, str(script_output(project, output)))
+            name = str(script_output(project, output))
+            result = convert_project(project, options, name)
+            if facts is not None and needs_facts_in_project(result, project, options):
+                result = with_project_run_facts(project, options, facts, name) or result
             line = already_distributed(
                 options, [s for f in result.files for s in f.conversion.log.skipped]
             )
@@ -203,6 +215,31 @@ def with_run_facts(
     again with what the run showed; None when the run showed nothing (it failed before
     a training step: the static conversion stands). Says on stderr that it ran, and what
     it established."""
+    given = _run_facts(path, text, request)
+    return None if given is None else convert_source(text, options, str(_file_output(output) or path), given)
+
+
+def needs_facts_in_project(result: ProjectConversion, project: Project, options: ConvertOptions) -> bool:
+    """`needs_facts` for a project: a file refused for want of a trained model, and an
+    optimizer step somewhere in the project (`mylib.train_step()` steps for `train.py`)."""
+    if not any(needs_facts(f.conversion, options) for f in result.files):
+        return False
+    texts = [f.source.text for f in project.files] + [m.tree.code for m in project.context]
+    return any(".step(" in text for text in texts)
+
+
+def with_project_run_facts(
+    project: Project, options: ConvertOptions, request: FactsRequest, script_name: str
+) -> ProjectConversion | None:
+    """`with_run_facts` for a script converted with the modules of its project."""
+    script = project.script
+    given = _run_facts(script.path, script.source.text, request)
+    return None if given is None else convert_project(project, options, script_name, given)
+
+
+def _run_facts(path: Path, text: str, request: FactsRequest) -> ConversionFacts | None:
+    """The facts of a run of the script `path` (whose text is `text`), saying on stderr
+    that it runs and what the run established; None when it showed nothing."""
     from autoaccel.facts import collect_facts
     from autoaccel.facts.resolve import ConversionFacts
     from autoaccel.facts.run import describe
@@ -219,8 +256,7 @@ def with_run_facts(
         print(f"{path}: the run showed nothing ({error}); the conversion stays static", file=sys.stderr)
         return None
     print(f"{path}: the run ({ran.seconds:.1f} s) {describe(ran.facts)}", file=sys.stderr)
-    given = ConversionFacts(ran.facts, path, text)
-    return convert_source(text, options, str(_file_output(output) or path), given)
+    return ConversionFacts(ran.facts, path, text)
 
 
 def already_distributed(options: ConvertOptions, skipped: list[Skipped]) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.program import Program, SourceModule
@@ -37,6 +38,9 @@ from autoaccel.convert.pipeline import (
 from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY
 from autoaccel.fileio import SourceFile, read_source
 from autoaccel.lint.engine import parse
+
+if TYPE_CHECKING:
+    from autoaccel.facts.resolve import ConversionFacts
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ def find_project(script: Path, source: SourceFile) -> Project | None:
     # (a module that only evaluates, or only builds loaders nothing trains on, keeps its code)
     steps = [loop for loop in training.step_loops.values() if loop.role is LoopRole.TRAIN]
     holding = {loop.module for loop in steps} | {o.module for loop in steps for o in loop.loaders}
+    # the module of a step function another module's loop calls (its forward gets autocast)
+    holding |= {function.module for loop in steps for function in loop.step_functions}
     if loaded.unreadable and not steps:
         name, why = next(iter(loaded.unreadable.items()))
         raise ConversionError(
@@ -135,14 +141,18 @@ def _with_packages(paths: list[Path], roots: list[Path]) -> list[Path]:
     return list(found.values())
 
 
-def convert_project(project: Project, options: ConvertOptions, script_name: str) -> ProjectConversion:
+def convert_project(
+    project: Project, options: ConvertOptions, script_name: str, facts: ConversionFacts | None = None
+) -> ProjectConversion:
     """Convert every file of `project` (`script_name` names the converted script in
-    launch commands). Raises `ConversionError` (its `path` set) when a result fails a
-    safety check; nothing may then be written."""
+    launch commands), with the `facts` of a run of the script where there was one (the
+    second conversion, of the result, is static, as for one file). Raises
+    `ConversionError` (its `path` set) when a result fails a safety check; nothing may
+    then be written."""
     logs = [ConversionLog() for _ in project.files]
     texts = [f.source.text for f in project.files]
     with fewer_collections():
-        converted = _run(project, texts, options, logs, script_name)
+        converted = _run(project, texts, options, logs, script_name, facts)
         changed = {i for i, (before, after) in enumerate(zip(texts, converted)) if before != after}
         again = converted
         if changed:  # Black's stability check: converting the result again changes no file
@@ -163,11 +173,22 @@ def convert_project(project: Project, options: ConvertOptions, script_name: str)
 
 
 def _run(
-    project: Project, texts: list[str], options: ConvertOptions, logs: list[ConversionLog], script_name: str
+    project: Project,
+    texts: list[str],
+    options: ConvertOptions,
+    logs: list[ConversionLog],
+    script_name: str,
+    facts: ConversionFacts | None = None,
 ) -> list[str]:
     """Each step of the target over every file in turn, each file analysed with the
-    others as they are at that moment."""
+    others as they are at that moment. The steps of the script get `facts` (they map
+    its tree's lines back through the script's history; the other modules' sites are
+    resolved by `ConversionFacts.resolver_in`)."""
+    from autoaccel.facts.resolve import FACTS_KEY
+
     states = [ModuleState.of(text) for text in texts]
+    if facts is not None:
+        facts.history = states[0].history
     modules: dict[int, SourceModule] = {}  # id(tree) -> the file as the analysis reads it
 
     def as_module(file: ProjectFile, state: ModuleState) -> SourceModule:
@@ -193,5 +214,7 @@ def _run(
                 file.name, file.package, str(file.path), (*others, *project.context)
             )
             context.scratch[ENTRY_KEY] = entry
+            if facts is not None and entry:
+                context.scratch[FACTS_KEY] = facts
             apply_step(step, state, context)
     return [state.text for state in states]

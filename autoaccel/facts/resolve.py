@@ -188,6 +188,7 @@ class ConversionFacts:
         self.source = source
         self.history: list[tuple[str, str]] = []
         self._resolvers: dict[int, tuple[cst.Module, FactsResolver]] = {}
+        self._elsewhere: dict[int, tuple[cst.Module, FactsResolver]] = {}
 
     def resolver(
         self, tree: cst.Module, positions: Callable[[cst.CSTNode], CodeRange]
@@ -204,4 +205,15 @@ class ConversionFacts:
             lambda line: original_line(history, line),
         )
         self._resolvers = {id(tree): (tree, resolver)}  # the previous trees are gone
+        return resolver
+
+    def resolver_in(self, path: str | Path, tree: cst.Module) -> FactsResolver:
+        """The resolver for `tree`, another module of the script's project (at `path`):
+        its sites resolve only while its text is the file as it ran (a module the
+        conversion has rewritten resolves nothing). Made once per tree."""
+        kept = self._elsewhere.get(id(tree))
+        if kept is not None and kept[0] is tree:
+            return kept[1]
+        resolver = FactsResolver(self.facts, path, tree)
+        self._elsewhere[id(tree)] = (tree, resolver)
         return resolver

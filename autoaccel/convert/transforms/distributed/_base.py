@@ -12,9 +12,9 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import Kind, Obj, Values
+from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Values
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
-from autoaccel.analysis.shapes import called_function, find, is_method_call
+from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
 from autoaccel.analysis.side_effects import find_side_effects
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
@@ -92,6 +92,18 @@ class TrainedModel:
     block: cst.IndentedBlock | cst.Module  # the scope's block that builds it
     anchor: cst.BaseStatement  # the last statement there that builds or moves it
     training: cst.BaseStatement | None  # the first statement there that trains
+
+
+@dataclass(frozen=True)
+class PassedModel:
+    """A trained model that the training code of this module passes to a function of
+    another module of the project, which calls it: `mylib.train_step(model, opt, x, y)`,
+    whose `model(x)` the run showed training it (`DistributedStep.passed_models`)."""
+
+    key: str  # the name passed here: `model`
+    arg: cst.Arg  # the argument that passes it, in this module
+    function: FunctionInfo  # the function it is passed to, in its own module
+    param: str  # the function's parameter that receives it
 
 
 _MAIN_TEST = m.Comparison(left=m.Name("__name__"))
@@ -327,6 +339,7 @@ class DistributedStep(StatementRewrite):
         is built and on its device (before the first statement that trains)."""
         # What the step loops call under each model name, where the analysis knows it
         called: dict[str, set[Obj]] = {}
+        self.passed_models: dict[str, list[PassedModel]] = {}
         for call in self.step_calls(module):
             if (key := name_key(call.func)) in self.script.models:
                 known = {o for o in self.script.values(call.func) if o.kind is Kind.MODULE}
@@ -343,7 +356,7 @@ class DistributedStep(StatementRewrite):
             """The assignments of `key`, those known to bind the model the loops call
             first (not another variable of that name: `model = self.fc(x)` in a
             `forward()` that comes before the script's `model = Net()`)."""
-            found = [a for a in assignments if any(name_key(t) == key for t in _targets(a))]
+            found = [a for a in assignments if any(_binds_model(t, key) for t in _targets(a))]
             held = called.get(key)
             if held:
                 found.sort(key=lambda a: held.isdisjoint(self._bound_values(a)))
@@ -388,34 +401,34 @@ class DistributedStep(StatementRewrite):
         """Where the static model found no trained model, the models the run trained
         (the modules whose parameters a stepping optimizer holds), under the names the
         training code calls them by: `self.model(x)` where the run called that model at
-        that node. A name the static model binds to another construction call of this
-        module than the one that made the model in the run is left out, and both views
-        are reported (refused); so is a trained model the run did not call at a node of
-        the training code here (the wrap step could not reach it)."""
+        that node, or `model` passed to `mylib.train_step(model, ...)` whose `model(x)`
+        in mylib.py ran it (those go to `self.passed_models`, for the wrap step to pass
+        the wrapper instead). A name the static model binds to another construction call
+        of this module than the one that made the model in the run is left out, and both
+        views are reported (refused); so is a trained model the run did not call at a node
+        of the training code here (the wrap step could not reach it)."""
         facts = self.run_facts()
         if facts is None or not facts.trained_models():
             return {}
         called: dict[str, set[Obj]] = {}
         reached: set[int] = set()
+        # (`models["net"]`: `fully_shard` checks the model's reads by its name, not by an item)
+        items = self.options.target != "fsdp"
         for call in self.step_calls(module):
             models = facts.trained_at(call)
-            key = name_key(call.func)
+            key = model_key(call.func) if items else name_key(call.func)
             if not models or key is None:
                 continue
             reached |= {model.id for model in models}
-            static = {o for o in self.script.values(call.func) if o.kind is Kind.MODULE}
-            made = [facts.creation_call(model) for model in models]
-            nodes = {o.node for o in static if o.module.tree is module}
-            if nodes and any(node is not None and node not in nodes for node in made):
-                seen = ", ".join(sorted(f"`{_code(n)}` at line {self.line_of(n)}" for n in nodes))
-                self._facts_refuse(
-                    f"`{key}` holds {seen} to the static analysis, while the run shows"
-                    f" {self._facts_made(facts, models)}, called here; nothing is wrapped on"
-                    " either view: wrap the trained model by hand",
-                    call,
-                )
+            if not self._agrees(facts, key, models, call, module):
                 continue
-            called.setdefault(key, set()).update(static)
+            called.setdefault(key, set()).update(self._static_models(call))
+        for passed, models in self._passed_per_run_facts(module, facts):
+            reached |= {model.id for model in models}
+            if not self._agrees(facts, passed.key, models, passed.arg, module):
+                continue
+            called.setdefault(passed.key, set()).update(self._static_models(passed.arg))
+            self.passed_models.setdefault(passed.key, []).append(passed)
         missed = [model for model in facts.trained_models() if model.id not in reached]
         if missed and not called:
             where = [f for model in missed for f in facts.facts.forwards_of(model.id)]
@@ -424,10 +437,59 @@ class DistributedStep(StatementRewrite):
                 f"the run shows the optimizer trains {self._facts_made(facts, missed)}"
                 f"{', called as ' + calls if calls else ', never called at top level'}, which the"
                 " training code of this file does not call by a name the conversion can wrap"
-                " (an item of a container, a model passed to another module); wrap it by hand",
+                f" ({'' if items else 'under --to fsdp, '}an item of a container, a model passed"
+                " to another module); wrap it by hand",
                 None,
             )
         return called
+
+    def _agrees(
+        self, facts: FactsResolver, key: str, models: list, node: cst.CSTNode, module: cst.Module
+    ) -> bool:  # models: list[Made]
+        """Whether the static model binds `key` (called, or passed on, at `node`) to the
+        construction calls that made `models` in the run, or to none of this module; if
+        not, both views are reported (refused)."""
+        made = [facts.creation_call(model) for model in models]
+        nodes = {o.node for o in self._static_models(node) if o.module.tree is module}
+        if not nodes or all(call is None or call in nodes for call in made):
+            return True
+        seen = ", ".join(sorted(f"`{_code(n)}` at line {self.line_of(n)}" for n in nodes))
+        self._facts_refuse(
+            f"`{key}` holds {seen} to the static analysis, while the run shows"
+            f" {self._facts_made(facts, models)}, called here; nothing is wrapped on"
+            " either view: wrap the trained model by hand",
+            node,
+        )
+        return False
+
+    def _static_models(self, node: cst.CSTNode) -> set[Obj]:
+        """The modules the static model says the call or argument `node` names."""
+        return {o for o in self.script.values(_named(node)) if o.kind is Kind.MODULE}
+
+    def _passed_per_run_facts(
+        self, module: cst.Module, facts: FactsResolver
+    ) -> list[tuple[PassedModel, list]]:  # list[Made]
+        """The models the training code passes by name to a function of another module of
+        the project that calls them, where the run trained them (the static program links
+        the call to the function and its parameter; the run's forwards, recorded in that
+        module, say that the parameter's calls ran a trained model)."""
+        given: ConversionFacts = self.context.scratch[FACTS_KEY]
+        found = []
+        for call in self.step_calls(module):
+            for function in self.script.callees(call):
+                path = function.module.path
+                method_of_a_model = function.cls is not None and function.cls.is_module
+                if function.module.tree is module or path is None or method_of_a_model:
+                    continue
+                elsewhere = given.resolver_in(path, function.module.tree)
+                for arg, param in _passed_args(call, function):
+                    key = name_key(arg.value)
+                    forwards = [c for c in find(function.node.body, cst.Call) if is_name(c.func, param)]
+                    ran = {model.id: model for c in forwards for model in elsewhere.trained_at(c)}
+                    models = list(ran.values())
+                    if key is not None and models:
+                        found.append((PassedModel(key, arg, function, param), models))
+        return found
 
     def _facts_made(self, facts: FactsResolver, models: list) -> str:  # list[Made]
         """`Net()` made at train.py:12:9, for each of `models`."""
@@ -507,6 +569,28 @@ def _code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
+def _named(node: cst.CSTNode) -> cst.BaseExpression:
+    """What names the model at `node`: the function a call calls, an argument's value."""
+    return node.func if isinstance(node, cst.Call) else node.value  # type: ignore[attr-defined]
+
+
+def _passed_args(call: cst.Call, function: FunctionInfo) -> list[tuple[cst.Arg, str]]:
+    """The arguments of `call` that are plain names, each with the parameter of
+    `function` that receives it (by position, or by keyword)."""
+    params = function.positional[1:] if function.is_method else function.positional
+    passed: list[tuple[cst.Arg, str]] = []
+    for position, arg in enumerate(a for a in call.args if a.keyword is None):
+        if arg.star:
+            break
+        if position < len(params):
+            passed.append((arg, params[position]))
+    all_params = {p.name.value for p in function.node.params.kwonly_params} | set(params)
+    passed += [
+        (a, a.keyword.value) for a in call.args if a.keyword is not None and a.keyword.value in all_params
+    ]
+    return [(arg, param) for arg, param in passed if isinstance(arg.value, (cst.Name, cst.Attribute))]
+
+
 def _target_name(target: cst.BaseExpression) -> str | None:
     """`name`, `self.name`, or `kwargs[sampler]` for `kwargs["sampler"]`."""
     if isinstance(target, cst.Subscript) and len(target.slice) == 1:
@@ -530,16 +614,43 @@ def _targets(assign: cst.CSTNode) -> list[cst.BaseExpression]:
 
 
 def _builds(statement: cst.CSTNode, key: str) -> bool:
-    """Whether `statement` assigns `key` or calls a method of it as a statement
-    (`model.to(device)`, `net.apply(init)`, `model.cuda()`)."""
+    """Whether `statement` assigns `key` (for `models["net"]`, also its container
+    `models`) or calls a method of it as a statement (`model.to(device)`,
+    `net.apply(init)`, `model.cuda()`)."""
     for node in find(statement, (cst.Assign, cst.AnnAssign)):
-        if any(name_key(t) == key for t in _targets(node)):
+        if any(_binds_model(t, key) for t in _targets(node)):
             return True
     return any(
-        name_key(expr.value.func.value) == key  # type: ignore[attr-defined]
+        model_key(expr.value.func.value) == key  # type: ignore[attr-defined]
         for expr in find(statement, cst.Expr)
         if is_method_call(expr.value)
     )
+
+
+def _binds_model(target: cst.BaseExpression, key: str) -> bool:
+    """Whether assigning `target` binds the model `key`: the name itself, or for an item
+    key (`models["net"]`) its container (`models = {"net": Net()}`)."""
+    container = item_container(key)
+    return model_key(target) == key or (container is not None and name_key(target) == container)
+
+
+def model_key(node: cst.BaseExpression) -> str | None:
+    """`name_key`, or for an item of a container named by a plain name and a string that
+    is an identifier, `models["net"]` (code that reads it: the steps write it as is)."""
+    key = name_key(node)
+    if key is not None or not (isinstance(node, cst.Subscript) and len(node.slice) == 1):
+        return key
+    index = node.slice[0].slice
+    container = node.value
+    if not (isinstance(container, cst.Name) and isinstance(index, cst.Index)):
+        return None
+    item = index.value.evaluated_value if isinstance(index.value, cst.SimpleString) else None
+    return f'{container.value}["{item}"]' if isinstance(item, str) and item.isidentifier() else None
+
+
+def item_container(key: str) -> str | None:
+    """`models` of the item key `models["net"]`; None for a name."""
+    return key.partition("[")[0] if key.endswith('"]') else None
 
 
 def local_names(function: cst.FunctionDef) -> set[str]:
@@ -560,6 +671,9 @@ def parameters_of(function: cst.FunctionDef | None) -> list[str]:
 
 
 def ddp_name(model_key: str) -> str:
-    """The name of a model's DDP wrapper: `model` -> `ddp_model`, `self.net` -> `self.ddp_net`."""
+    """The name of a model's DDP wrapper: `model` -> `ddp_model`, `self.net` -> `self.ddp_net`,
+    `models["net"]` -> `ddp_net`."""
+    if item_container(model_key) is not None:
+        return f"ddp_{model_key.split('[')[1][1:-2]}"
     owner, _, attr = model_key.rpartition(".")
     return f"{owner}.ddp_{attr}" if owner else f"ddp_{attr}"

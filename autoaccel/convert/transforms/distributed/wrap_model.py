@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.index import descendants
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
 from autoaccel.analysis.side_effects import PRINTS
@@ -18,10 +19,13 @@ from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     LOCAL_RANK,
     DistributedStep,
+    PassedModel,
     TrainedModel,
     ddp_name,
     fresh_name,
+    item_container,
     local_names,
+    model_key,
     parameters_of,
     parse_statements,
 )
@@ -67,13 +71,13 @@ class WrapModel(DistributedStep):
     def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
         # The model under its own name, or as a parameter of the functions it is given to.
         names = {model.key} | self.script.names_of(self.script.held_by(model.key))
-        forwards = [call for call in self.step_calls(self.tree) if name_key(call.func) in names]
+        forwards = [call for call in self.step_calls(self.tree) if model_key(call.func) in names]
         # Calls under the model's own name first: each must reach the wrapper. A call
         # under another name that cannot (a gradient penalty `D(x)` in a helper given
         # either discriminator) then stays on the bare model: its gradients add up in the
         # same backward as the wrapper's forward, which DDP averages. Without such a
         # wrapper forward (the model only ever called under other names), it is refused.
-        forwards.sort(key=lambda call: name_key(call.func) != model.key)
+        forwards.sort(key=lambda call: model_key(call.func) != model.key)
         plan: dict[cst.CSTNode, str] = {}
         through_wrapper = False
         for call in forwards:
@@ -81,7 +85,7 @@ class WrapModel(DistributedStep):
                 continue  # on the bare model: no gradient to average, no process waits
             attempt = dict(plan)  # a route that fails half-way leaves no rewrite behind
             self.obstacle: cst.CSTNode | None = None  # why a function cannot take the wrapper
-            own_name = name_key(call.func) == model.key
+            own_name = model_key(call.func) == model.key
             if self._route(model, call, attempt):
                 plan = attempt
                 through_wrapper = through_wrapper or own_name
@@ -96,6 +100,22 @@ class WrapModel(DistributedStep):
                     wrong=True,
                 )
                 return
+        for passed in self.passed_models.get(model.key, []):
+            # passed to a function of another module (`mylib.train_step(model, ...)`)
+            self.obstacle = None
+            held = self._holds(model, self.scope_of(passed.arg))
+            if not (held and self._elsewhere_takes_wrapper(passed)):
+                self.skipped(
+                    "DistributedDataParallel",
+                    f"`{passed.function.name}` of {passed.function.module.path} cannot be given a DDP"
+                    f" wrapper of `{model.key}`{self._obstacle_note()}, so `{model.key}` is not"
+                    f" wrapped; build `{self.wrappers[model.key]} = DDP({model.key}, ...)` once"
+                    f" `{model.key}` is on its device and pass it here by hand",
+                    passed.arg,
+                    wrong=True,
+                )
+                return
+            plan[passed.arg] = self.wrappers[model.key]
         self.rewrites.update(plan)
         key, wrapper = model.key, self.wrappers[model.key]
         condition, note = DISTRIBUTED, ""
@@ -125,7 +145,7 @@ class WrapModel(DistributedStep):
         argument of a training function (through any number of calls). False when
         neither works."""
         function = self.scope_of(call)
-        name = name_key(call.func)
+        name = model_key(call.func)
         if name == model.key and self._holds(model, function):
             plan[call] = self.wrappers[model.key]
             return True
@@ -169,9 +189,10 @@ class WrapModel(DistributedStep):
     def _holds(self, model: TrainedModel, function: cst.FunctionDef | None) -> bool:
         """Whether code of `function` sees the model itself under `model.key`."""
         home = self.scope_of(model.anchor)
+        name = item_container(model.key) or model.key  # `models` of `models["net"]`
         return model.key.startswith("self.") or function is home or (
             home is None  # a module global (built at top level or under `if __name__ == ...`)
-            and (function is None or model.key not in local_names(function))
+            and (function is None or name not in local_names(function))
         )
 
     def _route_through(
@@ -230,6 +251,28 @@ class WrapModel(DistributedStep):
                 continue
             if not (isinstance(parent, cst.Arg) and self._passed_to_taker(parent, seen)):
                 self.obstacle = self.obstacle or self.statement_of(read)
+                return False
+        return True
+
+    def _elsewhere_takes_wrapper(self, passed: PassedModel) -> bool:
+        """`_takes_wrapper` for a function of another module: its parameter is only
+        called, or has the methods DDP forwards called (a function it is passed on to is
+        not followed: that is an obstacle too)."""
+        body = passed.function.node.body
+        fine: set[cst.CSTNode] = set()
+        for node in find(body, (cst.Call, cst.Attribute, cst.Arg)):
+            if isinstance(node, cst.Call):
+                fine.add(node.func)  # the forward pass
+            elif isinstance(node, cst.Attribute):
+                fine.add(node.attr)  # `x.model`: another object's attribute
+                if node.attr.value in _DDP_METHODS:
+                    fine.add(node.value)
+            elif node.keyword is not None:
+                fine.add(node.keyword)
+        for read in find(body, cst.Name):
+            if read.value == passed.param and read not in fine:
+                statements = [s for s in find(body, cst.SimpleStatementLine) if read in descendants(s)]
+                self.obstacle = statements[0] if statements else None
                 return False
         return True
 
