@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from textwrap import indent
-from typing import Sequence
 
 import libcst as cst
 
 from autoaccel.analysis.script_model import LoopRole
-from autoaccel.lint.rule import Invalid, LintRule, Replacement
+from autoaccel.lint.removal import call_statement_removal
+from autoaccel.lint.rule import Invalid, LintRule
 
 EMPTY_CACHE = ("torch.cuda.empty_cache", "torch.cuda.memory.empty_cache")
 _STEP = "import torch\nfor x, y in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
@@ -60,7 +60,7 @@ class EmptyCacheInLoop(LintRule):
     def visit_Call(self, node: cst.Call) -> None:
         if not self.calls(node, *EMPTY_CACHE) or not self._runs_every_iteration(node):
             return
-        self.report(node, edits=self._removal(node))
+        self.report(node, edits=call_statement_removal(self, node))
 
     def _runs_every_iteration(self, node: cst.Call) -> bool:
         """Whether `node` runs in every step of a training loop (not once per epoch,
@@ -85,43 +85,3 @@ class EmptyCacheInLoop(LintRule):
             ):
                 return False
         return False
-
-    def _removal(self, node: cst.Call) -> dict[cst.CSTNode, Replacement]:
-        """Edits deleting the call's statement; empty when it is not a statement of its own."""
-        expr = self._parent(node)
-        line = self._parent(expr) if isinstance(expr, cst.Expr) else None
-        if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-            return {}
-        others = [small for small in line.body if small is not expr]
-        if others:
-            # `step(x); torch.cuda.empty_cache()`: drop it from the line.
-            others[-1] = others[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-            return {line: line.with_changes(body=others)}
-        block = self._parent(line)
-        if isinstance(line, cst.SimpleStatementSuite) or (
-            isinstance(block, cst.IndentedBlock) and len(block.body) == 1
-        ):
-            # The block's only statement: a block cannot be empty.
-            return {expr: cst.Expr(cst.Name("pass"))}
-        if isinstance(block, cst.IndentedBlock) and _has_comment(line.leading_lines):
-            # Keep comments written above the call: they move to the next statement
-            # (or stay at the end of the block).
-            body = list(block.body)
-            index = body.index(line)
-            del body[index]
-            if index < len(body):
-                following = body[index]
-                body[index] = following.with_changes(
-                    leading_lines=[*line.leading_lines, *following.leading_lines]
-                )
-                return {block: block.with_changes(body=body)}
-            footer = [*line.leading_lines, *block.footer]
-            return {block: block.with_changes(body=body, footer=footer)}
-        return {line: cst.RemoveFromParent()}
-
-    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return next(self.ancestors(node), None)
-
-
-def _has_comment(lines: Sequence[cst.EmptyLine]) -> bool:
-    return any(line.comment is not None for line in lines)

@@ -9,8 +9,8 @@ import libcst as cst
 
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find, is_method_call
-from autoaccel.lint.rule import Applicability, Invalid, LintRule, Replacement
-from autoaccel.rules.acc501_variable_wrapper import statement_removal
+from autoaccel.lint.removal import call_statement_removal
+from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
 # Device-wide waits. `torch.cpu.synchronize()` is a no-op kept for device-generic code.
 SYNCHRONIZE = (
@@ -126,7 +126,7 @@ class SynchronizeEveryStep(LintRule):
             f"`{spelling}` on every {where} makes the CPU wait until the GPU has run all queued "
             f"work, and the GPU idle while Python prepares the next {where.split()[-1]}",
             # A function that also runs elsewhere (a timing helper) keeps its wait there.
-            edits=self._removal(node) if only else {},
+            edits=call_statement_removal(self, node) if only else {},
             fix_title=f"Remove the `{spelling}` call",
         )
 
@@ -190,23 +190,3 @@ class SynchronizeEveryStep(LintRule):
                     is_method_call(c, "elapsed_time") or self.calls(c, *CLOCKS) for c in calls
                 )
         return False
-
-    # -- the fix ---------------------------------------------------------------------------
-    def _removal(self, call: cst.Call) -> dict[cst.CSTNode, Replacement]:
-        """Edits deleting the call's statement; empty when it is not a statement of its own."""
-        expr = self.parent(call)
-        line = self.parent(expr) if isinstance(expr, cst.Expr) else None
-        if not isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-            return {}
-        others = [small for small in line.body if small is not expr]
-        if others:
-            # `step(x); torch.cuda.synchronize()`: drop it from the line.
-            others[-1] = others[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-            return {line: line.with_changes(body=others)}
-        block = self.parent(line)
-        if isinstance(line, cst.SimpleStatementSuite) or (
-            isinstance(block, cst.IndentedBlock) and len(block.body) == 1
-        ):
-            return {expr: cst.Expr(cst.Name("pass"))}  # a block cannot be empty
-        return statement_removal(self, line) or {}  # type: ignore[arg-type]
-
