@@ -149,3 +149,9 @@ def test_linting_the_script_alone_names_the_imported_module_with_findings(cli, t
     assert "note: solver.py (imported by main.py) has 3 findings not shown; lint it too" in alone.stderr
     both = cli("lint", "main.py", "solver.py")
     assert "note:" not in both.stderr and "solver.py:11" in both.stdout
+
+
+def test_no_note_when_the_imported_module_is_linted_through_its_folder(cli, tmp_path):
+    write(tmp_path, train=TRAIN, trainer=TRAINER, data=IN_MEMORY)
+    (tmp_path / "lib").mkdir()
+    assert "note:" not in cli("lint", "train.py", ".").stderr

@@ -132,7 +132,9 @@ def run_lint(
         if closing:
             print(closing, file=sys.stderr)
         if mode is Mode.CHECK and paths != ["-"]:
-            for note in _unlinted_imports([Path(p) for p in paths if os.path.isfile(p)], results, overrides):
+            given = {os.path.realpath(p) for p in paths if os.path.isfile(p)}
+            named = [r for r in results if os.path.realpath(r.path) in given]
+            for note in _unlinted_imports(named, results, overrides):
                 print(note, file=sys.stderr)
 
     if any(r.error for r in results):
@@ -184,29 +186,19 @@ def _files(
     return files, unlisted
 
 
-def _unlinted_imports(scripts: list[Path], results: list[FileResult], overrides: Overrides) -> list[str]:
-    """A note for each local module that a script named on the command line imports, that
-    was not linted, and that has findings: `lint main.py` says nothing of the step in the
-    `solver.py` it imports (Ruff's way: only the paths given are reported)."""
-    if not scripts:
-        return []
-    from autoaccel.analysis.project import load_project
-    from autoaccel.lint.engine import SourceError, might_use_torch, parse
-
+def _unlinted_imports(named: list[FileResult], results: list[FileResult], overrides: Overrides) -> list[str]:
+    """A note for each local module that a script named on the command line (`named`)
+    imports, that was not linted (is not in `results`), and that has findings: `lint
+    main.py` says nothing of the step in the `solver.py` it imports (Ruff's way: only the
+    paths given are reported)."""
     linted = {Path(result.path).resolve() for result in results}
-    importers: dict[Path, Path] = {}
-    for script in scripts:
-        try:
-            source = script.read_text(encoding="utf-8")
-            tree = parse(source) if script.suffix == ".py" and might_use_torch(source) else None
-        except (OSError, UnicodeDecodeError, SourceError):
-            continue
-        modules = load_project(script, tree).modules.values() if tree is not None else ()
-        for module in modules:
-            path = _shown(Path(module.path)) if module.path else None
-            if path is not None and path.resolve() not in linted:
-                importers.setdefault(path, script)
-    found = lint_files(sorted(importers), overrides, Mode.CHECK)
+    importers: dict[Path, str] = {}
+    for result in named:
+        for module in result.imports:
+            path = _shown(Path(module))
+            if path.resolve() not in linted:
+                importers.setdefault(path, result.path)
+    found = lint_files(sorted(importers), overrides, Mode.CHECK) if importers else []
     return [
         f"note: {result.path} (imported by {importers[Path(result.path)]}) has"
         f" {len(result.diagnostics)} finding{'s' * (len(result.diagnostics) != 1)} not shown;"

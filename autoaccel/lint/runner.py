@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable
 
+from autoaccel.analysis.project import SCRIPT
 from autoaccel.diff import unified_diff
 from autoaccel.config import ConfigError, LintSettings, settings_for
 from autoaccel.fileio import MAX_SOURCE_BYTES, mebibytes, os_error_message, read_source, write_atomic
@@ -66,6 +67,8 @@ class FileResult:
     # Notebooks: each finding's place in cell terms; its own line/column are then
     # positions in the `.ipynb` text (where GitHub and editors put them).
     cells: dict[Diagnostic, CellRange] | None = None
+    # The files of the local modules the text imports, read with it (CHECK mode).
+    imports: tuple[str, ...] = ()
 
 
 def _line_and_column(line: int, column: int) -> str:
@@ -87,7 +90,11 @@ def lint_text(
     try:
         with _cycle_collection_paused(), interruptible():
             if mode is Mode.CHECK:
-                result.diagnostics = analyse(text, settings, display_path, script=script).diagnostics
+                analysis = analyse(text, settings, display_path, script=script)
+                result.diagnostics = analysis.diagnostics
+                project = analysis.project
+                if project is not None and project.name == SCRIPT:  # the modules it imports
+                    result.imports = tuple(m.path for m in project.others if m.path)
                 return _portable(result)
             from autoaccel.lint.fixer import fix_source  # --fix and --diff only
 
