@@ -191,12 +191,12 @@ def _unlinted_imports(named: list[FileResult], results: list[FileResult], overri
     imports, that was not linted (is not in `results`), and that has findings: `lint
     main.py` says nothing of the step in the `solver.py` it imports (Ruff's way: only the
     paths given are reported)."""
-    linted = {Path(result.path).resolve() for result in results}
+    linted = {os.path.realpath(result.path) for result in results}  # a link loop too
     importers: dict[Path, str] = {}
     for result in named:
         for module in result.imports:
             path = _shown(Path(module))
-            if path.resolve() not in linted:
+            if os.path.realpath(path) not in linted:
                 importers.setdefault(path, result.path)
     found = lint_files(sorted(importers), overrides, Mode.CHECK) if importers else []
     return [
