@@ -47,6 +47,13 @@ def fixture_names() -> list[str]:
     return sorted(p.name for p in FIXTURES_DIR.glob("*.py") if not p.name.startswith("."))
 
 
+def sigint_as_from_a_terminal() -> None:
+    """`preexec_fn` of a process a test interrupts with SIGINT, as Ctrl-C in a terminal
+    would: a suite started in the background of a non-interactive shell (`bash .ci/run &`)
+    ignores SIGINT, and its children inherit that (Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def runs_tests_by_module(items: Iterable) -> dict[ModuleType, list]:
     """The tests marked `runs` among pytest's `items`, by module, in their order."""
     tests: dict[ModuleType, list] = {}

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from autoaccel.cli import app
 from autoaccel.cli import convert as convert_command
 
-from running import FIXTURES_DIR
+from running import FIXTURES_DIR, sigint_as_from_a_terminal
 
 CONVERTIBLE = """\
 import torch
@@ -199,6 +199,7 @@ def test_lint_interrupted_in_a_parallel_run_exits_130_without_a_traceback(tmp_pa
     lint = subprocess.Popen(
         [sys.executable, "-m", "autoaccel", "lint", str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=sigint_as_from_a_terminal,
     )
     deadline = time.monotonic() + 60
     while not children(lint.pid) and time.monotonic() < deadline:  # the pool has started

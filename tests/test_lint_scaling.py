@@ -17,6 +17,7 @@ from autoaccel.fileio import MAX_SOURCE_BYTES
 from autoaccel.lint.engine import lint_source, parse
 from autoaccel.lint.long_strings import LongConcatenatedString
 from autoaccel.lint.runner import Mode, Overrides, lint_file
+from running import sigint_as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 # ACC101 at its second line, column 10.
@@ -89,6 +90,7 @@ def test_ctrl_c_ends_a_lint_of_the_largest_file_within_a_second(tmp_path):
             [sys.executable, "-m", "autoaccel", "lint", str(script)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=sigint_as_from_a_terminal,
         )
         time.sleep(delay)
         interrupted = time.monotonic()
