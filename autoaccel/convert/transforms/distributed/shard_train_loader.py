@@ -273,11 +273,7 @@ class ShardTrainLoader(DistributedStep):
             edits["shuffle"] = (
                 f"{sampler} is None" if shuffled == "True" else f"{shuffled} and {sampler} is None"
             )
-        batch = keyword_value(call, "batch_size")
-        if batch is not None and not self.options.per_process_batch:
-            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
-            self.helper_needed = True
-        self.calls[call] = edits
+        self._rewrite(call, edits)
         self.before.setdefault(statement, []).extend(
             parse_statements(
                 f"{sampler} = DistributedSampler({dataset_name}, shuffle={shuffled}) if {DISTRIBUTED} else None\n"
@@ -312,17 +308,22 @@ class ShardTrainLoader(DistributedStep):
             return
         self.streams.add(dataset)
         edits: dict[str, str] = {}
-        batch = keyword_value(call, "batch_size")
-        if batch is not None and not self.options.per_process_batch:
-            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
-            self.helper_needed = True
-        self.calls[call] = edits
+        self._rewrite(call, edits)
         self.changed(
             call,
             f"the training IterableDataset is split by process and by DataLoader worker (`{SHARDED_STREAM}`:"
             f" each reads every {WORLD_SIZE} x workers-th item, a last incomplete round left out)"
             + (f"; per-process batch = global batch // {WORLD_SIZE}" if edits else ""),
         )
+
+    def _rewrite(self, call: cst.Call, edits: dict[str, str]) -> None:
+        """Rewrite the loader `call` with `edits`, and with the per-process batch size
+        unless `--per-process-batch` keeps the batch per process already."""
+        batch = keyword_value(call, "batch_size")
+        if batch is not None and not self.options.per_process_batch:
+            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
+            self.helper_needed = True
+        self.calls[call] = edits
 
     def _weighted(self, sampler: cst.BaseExpression) -> bool:
         """Whether `sampler` is a `WeightedRandomSampler(...)`, or a name bound to one."""
@@ -350,10 +351,7 @@ class ShardTrainLoader(DistributedStep):
         batch = keyword_value(call, "batch_size")
         if isinstance(batch, cst.Call) and is_name(batch.func, BATCH_HELPER):
             return  # converted already
-        if batch is not None and not self.options.per_process_batch:
-            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
-            self.helper_needed = True
-        self.calls[call] = edits
+        self._rewrite(call, edits)
         self.changed(
             call,
             "the sampler draws with replacement from the global random stream: each process"
@@ -371,11 +369,7 @@ class ShardTrainLoader(DistributedStep):
                 parse_statements(f"{name} = {code_of(sampler)}\n")
             )
         edits = {"sampler": f"{SHARED_DRAW}({name}) if {DISTRIBUTED} else {name}"}
-        batch = keyword_value(call, "batch_size")
-        if batch is not None and not self.options.per_process_batch:
-            edits["batch_size"] = f"{BATCH_HELPER}({code_of(batch)})"
-            self.helper_needed = True
-        self.calls[call] = edits
+        self._rewrite(call, edits)
         self.shared_draws_needed = True
         self.changed(
             call,
