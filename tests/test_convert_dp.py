@@ -349,6 +349,11 @@ for x, y in loader:
             "not known to be batch-first",
             id="tensor-not-from-the-batch",
         ),
+        pytest.param(
+            "out = model(x)\n    first = criterion(out, y)\n    y.clamp_(0, 1)\n    loss = first + criterion(model(x), y)",
+            "is changed in place between two lines of the forward pass",
+            id="input-changed-in-place-between-readers",
+        ),
     ],
 )
 def test_leaves_step_alone_with_a_reason(step: str, reason: str) -> None:
@@ -365,6 +370,34 @@ for x, y in loader:
     _, log = run(source)
     assert all(s.wrong for s in log.skipped)
     assert "line " in log.skipped[0].reason
+
+
+@pytest.mark.parametrize(
+    ("size", "converts"),
+    [
+        pytest.param("32", True, id="the-loaders-constant"),
+        pytest.param("batch_size", True, id="the-loaders-name"),
+        pytest.param("64", False, id="another-constant"),
+    ],
+)
+def test_tensor_made_with_the_loaders_batch_size_is_batch_first(size: str, converts: bool) -> None:
+    """`torch.randn(batch_size, 2)` with the loader's `batch_size=` is split with the batch."""
+    source = IMPORTS + f"""from torch.utils.data import DataLoader, TensorDataset
+batch_size = 32
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size={'32' if size != 'batch_size' else 'batch_size'})
+model = nn.Bilinear(4, 2, 1)
+criterion = nn.MSELoss()
+for (x,) in loader:
+    z = torch.randn({size}, 2)
+    out = model(x, z)
+    loss = criterion(out, x[:, :1])
+    loss.backward()
+"""
+    code, log = run(source)
+    if converts:
+        assert "loss = loss_on_gpus(x, z).mean()" in code and not log.skipped
+    else:
+        assert "`z` is made in the step but not from the batch" in log.skipped[0].reason
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.runs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dp"
 CONVERTED = ["two_inputs.py", "trainer_attribute.py", "gan_two_steps.py", "distill_frozen.py", "existing_dp_step.py",
-             "loss_function.py", "summed_vae.py"]
+             "loss_function.py", "summed_vae.py", "gan_batch_size_labels.py"]
 
 
 @pytest.mark.parametrize("name", CONVERTED)

@@ -56,6 +56,16 @@ def converted(name: str):
             "loss = loss.sum()  # sum of the per-GPU losses\n",
             "kl_div = kl_div.sum()\n",
         ], id="summed-loss"),
+        pytest.param("gan_batch_size_labels.py", [
+            # labels made with the loader's `batch_size` are split with the batch
+            "def compute_d_loss(discriminator, criterion, generator, real, real_labels, z, fake_labels):",
+            # `real_score = outputs` keeps the first `outputs`: it moves in with the chain
+            "        real_score = outputs\n        fake_images = generator(z)\n",
+            "return d_loss, fake_images, real_score\n",
+            # the step under `if i % n_critic == 0:` reads the `z` drawn above it; the
+            # in-place refill of its target runs before the call
+            "                target.fill_(1.0)\n                g_loss, fake_images = g_loss_on_gpus(z, target)\n",
+        ], id="batch-size-labels"),
     ],
 )
 def test_step_moves_into_loss_in_forward(name: str, excerpts: list[str]) -> None:

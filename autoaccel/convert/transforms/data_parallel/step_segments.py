@@ -10,9 +10,10 @@ its loss, moved into a function that each GPU runs on its part of the batch.
                                                loss = loss_on_gpus(x, lengths, y).mean()
 
 Every tensor `nn.DataParallel` receives is split along dimension 0, so the step's
-inputs must be batch-first: names bound by the loop over the loader, or computed from
-them in the step. A recurrent state, a tensor made elsewhere, or one reshaped across
-the batch dimension would be split wrongly: those steps are refused, naming the line.
+inputs must be batch-first: names bound by the loop over the loader, computed from
+them in the step, or made with the loader's `batch_size` (`torch.ones(batch_size, 1)`).
+A recurrent state, a tensor made elsewhere, or one reshaped across the batch dimension
+would be split wrongly: those steps are refused, naming the line.
 Values that are not per-step tensors (`self.criterion`, `args.alpha`, `epoch`) are read
 by the function from its scope. Each `.backward()` gets its own segment, so each model of
 a GAN trains under its own wrapper; a model that no optimizer trains (a frozen teacher)
@@ -24,11 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find
-from autoaccel.cst_edit import code_of
+from autoaccel.cst_edit import code_of, keyword_value
 
 
 # Methods and functions that mix the samples of a batch (or leave the GPU): a line of the
@@ -37,6 +39,8 @@ _ACROSS_BATCH_METHODS = frozenset({"mean", "sum", "std", "var", "norm", "max", "
 _HOST_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
 _ACROSS_BATCH_FUNCTIONS = frozenset({"torch.cat", "torch.stack", "torch.mean", "torch.sum"})
 _FLATTENING = frozenset({"view", "reshape", "flatten"})
+# Tensor factories whose first positional argument is the first size (or all of them).
+_FACTORIES = frozenset({"torch.ones", "torch.zeros", "torch.randn", "torch.rand", "torch.empty", "torch.full"})
 # Names a recurrent model's state goes by, for a step function's parameters (no loop to
 # follow them in).
 _STATE_NAMES = frozenset({"hidden", "hx", "h0", "c0", "state", "states", "memory", "mems", "carry", "h", "c"})
@@ -192,25 +196,47 @@ class SegmentFinder:
         defined_in_chain: set[str] = set()
         for s in chain:
             defined_in_chain |= assigned(s)
-        before, after = [], []
-        for s in span:
+        before, after, pulled = [], [], []
+        for index, s in enumerate(span):
             if s in chain:
                 continue
             reads_chain = bool(read(s) & defined_in_chain)
-            feeds_chain = s in producers
+            # `label.fill_(0.0)` between two forward lines changes what the later ones
+            # read: it runs before the call, so it must not change what earlier ones read
+            changed = _changed_in_place(s)
+            read_before = {n for c in span[:index] if c in chain for n in read(c)}
+            read_after = {n for c in span[index + 1 :] if c in chain for n in read(c)}
+            if changed & read_before & read_after:
+                raise Refused(
+                    f"`{min(changed & read_before)}` is changed in place between two lines of"
+                    " the forward pass that read it",
+                    s,
+                )
+            feeds_chain = s in producers or bool(changed & read_after)
+            # `real_score = outputs` before `outputs = D(fake_images)`: after the call it
+            # would read the last value, so a plain assignment moves in with the chain
+            rebound = read(s) & {n for c in span[index + 1 :] if c in chain for n in assigned(c)}
             if feeds_chain and not reads_chain:
                 before.append(s)  # e.g. the frozen teacher's outputs under no_grad
-            elif not feeds_chain:
+            elif not feeds_chain and not rebound:
                 after.append(s)  # a timer, a print: not per-sample, stays outside
+            elif not feeds_chain and m.matches(s, m.SimpleStatementLine(body=[m.Assign()])):
+                pulled.append(s)
+            elif not feeds_chain:
+                raise Refused(f"`{min(rebound)}` is read between two lines of the forward pass that bind it", s)
             else:
                 raise Refused("a line between the forward pass and the loss both reads and feeds them", s)
+        if pulled:
+            chain = [s for s in span if s in chain or s in pulled]
+            for s in pulled:
+                defined_in_chain |= assigned(s)
         self._chain_tensors = defined_in_chain
         models, scalars = self._models_and_scalars(chain, loss_name, owner)
         for s in chain:
             # a whole-batch reduction is what a loss term is (`kl = -0.5 * torch.sum(...)`);
             # `_reduce` checks that the per-GPU terms add up
             self._check_per_sample(s, s is owner or bool(assigned(s)) and assigned(s) <= scalars)
-        inputs = self._inputs(chain, [*statements[:first], *before], models)
+        inputs = self._inputs(chain, [*self._enclosing_before(statement), *statements[:first], *before], models)
         kept = self._kept(chain, defined_in_chain, scalars, loss_name)
         reduce = self._reduce(chain, owner)
         self._check_forward_attributes(chain)
@@ -220,6 +246,19 @@ class SegmentFinder:
             block=block, span=span, chain=chain, before=before, after=after, anchor=anchor,
             modules=models, params=params, inputs=inputs, loss_name=loss_name, kept=kept, reduce=reduce,
         )
+
+    def _enclosing_before(self, statement: cst.CSTNode) -> list[cst.CSTNode]:
+        """The step's lines before the block holding `statement`, outermost first: a
+        step under `if i % n_critic == 0:` reads the `z` bound above the `if`."""
+        found: list[cst.CSTNode] = []
+        node = self.t.parent(statement)
+        while node is not None and not isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
+            parent = self.t.parent(node)
+            if isinstance(parent, cst.IndentedBlock) and isinstance(node, cst.BaseStatement):
+                body = list(parent.body)
+                found[:0] = body[: body.index(node)]
+            node = parent
+        return found
 
     def _barrier(self, s: cst.CSTNode) -> bool:
         """A line the segment cannot reach over: another step's backward or update."""
@@ -408,6 +447,8 @@ class SegmentFinder:
                 batch |= defs
                 if self._flattens(s):
                     flattened |= defs
+            elif loop is not None and not isinstance(loop, cst.FunctionDef) and self._batch_sized(s, loop):
+                batch |= defs
             else:
                 batch -= defs
             flattened -= set() if reads & flattened else set()
@@ -415,13 +456,67 @@ class SegmentFinder:
                 flattened |= defs
         return step_names, batch, flattened, lines
 
+    def _batch_sized(self, s: cst.CSTNode, loop) -> bool:
+        """`real_labels = torch.ones(batch_size, 1).to(device)`: a new tensor whose first
+        size is the loader's `batch_size=` (the same constant, or the same name bound once
+        in the script). It has the batch's first dimension, and the loss pairs them."""
+        sizes = {self._loader_batch_size(obj) for obj in loop.loaders}
+        if len(sizes) != 1 or None in sizes:
+            return False
+        configured = sizes.pop()
+        if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)):
+            return False
+        value = s.body[0].value
+        first = None
+        while isinstance(value, cst.Call) and first is None:
+            first = self._first_size(value)
+            value = value.func.value if isinstance(value.func, cst.Attribute) else None  # `.to(device)`
+        if first is None or not first.deep_equals(configured):
+            return False
+        if isinstance(first, cst.Integer):
+            return True
+        root = first
+        while isinstance(root, cst.Attribute):  # `opt.batch_size`
+            root = root.value
+        return isinstance(root, cst.Name) and self._bound_once(root.value)
+
+    def _first_size(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The first dimension a tensor factory is asked for: `torch.ones(n, 1)`,
+        `torch.full((n,), 1.0)`, `torch.randint(0, T, (n,))`."""
+        qualified = self.t.qualified_names(call.func)
+        positional = [a.value for a in call.args if a.keyword is None and not a.star]
+        if qualified & _FACTORIES and positional:
+            size = positional[0]
+        elif "torch.randint" in qualified:
+            size = keyword_value(call, "size") or (positional[-1] if len(positional) > 1 else None)
+        else:
+            return None
+        if isinstance(size, (cst.Tuple, cst.List)):
+            return size.elements[0].value if size.elements else None
+        return size
+
+    def _loader_batch_size(self, loader) -> cst.BaseExpression | None:
+        call = loader.node
+        if not isinstance(call, cst.Call) or loader.module is not self.script.module:
+            return None
+        positional = [a.value for a in call.args if a.keyword is None]
+        return keyword_value(call, "batch_size") or (positional[1] if len(positional) > 1 else None)
+
+    def _bound_once(self, name: str) -> bool:
+        """`name` is bound by one statement or parameter in the whole script."""
+        bindings = sum(name in assigned(s) for s in find(self.t.tree, cst.SimpleStatementLine))
+        bindings += sum(p.name.value == name for p in find(self.t.tree, cst.Param))
+        return bindings == 1
+
     @staticmethod
     def _moved(statements) -> set[str]:
-        """Names bound to a tensor moved to a device (`.to(...)`, `.cuda()`) in the step."""
+        """Names bound to a tensor moved to a device (`.to(...)`, `.cuda()`) or made on one
+        (`device=`) in the step."""
         moved: set[str] = set()
         for s in statements:
             moves = any(
                 isinstance(c.func, cst.Attribute) and c.func.attr.value in ("to", "cuda")
+                or keyword_value(c, "device") is not None
                 for c in find(s, cst.Call)
             )
             if moves or read(s) & moved:
@@ -514,11 +609,15 @@ class SegmentFinder:
         returns = find(function.body, cst.Return)
         if not returns:
             return None
+        # the terms it names first (`BCE = F.binary_cross_entropy(..., reduction="sum")`)
+        named = self._named_reductions(function.body.body, depth + 1)
+        for name in assigned(function.body) - named.keys():
+            named[name] = {"?"}  # bound in a branch or a loop: not followed
         found: set[str] = set()
         for ret in returns:
             if ret.value is None:
                 return "?"
-            found |= self._expr_reductions(ret.value, {}, depth + 1)
+            found |= self._expr_reductions(ret.value, named, depth + 1)
         return found.pop() if len(found) == 1 else "?"
 
     def _expr_reductions(self, expr, named: dict[str, set[str]], depth: int = 0) -> set[str]:
@@ -543,12 +642,22 @@ class SegmentFinder:
             return set()  # a weight (`args.alpha`, `0.5`)
         return {"?"} if read(expr) & self._chain_tensors else set()
 
-    def _reduce(self, chain, owner) -> str:
+    def _named_reductions(self, statements, depth: int = 0) -> dict[str, set[str]]:
+        """How each name the plain assignments of `statements` bind reduces the batch."""
         named: dict[str, set[str]] = {}
-        for s in chain:
-            found = self._expr_reductions(s.body[0].value, named)
+        for s in statements:
+            if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1):
+                continue
+            small = s.body[0]
+            if not isinstance(small, (cst.Assign, cst.AugAssign)):
+                continue
+            found = self._expr_reductions(small.value, named, depth)
             for name in assigned(s):
-                named[name] = found | (named.get(name, set()) if isinstance(s.body[0], cst.AugAssign) else set())
+                named[name] = found | (named.get(name, set()) if isinstance(small, cst.AugAssign) else set())
+        return named
+
+    def _reduce(self, chain, owner) -> str:
+        named = self._named_reductions(chain)
         reductions = named.get(sorted(assigned(owner))[0], set())
         if "?" in reductions:
             raise Refused("a term of the loss does not average or sum over the batch (reduction)", owner)
@@ -603,6 +712,16 @@ class SegmentFinder:
         return params
 
 
+def _changed_in_place(statement: cst.CSTNode) -> set[str]:
+    """Names a statement calls a method of (`label.fill_(0.0)`, `x.requires_grad_()`):
+    any method may change its object in place."""
+    return {
+        call.func.value.value
+        for call in find(statement, cst.Call)
+        if m.matches(call.func, m.Attribute(value=m.Name()))
+    }
+
+
 def defined_in_loop_after(chain, name) -> set[str]:
     """`{name}` when a line of the chain binds `name` after reading it (a state fed back)."""
     seen_read = False
@@ -619,7 +738,8 @@ def is_enumerate(call: cst.Call) -> bool:
 
 
 def training_backward_calls(transform, module: cst.Module) -> list[cst.Call]:
-    """`.backward()` calls that run every training step."""
+    """`.backward()` calls that run every training step, or under an `if` in its loop's
+    body (a WGAN's generator, trained every `n_critic` steps)."""
     from autoaccel.analysis.shapes import method_calls
 
     found = []
@@ -627,6 +747,19 @@ def training_backward_calls(transform, module: cst.Module) -> list[cst.Call]:
         if not isinstance(call.func, cst.Attribute):
             continue
         role, _ = transform.script.every_step(call)
-        if role is LoopRole.TRAIN:
+        if role is LoopRole.TRAIN or _conditional_role(transform, call) is LoopRole.TRAIN:
             found.append(call)
     return found
+
+
+def _conditional_role(transform, call: cst.Call) -> LoopRole | None:
+    """The role of the step loop whose body runs `call` under `if`s only."""
+    child: cst.CSTNode = call
+    for ancestor in transform.ancestors(call):
+        loop = transform.script.step_loops.get(ancestor)
+        if loop is not None:
+            return loop.role if child is ancestor.body else None
+        if isinstance(ancestor, (cst.For, cst.While, cst.Try, cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return None
+        child = ancestor
+    return None
