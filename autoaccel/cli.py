@@ -235,36 +235,40 @@ def convert(
     force: bool = typer.Option(
         False, "--force", help="Replace launcher files (train.sbatch, spawn_train.py) that exist."
     ),
-    verify: bool = typer.Option(
-        False,
-        "--verify",
-        help="ddp, fsdp: first run the result on 2 CPU processes (gloo) for a few steps and check"
-        " it trains like the original; nothing is written when a check fails.",
+    verify: Optional[bool] = typer.Option(
+        None,
+        "--verify/--no-verify",
+        help="ddp, fsdp: prove the result first: run it on 2 CPU processes (gloo) for a few steps"
+        " and check it trains like the original; nothing is written when a check fails or the"
+        " original does not run. On when --write or -o FILE writes the result; --verify proves"
+        " a preview too, --no-verify writes unproven.",
     ),
     verify_steps: int = typer.Option(
-        20, "--verify-steps", min=1, metavar="N", help="Training steps --verify runs."
+        20, "--verify-steps", min=1, metavar="N", help="Training steps the proof runs."
     ),
     no_run: bool = typer.Option(
         False,
         "--no-run",
-        help="ddp, fsdp: never run the script. Without it, where the code alone does not show"
-        " which model trains, the script runs for a few steps in a child process to find out.",
+        help="ddp, fsdp, dp: never run the script (no proof either, unless --verify). Without"
+        " it, where the code alone does not show which model trains (ddp, fsdp) or whether"
+        " what a model gets is batch-first (dp), the script runs for a few steps in a child"
+        " process to find out.",
     ),
     script_args: Optional[List[str]] = typer.Argument(
         None, metavar="SCRIPT_ARGS",
-        help="The script's arguments, after `--`: for the short run and --verify (ddp, fsdp).",
+        help="The script's arguments, after `--`: for the short run (ddp, fsdp, dp) and the proof (ddp, fsdp).",
     ),
 ) -> None:
     """Rewrite a single-GPU training script into a fast one (diff preview by default).
     Option defaults come from [tool.autoaccel.convert] in pyproject.toml."""
     from autoaccel.config import ConfigError, convert_options
     from autoaccel.convert.command import STDIN, STDOUT, run_convert
-    from autoaccel.convert.log import MULTI_PROCESS
+    from autoaccel.convert.log import RUNS_THE_SCRIPT
     from autoaccel.convert.verify import VerifyRequest
     from autoaccel.facts.run import FactsRequest
 
-    if script_args and not verify and no_run:
-        raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments go after `--verify --`)")
+    if script_args and verify is not True and no_run:
+        raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments, after `--`, are for the runs of --to ddp, fsdp and dp)")
     _choice("--format", report_format, ("text", "markdown", "json"))
     if write and output is not None:
         raise typer.BadParameter("use either --write or -o, not both")
@@ -273,7 +277,7 @@ def convert(
         raise typer.BadParameter("--diff writes nothing: use it without --write and -o")
     from_stdin = file == STDIN
     if from_stdin:
-        if write or verify:
+        if write or verify is True:
             raise typer.BadParameter("stdin (`-`) takes neither --write nor --verify")
         if output is None and not (diff or check):  # Black's way: the result on stdout
             output = STDOUT
@@ -287,18 +291,42 @@ def convert(
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    _check_distributed(options, verify)
-    if script_args and not verify and options.target not in MULTI_PROCESS:
-        raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments go after `--verify --`)")
-    request = VerifyRequest(script_args or [], verify_steps) if verify else None
-    # A run only where the target needs to know which model trains, of a script on disk.
+    _check_distributed(options, verify is True)
+    if script_args and options.target not in RUNS_THE_SCRIPT:
+        raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments, after `--`, are for the runs of --to ddp, fsdp and dp)")
+    unproven = _unproven(options, verify, no_run, write or output not in (None, STDOUT), from_stdin)
+    request = VerifyRequest(script_args or [], verify_steps) if unproven is None else None
+    # A run only where the target needs to know which model trains, of a script on disk;
+    # when there is a proof, as long as its run of the original, which it then is too.
     facts = None if no_run or from_stdin else FactsRequest(script_args or [])
+    if facts is not None and request is not None:
+        facts = FactsRequest(facts.script_args, request.steps, request.timeout)
     raise typer.Exit(
         run_convert(
             file, options, write, output, check, report_format, allow_partial, force, request,
-            from_stdin, facts,
+            from_stdin, facts, unproven or "",
         )
     )
+
+
+def _unproven(
+    options: ConvertOptions, verify: bool | None, no_run: bool, writes: bool, from_stdin: bool
+) -> str | None:
+    """Why the conversion is not proven (run before it is written); None when it is, and
+    empty where there is no proof to speak of (other targets, stdin)."""
+    from autoaccel.convert.log import MULTI_PROCESS
+
+    if options.target not in MULTI_PROCESS or from_stdin:
+        return ""
+    if verify:
+        return None
+    if verify is False:
+        return "--no-verify: nothing ran it"
+    if no_run:
+        return "--no-run: nothing ran it"
+    if not writes:
+        return "a preview runs nothing; --write or -o FILE runs the proof before writing (--verify runs it now)"
+    return None
 
 
 def _convert_command_line(params: dict[str, object]) -> dict[str, object]:

@@ -26,13 +26,19 @@ bf16 needs none). An environment variable, so that it reaches the harness throug
 (and at the last step).
 
 ``--scratch DIR`` sends what ``torch.save`` writes into DIR (``torch.load`` of such a path
-reads it back from there), so that a trial run leaves the script's checkpoints alone.
+reads it back from there), and every file opened for writing (``open``, ``io.open``: so also
+``np.save``, ``savefig``, ``Path.write_text``, a Pillow ``anim.save``, TensorBoard event files;
+reads of such a path read it back from there), so that a trial run leaves the script's files
+alone. Files under the temporary folder, the caches and Python's own folders are the
+libraries' and are left where they go.
 
 With ``AUTOACCEL_FACTS_OUT=PATH`` in the environment, `autoaccel.facts.recorder` also
 records what the script makes and calls, keyed to source positions, into PATH (JSON; see
 `autoaccel.facts.model`); the script's own ``open(..., "w")`` writes then go to DIR too.
 
-The record also has ``saves`` (the paths each ``torch.save`` call wrote) and
+The record also has ``saves`` (the paths each ``torch.save`` call wrote), ``writes`` (each
+other path the script opened for writing, once), ``printed`` (the first lines ``print``
+wrote to the terminal, at most `MAX_PRINTED`), and
 ``param_digest`` (per optimizer, then per model wrapped in DDP, the sum and the sum of
 absolute values of its parameters at the end, in float64: equal on every rank of a distributed run when the gradients were
 synchronised), and ``first_param_digest``, the same at the first step, before any update
@@ -56,13 +62,17 @@ torch is imported only inside functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import argparse
+import builtins
 import gc
+import io
 import json
 import os
 import platform
 import random
 import runpy
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from collections import deque
@@ -79,6 +89,8 @@ _PASS_ATTR = "_autoaccel_pass"
 _INDICES_ATTR = "_autoaccel_indices"
 PROGRESS_INTERVAL = 0.2  # seconds between two writes of the progress file
 FORCE_AUTOCAST_ENV = "AUTOACCEL_FORCE_AUTOCAST"
+_WRITE_MODES = frozenset("wax+")
+MAX_PRINTED = 500  # lines of `printed`: what a check compares, not a log
 
 
 class StopScript(BaseException):
@@ -93,6 +105,8 @@ class StepRecord:
     samples: list[int] = field(default_factory=list)
     sample_ids: list[Any] | None = None  # per step: [pass, indices] or None (distributed runs)
     saves: list[str] = field(default_factory=list)  # paths torch.save wrote
+    writes: list[str] = field(default_factory=list)  # other paths opened for writing, once each
+    printed: list[str] = field(default_factory=list)  # lines print wrote to the terminal
     param_digest: list[list[float]] = field(default_factory=list)  # per optimizer: [sum, abs sum]
     first_param_digest: list[list[float]] = field(default_factory=list)  # the same, at step 1
     end_time: float | None = None
@@ -197,7 +211,8 @@ class _StepRecorder:
     ) -> None:
         self.max_steps = max_steps
         self.scratch = scratch
-        self.redirected: dict[str, str] = {}  # path the script saved to -> file in `scratch`
+        self.redirected: dict[str, str] = {}  # path the script wrote -> file in `scratch`
+        self.folders = _WriteFolders.of([scratch, progress and progress.parent])
         self.record = StepRecord(
             rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1))
         )
@@ -224,6 +239,9 @@ class _StepRecorder:
         stack.enter_context(patched(torch.amp.GradScaler, "scale", _marking_scale))
         stack.enter_context(patched(dataloader._BaseDataLoaderIter, "__next__", self._next))
         stack.enter_context(patched(torch, "save", self._recording_save))
+        for owner in (builtins, io):  # `Path.open` and `write_text` call `io.open`
+            stack.enter_context(patched(owner, "open", self._recording_open))
+        stack.enter_context(patched(builtins, "print", self._recording_print))
         if self.scratch is not None:
             stack.enter_context(patched(torch, "load", self._redirected_load))
         stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._kept_optimizer))
@@ -293,13 +311,48 @@ class _StepRecorder:
                 self.record.saves.append(repr(f))
                 return original(obj, f, *args, **kwargs)
             self.record.saves.append(os.fspath(f))
-            if self.scratch is not None:
-                wanted = os.path.abspath(f)
-                name = wanted.strip(os.sep).replace(os.sep, "__")
-                f = self.redirected[wanted] = str(self.scratch / f"rank{self.record.rank}-{name}")
-            return original(obj, f, *args, **kwargs)
+            return original(obj, self._redirect(f), *args, **kwargs)
 
         return save
+
+    def _redirect(self, path: str | os.PathLike) -> str | os.PathLike:
+        """Where a write to `path` goes: a file of its own in `scratch` (`path` without one)."""
+        if self.scratch is None:
+            return path
+        wanted = os.path.abspath(path)
+        name = wanted.strip(os.sep).replace(os.sep, "__")
+        self.redirected[wanted] = str(self.scratch / f"rank{self.record.rank}-{name}")
+        return self.redirected[wanted]
+
+    def _recording_open(self, original: Callable) -> Callable:
+        """Record every path opened for writing, outside the libraries' folders, and write it
+        in `scratch`; a path written so reads back from there."""
+
+        def open_(file, mode="r", *args, **kwargs):
+            if not isinstance(file, (str, os.PathLike)):  # a file descriptor
+                return original(file, mode, *args, **kwargs)
+            wanted = os.path.abspath(file)
+            if not _WRITE_MODES & set(mode) or not self.folders.the_scripts(wanted):
+                return original(self.redirected.get(wanted, file), mode, *args, **kwargs)
+            if os.fspath(file) not in self.record.writes:
+                self.record.writes.append(os.fspath(file))
+            redirected = self.redirected.get(wanted) or self._redirect(file)
+            if "r" in mode and os.path.isfile(wanted) and not os.path.exists(redirected):
+                shutil.copyfile(wanted, redirected)  # "r+": changes a copy
+            return original(redirected, mode, *args, **kwargs)
+
+        return open_
+
+    def _recording_print(self, original: Callable) -> Callable:
+        """Keep the first `MAX_PRINTED` lines printed to the terminal (not to a file)."""
+
+        def print_(*args, sep=" ", end="\n", file=None, flush=False):
+            if file in (None, sys.stdout, sys.stderr) and len(self.record.printed) < MAX_PRINTED:
+                text = (sep if sep is not None else " ").join(map(str, args))
+                self.record.printed.extend(text.splitlines()[: MAX_PRINTED - len(self.record.printed)])
+            return original(*args, sep=sep, end=end, file=file, flush=flush)
+
+        return print_
 
     def _redirected_load(self, original: Callable) -> Callable:
         """A file the script saved (into `scratch`) loads from there."""
@@ -407,6 +460,34 @@ class _StepRecorder:
         record.param_digest = self.digest if self.digest is not None else self._param_digest()
         record.exit = exit_status
         return record
+
+
+def _folders(*paths: str) -> tuple[str, ...]:
+    return tuple(os.path.join(os.path.abspath(path), "") for path in paths)
+
+
+@dataclass(frozen=True)
+class _WriteFolders:
+    """Which written files are the script's: none in the harness's or Python's folders; all in
+    the current folder; none in the folders libraries write to (the temporary folder,
+    caches, devices); all elsewhere."""
+
+    never: tuple[str, ...]
+    current: tuple[str, ...]
+    libraries: tuple[str, ...]
+
+    @classmethod
+    def of(cls, ours: list[Path | None]) -> _WriteFolders:
+        """`ours`: the folders the harness writes to (the scratch folder, the progress file's)."""
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        never = (sys.prefix, sys.base_prefix, *(str(folder) for folder in ours if folder is not None))
+        return cls(_folders(*never), _folders(os.getcwd()), _folders(tempfile.gettempdir(), cache, "/dev", "/proc"))
+
+    def the_scripts(self, path: str) -> bool:
+        """Whether the absolute `path` is a file of the script's."""
+        if path.startswith(self.never):
+            return False
+        return path.startswith(self.current) or not path.startswith(self.libraries)
 
 
 def _marking_scale(original: Callable) -> Callable:

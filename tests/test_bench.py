@@ -139,8 +139,8 @@ def test_ddp_conversion_runs_one_process_per_rank_with_the_same_threads(tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    # `--verify`: the checks of `convert --verify` on the first runs, all passed
-    assert len(result["verify"]) == 6 and all(check["passed"] for check in result["verify"])
+    # `--verify`: the seven checks of convert's proof on the first runs, all passed
+    assert len(result["verify"]) == 7 and all(check["passed"] for check in result["verify"])
     # Unshuffled and sharded evenly: the mean of the ranks' losses is the original's loss.
     assert result["max_rel_diff"] <= EXACT
     assert result["runs"]["converted"]["steps"] == 6

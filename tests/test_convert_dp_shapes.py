@@ -3,14 +3,21 @@ are refused (naming the line), and that a refusal exits 1 as `--to ddp`'s do."""
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from autoaccel.convert.command import needs_facts
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
+from autoaccel.convert.transforms.data_parallel.step_segments import RUN_CAN_TELL
+from autoaccel.facts.model import Forward, RunFacts, Seen, Site
+from autoaccel.facts.resolve import ConversionFacts
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dp"
 DP = ConvertOptions(target="dp", amp="off")
@@ -198,3 +205,119 @@ class Trainer:
     assert "LossInForward" not in step and "DataParallel" not in step
     assert "loss = self.loss_on_gpus(x, y).mean()" in step
     assert convert_source(code, DP, "trainer.py").converted == code
+
+
+# -- batch-first as a short run showed it (hand-made facts: nothing runs) ---------------------------
+def converted_with_facts(path: Path, call: str, *seen: Seen):
+    """The script at `path` converted with facts of a run whose calls at `call` (its
+    code) saw `seen`."""
+    source = path.read_text(encoding="utf-8")
+    node = next(
+        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.get_source_segment(source, n) == call
+    )
+    real = os.path.realpath(path)
+    site = Site(real, node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
+    count = sum(s.count for s in seen)
+    facts = RunFacts(
+        script=real, exit="max-steps", steps=count, files={real: hashlib.sha256(source.encode()).hexdigest()},
+        forwards=[Forward(1, site, count, seen[0].args, seen)],
+    )
+    return convert_source(source, DP, str(path), ConversionFacts(facts, path, source))
+
+
+def refusals(conversion) -> list[str]:
+    return [s.reason for s in conversion.log.skipped if s.wrong]
+
+
+VAE_OUTPUTS = ((10, 16), (10, 4), (10, 4))
+
+
+def test_flattened_input_is_refused_without_a_run_that_could_tell() -> None:
+    conversion = converted("flattened_vae.py")
+    [reason] = refusals(conversion)
+    assert "`x` is reshaped with `-1` first" in reason and RUN_CAN_TELL in reason
+    assert needs_facts(conversion, DP)  # so `convert` runs the script
+
+
+def test_no_run_keeps_the_refusal(cli) -> None:
+    result = cli("convert", str(FIXTURES / "flattened_vae.py"), "--to", "dp", "--no-run")
+    assert result.exit_code == 1
+    assert RUN_CAN_TELL in result.stderr and "running the script" not in result.stderr
+
+
+def test_a_flattened_target_asks_no_run() -> None:
+    # `y` never reaches a model: the run records nothing that could tell
+    source = STEP.format(helper="criterion = nn.CrossEntropyLoss()", loss="loss = criterion(out.view(-1, 2), y)").replace(
+        "    out = model(x)\n", "    y = y.view(-1)\n    out = model(x)\n"
+    )
+    conversion = convert_source(source, DP)
+    assert any("may merge the batch dimension" in r for r in refusals(conversion))
+    assert not needs_facts(conversion, DP)
+
+
+def test_run_showing_the_flattened_input_batch_first_converts() -> None:
+    conversion = converted_with_facts(FIXTURES / "flattened_vae.py", "model(x)", Seen(10, ((10, 16),), VAE_OUTPUTS, 5))
+    assert refusals(conversion) == []
+    assert "loss, kl_div, reconst_loss = loss_on_gpus(x)\n" in conversion.converted
+    [change] = [c for c in conversion.log.changes if c.code == "ACC402"]
+    assert "batch-first as a short run of the script showed: `x`: dimension 0 is the batch on all 5 calls" in change.description
+
+
+@pytest.mark.parametrize(
+    ("shape", "why"),
+    [
+        pytest.param((16, 16), "which dimension is the batch is ambiguous", id="ambiguous"),
+        pytest.param((20, 16), "shape [20, 16] in a step of 10 samples", id="batch-merged"),
+    ],
+)
+def test_run_that_does_not_show_the_flattened_input_batch_first_keeps_the_refusal(shape, why) -> None:
+    batch = 16 if shape == (16, 16) else 10
+    conversion = converted_with_facts(FIXTURES / "flattened_vae.py", "model(x)", Seen(batch, (shape,), VAE_OUTPUTS, 5))
+    [reason] = refusals(conversion)
+    assert "`x` is reshaped with `-1` first" in reason and "; the run does not show it batch-first: " in reason
+    assert why in reason
+
+
+def test_run_disagreeing_with_the_code_refuses_showing_both() -> None:
+    # the code reads `x` from the batch; the run saw `model(x)` get 8 rows in steps of 16
+    conversion = converted_with_facts(FIXTURES / "summed_vae.py", "model(x)", Seen(16, ((8, 16),), VAE_OUTPUTS, 5))
+    [reason] = refusals(conversion)
+    assert "the code takes it as batch-first, but the run shows `model(x)` getting it with shape [8, 16] in a step of 16 samples" in reason
+
+
+KEPT_OUTPUT = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h, h.relu()
+
+
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    out, features = model(x)
+    loss = F.mse_loss(out, y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(features.norm())
+"""
+
+
+def test_run_showing_a_returned_element_batch_first_gathers_it(tmp_path: Path) -> None:
+    script = tmp_path / "kept.py"
+    script.write_text(KEPT_OUTPUT)
+    static = convert_source(KEPT_OUTPUT, DP)
+    assert any("`features` comes from a model returning several values" in r for r in refusals(static))
+    assert needs_facts(static, DP)
+    conversion = converted_with_facts(script, "model(x)", Seen(4, ((4, 4),), ((4, 2), (4, 2)), 5))
+    assert refusals(conversion) == []
+    assert "loss, features = loss_on_gpus(x, y)\n" in conversion.converted

@@ -35,7 +35,7 @@ def test_unsharded_training_data_is_refused_and_nothing_written(cli, tmp_path):
 
 def test_allow_partial_writes_with_warnings(cli, tmp_path):
     (tmp_path / "train.py").write_text(NO_LOADER)
-    run = cli("convert", "train.py", "--to", "ddp", "--allow-partial", "-o", "ddp.py")
+    run = cli("convert", "train.py", "--to", "ddp", "--allow-partial", "-o", "ddp.py", "--no-verify")
     assert run.exit_code == 0, run.stderr
     assert "train.py:6:1: warning: DistributedSampler not applied" in run.stderr
     assert "DISTRIBUTED" in (tmp_path / "ddp.py").read_text()
@@ -109,7 +109,7 @@ def test_a_name_the_conversion_defines_is_never_taken_over(cli, tmp_path, extra,
     """A script's own `RANK` or `dist` would be silently rebound (issue: loss 1.2275 ->
     0.3724 under plain python); the conversion's own gets a free name instead."""
     (tmp_path / "train.py").write_text(TRAINS.format(extra=extra))
-    run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
+    run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py", "--no-verify")
     assert run.exit_code == 0, run.stderr
     code = (tmp_path / "ddp.py").read_text()
     assert extra in code and (f"{fresh} = " in code or f"as {fresh}" in code)
@@ -117,7 +117,7 @@ def test_a_name_the_conversion_defines_is_never_taken_over(cli, tmp_path, extra,
 
 def test_the_sampler_gets_a_name_the_script_does_not_use(cli, tmp_path):
     (tmp_path / "train.py").write_text(TRAINS.format(extra="sampler = 'mine'"))
-    run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
+    run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py", "--no-verify")
     assert run.exit_code == 0, run.stderr
     code = (tmp_path / "ddp.py").read_text()
     assert "sampler = 'mine'" in code and "sampler=sampler2" in code
@@ -155,7 +155,7 @@ def test_a_stream_gets_no_workers_and_no_sampler(cli, tmp_path):
     assert "num_workers" not in (tmp_path / "fast.py").read_text()
     assert "IterableDataset: every worker would yield the whole stream" in single.stdout
     # --to ddp splits it by process and by worker instead (tests/test_convert_tensor_data.py)
-    ddp = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
+    ddp = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py", "--no-verify")
     assert ddp.exit_code == 0, ddp.stderr
     assert "DataLoader(ShardedStream(Stream()), batch_size=per_process_batch_size(4))" in (tmp_path / "ddp.py").read_text()
 

@@ -1,4 +1,5 @@
-"""`convert --to ddp --verify`: a good conversion passes, broken ones fail with the reason.
+"""The proof of `convert --to ddp|fsdp` (`--verify`, on by default when the result is written):
+a good conversion passes, broken ones fail with the reason.
 
 The checks are unit-tested on hand-made records; the runs (marked `runs`) convert the
 ddp fixtures of `fixtures/ddp/`, each written for one fix the conversion makes (a summed
@@ -62,7 +63,8 @@ def test_a_good_distributed_run_passes_every_check():
     assert [c.name for c in found] == [
         "every process finishes", "processes train on different data",
         "parameters equal on every process", "the optimizers update the model",
-        "one process writes each file", "loss close to the original's",
+        "one process writes each file", "printed averages and totals as the original's",
+        "loss close to the original's",
     ]  # fmt: skip
 
 
@@ -89,6 +91,43 @@ def test_a_broken_property_fails_its_check(rank1, check, reason):
     found = checks(ORIGINAL, _run(_rank(0, saves=["model.pt"]), _rank(1, **rank1)))
     failed = _failed(found)
     assert list(failed) == [check] and reason in failed[check]
+
+
+def test_files_that_differ_in_their_numbers_only_are_one_file():
+    """TensorBoard names its event files by process id and time: two processes writing
+    `runs/events.<pid>` write one log twice."""
+    found = checks(ORIGINAL, _run(_rank(0, writes=["runs/events.41"]), _rank(1, writes=["runs/events.42"])))
+    assert _failed(found) == {"one process writes each file": "2 processes wrote runs/events.41 and runs/events.42"}
+
+
+def test_a_model_that_never_changes_fails_where_the_original_records_none():
+    same = {"first_param_digest": [[1.5, 3.0]], "param_digest": [[1.5, 3.0]]}
+    original = Run({**ORIGINAL.record, "first_param_digest": [], "param_digest": []}, 0, "")
+    failed = _failed(checks(original, _run(_rank(0, **same), _rank(1, **same))))
+    assert "no parameter changes in 4 steps" in failed["the optimizers update the model"]
+    assert _failed(checks(original, _run(_rank(0), _rank(1)))) == {}
+
+
+def _printing(*lines: str) -> Run:
+    return Run({**ORIGINAL.record, "printed": list(lines)}, 0, "")
+
+
+@pytest.mark.parametrize(
+    "printed, passes",
+    [
+        (["epoch 0: avg loss 0.6", "epoch 1: avg loss 0.3"], False),  # half, in every line
+        (["epoch 0: avg loss 0.6", "epoch 1: avg loss 0.55"], True),  # half once: noise
+        (["epoch 0: avg loss 1.4", "epoch 1: avg loss 0.5"], True),
+        (["epoch 0: accuracy 0.6", "epoch 1: accuracy 0.3"], True),  # not an average or total
+    ],
+    ids=["halved", "halved-once", "noise", "unlabelled"],
+)
+def test_a_printed_average_off_by_the_processes_fails(printed, passes):
+    original = _printing("epoch 0: avg loss 1.2", "epoch 1: avg loss 0.6", "epoch 0: accuracy 1.2", "epoch 1: accuracy 0.6")
+    found = _failed(checks(original, _run(_rank(0, printed=printed), _rank(1))))
+    assert (found == {}) is passes, found
+    if not passes:
+        assert "`epoch #: avg loss #` prints 0.6 where the original prints 1.2" in found["printed averages and totals as the original's"]
 
 
 def test_draws_with_replacement_may_meet_on_two_processes():
@@ -188,7 +227,7 @@ def test_each_ddp_fixture_converts_and_verifies(name, verified):
     assert proc.returncode == 0, proc.stderr
     # the check lines, not the progress lines (`--verify: running ...`) printed off a terminal
     verdicts = [line for line in proc.stderr.splitlines() if line.startswith(("--verify ok", "--verify FAIL"))]
-    assert len(verdicts) == 6 and all(line.startswith("--verify ok") for line in verdicts), proc.stderr
+    assert len(verdicts) == 7 and all(line.startswith("--verify ok") for line in verdicts), proc.stderr
     assert (folder / "ddp.py").exists()
     assert not list(folder.glob("*.pt")) and not list(folder.glob("*.ckpt")), "saves go to scratch"
 
@@ -199,7 +238,7 @@ def test_tensorboard_logs_come_from_rank_zero_only(tmp_path):
     original's lines (each sample is stored twice, so the shards hold the same samples).
     Before, each process wrote its own file into the folder."""
     fixture = DDP_FIXTURES / "tensorboard_logs.py"
-    proc = _convert(str(fixture), "--to", "ddp", "--amp", "off", "-o", "ddp.py", cwd=tmp_path)
+    proc = _convert(str(fixture), "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--no-verify", cwd=tmp_path)
     assert proc.returncode == 0 and "TensorBoard writer made on rank 0 only" in proc.stdout
     stubs = Path(__file__).resolve().parent / "stubs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(stubs)}
@@ -292,7 +331,8 @@ def test_the_converted_script_prints_the_originals_numbers(name, change, printed
     second held-out sample and the sums are all-reduced. running_average.py: rank 0
     divides its shard's sums by its shard's counts (each sample is stored twice, so the
     shards hold the same samples; dividing by the whole set's counts printed half)."""
-    proc = _convert(str(DDP_FIXTURES / name), "--to", "ddp", "--amp", "off", "-o", "ddp.py", cwd=tmp_path)
+    proc = _convert(str(DDP_FIXTURES / name), "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--no-verify",
+                    cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0 and change in proc.stdout
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [
@@ -312,7 +352,7 @@ def test_verify_prints_a_line_per_run_when_stderr_is_no_terminal(monkeypatch, ca
     from autoaccel.convert import command
     from autoaccel.convert.verify import VerifyRequest
 
-    def two_runs(script, write_conversion, request, import_roots, on_status):
+    def two_runs(script, write_conversion, request, import_roots, on_status, original):
         on_status("original script, 1 process")
         on_status("converted script, 2 processes (gloo)")
         return [Check("every process finishes", True, "2 of 2")], ""

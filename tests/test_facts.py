@@ -21,7 +21,7 @@ import pytest
 
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
-from autoaccel.facts.model import RunFacts, Site
+from autoaccel.facts.model import Forward, RunFacts, Seen, Site, batch_first
 from autoaccel.facts.resolve import ConversionFacts, FactsResolver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +78,7 @@ def test_loader_reads_every_kind_of_fact():
     assert facts.loaders and facts.samplers and not facts.schedulers
     forward = facts.forwards_of(facts.trained_modules()[0].id)
     assert [f.args for f in forward] == [((32, 8),)]
+    assert [f.seen for f in forward] == [(Seen(32, ((32, 8),), ((32, 1),), 5),)]
     assert facts.ran_steps and facts.steps == 5
     assert facts.in_file(path)
 
@@ -85,6 +86,45 @@ def test_loader_reads_every_kind_of_fact():
 def test_loader_refuses_another_version():
     with pytest.raises(ValueError, match="version"):
         RunFacts.from_json({"version": 99, "script": "", "exit": "ok", "steps": 0})
+
+
+# -- the batch-first rule (hand-made facts, no run) --------------------------------------------------
+SITE = Site("t.py", 1, 0, 1, 8)
+
+
+def first_argument(*seen: Seen, count: int | None = None):
+    """The rule's answer for argument 0 at a site whose calls saw `seen`."""
+    total = sum(s.count for s in seen) if count is None else count
+    return batch_first([Forward(1, SITE, total, seen[0].args, seen)], lambda s: s.args[0])
+
+
+def calls(batch, shape, count=5) -> Seen:
+    return Seen(batch, (shape,), (), count)
+
+
+@pytest.mark.parametrize(
+    ("seen", "known", "why"),
+    [
+        pytest.param([calls(10, (10, 16))], True, "dimension 0 is the batch on all 5 calls", id="flattened"),
+        pytest.param([calls(16, (16, 16))], None, "ambiguous", id="len-equals-batch"),
+        # the last, smaller batch tells the batch dimension from one that happens to equal it
+        pytest.param([calls(16, (16, 16), 4), calls(4, (4, 16), 1)], True, "on all 5 calls", id="last-batch"),
+        pytest.param([calls(16, (16, 16), 4), calls(4, (16, 4), 1)], False, "[16, 4] in a step of 4", id="sequence-first-last-batch"),
+        pytest.param([calls(10, (20, 10))], False, "shape [20, 10] in a step of 10 samples", id="sequence-first"),
+        pytest.param([calls(10, (10, 16)), calls(10, (10, 16, 2))], None, "ambiguous", id="ranks-differ"),
+        pytest.param([calls(None, (10, 16))], None, "no DataLoader batch", id="no-loader"),
+        pytest.param([calls(10, "int")], None, "no tensor", id="not-a-tensor"),
+        pytest.param([calls(10, ())], None, "no tensor", id="a-scalar"),
+    ],
+)  # fmt: skip
+def test_batch_first_rule(seen, known, why):
+    shown = first_argument(*seen)
+    assert shown.known is known and why in shown.why
+
+
+def test_batch_first_rule_cannot_tell_when_calls_went_unrecorded():
+    # more groups than MAX_SEEN: the kept ones count fewer calls than the site made
+    assert first_argument(calls(10, (10, 16)), count=9).known is None
 
 
 def test_site_shows_a_character_column():
@@ -304,6 +344,9 @@ def test_recorder_notes_calls_forwards_writes_and_prints(tiny_facts):
     # top-level calls only: `net(...)` and `frozen(x)`, not `self.fc(x)` inside Net.forward
     forwards = {site_text(script, f.site): (f.count, f.args) for f in facts.forwards}
     assert forwards == {"net(frozen(x))": (4, ((4, 4),)), "frozen(x)": (4, ((4, 4),))}
+    # each call with the samples of its step's batch (4 of the loader's 16) and its outputs
+    seen = {site_text(script, f.site): f.seen for f in facts.forwards}
+    assert seen == {"net(frozen(x))": (Seen(4, ((4, 4),), ((4, 1),), 4),), "frozen(x)": (Seen(4, ((4, 4),), ((4, 4),), 4),)}
     writes = {(w.kind, site_text(script, w.site)) for w in facts.writes}
     assert writes == {("torch.save", "torch.save(net.state_dict(), OUT + \".pt\")"), ("open", 'open(OUT + ".txt", "w")')}
     assert not (folder / "written.txt").exists() and not (folder / "written.pt").exists()  # the scratch got them

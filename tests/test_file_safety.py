@@ -346,7 +346,7 @@ def test_an_existing_launcher_file_is_kept_unless_forced(cli, tmp_path, launcher
     script.write_text(DDP_SCRIPT)
     mine = tmp_path / name
     mine.write_text("# my own launcher\n")
-    args = ("convert", "train.py", "--to", "ddp", "--launcher", launcher, "--write")
+    args = ("convert", "train.py", "--to", "ddp", "--launcher", launcher, "--write", "--no-verify")
     run = cli(*args)
     assert run.exit_code == 2
     assert run.stderr == (

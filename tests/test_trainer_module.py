@@ -104,7 +104,7 @@ def convert(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_ddp_puts_the_accumulation_micro_steps_under_no_sync(project):
-    proc = convert("train.py", "--to", "ddp", "-o", "out", cwd=project)
+    proc = convert("train.py", "--to", "ddp", "-o", "out", "--no-verify", cwd=project)
     assert proc.returncode == 0, proc.stderr
     converted = (project / "out" / "trainer.py").read_text()
     assert (
@@ -118,7 +118,7 @@ def test_ddp_puts_the_accumulation_micro_steps_under_no_sync(project):
 
 def test_lint_of_the_converted_project_reports_what_remains(cli, project):
     """The conversion leaves `.item()` and `empty_cache()` every step: lint still says so."""
-    assert convert("train.py", "--to", "ddp", "-o", "out", cwd=project).returncode == 0
+    assert convert("train.py", "--to", "ddp", "-o", "out", "--no-verify", cwd=project).returncode == 0
     run = cli("lint", "--format", "json", "--exit-zero", "out")
     codes = {(Path(d["filename"]).name, d["code"]) for d in json.loads(run.stdout)}
     assert {("trainer.py", "ACC204"), ("trainer.py", "ACC205")} <= codes
@@ -147,7 +147,7 @@ def test_accumulation_that_cannot_go_under_no_sync_is_listed(cli, project):
     ).replace("        self.accum = accum\n", "        self.accum = accum\n        self.helper = self\n")
     assert trainer != TRAINER
     (project / "trainer.py").write_text(trainer)
-    proc = convert("train.py", "--to", "ddp", "-o", "out", "--allow-partial", cwd=project)
+    proc = convert("train.py", "--to", "ddp", "-o", "out", "--allow-partial", "--no-verify", cwd=project)
     assert proc.returncode == 0, proc.stderr
     assert "no_sync()" not in (project / "out" / "trainer.py").read_text()
     loop = line_of(trainer, "for step, (x, y) in enumerate(self.train_loader):")
@@ -166,11 +166,11 @@ def test_step_module_without_torch_converts_stably(tmp_path):
     # No optimizer: no trained model to wrap in DDP, so the conversion refuses.
     assert proc.returncode != 0 and "nothing written" in proc.stderr
     assert (tmp_path / "steps.py").read_text() == (STEP_MODULE / "steps.py").read_text()
-    proc = convert("train.py", "--to", "ddp", "--allow-partial", "-o", "out", cwd=tmp_path)
+    proc = convert("train.py", "--to", "ddp", "--allow-partial", "-o", "out", "--no-verify", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     converted = (tmp_path / "out" / "steps.py").read_text()
     assert "model(x.cuda(non_blocking=True))" in converted
-    again = convert("train.py", "--to", "ddp", "--allow-partial", "-o", "again", cwd=tmp_path / "out")
+    again = convert("train.py", "--to", "ddp", "--allow-partial", "-o", "again", "--no-verify", cwd=tmp_path / "out")
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out" / "again" / "steps.py").read_text() == converted
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -24,8 +24,16 @@ from autoaccel.convert.report import (
     text_report,
     without_launch,
 )
+from autoaccel.convert.transforms.data_parallel.step_segments import RUN_CAN_TELL
 from autoaccel.convert.transforms.distributed.init_process_group import ALREADY_DISTRIBUTED
-from autoaccel.convert.verify import VerifyRequest, WriteConversion, verify_ddp, write_one
+from autoaccel.convert.verify import (
+    ORIGINAL_RUNS,
+    Proof,
+    VerifyRequest,
+    WriteConversion,
+    verify_ddp,
+    write_one,
+)
 from autoaccel.diff import use_colour
 from autoaccel.facts.run import FactsRequest
 from autoaccel.fileio import (
@@ -42,6 +50,7 @@ from autoaccel.lint.engine import TOO_DEEP, SourceError
 from autoaccel.notebook import Notebook, NotebookError, is_notebook, read_notebook
 
 if TYPE_CHECKING:
+    from autoaccel.bench.runner import Run
     from autoaccel.facts.resolve import ConversionFacts
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2  # EXIT_CHANGED also: refused
@@ -78,17 +87,21 @@ def run_convert(
     verify: VerifyRequest | None = None,
     from_stdin: bool = False,
     facts: FactsRequest | None = None,
+    unproven: str = "",
 ) -> int:
     """Convert one file (a script, or a notebook's code cells); nothing is written
     unless every safety check passed, nor a result that would train wrongly (unless
-    `allow_partial`), nor one that fails `verify` (a run on two processes). Launcher
+    `allow_partial`), nor one that fails `verify` (a run on two processes; the report
+    lists the checks it passed, or says `unproven`, why none ran). Launcher
     files that exist with other contents are kept unless `force`.
     `from_stdin`: the file's text is read from stdin, `path` only names it (Black's
     `--stdin-filename`). `output` `STDOUT`: the result goes to stdout, the report to stderr.
     `facts`: where the static conversion of a script (with the modules of its project,
-    not a notebook) to ddp/fsdp finds no trained model, run it for a few steps and
-    convert again with what the run showed (`autoaccel.facts`); None: never run it
-    (`--no-run`)."""
+    not a notebook) finds no trained model (ddp, fsdp) or cannot tell whether an input is
+    batch-first (dp), run it for a few steps and convert again with what the run showed
+    (`autoaccel.facts`); None: never run it
+    (`--no-run`). A run for facts of as many steps as `verify` takes is the original's
+    run of the proof too."""
     notebook: Notebook | None = None
     try:
         source = _read_stdin() if from_stdin else None
@@ -115,7 +128,10 @@ def run_convert(
             name = str(script_output(project, output))
             result = convert_project(project, options, name)
             if facts is not None and needs_facts_in_project(result, project, options):
-                result = with_project_run_facts(project, options, facts, name) or result
+                given, ran = _run_facts(project.script.path, project.script.source.text, facts, options)
+                if given is not None:
+                    result = convert_project(project, options, name, given)
+                verify = _with_original(verify, ran)
             line = already_distributed(
                 options, [s for f in result.files for s in f.conversion.log.skipped]
             )
@@ -124,13 +140,17 @@ def run_convert(
                 return EXIT_OK
             return finish_project(
                 project, result, options, write, output, check, report_format, allow_partial, force,
-                verify,
+                verify, unproven,
             )
         # The launch commands of `--to ddp` name the script that will run.
-        conversion = convert_source(text, options, str(_file_output(output) or path))
+        name = str(_file_output(output) or path)
+        conversion = convert_source(text, options, name)
         # (a script that calls no `.step(` has no optimizer step for a run to find)
         if facts is not None and notebook is None and ".step(" in text and needs_facts(conversion, options):
-            conversion = with_run_facts(path, text, options, facts, output) or conversion
+            given, ran = _run_facts(path, text, facts, options)
+            if given is not None:
+                conversion = convert_source(text, options, name, given)
+            verify = _with_original(verify, ran)
         converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
     except SourceError as error:
         where = f"{error.line}:{error.column}"
@@ -168,8 +188,6 @@ def run_convert(
         print_not_applied(path, wrong, "error")
         print_refused(path, options)
         return EXIT_CHANGED
-    if verify is not None and not verified(path, write_one(path, conversion.converted), verify, []):
-        return EXIT_CHANGED
     writes = [_Write(output, converted, encoding)] if output is not None else []
     if write and conversion.changed:
         writes.append(_Write(path, converted, encoding, original))
@@ -179,9 +197,14 @@ def run_convert(
         if launchers is None:
             return EXIT_ERROR
         writes += launchers
+    proof = Proof(not_run=unproven) if unproven else None
+    if verify is not None:  # once nothing else stops the writes
+        proof = verified(path, write_one(path, conversion.converted), verify, [])
+        if proof is None:
+            return EXIT_CHANGED
     writing = write or output is not None
     report = report_stream(output)
-    _print_report(_readable(conversion, notebook), str(path), report_format, writing, report)
+    _print_report(_readable(conversion, notebook), str(path), report_format, writing, report, proof)
     print_not_applied(path, wrong, "warning")
     for item in writes:
         try:
@@ -202,25 +225,18 @@ NO_TRAINED_MODEL = "no trained model was recognised"
 
 
 def needs_facts(conversion: Conversion, options: ConvertOptions) -> bool:
-    """Whether the static conversion to ddp/fsdp refused for want of a trained model."""
+    """Whether a short run can answer what the static conversion refused: which model
+    trains (ddp, fsdp: the conversion refused for want of one), whether an input of a
+    step is batch-first (dp: a step left alone for that reason alone)."""
+    if options.target == "dp":
+        return any(RUN_CAN_TELL in s.reason for s in conversion.log.skipped)
     return options.target in MULTI_PROCESS and any(
         s.wrong and NO_TRAINED_MODEL in s.reason for s in conversion.log.skipped
     )
 
 
-def with_run_facts(
-    path: Path, text: str, options: ConvertOptions, request: FactsRequest, output: Path | None
-) -> Conversion | None:
-    """Run the script for a few steps (`autoaccel.facts.collect_facts`) and convert it
-    again with what the run showed; None when the run showed nothing (it failed before
-    a training step: the static conversion stands). Says on stderr that it ran, and what
-    it established."""
-    given = _run_facts(path, text, request)
-    return None if given is None else convert_source(text, options, str(_file_output(output) or path), given)
-
-
 def needs_facts_in_project(result: ProjectConversion, project: Project, options: ConvertOptions) -> bool:
-    """`needs_facts` for a project: a file refused for want of a trained model, and an
+    """`needs_facts` for a project: a file with a refusal a run can answer, and an
     optimizer step somewhere in the project (`mylib.train_step()` steps for `train.py`)."""
     if not any(needs_facts(f.conversion, options) for f in result.files):
         return False
@@ -228,35 +244,42 @@ def needs_facts_in_project(result: ProjectConversion, project: Project, options:
     return any(".step(" in text for text in texts)
 
 
-def with_project_run_facts(
-    project: Project, options: ConvertOptions, request: FactsRequest, script_name: str
-) -> ProjectConversion | None:
-    """`with_run_facts` for a script converted with the modules of its project."""
-    script = project.script
-    given = _run_facts(script.path, script.source.text, request)
-    return None if given is None else convert_project(project, options, script_name, given)
-
-
-def _run_facts(path: Path, text: str, request: FactsRequest) -> ConversionFacts | None:
-    """The facts of a run of the script `path` (whose text is `text`), saying on stderr
-    that it runs and what the run established; None when it showed nothing."""
+def _run_facts(
+    path: Path, text: str, request: FactsRequest, options: ConvertOptions
+) -> tuple[ConversionFacts | None, Run | None]:
+    """Run the script `path` (whose text is `text`) for a few steps
+    (`autoaccel.facts.collect_facts`), saying on stderr that it runs, why, and what the run
+    established: its facts (None when it showed nothing: it failed before a training
+    step, and the static conversion stands), and the harness's record of the run."""
     from autoaccel.facts import collect_facts
     from autoaccel.facts.resolve import ConversionFacts
     from autoaccel.facts.run import describe
 
     steps = f"{request.steps} training steps"
-    print(
-        f"{path}: no trained model found in the code alone: running the script for {steps}"
-        f" to see which one trains (writes go to a scratch folder; --no-run skips this) ...",
-        file=sys.stderr, flush=True,
+    why = (
+        f"whether what the model gets or returns is batch-first is not clear from the code alone:"
+        f" running the script for {steps} to record its shapes"
+        if options.target == "dp"
+        else f"no trained model found in the code alone: running the script for {steps} to see which one trains"
     )
+    print(f"{path}: {why} (writes go to a scratch folder; --no-run skips this) ...", file=sys.stderr, flush=True)
     ran = collect_facts(path, request)
     if ran.facts is None or not ran.facts.ran_steps:
         error = (ran.error.strip().splitlines() or ["it made no training step"])[0]
         print(f"{path}: the run showed nothing ({error}); the conversion stays static", file=sys.stderr)
-        return None
+        return None, ran.run
     print(f"{path}: the run ({ran.seconds:.1f} s) {describe(ran.facts)}", file=sys.stderr)
-    return ConversionFacts(ran.facts, path, text)
+    return ConversionFacts(ran.facts, path, text), ran.run
+
+
+def _with_original(verify: VerifyRequest | None, ran: Run | None) -> VerifyRequest | None:
+    """`verify` with the original's run for facts, when that ran the steps the proof
+    runs (then the original does not run twice)."""
+    if verify is None or ran is None:
+        return verify
+    exit_status, steps = ran.record.get("exit"), len(ran.record.get("losses") or [])
+    same = exit_status == "ok" or (exit_status == "max-steps" and steps == verify.steps)
+    return replace(verify, original=ran) if same else verify
 
 
 def already_distributed(options: ConvertOptions, skipped: list[Skipped]) -> int | None:
@@ -272,9 +295,9 @@ def already_distributed(options: ConvertOptions, skipped: list[Skipped]) -> int 
 
 def verified(
     path: Path, write_conversion: WriteConversion, request: VerifyRequest, import_roots: list[Path]
-) -> bool:
-    """Run the conversion under `--verify` (see `verify_ddp`) and print each check;
-    False on a failure. The run in progress shows on a spinner on a terminal, and as a
+) -> Proof | None:
+    """Prove the conversion (see `verify_ddp`) and print each check; None on a failure,
+    said with what to do. The run in progress shows on a spinner on a terminal, and as a
     line when it starts in a log or pipe (as pip and pytest do), where a spinner shows nothing."""
     if sys.stderr.isatty():
         from rich.console import Console
@@ -282,21 +305,31 @@ def verified(
         with Console(stderr=True).status("") as status:
             checks, log = verify_ddp(
                 path, write_conversion, request, import_roots,
-                lambda what: status.update(f"--verify: running the {what}"),
+                lambda what: status.update(f"--verify: running the {what}"), request.original,
             )
     else:
         checks, log = verify_ddp(
             path, write_conversion, request, import_roots,
             lambda what: print(f"--verify: running the {what} ...", file=sys.stderr, flush=True),
+            request.original,
         )
     for check in checks:
         print(check.line, file=sys.stderr)
     if all(check.passed for check in checks):
-        return True
+        return Proof(tuple(checks))
     if log:
         print(log[-3000:], file=sys.stderr)
-    print(f"{path}: error: --verify failed (see above); nothing written", file=sys.stderr)
-    return False
+    if checks[0].name == ORIGINAL_RUNS:
+        print(
+            f"{path}: error: the original script fails here ({checks[0].detail}), so the"
+            " conversion cannot be proven; nothing written. Give the script's arguments after"
+            " `--` (`autoaccel convert SCRIPT --to ... --write -- ARGS`) and run it where its"
+            " data is, or add --no-verify to write the conversion unproven",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{path}: error: --verify failed (see above); nothing written", file=sys.stderr)
+    return None
 
 
 def print_not_applied(path: Path, items: list[Skipped], level: str) -> None:
@@ -376,11 +409,16 @@ def _readable(conversion: Conversion, notebook: Notebook | None) -> Conversion:
 
 
 def _print_report(
-    conversion: Conversion, path: str, report_format: str, writing: bool, stream: TextIO
+    conversion: Conversion,
+    path: str,
+    report_format: str,
+    writing: bool,
+    stream: TextIO,
+    proof: Proof | None = None,
 ) -> None:
     if report_format == "markdown":
         stream.write(markdown_report(conversion, path))
     elif report_format == "json":
-        stream.write(json_report(conversion, path))
+        stream.write(json_report(conversion, path, proof))
     elif not writing or conversion.log.changes or conversion.log.skipped:
-        stream.write(text_report(conversion, path, use_colour(stream)))
+        stream.write(text_report(conversion, path, use_colour(stream), proof))

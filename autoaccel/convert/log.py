@@ -8,6 +8,9 @@ from typing import Literal
 Target = Literal["single", "dp", "ddp", "fsdp"]
 # The targets whose result runs as several processes (torchrun).
 MULTI_PROCESS: tuple[Target, ...] = ("ddp", "fsdp")
+# The targets whose conversion may run the script for a few steps to learn what the code
+# does not say (`autoaccel.facts`).
+RUNS_THE_SCRIPT: tuple[Target, ...] = (*MULTI_PROCESS, "dp")
 Amp = Literal["bf16", "fp16", "off"]
 Launcher = Literal["torchrun", "slurm", "spawn"]
 Workers = Literal["auto", "keep"]

@@ -32,8 +32,14 @@ from autoaccel.convert.command import (
 )
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.project_conversion import Project, ProjectConversion
-from autoaccel.convert.report import json_object, launch_report, without_launch
-from autoaccel.convert.verify import VerifyRequest
+from autoaccel.convert.report import (
+    json_object,
+    launch_report,
+    proof_object,
+    proof_report,
+    without_launch,
+)
+from autoaccel.convert.verify import Proof, VerifyRequest
 from autoaccel.fileio import os_error_message, read_bytes, write_all_atomic
 
 
@@ -71,18 +77,17 @@ def finish_project(
     allow_partial: bool,
     force: bool,
     verify: VerifyRequest | None = None,
+    unproven: str = "",
 ) -> int:
     """Report `result`, then write it (`--write`: in place; `-o`: to `output`) unless a
     file would train wrongly, fails `verify`, `-o` cannot hold it, or a file cannot be
-    written."""
+    written. The report lists the checks `verify` passed, or says `unproven`."""
     if not allow_partial and any(s.wrong for f in result.files for s in f.conversion.log.skipped):
         # nothing is written, so there is nothing to run
         files = [replace(f, conversion=without_launch(f.conversion)) for f in result.files]
         _report(ProjectConversion(files), report_format, False, report_stream(output))
         _refusals(result, "error")
         print_refused(project.script.path, options)
-        return EXIT_CHANGED
-    if verify is not None and not _verified(project, result, verify):
         return EXIT_CHANGED
     changed = result.changed
     writes: list[_Write] = []
@@ -116,7 +121,12 @@ def finish_project(
         if launchers is None:
             return EXIT_ERROR
         writes += launchers
-    _report(result, report_format, write or output is not None, report_stream(output))
+    proof = Proof(not_run=unproven) if unproven else None
+    if verify is not None:  # once nothing else stops the writes
+        proof = _verified(project, result, verify)
+        if proof is None:
+            return EXIT_CHANGED
+    _report(result, report_format, write or output is not None, report_stream(output), proof)
     _refusals(result, "warning")
     printed = [item for item in writes if item.path == STDOUT]
     writes = [item for item in writes if item.path != STDOUT]
@@ -135,7 +145,7 @@ def finish_project(
     return EXIT_OK
 
 
-def _verified(project: Project, result: ProjectConversion, request: VerifyRequest) -> bool:
+def _verified(project: Project, result: ProjectConversion, request: VerifyRequest) -> Proof | None:
     """`--verify` on a copy of the project with the converted files (what `-o DIR` writes)."""
     roots = project_roots(project.script.path)
 
@@ -169,9 +179,11 @@ def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> 
     return writes
 
 
-def _report(result: ProjectConversion, report_format: str, writing: bool, stream: TextIO) -> None:
+def _report(
+    result: ProjectConversion, report_format: str, writing: bool, stream: TextIO, proof: Proof | None = None
+) -> None:
     """The report of every file that changed (the script's always): its diff, changes
-    and items not changed, with lines of that file."""
+    and items not changed, with lines of that file; then what the proof showed."""
     shown = [
         f for f in result.files
         if f is result.files[0] or f.conversion.changed or f.conversion.log.skipped
@@ -179,11 +191,15 @@ def _report(result: ProjectConversion, report_format: str, writing: bool, stream
     if report_format == "json":
         objects = [json_object(f.conversion, str(f.file.path)) for f in shown]
         report = {"path": objects[0]["path"], "changed": bool(result.changed), "files": objects}
+        if proof is not None:
+            report["proof"] = proof_object(proof)
         stream.write(json.dumps(report, indent=2) + "\n")
         return
     for file in shown:  # each file without the launch commands, which end the report
         conversion = without_launch(file.conversion)
         _print_report(conversion, str(file.file.path), report_format, writing, stream)
+    if report_format == "text" and (not writing or result.changed):
+        stream.write(proof_report(proof))
     launch = launch_report(result.files[0].conversion, report_format == "markdown")
     if launch and (report_format == "markdown" or not writing or result.changed):
         stream.write(("\n" if report_format == "markdown" else "") + launch)

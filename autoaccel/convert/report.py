@@ -9,6 +9,7 @@ from pathlib import Path
 from autoaccel.convert.launch import in_comment, shell_word
 from autoaccel.convert.log import Change, Skipped
 from autoaccel.convert.pipeline import Conversion
+from autoaccel.convert.verify import PROCESSES, Proof
 from autoaccel.diff import colourize, unified_diff
 from autoaccel.markdown import code_block, inline_code
 from autoaccel.notebook import is_notebook, rendered_cell_line
@@ -63,7 +64,25 @@ def launch_report(conversion: Conversion, markdown: bool) -> str:
     return "Run it:\n" + "".join(f"  {line}\n" for line in launch)
 
 
-def text_report(conversion: Conversion, path: str, colour: bool) -> str:
+def proof_report(proof: Proof | None) -> str:
+    """What the proof showed (the checks it passed), or why it did not run; empty
+    where there is none to speak of (`--to single`, `dp`)."""
+    if proof is None:
+        return ""
+    if proof.not_run:
+        return f"Not proven: {proof.not_run}\n"
+    return f"Proven by a run on {PROCESSES} CPU processes:\n" + "".join(f"  {c.name}\n" for c in proof.checks)
+
+
+def proof_object(proof: Proof) -> dict:
+    """The json of the proof: the checks it passed, each with what it saw, or why none ran."""
+    return {
+        "proven": [{"check": c.name, "detail": c.detail} for c in proof.checks],
+        "not_run": proof.not_run or None,
+    }
+
+
+def text_report(conversion: Conversion, path: str, colour: bool, proof: Proof | None = None) -> str:
     diff = unified_diff(conversion.original, conversion.converted, path)
     parts = [colourize(diff) if colour else diff]
     changes = _change_lines(conversion, path)
@@ -76,6 +95,7 @@ def text_report(conversion: Conversion, path: str, colour: bool) -> str:
     skipped = _skipped_lines(conversion, path)
     if skipped:
         parts.append("Not changed:\n" + "".join(f"  {line}\n" for line in skipped))
+    parts.append(proof_report(proof))
     parts.append(launch_report(conversion, markdown=False))
     return "".join(parts)
 
@@ -99,9 +119,9 @@ def markdown_report(conversion: Conversion, path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def json_object(conversion: Conversion, path: str) -> dict:
-    """The json report of one file, as a dict."""
-    return {
+def json_object(conversion: Conversion, path: str, proof: Proof | None = None) -> dict:
+    """The json report of one file, as a dict (`proof`: only where there is one to speak of)."""
+    found = {
         "path": path,
         "changed": conversion.changed,
         "changes": [_json_entry(conversion, path, c) for c in conversion.log.changes],
@@ -110,6 +130,7 @@ def json_object(conversion: Conversion, path: str) -> dict:
         "extra_files": conversion.log.extra_files,
         "diff": unified_diff(conversion.original, conversion.converted, path),
     }
+    return found if proof is None else {**found, "proof": proof_object(proof)}
 
 
 def _json_entry(conversion: Conversion, path: str, entry: Change | Skipped) -> dict:
@@ -121,8 +142,8 @@ def _json_entry(conversion: Conversion, path: str, entry: Change | Skipped) -> d
     return fields
 
 
-def json_report(conversion: Conversion, path: str) -> str:
-    return json.dumps(json_object(conversion, path), indent=2) + "\n"
+def json_report(conversion: Conversion, path: str, proof: Proof | None = None) -> str:
+    return json.dumps(json_object(conversion, path, proof), indent=2) + "\n"
 
 
 ALREADY_DISTRIBUTED = "the script is already distributed"

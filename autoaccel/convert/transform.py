@@ -34,6 +34,7 @@ from autoaccel.convert.dispatch import (
     touched_nodes,
 )
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
+from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts, FactsResolver
 from autoaccel.lint.engine import python_tree
 from autoaccel.module_code import ModuleCode
 
@@ -241,6 +242,15 @@ class Transform(VisitorBasedCodemodCommand):
     def in_entry_script(self) -> bool:
         """Whether this module is the script that runs (not a module it imports)."""
         return self.context.scratch.get(ENTRY_KEY, True)
+
+    def run_facts(self) -> FactsResolver | None:
+        """The facts of a short run of the script (`autoaccel.facts`), for this module's
+        tree, when the conversion has them and this module is the script that ran."""
+        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
+        index = self.script.index
+        if given is None or index is None or not self.in_entry_script:
+            return None
+        return given.resolver(index.module, self.position_of)
 
     @classmethod
     def enabled(cls, options: ConvertOptions) -> bool:

@@ -1,20 +1,29 @@
-"""`convert --to ddp --verify`: run the conversion on two CPU processes and check it
-trains like the original before anything is written.
+"""The proof of a `--to ddp|fsdp` conversion (run before it is written, unless
+`--no-verify`): run it on two CPU processes and check it trains like the original.
 
-The original runs for a few steps in one process, the conversion under
-`torchrun --nproc_per_node=2` (gloo), both in the current folder (relative data paths
-work) with `torch.save` sent to a scratch folder (the script's checkpoints stay as they
-are), both under `autoaccel.harness`, which records
-each rank's losses, the samples each step trained on, the files `torch.save` wrote and
-a digest of every optimizer's parameters at the end. The checks are the ones the tests
-make on the fixtures:
+The original runs for a few steps in one process (or its run for facts is reused), the
+conversion under `torchrun --nproc_per_node=2` (gloo), both in the current folder
+(relative data paths work) with their writes sent to a scratch folder (the script's
+files stay as they are), both under `autoaccel.harness`, which records each rank's
+losses, the samples each step trained on, the files it wrote (`torch.save` and every
+file opened for writing), the lines it printed and a digest of every optimizer's
+parameters at the first step and at the end. The checks are the ones the tests make on
+the fixtures:
 
 * every process finishes (a hang is stopped after the timeout);
 * the processes train on disjoint samples (with no DataLoader: not on the same data);
 * the parameters are equal on every process after the same steps;
 * the optimizers change the parameters they hold wherever the original's do (an
-  optimizer built before the model was sharded holds tensors the model no longer uses);
-* no file is written by more than one process;
+  optimizer built before the model was sharded holds tensors the model no longer uses),
+  and some parameters change at all;
+* no file is written by more than one process (names equal but for their numbers count
+  as one file: TensorBoard names its event files by process id and time);
+* the averages and totals the original prints (numbers labelled loss, avg, mean, total,
+  sum, matched by the text of their line and the order printed) are not off by the
+  number of processes in every line (a shard's sum divided by the whole set's size
+  prints half). Not "within the noise of another seed": a few printed numbers give no
+  estimate of that noise, and early in training a single batch's loss or an accuracy
+  differs between seeds by far more than the 30% the loss check allows;
 * the loss stays close to the original's (the mean over the second half of the steps).
 """
 
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -43,15 +53,22 @@ PARAMETER_TOLERANCE = 1e-6  # relative: the ranks apply the same averaged gradie
 # full batch); summed_loss without the WORLD_SIZE factor: 126 %.
 LOSS_TOLERANCE = 0.3
 NOISE_SIGMAS = 3
+# A printed average or total off by the number of processes, within this much.
+PROCESS_FACTOR_TOLERANCE = 0.15
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_AVERAGE_LABEL = re.compile(r"\b(?:avg|average|mean|total|sum|loss)\b", re.IGNORECASE)
+ORIGINAL_RUNS = "the original runs"
 
 
 @dataclass(frozen=True)
 class VerifyRequest:
-    """`--verify`: the script's arguments and how many training steps to run."""
+    """The proof: the script's arguments, how many training steps to run, and the
+    original's run when it ran already (for facts, as many steps)."""
 
     script_args: list[str]
     steps: int = DEFAULT_STEPS
     timeout: float = DEFAULT_TIMEOUT_S
+    original: Run | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,14 @@ class Check:
         return f"--verify {'ok  ' if self.passed else 'FAIL'} {self.name}: {self.detail}"
 
 
+@dataclass(frozen=True)
+class Proof:
+    """What the report says of the proof: the checks that passed, or why none ran."""
+
+    checks: tuple[Check, ...] = ()
+    not_run: str = ""
+
+
 # Writes a conversion into an empty folder; returns the converted script's path there and
 # the folders its imports are found in.
 WriteConversion = Callable[[Path], tuple[Path, list[Path]]]
@@ -76,11 +101,13 @@ def verify_ddp(
     request: VerifyRequest,
     import_roots: list[Path],
     on_status: Callable[[str], None] | None = None,
+    original: Run | None = None,
 ) -> tuple[list[Check], str]:
-    """Run `script` (one process; its imports found in `import_roots`) and its
-    conversion, which `write_conversion` writes (two processes, gloo), for
-    `request.steps` training steps. The checks, and the output of the run that failed
-    (empty when none did)."""
+    """Run `script` (one process; its imports found in `import_roots`; not when its
+    `original` run is given) and its conversion, which `write_conversion` writes (two
+    processes, gloo), for `request.steps` training steps. The checks, and the output of
+    the run that failed (empty when none did); a failed original is the one check
+    `ORIGINAL_RUNS`, its detail the line that says why."""
     status = on_status or (lambda text: None)
     script_args, steps, timeout = request.script_args, request.steps, request.timeout
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -88,13 +115,14 @@ def verify_ddp(
         scratch = Path(folder)
         (scratch / "converted").mkdir()
         copy, copy_roots = write_conversion(scratch / "converted")
-        status("original script, 1 process")
-        original = run_script(
-            script, script_args, steps, scratch / "original", import_from=import_roots,
-            env=threads, timeout=timeout, scratch=scratch,
-        )
+        if original is None:
+            status("original script, 1 process")
+            original = run_script(
+                script, script_args, steps, scratch / "original", import_from=import_roots,
+                env=threads, timeout=timeout, scratch=scratch,
+            )
         if original.failed:
-            return [Check("original runs", False, f"the original script failed: {original.record['exit']}")], original.log
+            return [Check(ORIGINAL_RUNS, False, failure_line(original))], original.log
         status(f"converted script, {PROCESSES} processes (gloo)")
         ddp = run_script(
             copy, script_args, steps, scratch / "ddp", nproc=PROCESSES, import_from=copy_roots,
@@ -102,6 +130,13 @@ def verify_ddp(
         )
     found = checks(original, ddp)
     return found, ddp.log if not all(c.passed for c in found) else ""
+
+
+def failure_line(run: Run) -> str:
+    """Why a run failed, in a line: the last line of its output (the exception, or
+    argparse's `error: the following arguments are required`), else its exit status."""
+    lines = [line.strip() for line in run.log.splitlines() if line.strip()]
+    return lines[-1] if lines else run.record["exit"].removeprefix("error: ")
 
 
 def write_one(script: Path, converted: str) -> WriteConversion:
@@ -128,6 +163,7 @@ def checks(original: Run, ddp: Run) -> list[Check]:
         _same_parameters(ranks),
         _parameters_train(original, ranks[0]),
         _one_writer(ranks),
+        _printed_values(original, ranks[0]),
         _close_loss(original, ddp),
     ]
 
@@ -198,7 +234,14 @@ def _parameters_train(original: Run, rank: dict[str, Any]) -> Check:
     trained = [a != b for a, b in zip(before, after)]
     updated = [a != b for a, b in zip(mine, mine_after)]
     if not any(trained):
-        return Check(name, True, "the original changes no parameter set it records: not checked")
+        if any(updated):
+            return Check(name, True, f"{sum(updated)} parameter set(s) trained (the original's records none)")
+        return Check(
+            name, False,
+            f"no parameter changes in {len(rank['losses'])} steps, in the original or the"
+            " conversion: nothing shows the model trains (more --verify-steps, if the first"
+            " update comes later)",
+        )
     if len(trained) == len(updated):
         stale = [i for i, (t, u) in enumerate(zip(trained, updated)) if t and not u]
     else:
@@ -215,15 +258,66 @@ def _parameters_train(original: Run, rank: dict[str, Any]) -> Check:
 
 
 def _one_writer(ranks: list[dict[str, Any]]) -> Check:
+    """No file written by two processes: `torch.save` and every file opened for writing
+    (`np.save`, `savefig`, TensorBoard, logs), names that differ in their numbers only
+    (a process id, a time) taken as one file."""
     name = "one process writes each file"
-    writers: dict[str, set[int]] = {}
+    writers: dict[str, dict[int, str]] = {}  # file, numbers left out -> rank -> path
     for rank in ranks:
-        for path in rank.get("saves") or []:
-            writers.setdefault(path, set()).add(rank.get("rank", 0))
-    clashes = sorted(path for path, who in writers.items() if len(who) > 1)
+        for path in [*(rank.get("saves") or []), *(rank.get("writes") or [])]:
+            writers.setdefault(_NUMBER.sub("#", path), {})[rank.get("rank", 0)] = path
+    clashes = sorted((sorted(set(paths.values())), len(paths)) for paths in writers.values() if len(paths) > 1)
     if clashes:
-        return Check(name, False, f"{len(writers[clashes[0]])} processes wrote {clashes[0]}")
-    return Check(name, True, f"{len(writers)} file(s) saved, each by one process")
+        paths, count = clashes[0]
+        return Check(name, False, f"{count} processes wrote {' and '.join(paths)}")
+    return Check(name, True, f"{len(writers)} file(s) written, each by one process")
+
+
+def _printed_values(original: Run, rank: dict[str, Any]) -> Check:
+    """Each average or total the original prints (a number after `loss`, `avg`, `mean`,
+    `total` or `sum` in its line), as rank 0 prints it in the lines of the same text:
+    not off by the number of processes in all of them (see the module docstring)."""
+    name = "printed averages and totals as the original's"
+    mine, theirs = _averages(original.record.get("printed") or []), _averages(rank.get("printed") or [])
+    compared = 0
+    for (line, column), values in mine.items():
+        count = min(len(values), len(theirs.get((line, column), [])))
+        if not count:
+            continue
+        compared += 1
+        pairs = list(zip(values, theirs[line, column]))
+        if all(_off_by_processes(printed / (expected or math.inf)) for expected, printed in pairs):
+            expected, printed = pairs[0]
+            return Check(
+                name, False,
+                f"`{line}` prints {printed:.4g} where the original prints {expected:.4g} (number"
+                f" {column + 1} of the line; {printed / expected:.2f} times, and so in each of"
+                f" the {count} line(s)): off by the number of processes (a sum over one"
+                " process's share divided by the whole set's size?)",
+            )
+    if not compared:
+        return Check(name, True, "no printed average or total in both runs: not checked")
+    return Check(name, True, f"{compared} printed average(s) or total(s), none off by the number of processes")
+
+
+def _averages(lines: list[str]) -> dict[tuple[str, int], list[float]]:
+    """The numbers labelled as averages or totals in printed lines, by the line's text
+    (numbers as `#`) and their place in it, in the order printed."""
+    found: dict[tuple[str, int], list[float]] = {}
+    for line in lines:
+        numbers = list(_NUMBER.finditer(line))
+        start = 0
+        for column, number in enumerate(numbers):
+            if _AVERAGE_LABEL.search(line, start, number.start()):
+                found.setdefault((_NUMBER.sub("#", line), column), []).append(float(number.group()))
+            start = number.end()
+    return found
+
+
+def _off_by_processes(ratio: float) -> bool:
+    return any(
+        abs(ratio - factor) <= PROCESS_FACTOR_TOLERANCE * factor for factor in (PROCESSES, 1 / PROCESSES)
+    )
 
 
 def _close_loss(original: Run, ddp: Run) -> Check:

@@ -8,7 +8,7 @@ The JSON is what `autoaccel.facts.recorder` writes in the child process::
      "optimizers": [{"id", "cls", "site", "direct", "params", "modules", "roots"}],
      "loaders" | "samplers" | "schedulers" | "scalers": [{"id", "cls", "site", "direct"}],
      "calls":    [{"kind": "backward" | "step" | "zero_grad", "site", "count", "object"}],
-     "forwards": [{"module", "site", "count", "args"}],      # top-level module calls
+     "forwards": [{"module", "site", "count", "args", "seen"}],  # top-level module calls
      "writes":   [{"kind": "torch.save" | "open", "path", "site", "count"}],
      "prints":   [{"site", "count"}]}
 
@@ -21,17 +21,24 @@ samplers a `DataLoader(...)` makes itself): its site is then that call. An optim
 `modules` are the ids of the modules whose parameters it holds, all of them; its `roots`
 are those among them that are no submodule of another (the models it trains). `object`
 of a step or zero_grad is the optimizer's id. `args` of a forward are the shapes of its
-positional tensor arguments, or the type name of any other argument.
+positional tensor arguments, or the type name of any other argument, at its first call;
+`seen` groups its calls by what they saw: ``[{"batch", "args", "outputs", "count"}]``, at
+most `MAX_SEEN` groups (their counts then add up to less than the forward's), where
+`batch` is the number of samples of the latest batch a DataLoader had handed out (null: none
+yet, or one whose samples cannot be counted) and `outputs` the shapes of a tuple's (or
+list's) elements, or of the one output.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 VERSION = 1
+MAX_SEEN = 8  # groups of calls kept per forward site
 OBJECT_KINDS = ("modules", "optimizers", "loaders", "samplers", "schedulers", "scalers")
 
 
@@ -89,6 +96,17 @@ class Called:
 
 
 @dataclass(frozen=True)
+class Seen:
+    """Calls at a forward site that saw the same shapes: the samples of the step's batch
+    (None: unknown), the shapes of the positional arguments and of the outputs."""
+
+    batch: int | None
+    args: tuple[Any, ...]
+    outputs: tuple[Any, ...]
+    count: int
+
+
+@dataclass(frozen=True)
 class Forward:
     """A site where a module the run made was called at top level (not inside the
     forward of another module)."""
@@ -97,6 +115,57 @@ class Forward:
     site: Site
     count: int
     args: tuple[Any, ...] = ()
+    seen: tuple[Seen, ...] = ()
+
+
+@dataclass(frozen=True)
+class BatchFirst:
+    """What the run showed about a value at a call site: `known` True (batch-first), False
+    (not), None (it cannot tell), and `why`, in words."""
+
+    known: bool | None
+    why: str
+
+
+def batch_first(forwards: Sequence[Forward], pick: Callable[[Seen], Any]) -> BatchFirst:
+    """Whether the value `pick` takes from each group of calls (an argument's or an
+    output's shape) is batch-first at the site of `forwards`: split along dimension 0,
+    each part of it goes with the same samples as the parts of the batch.
+
+    The rule: on every call recorded at the site,
+    1. the step's batch is known: a DataLoader had handed out a batch, whose samples are
+       counted as the dataset indices its batch sampler drew (whatever its `collate_fn`
+       made of them, and the last, smaller batch as what it is);
+    2. the value is a tensor whose dimension 0 is that number of samples;
+    3. dimension 0 is the only one that is, on every call: a sequence-first `[len, batch]`
+       tensor whose `len` equals the batch size on every call is ambiguous. Calls with two
+       batch sizes (a last, smaller batch) tell a dimension that only happens to equal the
+       batch size apart; a run of a few steps mostly sees one, and then no other
+       dimension may equal it.
+    Where 2 fails on a call, the value is not batch-first (False); where 1 or 3 fails, or
+    calls went unrecorded (more than `MAX_SEEN` groups), the facts cannot tell (None).
+    Not seen with one batch size: a dimension 0 of fixed size that equals the batch size
+    by chance (as many classes as samples). `--to dp` asks only about values computed
+    from the batch (a `.view(-1, k)` of it) or that a trained model returns from it.
+    """
+    seen = [group for forward in forwards for group in forward.seen]
+    calls = sum(forward.count for forward in forwards)
+    if not seen or sum(group.count for group in seen) != calls:
+        return BatchFirst(None, "the run did not record every call here")
+    shapes = [(group.batch, pick(group)) for group in seen]
+    if any(batch is None for batch, _ in shapes):
+        return BatchFirst(None, "a call ran with no DataLoader batch whose samples could be counted")
+    if any(not isinstance(shape, tuple) or not shape for _, shape in shapes):
+        return BatchFirst(None, "a call got no tensor with a dimension there")
+    for batch, shape in shapes:
+        if shape[0] != batch:
+            return BatchFirst(False, f"shape {list(shape)} in a step of {batch} samples")
+    ranks = {len(shape) for _, shape in shapes}
+    others = [d for d in range(1, min(ranks)) if all(shape[d] == batch for batch, shape in shapes)]
+    shown = ", ".join(sorted({f"{list(shape)} with {batch} samples" for batch, shape in shapes}))
+    if len(ranks) > 1 or others:
+        return BatchFirst(None, f"shape {shown}: which dimension is the batch is ambiguous")
+    return BatchFirst(True, f"dimension 0 is the batch on all {calls} calls (shape {shown})")
 
 
 @dataclass(frozen=True)
@@ -144,10 +213,7 @@ class RunFacts:
             seconds=data.get("seconds", 0.0),
             files=dict(data.get("files", {})),
             calls=[Called(c["kind"], _site(c["site"]), c["count"], c.get("object")) for c in data.get("calls", [])],
-            forwards=[
-                Forward(f["module"], _site(f["site"]), f["count"], tuple(map(_frozen, f.get("args", []))))
-                for f in data.get("forwards", [])
-            ],
+            forwards=[_forward(f) for f in data.get("forwards", [])],
             writes=[Write(w["kind"], w["path"], _site(w["site"]), w["count"]) for w in data.get("writes", [])],
             prints=[Printed(_site(p["site"]), p["count"]) for p in data.get("prints", [])],
             **made,
@@ -201,5 +267,13 @@ def _made(data: dict[str, Any]) -> Made:
     )
 
 
+def _forward(data: dict[str, Any]) -> Forward:
+    seen = tuple(
+        Seen(s["batch"], _frozen(s["args"]), _frozen(s["outputs"]), s["count"]) for s in data.get("seen", [])
+    )
+    return Forward(data["module"], _site(data["site"]), data["count"], _frozen(data.get("args", [])), seen)
+
+
 def _frozen(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+    """A JSON list as a tuple, nested lists (shapes) too."""
+    return tuple(map(_frozen, value)) if isinstance(value, list) else value

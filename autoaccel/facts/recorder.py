@@ -10,9 +10,11 @@ What it patches, and why each is cheap: the `__init__` of `nn.Module`, `Optimize
 `DataLoader`, the samplers, `LRScheduler` and `GradScaler` (one frame walk per object
 made); `Tensor.backward` and `Optimizer.zero_grad`, and a global optimizer step pre-hook
 (one frame walk per call); global module forward hooks that count the nesting depth and
-look at the stack only for top-level calls; `torch.save`, `builtins.open` and
-`builtins.print`. Writes by the script's own code (`open(path, "w")`) go to the scratch
-folder, as the harness sends `torch.save` there.
+look at the stack only for top-level calls (and note the shapes those got and returned);
+the DataLoader iterators' `_next_index`, `__next__` and `_reset` (the number of samples of
+each batch: the length of a list); `torch.save`, `builtins.open` and `builtins.print`.
+Writes by the script's own code (`open(path, "w")`) go to the scratch folder, as the
+harness sends `torch.save` there.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ import os
 import sys
 import sysconfig
 import time
+from collections import deque
 from contextlib import ExitStack
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any, Callable
 
-from autoaccel.facts.model import VERSION
+from autoaccel.facts.model import MAX_SEEN, VERSION
 
 FACTS_ENV = "AUTOACCEL_FACTS_OUT"
+# Set on DataLoader iterators: the sample counts of the batches drawn and not yet handed out.
+_DRAWN_ATTR = "_autoaccel_facts_drawn"
 _WRITE_MODES = frozenset("wax+")
 _AUTOACCEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 
@@ -67,6 +72,8 @@ class FactRecorder:
         self.writes: list[dict[str, Any]] = []
         self.prints: list[dict[str, Any]] = []
         self._depth = 0  # module forwards under way
+        self._batch: int | None = None  # samples of the latest batch a DataLoader handed out
+        self._under_way: tuple[dict[str, Any], int | None, list[Any]] | None = None  # the top-level forward under way
         self.redirected: dict[str, str] = {}  # path the script wrote -> file in scratch
 
     # -- where ----------------------------------------------------------------------------
@@ -175,17 +182,57 @@ class FactRecorder:
             return
         number = self._fact_id(module)
         user = self._user_frame(sys._getframe(1))
+        self._under_way = None
         if number is None or user is None:
             return
         site = self._site_of(user)
         key = ("forward", *site.values(), number)
+        shapes = [_shape(a) for a in args]
         self._count(
             self.forwards, key,
-            lambda: {"module": number, "site": site, "count": 0, "args": [_shape(a) for a in args]},
+            lambda: {"module": number, "site": site, "count": 0, "args": shapes, "seen": []},
         )
+        self._under_way = (self._counted[key], self._batch, shapes)
 
     def _forward_hook(self, module: Any, args: Any, output: Any) -> None:
         self._depth = max(0, self._depth - 1)
+        if self._depth == 0 and self._under_way is not None:
+            entry, batch, shapes = self._under_way
+            self._under_way = None
+            outputs = [_shape(o) for o in output] if isinstance(output, (tuple, list)) else [_shape(output)]
+            _note(entry["seen"], {"batch": batch, "args": shapes, "outputs": outputs})
+
+    # -- batches --------------------------------------------------------------------------
+    def _drawn(self, original: Callable) -> Callable:
+        """Keep the sample count of each batch an iterator draws, in order, until
+        `__next__` hands the batch out (a worker pool draws some ahead)."""
+
+        def next_index(iterator):
+            index = original(iterator)
+            vars(iterator).setdefault(_DRAWN_ATTR, deque()).append(_samples(index))
+            return index
+
+        return next_index
+
+    def _handed_out(self, original: Callable) -> Callable:
+        def next_batch(iterator):
+            batch = original(iterator)
+            drawn = vars(iterator).get(_DRAWN_ATTR)
+            self._batch = drawn.popleft() if drawn else None
+            return batch
+
+        return next_batch
+
+    @staticmethod
+    def _reset(original: Callable) -> Callable:
+        """A new pass (persistent workers reuse the iterator): forget what a pass cut
+        short drew ahead."""
+
+        def reset(iterator, *args, **kwargs):
+            vars(iterator).pop(_DRAWN_ATTR, None)
+            return original(iterator, *args, **kwargs)
+
+        return reset
 
     # -- writes and prints ----------------------------------------------------------------
     def _save(self, original: Callable) -> Callable:
@@ -237,7 +284,7 @@ class FactRecorder:
             register_module_forward_hook,
             register_module_forward_pre_hook,
         )
-        from torch.utils.data import DataLoader, sampler
+        from torch.utils.data import DataLoader, dataloader, sampler
 
         from autoaccel.harness import patched
 
@@ -262,6 +309,10 @@ class FactRecorder:
         stack.callback(register_optimizer_step_pre_hook(self._step_hook).remove)
         stack.callback(register_module_forward_pre_hook(self._forward_pre_hook).remove)
         stack.callback(register_module_forward_hook(self._forward_hook, always_call=True).remove)
+        iterators = dataloader._BaseDataLoaderIter
+        stack.enter_context(patched(iterators, "_next_index", self._drawn))
+        stack.enter_context(patched(iterators, "__next__", self._handed_out))
+        stack.enter_context(patched(iterators, "_reset", self._reset))
         stack.enter_context(patched(torch, "save", self._save))
         stack.enter_context(patched(builtins, "open", self._open))
         stack.enter_context(patched(builtins, "print", self._print))
@@ -316,6 +367,25 @@ def _class_name(obj: Any) -> str:
 def _shape(value: Any) -> Any:
     shape = getattr(value, "shape", None)
     return list(shape) if shape is not None and not callable(shape) else type(value).__name__
+
+
+def _samples(index: Any) -> int | None:
+    """The samples of a batch a batch sampler drew: its number of dataset indices; None
+    for an `IterableDataset`'s (`None`s: its last batch may be shorter) and for one sample
+    without a batch dimension (`batch_size=None`)."""
+    if isinstance(index, (list, tuple)) and index and all(hasattr(i, "__index__") for i in index):
+        return len(index)
+    return None
+
+
+def _note(seen: list[dict[str, Any]], group: dict[str, Any]) -> None:
+    """Count a call in its group of `seen` (a new one while there are fewer than `MAX_SEEN`)."""
+    for known in seen:
+        if all(known[k] == v for k, v in group.items()):
+            known["count"] += 1
+            return
+    if len(seen) < MAX_SEEN:
+        seen.append({**group, "count": 1})
 
 
 def _digests(record: dict[str, Any]) -> dict[str, str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from autoaccel.facts.model import Forward, Made, RunFacts, Site
+from autoaccel.facts.model import BatchFirst, Forward, Made, RunFacts, Seen, Site, batch_first
 
 _NO_CODE = cst.Module([])
 
@@ -141,6 +141,21 @@ class FactsResolver:
         """The top-level module calls the run made at `node`."""
         return [f for f in self.facts.forwards if self.node_at(f.site) is node]
 
+    def argument_batch_first(self, node: cst.Call, index: int) -> BatchFirst:
+        """Whether the positional argument `index` of the call `node` was batch-first on
+        every call the run made there (`autoaccel.facts.model.batch_first`)."""
+        return self._batch_first(node, lambda seen: _item(seen.args, index))
+
+    def output_batch_first(self, node: cst.Call, index: int) -> BatchFirst:
+        """The same for the element `index` of the tuple the call `node` returned."""
+        return self._batch_first(node, lambda seen: _item(seen.outputs, index))
+
+    def _batch_first(self, node: cst.Call, pick: Callable[[Seen], object]) -> BatchFirst:
+        forwards = self.forwards_at(node)
+        if not forwards:
+            return BatchFirst(None, f"the run never called `{_code(node)}`")
+        return batch_first(forwards, pick)
+
     def trained_at(self, node: cst.Call) -> list[Made]:
         """The trained models whose forward ran at the call `node`."""
         called = {f.module for f in self.forwards_at(node)}
@@ -164,6 +179,10 @@ def _calls(module: cst.Module) -> list[cst.Call]:
 
     module.visit(_Calls())
     return found
+
+
+def _item(values: tuple, index: int) -> object:
+    return values[index] if index < len(values) else None
 
 
 def _code(node: cst.Call) -> str:

@@ -10,6 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoaccel.facts.model import RunFacts, Site
 from autoaccel.facts.recorder import FACTS_ENV
@@ -19,6 +20,9 @@ from autoaccel.facts.recorder import FACTS_ENV
 # after it; more would only cost the script's time.
 FACT_STEPS = 5
 FACTS_TIMEOUT_S = 120.0
+
+if TYPE_CHECKING:
+    from autoaccel.bench.runner import Run
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,13 @@ class FactsRequest:
 @dataclass
 class FactsRun:
     """How a fact run went: its facts (None when it failed before any), the seconds it
-    took, and the end of its output when it failed."""
+    took, the end of its output when it failed, and the harness's record of it (the
+    original's run that the proof of the conversion compares with)."""
 
     facts: RunFacts | None
     seconds: float
     error: str = ""
+    run: Run | None = None
 
 
 def collect_facts(script: Path, request: FactsRequest, import_from: list[Path] | None = None) -> FactsRun:
@@ -57,10 +63,10 @@ def collect_facts(script: Path, request: FactsRequest, import_from: list[Path] |
         )
         seconds = time.perf_counter() - started
         if not out.is_file():
-            return FactsRun(None, seconds, run.record.get("exit", "") + "\n" + run.log[-2000:])
+            return FactsRun(None, seconds, run.record.get("exit", "") + "\n" + run.log[-2000:], run)
         facts = RunFacts.load(out)
     error = "" if facts.ran_steps else f"{facts.exit}\n{run.log[-2000:]}"
-    return FactsRun(facts, seconds, error)
+    return FactsRun(facts, seconds, error, run)
 
 
 def describe(facts: RunFacts) -> str:

@@ -13,7 +13,10 @@ Every tensor `nn.DataParallel` receives is split along dimension 0, so the step'
 inputs must be batch-first: names bound by the loop over the loader, computed from
 them in the step, or made with the loader's `batch_size` (`torch.ones(batch_size, 1)`).
 A recurrent state, a tensor made elsewhere, or one reshaped across the batch dimension
-would be split wrongly: those steps are refused, naming the line.
+would be split wrongly: those steps are refused, naming the line. Where the code alone
+cannot tell (`x.view(-1, k)` before `model(x)`, an element of the tuple a model returns
+read after the step), the shapes a short run of the script recorded at the model's call
+can (`autoaccel.facts.model.batch_first`): `convert` runs it for them (`RUN_CAN_TELL`).
 Values that are not per-step tensors (`self.criterion`, `args.alpha`, `epoch`) are read
 by the function from its scope. Each `.backward()` gets its own segment, so each model of
 a GAN trains under its own wrapper; a model that no optimizer trains (a frozen teacher)
@@ -22,7 +25,9 @@ is not replicated: its outputs have no gradients to reduce, and it runs where it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
@@ -31,7 +36,13 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find
 from autoaccel.cst_edit import code_of, keyword_value
+from autoaccel.facts.resolve import FactsResolver
 
+if TYPE_CHECKING:
+    from autoaccel.facts.model import BatchFirst
+
+# In the reason of a refusal that a short run of the script can answer (`convert` runs it).
+RUN_CAN_TELL = "a short run of the script can show whether it is batch-first"
 
 # Methods and functions that mix the samples of a batch (or leave the GPU): a line of the
 # forward pass that calls one is not per-sample, so it cannot run on a part of the batch.
@@ -70,6 +81,7 @@ class Segment:
     # in `__init__`, right after `wrapper_after` (where the models are assigned).
     function_anchor: cst.CSTNode | None = None
     wrapper_after: cst.CSTNode | None = None
+    established: list[str] = field(default_factory=list)  # what the run showed batch-first
 
 
 class Refused(Exception):
@@ -120,6 +132,8 @@ class SegmentFinder:
         self.t = transform
         self.script = transform.script
         self.backward = backward
+        self.facts: FactsResolver | None = transform.run_facts()
+        self.established: list[str] = []
 
     # -- helpers --------------------------------------------------------------------
     def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
@@ -245,6 +259,7 @@ class SegmentFinder:
         return Segment(
             block=block, span=span, chain=chain, before=before, after=after, anchor=anchor,
             modules=models, params=params, inputs=inputs, loss_name=loss_name, kept=kept, reduce=reduce,
+            established=self.established,
         )
 
     def _enclosing_before(self, statement: cst.CSTNode) -> list[cst.CSTNode]:
@@ -361,8 +376,11 @@ class SegmentFinder:
         for name in wanted:
             if name in replicated or (name in models and name not in batch):
                 continue
+            line = lines.get(name, chain[0])
             if name in batch:
                 inputs.append(name)
+                if name not in flattened:  # (for a flattened one, the code claims nothing)
+                    self._agrees_with_run(name, chain, line)
             elif name in defined or defined_in_loop_after(chain, name):
                 raise Refused(
                     f"`{name}` is fed back into the model from one step to the next (a recurrent"
@@ -376,11 +394,14 @@ class SegmentFinder:
                     lines.get(name, chain[0]),
                 )
             if name in flattened:
-                raise Refused(
+                self._by_the_run(
+                    name,
                     f"`{name}` is reshaped with `-1` first before the forward pass, which may"
                     " merge the batch dimension with another (`.view(x.size(0), -1)` keeps it):"
                     " `nn.DataParallel` would then split it unlike the other inputs",
-                    lines.get(name, chain[0]),
+                    line,
+                    self._model_arguments(chain, name),  # the run saw it where a model got it as it is
+                    FactsResolver.argument_batch_first,
                 )
         on_host = [n for n in inputs if n in batch and n not in moved]
         if on_host and len(on_host) < len([n for n in inputs if n in batch]):
@@ -391,6 +412,57 @@ class SegmentFinder:
                 lines.get(name, chain[0]),
             )
         return inputs
+
+    def _model_arguments(self, chain, name: str) -> list[tuple[cst.Call, int | None]]:
+        """The model calls of the chain that get `name` as it is, and its position."""
+        places = []
+        for s in chain:
+            for call in self._model_calls(s):
+                positional = [a for a in call.args if a.keyword is None]
+                for index, arg in enumerate(positional):
+                    if arg.star:
+                        break  # `model(*xs, x)`: the positions the run saw are not these
+                    if m.matches(arg.value, m.Name(name)):
+                        places.append((call, index))
+        return places
+
+    def _agrees_with_run(self, name: str, chain, line: cst.CSTNode) -> None:
+        """`name`, which the step reads from the batch, is refused where the run showed a
+        model getting it with a dimension 0 other than the step's samples: the code and
+        the run disagree."""
+        if self.facts is None:
+            return
+        for call, index in self._model_arguments(chain, name):
+            shown = self.facts.argument_batch_first(call, index)
+            if shown.known is False:
+                raise Refused(
+                    f"`{name}` comes from the batch, so the code takes it as batch-first, but the"
+                    f" run shows `{code_of(call)}` getting it with {shown.why}: `nn.DataParallel`"
+                    " would split it along dimension 0 unlike the batch",
+                    line,
+                )
+
+    def _by_the_run(
+        self,
+        name: str,
+        reason: str,
+        line: cst.CSTNode,
+        places: list[tuple[cst.Call, int | None]],
+        ask: Callable[[FactsResolver, cst.Call, int], BatchFirst],
+    ) -> None:
+        """Accept `name`, which the code alone does not show batch-first (`reason`), where
+        the run showed it batch-first (`ask`: an argument's or an output's shapes) at each
+        of the model calls `places` (with its position there); refused otherwise, and
+        without a run where none could tell (no place, or a position not plain to see)."""
+        if not places or any(index is None for _, index in places):
+            raise Refused(reason, line)
+        if self.facts is None:
+            raise Refused(f"{reason} ({RUN_CAN_TELL})", line)
+        found = [ask(self.facts, call, index) for call, index in places]  # type: ignore[arg-type]
+        unsettled = next((v for v in found if not v.known), None)
+        if unsettled is not None:
+            raise Refused(f"{reason}; the run does not show it batch-first: {unsettled.why}", line)
+        self.established.append(f"`{name}`: {found[0].why}")
 
     def _step_loop(self):
         for ancestor in self.t.ancestors(self.backward):
@@ -443,17 +515,15 @@ class SegmentFinder:
             for name in defs:
                 lines[name] = s
             reads = read(s)
-            if reads & batch:
-                batch |= defs
-                if self._flattens(s):
-                    flattened |= defs
-            elif loop is not None and not isinstance(loop, cst.FunctionDef) and self._batch_sized(s, loop):
+            if reads & flattened or reads & batch and self._flattens(s):
+                flattened |= defs
+            else:
+                flattened -= defs  # bound anew, from what was not flattened
+            in_a_loop = loop is not None and not isinstance(loop, cst.FunctionDef)
+            if reads & batch or in_a_loop and self._batch_sized(s, loop):
                 batch |= defs
             else:
                 batch -= defs
-            flattened -= set() if reads & flattened else set()
-            if reads & flattened:
-                flattened |= defs
         return step_names, batch, flattened, lines
 
     def _batch_sized(self, s: cst.CSTNode, loop) -> bool:
@@ -559,24 +629,33 @@ class SegmentFinder:
             if name in scalars:
                 kept.append((name, True))
                 continue
-            if self._unpacked_from_model(chain, name):
-                raise Refused(
+            places = self._unpacked_from_model(chain, name)
+            if places:
+                self._by_the_run(
+                    name,
                     f"`{name}` comes from a model returning several values and is read after"
                     " the step; it is not known to be batch-first, so gathering it along"
                     " dimension 0 could be wrong",
                     chain[0],
+                    places,
+                    FactsResolver.output_batch_first,
                 )
             kept.append((name, False))
         return kept
 
-    def _unpacked_from_model(self, chain, name) -> bool:
+    def _unpacked_from_model(self, chain, name) -> list[tuple[cst.Call, int | None]]:
+        """The model calls whose results the chain unpacks `name` from, with the index of
+        its element in what the model returns (None where that is not plain to see:
+        `a, *b = model(x)`, `a, b = f(model(x))`)."""
+        places = []
         for s in chain:
             assign = s.body[0]
-            if isinstance(assign, cst.Assign) and self._model_calls(assign.value):
-                for target in assign.targets:
-                    if isinstance(target.target, (cst.Tuple, cst.List)) and name in assigned(target):
-                        return True
-        return False
+            calls = self._model_calls(assign.value) if isinstance(assign, cst.Assign) else []
+            for target in assign.targets if calls else ():
+                if isinstance(target.target, (cst.Tuple, cst.List)) and name in assigned(target):
+                    direct = assign.value in calls
+                    places.append((calls[0], _element_index(target.target, name) if direct else None))
+        return places
 
     def _call_reduction(self, call: cst.Call) -> str | None:
         """"mean" / "sum" for a loss call or a whole-tensor `.mean()` / `torch.sum(x)`;
@@ -720,6 +799,16 @@ def _changed_in_place(statement: cst.CSTNode) -> set[str]:
         for call in find(statement, cst.Call)
         if m.matches(call.func, m.Attribute(value=m.Name()))
     }
+
+
+def _element_index(target: cst.Tuple | cst.List, name: str) -> int | None:
+    """Where `name` is among the elements of an unpacking target (None behind a `*rest`)."""
+    for index, element in enumerate(target.elements):
+        if isinstance(element, cst.StarredElement):
+            return None
+        if m.matches(element.value, m.Name(name)):
+            return index
+    return None
 
 
 def defined_in_loop_after(chain, name) -> set[str]:

@@ -387,16 +387,6 @@ class DistributedStep(StatementRewrite):
         return found
 
     # -- facts from a run of the script (`autoaccel.facts`) -----------------------------
-    def run_facts(self) -> FactsResolver | None:
-        """The facts of a short run of the script, for this module's tree, when the
-        conversion has them (`convert --to ddp|fsdp` ran the script) and this module is
-        the script that ran."""
-        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
-        index = self.script.index
-        if given is None or index is None or not self.in_entry_script:
-            return None
-        return given.resolver(index.module, self.position_of)
-
     def _called_per_run_facts(self, module: cst.Module) -> dict[str, set[Obj]]:
         """Where the static model found no trained model, the models the run trained
         (the modules whose parameters a stepping optimizer holds), under the names the
