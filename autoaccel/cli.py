@@ -300,7 +300,7 @@ def convert(
     # when there is a proof, as long as its run of the original, which it then is too.
     facts = None if no_run or from_stdin else FactsRequest(script_args or [])
     if facts is not None and request is not None:
-        facts = FactsRequest(facts.script_args, request.steps, request.timeout)
+        facts = FactsRequest(facts.script_args, request.steps, request.timeout, request.epoch_steps)
     raise typer.Exit(
         run_convert(
             file, options, write, output, check, report_format, allow_partial, force, request,

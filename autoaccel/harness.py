@@ -2,6 +2,7 @@
 
     python -m autoaccel.harness --losses-out PATH [--max-steps N] [--seed S]
                                 [--align-loader-rng] [--progress PATH] [--scratch DIR]
+                                [--epoch-steps K | --epoch-samples S]
                                 SCRIPT [script args...]
 
 The script runs as ``__main__`` in this process (``runpy``). A training step is one
@@ -22,6 +23,13 @@ and this shows their mixed-precision numbers on a CPU (GradScalers are left as t
 bf16 needs none). An environment variable, so that it reaches the harness through
 ``autoaccel bench`` and every rank that torchrun starts.
 
+``--epoch-steps K`` cuts every epoch of a training DataLoader (one whose batches reached a
+``backward()``) short after K batches, so that a run of a few steps goes through the ends of
+several epochs (their prints, averages and saves); evaluation loaders run whole. The record's
+``epoch_samples`` is what such an epoch handed out, and ``--epoch-samples S`` cuts the epochs
+of each process of a distributed run after S / WORLD_SIZE samples: its processes then cover,
+together, what the one process covered.
+
 ``--progress PATH`` writes the number of steps done into PATH, at most five times a second
 (and at the last step).
 
@@ -38,7 +46,7 @@ records what the script makes and calls, keyed to source positions, into PATH (J
 
 The record also has ``saves`` (the paths each ``torch.save`` call wrote), ``writes`` (each
 other path the script opened for writing, once), ``printed`` (the first lines ``print``
-wrote to the terminal, at most `MAX_PRINTED`), and
+wrote to the terminal, at most `MAX_PRINTED`) and ``printed_steps`` (the steps done by then), and
 ``param_digest`` (per optimizer, then per model wrapped in DDP, the sum and the sum of
 absolute values of its parameters at the end, in float64: equal on every rank of a distributed run when the gradients were
 synchronised), and ``first_param_digest``, the same at the first step, before any update
@@ -87,6 +95,8 @@ _SCALE_ATTR = "_autoaccel_loss_scale"
 # drew and have not yet handed out (a worker pool draws some batches ahead).
 _PASS_ATTR = "_autoaccel_pass"
 _INDICES_ATTR = "_autoaccel_indices"
+_TRAINS_ATTR = "_autoaccel_trains"  # on a DataLoader iterator whose batch reached a backward()
+_EPOCH_SAMPLES_ATTR = "_autoaccel_epoch_samples"  # samples its current pass handed out
 PROGRESS_INTERVAL = 0.2  # seconds between two writes of the progress file
 FORCE_AUTOCAST_ENV = "AUTOACCEL_FORCE_AUTOCAST"
 _WRITE_MODES = frozenset("wax+")
@@ -98,6 +108,20 @@ class StopScript(BaseException):
     `except Exception:` blocks do not swallow it."""
 
 
+@dataclass(frozen=True)
+class EpochCut:
+    """Where a training epoch ends early: after `steps` batches, or once the processes of
+    the run have handed out `samples` samples between them (each its share)."""
+
+    steps: int | None = None
+    samples: int | None = None
+
+    def reached(self, batches: int, samples: int, world_size: int) -> bool:
+        if self.steps is not None:
+            return batches >= self.steps
+        return self.samples is not None and samples * world_size >= self.samples
+
+
 @dataclass
 class StepRecord:
     losses: list[float] = field(default_factory=list)
@@ -107,6 +131,7 @@ class StepRecord:
     saves: list[str] = field(default_factory=list)  # paths torch.save wrote
     writes: list[str] = field(default_factory=list)  # other paths opened for writing, once each
     printed: list[str] = field(default_factory=list)  # lines print wrote to the terminal
+    printed_steps: list[int] = field(default_factory=list)  # the steps done when each was printed
     param_digest: list[list[float]] = field(default_factory=list)  # per optimizer: [sum, abs sum]
     first_param_digest: list[list[float]] = field(default_factory=list)  # the same, at step 1
     end_time: float | None = None
@@ -118,6 +143,8 @@ class StepRecord:
     threads: int = 0  # torch's intra-op threads
     rank: int = 0
     world_size: int = 1
+    epochs_cut: int = 0  # training epochs `--epoch-steps`/`--epoch-samples` cut short
+    epoch_samples: int | None = None  # the samples the first of them handed out
     exit: str = "ok"
 
 
@@ -207,10 +234,15 @@ class _StepRecorder:
     """The patches that record steps; `finish()` turns what they kept into a `StepRecord`."""
 
     def __init__(
-        self, max_steps: int | None, progress: Path | None = None, scratch: Path | None = None
+        self,
+        max_steps: int | None,
+        progress: Path | None = None,
+        scratch: Path | None = None,
+        epoch_cut: EpochCut | None = None,
     ) -> None:
         self.max_steps = max_steps
         self.scratch = scratch
+        self.epoch_cut = epoch_cut
         self.redirected: dict[str, str] = {}  # path the script wrote -> file in `scratch`
         self.folders = _WriteFolders.of([scratch, progress and progress.parent])
         self.record = StepRecord(
@@ -222,6 +254,7 @@ class _StepRecorder:
         self.samples_seen = 0
         self.last_batch = 0  # samples of the latest batch not yet counted by a step
         self.last_ids: list[Any] | None = None  # [pass, indices] of that batch
+        self.last_iterator: Any = None  # the DataLoader iterator that handed it out
         self.passes = 0  # DataLoader passes started so far
         self.optimizers: list[Any] = []  # every optimizer the script built
         self.wrapped: list[Any] = []  # every model the script wrapped in DDP
@@ -277,6 +310,8 @@ class _StepRecorder:
         # between two training steps are superseded by the next training batch.
         self.samples_seen += self.last_batch
         self.last_batch = 0
+        if self.last_iterator is not None:
+            vars(self.last_iterator)[_TRAINS_ATTR] = True
         self.loss_tensors.append((loss.detach().float().clone(), getattr(loss, _SCALE_ATTR, None)))
         now = time.perf_counter()
         self.record.times.append(now)
@@ -294,14 +329,31 @@ class _StepRecorder:
 
     def _next(self, original: Callable) -> Callable:
         def next_batch(iterator):
+            # samples this pass of the iterator handed out (`_num_yielded`: torch's count,
+            # 0 at the start of each pass, persistent workers' included)
+            handed_out = vars(iterator).get(_EPOCH_SAMPLES_ATTR, 0) if iterator._num_yielded else 0
+            if vars(iterator).get(_TRAINS_ATTR) and self._cut(iterator._num_yielded, handed_out):
+                raise StopIteration
             batch = original(iterator)
             self.last_batch = batch_size(batch)
+            self.last_iterator = iterator
+            vars(iterator)[_EPOCH_SAMPLES_ATTR] = handed_out + self.last_batch
             drawn = vars(iterator).get(_INDICES_ATTR)
             if drawn:
                 self.last_ids = drawn.popleft()
             return batch
 
         return next_batch
+
+    def _cut(self, batches: int, samples: int) -> bool:
+        """Whether a training epoch that handed out `batches` batches of `samples` samples
+        ends here (`epoch_cut`); counted in the record."""
+        cut = self.epoch_cut is not None and self.epoch_cut.reached(batches, samples, self.record.world_size)
+        if cut:
+            self.record.epochs_cut += 1
+            if self.record.epoch_samples is None:
+                self.record.epoch_samples = samples
+        return cut
 
     def _recording_save(self, original: Callable) -> Callable:
         """Record the path of every save; with `scratch`, write the file there instead."""
@@ -349,7 +401,9 @@ class _StepRecorder:
         def print_(*args, sep=" ", end="\n", file=None, flush=False):
             if file in (None, sys.stdout, sys.stderr) and len(self.record.printed) < MAX_PRINTED:
                 text = (sep if sep is not None else " ").join(map(str, args))
-                self.record.printed.extend(text.splitlines()[: MAX_PRINTED - len(self.record.printed)])
+                lines = text.splitlines()[: MAX_PRINTED - len(self.record.printed)]
+                self.record.printed.extend(lines)
+                self.record.printed_steps.extend([len(self.record.times)] * len(lines))
             return original(*args, sep=sep, end=end, file=file, flush=flush)
 
         return print_
@@ -540,14 +594,16 @@ def record_steps(
     align_loader_rng: bool = False,
     progress: Path | None = None,
     scratch: Path | None = None,
+    epoch_cut: EpochCut | None = None,
 ) -> StepRecord:
     """Run `script` as `__main__` with `args` and record its training steps; with
-    `scratch`, the files `torch.save` writes go into that folder."""
+    `scratch`, the files it writes go into that folder; with `epoch_cut`, training epochs
+    end early."""
     if seed is not None:
         # seed + rank: the processes of a distributed run draw their own random numbers,
         # as unseeded processes do (torch seeds each from the OS), until a script seeds
         seed_everything(seed + int(os.environ.get("RANK", 0)))
-    recorder = _StepRecorder(max_steps, progress, scratch)
+    recorder = _StepRecorder(max_steps, progress, scratch, epoch_cut)
     patches = recorder.patches(align_loader_rng)
     facts = _fact_recorder(script, scratch)
     if facts is not None:  # entered last: its patches wrap the harness's
@@ -592,11 +648,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scratch", type=Path, default=None, help="torch.save writes into this folder instead"
     )
+    cut = parser.add_mutually_exclusive_group()
+    cut.add_argument("--epoch-steps", type=int, default=None, help="end training epochs after K batches")
+    cut.add_argument(
+        "--epoch-samples", type=int, default=None, help="end training epochs after S samples, over all processes"
+    )
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
+    epoch_cut = EpochCut(ns.epoch_steps, ns.epoch_samples) if ns.epoch_steps or ns.epoch_samples else None
     record = record_steps(
-        ns.script, ns.args, ns.max_steps, ns.seed, ns.align_loader_rng, ns.progress, ns.scratch
+        ns.script, ns.args, ns.max_steps, ns.seed, ns.align_loader_rng, ns.progress, ns.scratch,
+        epoch_cut,
     )
     out = Path(ns.losses_out.replace("{rank}", str(record.rank)))
     out.parent.mkdir(parents=True, exist_ok=True)

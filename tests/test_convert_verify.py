@@ -130,6 +130,31 @@ def test_a_printed_average_off_by_the_processes_fails(printed, passes):
         assert "`epoch #: avg loss #` prints 0.6 where the original prints 1.2" in found["printed averages and totals as the original's"]
 
 
+@pytest.mark.parametrize(
+    "printed, passes",
+    [
+        # a sum of rank 0's own losses over the whole set's size: its numbers move with its
+        # losses (0.31 and 0.5 times the original's), half the original's per unit of loss
+        (["epoch 0: loss 0.125", "epoch 1: loss 0.2"], False),
+        (["epoch 0: loss 0.25", "epoch 1: loss 0.4"], True),  # the same per unit of loss
+    ],
+    ids=["halved-per-unit-of-loss", "right"],
+)
+def test_a_printed_sum_is_compared_per_unit_of_the_losses_since_its_last_print(printed, passes):
+    """Noise of training moves the printed sums of two runs apart; relative to the mean
+    loss of the steps each covers, a sum over one process's share is half the original's."""
+    original = Run(
+        {**ORIGINAL.record, "losses": [1.0, 3.0, 2.0, 2.0], "printed": ["epoch 0: loss 0.4", "epoch 1: loss 0.4"],
+         "printed_steps": [2, 4]}, 0, "",
+    )  # fmt: skip
+    rank0 = _rank(0, losses=[2.0, 0.5, 1.0, 3.0], printed=printed, printed_steps=[2, 4])
+    rank1 = _rank(1, losses=[0.0, 5.5, 3.0, 1.0])  # the ranks' mean: the original's losses
+    found = _failed(checks(original, _run(rank0, rank1)))
+    assert (found == {}) is passes, found
+    if not passes:
+        assert "0.50 times per unit of loss" in found["printed averages and totals as the original's"]
+
+
 def test_draws_with_replacement_may_meet_on_two_processes():
     """minGPT's `RandomSampler(replacement=True)`: each process draws on its own, so a
     sample may come up on two of them, as it may twice on one."""
@@ -271,23 +296,27 @@ def test_a_printed_forward_of_a_sharded_model_runs_on_every_process(tmp_path):
 
 @pytest.mark.runs
 @pytest.mark.parametrize(
-    "good, broken, reason",
+    "good, broken, reason, steps",
     [
         (
             "DistributedSampler(dataset, shuffle=False)",
             "DistributedSampler(dataset, shuffle=False, num_replicas=1, rank=0)",
             "trained on by more than one process",
+            24,
         ),
-        ("ddp_model = DDP(", "unused = DDP(", "gradients are not synchronised"),
-        ("(loss * WORLD_SIZE).backward()", "loss.backward()", "FAIL loss close to the original"),
+        ("ddp_model = DDP(", "unused = DDP(", "gradients are not synchronised", 24),
+        ("(loss * WORLD_SIZE).backward()", "loss.backward()", "FAIL loss close to the original", 24),
+        # 4 steps of a 6-step epoch: only an epoch cut short (after 1 step) shows the
+        # epoch's printed average, halved when divided by the whole set's size
+        ("total / len(loader.sampler)", "total / len(loader.dataset)", "off by the number of processes", 4),
     ],
-    ids=["unsharded", "unsynchronised", "unscaled-sum"],
+    ids=["unsharded", "unsynchronised", "unscaled-sum", "average-past-the-steps"],
 )
 def test_a_broken_conversion_fails_verify_and_nothing_is_written(
-    good, broken, reason, tmp_path, monkeypatch, capsys, session_runs
+    good, broken, reason, steps, tmp_path, monkeypatch, capsys, session_runs
 ):
-    """A good conversion of summed_loss.py (made once for the three), broken on purpose
-    the ways real conversions were wrong: each fails with its reason, and the CLI writes
+    """A good conversion of summed_loss.py (made once for all), broken on purpose the
+    ways real conversions were wrong: each fails with its reason, and the CLI writes
     nothing."""
     from autoaccel.convert import command
 
@@ -305,7 +334,7 @@ def test_a_broken_conversion_fails_verify_and_nothing_is_written(
 
     status = command.run_convert(
         DDP_FIXTURES / "summed_loss.py", _ddp_options(), output=tmp_path / "out.py",
-        verify=VerifyRequest([], steps=24, timeout=120),
+        verify=VerifyRequest([], steps=steps, timeout=120),
     )  # fmt: skip
     assert status == 1 and not (tmp_path / "out.py").exists()
     err = capsys.readouterr().err

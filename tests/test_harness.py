@@ -190,6 +190,38 @@ def test_a_distributed_rank_records_the_samples_of_each_step_by_pass(tmp_path, m
     assert harness.record_steps(write(tmp_path, TRAIN, "one.py"), []).sample_ids is None
 
 
+def test_an_epoch_cut_short_ends_training_passes_and_leaves_evaluation_whole(tmp_path):
+    """`--epoch-steps`: each pass of the (persistent) training loader ends after 2 batches,
+    so the script reaches its epoch ends; the evaluation loader, which feeds no backward,
+    runs whole."""
+    script = write(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = TensorDataset(torch.randn(24, 3), torch.randn(24, 1))
+        model = torch.nn.Linear(3, 1)
+        train = DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True)
+        for epoch in range(3):
+            for x, y in train:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            print("evaluated", sum(len(x) for x, _ in DataLoader(data, batch_size=6)))
+        """)
+    record = harness.record_steps(script, [], epoch_cut=harness.EpochCut(steps=2))
+    assert record.exit == "ok" and len(record.losses) == 6
+    assert record.epochs_cut == 3 and record.epoch_samples == 8
+    assert record.printed == ["evaluated 24"] * 3
+
+
+def test_a_process_epoch_ends_at_its_share_of_the_samples(tmp_path, monkeypatch):
+    """`--epoch-samples 8` on one of 2 processes: its passes end after 4 samples, two
+    batches of 2, as 8 samples of the one process were the original's epoch."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    script = TRAIN.replace("batch_size=4", "batch_size=2")
+    record = harness.record_steps(write(tmp_path, script), [], epoch_cut=harness.EpochCut(samples=8))
+    assert len(record.losses) == 4 and record.samples[-1] == 8
+    assert record.epochs_cut == 2 and record.epoch_samples == 4
+
+
 def test_main_writes_the_record_and_reports_errors(tmp_path):
     out = tmp_path / "record-{rank}.json"
     assert harness.main(["--losses-out", str(out), "--max-steps", "2", write(tmp_path, TRAIN)]) == 0

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from autoaccel.harness import EpochCut
+
 SEED = 0
 POLL_INTERVAL = 0.25  # seconds between two looks at the progress file
 
@@ -36,6 +38,7 @@ def harness_command(
     nproc: int | None,
     progress: Path | None = None,
     scratch: Path | None = None,
+    epoch_cut: EpochCut | None = None,
 ) -> list[str]:
     """The command that starts the harness; with `nproc`, one process per rank."""
     launcher = [sys.executable]
@@ -46,7 +49,16 @@ def harness_command(
         "--max-steps", str(steps), "--seed", str(SEED), "--align-loader-rng",
         *(["--progress", str(progress)] if progress else []),
         *(["--scratch", str(scratch)] if scratch else []),
+        *_epoch_cut_args(epoch_cut),
     ]
+
+
+def _epoch_cut_args(epoch_cut: EpochCut | None) -> list[str]:
+    if epoch_cut is None:
+        return []
+    if epoch_cut.steps is not None:
+        return ["--epoch-steps", str(epoch_cut.steps)]
+    return ["--epoch-samples", str(epoch_cut.samples)] if epoch_cut.samples is not None else []
 
 
 def run_script(
@@ -60,19 +72,21 @@ def run_script(
     on_step: Callable[[int], None] | None = None,
     timeout: float | None = None,
     scratch: Path | None = None,
+    epoch_cut: EpochCut | None = None,
 ) -> Run:
     """Run `script args` for at most `steps` training steps, its records written into the
     empty folder `records`; the folders `import_from` go first on the module search path
     (PYTHONPATH), `env` is added to the environment, and `on_step` is told the steps done
     as they go.
     After `timeout` seconds the run (every process of it) is stopped: an error. With
-    `scratch`, the files the script saves with `torch.save` go into that folder."""
+    `scratch`, the files the script writes go into that folder; with `epoch_cut`, its
+    training epochs end early (`autoaccel.harness`)."""
     env = {**os.environ, **(env or {}), "PYTHONHASHSEED": str(SEED)}
     if import_from:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, import_from), env.get("PYTHONPATH")]))
     records.mkdir(parents=True, exist_ok=True)
     progress = records / "progress" if on_step else None
-    command = harness_command(records / "record-{rank}.json", steps, nproc, progress, scratch)
+    command = harness_command(records / "record-{rank}.json", steps, nproc, progress, scratch, epoch_cut)
     with tempfile.TemporaryFile("w+", errors="replace") as log:
         proc = subprocess.Popen(
             [*command, str(script), *args], env=env, stdout=log, stderr=subprocess.STDOUT, text=True,

@@ -1,8 +1,11 @@
 """The proof of a `--to ddp|fsdp` conversion (run before it is written, unless
 `--no-verify`): run it on two CPU processes and check it trains like the original.
 
-The original runs for a few steps in one process (or its run for facts is reused), the
-conversion under `torchrun --nproc_per_node=2` (gloo), both in the current folder
+The original runs for a few steps in one process (or its run for facts is reused), its
+training epochs cut short after a quarter of the steps, so that the run goes through the
+ends of epochs (their prints, averages and saves); the conversion runs under
+`torchrun --nproc_per_node=2` (gloo), its processes' epochs cut where they have handed out,
+together, what the original's epoch did (`autoaccel.harness --epoch-steps/--epoch-samples`), both in the current folder
 (relative data paths work) with their writes sent to a scratch folder (the script's
 files stay as they are), both under `autoaccel.harness`, which records each rank's
 losses, the samples each step trained on, the files it wrote (`torch.save` and every
@@ -10,7 +13,8 @@ file opened for writing), the lines it printed and a digest of every optimizer's
 parameters at the first step and at the end. The checks are the ones the tests make on
 the fixtures:
 
-* every process finishes (a hang is stopped after the timeout);
+* every process finishes (a hang is stopped after the timeout); the check says how many
+  epoch ends the runs went through, or that none did (what runs after is not proven);
 * the processes train on disjoint samples (with no DataLoader: not on the same data);
 * the parameters are equal on every process after the same steps;
 * the optimizers change the parameters they hold wherever the original's do (an
@@ -35,15 +39,17 @@ import re
 import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autoaccel.bench.runner import Run, run_script
+from autoaccel.harness import EpochCut
 from autoaccel.fileio import write_atomic
 
 PROCESSES = 2
 DEFAULT_STEPS = 20
+EPOCHS_SEEN = 4  # a training epoch lasts at most steps / EPOCHS_SEEN steps in the runs
 DEFAULT_TIMEOUT_S = 300.0
 PARAMETER_TOLERANCE = 1e-6  # relative: the ranks apply the same averaged gradients
 # The processes shuffle with their own generator and draw their own noise, so their
@@ -69,6 +75,11 @@ class VerifyRequest:
     steps: int = DEFAULT_STEPS
     timeout: float = DEFAULT_TIMEOUT_S
     original: Run | None = None
+
+    @property
+    def epoch_steps(self) -> int:
+        """The steps after which a training epoch of the original's run ends."""
+        return max(1, self.steps // EPOCHS_SEEN)
 
 
 @dataclass(frozen=True)
@@ -119,14 +130,16 @@ def verify_ddp(
             status("original script, 1 process")
             original = run_script(
                 script, script_args, steps, scratch / "original", import_from=import_roots,
-                env=threads, timeout=timeout, scratch=scratch,
+                env=threads, timeout=timeout, scratch=scratch, epoch_cut=EpochCut(steps=request.epoch_steps),
             )
         if original.failed:
             return [Check(ORIGINAL_RUNS, False, failure_line(original))], original.log
         status(f"converted script, {PROCESSES} processes (gloo)")
+        epoch_samples = original.record.get("epoch_samples")
         ddp = run_script(
             copy, script_args, steps, scratch / "ddp", nproc=PROCESSES, import_from=copy_roots,
             env=threads, timeout=timeout, scratch=scratch,
+            epoch_cut=None if epoch_samples is None else EpochCut(samples=epoch_samples),
         )
     found = checks(original, ddp)
     return found, ddp.log if not all(c.passed for c in found) else ""
@@ -158,7 +171,7 @@ def checks(original: Run, ddp: Run) -> list[Check]:
     if not finished.passed:
         return [finished]
     return [
-        finished,
+        replace(finished, detail=f"{finished.detail}; {_epoch_ends(original)}"),
         _disjoint(ranks),
         _same_parameters(ranks),
         _parameters_train(original, ranks[0]),
@@ -177,6 +190,16 @@ def _finished(ddp: Run, ranks: list[dict[str, Any]]) -> Check:
     if len(steps) > 1:
         return Check(name, False, f"the processes took {sorted(steps)} steps: they did not stop together")
     return Check(name, True, f"{PROCESSES} processes, {steps.pop()} steps each")
+
+
+def _epoch_ends(original: Run) -> str:
+    """How far the original's run went: to its end, or through how many cut epochs."""
+    cut = original.record.get("epochs_cut", 0)
+    if original.record["exit"] == "ok":
+        return f"the original ran to its end ({cut} epoch(s) cut short)" if cut else "the original ran to its end"
+    if cut:
+        return f"{cut} epoch end(s) seen (training epochs cut short); what runs after is not proven"
+    return "no epoch ended in these steps: what runs after them is not proven"
 
 
 def _disjoint(ranks: list[dict[str, Any]]) -> Check:
@@ -276,40 +299,56 @@ def _one_writer(ranks: list[dict[str, Any]]) -> Check:
 def _printed_values(original: Run, rank: dict[str, Any]) -> Check:
     """Each average or total the original prints (a number after `loss`, `avg`, `mean`,
     `total` or `sum` in its line), as rank 0 prints it in the lines of the same text:
-    not off by the number of processes in all of them (see the module docstring)."""
+    not off by the number of processes in all of them (see the module docstring). Each
+    number is compared as it is, and relative to the mean loss of the steps (of that
+    process) since the same line was last printed: a sum of one process's losses divided
+    by the whole set's size is then half of the original's, whatever noise the two runs'
+    training adds."""
     name = "printed averages and totals as the original's"
-    mine, theirs = _averages(original.record.get("printed") or []), _averages(rank.get("printed") or [])
+    mine = _averages(original.record, original.record.get("losses") or [])
+    theirs = _averages(rank, rank.get("losses") or [])
     compared = 0
-    for (line, column), values in mine.items():
-        count = min(len(values), len(theirs.get((line, column), [])))
-        if not count:
+    for key, values in mine.items():
+        pairs = list(zip(values, theirs.get(key, [])))
+        if not pairs:
             continue
         compared += 1
-        pairs = list(zip(values, theirs[line, column]))
-        if all(_off_by_processes(printed / (expected or math.inf)) for expected, printed in pairs):
-            expected, printed = pairs[0]
-            return Check(
-                name, False,
-                f"`{line}` prints {printed:.4g} where the original prints {expected:.4g} (number"
-                f" {column + 1} of the line; {printed / expected:.2f} times, and so in each of"
-                f" the {count} line(s)): off by the number of processes (a sum over one"
-                " process's share divided by the whole set's size?)",
-            )
+        ratios = [printed / (expected or math.inf) for (expected, _), (printed, _) in pairs]
+        relative = [r * scale / their_scale for r, ((_, scale), (_, their_scale)) in zip(ratios, pairs)
+                    if scale and their_scale]  # fmt: skip
+        for found in (ratios, relative if len(relative) == len(pairs) else []):
+            if found and all(_off_by_processes(r) for r in found):
+                (line, column), (expected, _), (printed, _) = key, *pairs[0]
+                return Check(
+                    name, False,
+                    f"`{line}` prints {printed:.4g} where the original prints {expected:.4g} (number"
+                    f" {column + 1} of the line; {found[0]:.2f} times{' per unit of loss' if found is relative else ''},"
+                    f" and so in each of the {len(pairs)} line(s)): off by the number of processes"
+                    " (a sum over one process's share divided by the whole set's size?)",
+                )
     if not compared:
         return Check(name, True, "no printed average or total in both runs: not checked")
     return Check(name, True, f"{compared} printed average(s) or total(s), none off by the number of processes")
 
 
-def _averages(lines: list[str]) -> dict[tuple[str, int], list[float]]:
-    """The numbers labelled as averages or totals in printed lines, by the line's text
-    (numbers as `#`) and their place in it, in the order printed."""
-    found: dict[tuple[str, int], list[float]] = {}
-    for line in lines:
+def _averages(record: dict[str, Any], losses: list[float]) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
+    """The numbers labelled as averages or totals in a run's printed lines, by the line's
+    text (numbers as `#`) and their place in it, in the order printed, each with the mean
+    of `losses` over the steps since the same line was printed before (None: no step)."""
+    lines, steps = record.get("printed") or [], record.get("printed_steps") or []
+    found: dict[tuple[str, int], list[tuple[float, float | None]]] = {}
+    last_step: dict[tuple[str, int], int] = {}
+    for index, line in enumerate(lines):
         numbers = list(_NUMBER.finditer(line))
         start = 0
         for column, number in enumerate(numbers):
             if _AVERAGE_LABEL.search(line, start, number.start()):
-                found.setdefault((_NUMBER.sub("#", line), column), []).append(float(number.group()))
+                key = (_NUMBER.sub("#", line), column)
+                step = steps[index] if index < len(steps) else None
+                since = losses[last_step.get(key, 0):step] if step is not None else []
+                found.setdefault(key, []).append((float(number.group()), statistics.fmean(since) if since else None))
+                if step is not None:
+                    last_step[key] = step
             start = number.end()
     return found
 

@@ -32,6 +32,7 @@ class FactsRequest:
     script_args: list[str]
     steps: int = FACT_STEPS
     timeout: float = FACTS_TIMEOUT_S
+    epoch_steps: int | None = None  # training epochs end after this many steps (a proof's run)
 
 
 @dataclass
@@ -50,6 +51,7 @@ def collect_facts(script: Path, request: FactsRequest, import_from: list[Path] |
     """Run `script` with `request.script_args` in the current folder for at most
     `request.steps` training steps; its writes go to a scratch folder removed afterwards."""
     from autoaccel.bench.runner import run_script
+    from autoaccel.harness import EpochCut
 
     started = time.perf_counter()
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -60,6 +62,7 @@ def collect_facts(script: Path, request: FactsRequest, import_from: list[Path] |
             script, request.script_args, request.steps, scratch / "records",
             import_from=import_from or [script.resolve().parent],
             env={**threads, FACTS_ENV: str(out)}, timeout=request.timeout, scratch=scratch,
+            epoch_cut=EpochCut(steps=request.epoch_steps) if request.epoch_steps else None,
         )
         seconds = time.perf_counter() - started
         if not out.is_file():
