@@ -17,11 +17,13 @@ def autoaccel(
     command: str, script: Path, *options: str, cwd: Path, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """`autoaccel COMMAND SCRIPT *options` in `cwd`, one intra-op thread, a wide terminal,
-    with `env` (by default this process's environment, as a test may have set it)."""
+    with `env` (by default this process's environment, as a test may have set it). The
+    hash seed is fixed, as for the tests' own runs: then `tune`'s measurement, which
+    inherits it, may fork from the fork server (a random one cannot be set after start)."""
+    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "COLUMNS": "120", "PYTHONHASHSEED": "0"}
     return subprocess.run(
         [sys.executable, "-m", "autoaccel", command, str(script), *options],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
-        env={**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "COLUMNS": "120"},
+        cwd=cwd, capture_output=True, text=True, timeout=300, env=env,
     )
 
 

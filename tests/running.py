@@ -7,9 +7,11 @@ the jobs of the run tests in the background.
 
 A test module whose tests wait for such jobs defines `start_runs(shared, tests)`: it starts
 (`shared.start`) the jobs its selected `runs` tests need and returns their futures, which
-its tests read through the fixture `runs_fixture(start_runs)`. conftest.py calls every
-module's `start_runs` before the first test of the session, so the jobs run on the second
-core while the unit tests keep the first one busy.
+its tests read through the fixture `runs_fixture(start_runs)`, which starts them with the
+module's first test. In a session of one process, conftest.py calls every module's
+`start_runs` before the first test, so the jobs run on the second core while the unit tests
+keep the first one busy; under pytest-xdist (the README's command) the two workers keep the
+cores busy instead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -155,18 +158,27 @@ FORK_SERVER_ENV = "AUTOACCEL_TESTS_FORK_SERVER"
 # while the script runs, never when the interpreter or torch starts. Any other difference
 # (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY, OMP_NUM_THREADS, ...) gets a fresh process.
 READ_WHILE_RUNNING = {"AUTOACCEL_FORCE_AUTOCAST", "PYTEST_CURRENT_TEST"}
+# The same for the runs the product starts (`AUTOACCEL_PYTHON`, below): the variables the
+# harness reads (facts), `rich`'s width, and those torchrun gives its workers (below). The
+# server applies PYTHONPATH and PYTHONUNBUFFERED itself.
+PRODUCT_READ_WHILE_RUNNING = {"AUTOACCEL_FACTS_OUT", "COLUMNS", "TORCHELASTIC_ERROR_FILE"}
 
 
 class _ForkServer:
     """The client of tests/forkserver.py: `run` sends a request and waits for the child's
     exit. Safe to call from several threads (the children run side by side)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], product: _ProductRuns | None = None) -> None:
         self.env = env
         self.outputs = Path(tempfile.mkdtemp(prefix="autoaccel-fork-server-"))
+        serves = []
+        if product is not None:
+            may_differ = READ_WHILE_RUNNING | TORCHRUN_WORKER_VARIABLES | PRODUCT_READ_WHILE_RUNNING
+            serves = [str(product.listener.fileno()), str(product.shim), ",".join(sorted(may_differ))]
         self._proc = subprocess.Popen(
-            [sys.executable, str(FORK_SERVER)], env=env, stdin=subprocess.PIPE,
+            [sys.executable, str(FORK_SERVER), *serves], env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, bufsize=1,
+            pass_fds=[product.listener.fileno()] if product else (),
         )  # fmt: skip
         self._lock = threading.Lock()
         self._count = 0
@@ -271,16 +283,73 @@ _server_lock = threading.Lock()
 _server: list[_ForkServer | None] = []
 
 
+def _usable() -> bool:
+    return hasattr(os, "fork") and os.environ.get(FORK_SERVER_ENV, "1") != "0"
+
+
+def _serves_product() -> bool:
+    # the shim's `#!` line: one word after the interpreter, 255 bytes in all (Linux)
+    return _usable() and " " not in sys.executable and len(sys.executable) < 200
+
+
 def _fork_server() -> _ForkServer | None:
-    """The session's fork server, started at the first run; None where fork is missing or
-    AUTOACCEL_TESTS_FORK_SERVER=0."""
+    """The session's fork server, started at the first run (of a test, or of the product:
+    `_ProductRuns`); None where fork is missing or AUTOACCEL_TESTS_FORK_SERVER=0."""
     with _server_lock:
         if not _server:
-            usable = hasattr(os, "fork") and os.environ.get(FORK_SERVER_ENV, "1") != "0"
-            _server.append(_ForkServer(_env()) if usable else None)
+            _server.append(_ForkServer(_env(), _product_runs) if _usable() else None)
             if _server[0] is not None:
                 atexit.register(_server[0].close)
         return _server[0]
+
+
+class _ProductRuns:
+    """The runs the product starts (`autoaccel convert`'s proof and facts, `bench`, `tune`:
+    ~190 processes that import torch in a session) are forked by the fork server too: the
+    session's environment gets `AUTOACCEL_PYTHON` (autoaccel/bench/runner.py) = `shim`, a
+    client of the server (zygote_client.py) that falls back on the real interpreter when
+    the server would not fork the run. The listening socket is made here, at the start of
+    the session; the server gets it when it starts: at the first run of a test, or when a
+    client waits (`_watch`: a session that runs nothing starts no server). Until then the
+    clients wait in the socket's queue; afterwards only the server holds it, so when it has
+    ended a client finds no one listening and falls back."""
+
+    def __init__(self) -> None:
+        folder = Path(tempfile.mkdtemp(prefix="autoaccel-zygote-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(folder / "socket"))
+        self.listener.listen(64)
+        self.shim = folder / "python"
+        client = Path(__file__).resolve().with_name("zygote_client.py")
+        self.shim.write_text(
+            f"#!{sys.executable} -SEs\nimport sys\nsys.path.append({str(client.parent)!r})\n"
+            f"from zygote_client import main\nmain({str(folder / 'socket')!r})\n"
+        )
+        self.shim.chmod(0o755)
+        threading.Thread(target=self._watch, name="fork-server-socket", daemon=True).start()
+
+    def _watch(self) -> None:
+        try:
+            while not _server:  # no run of a test started the server yet
+                if select.select([self.listener], [], [], 1.0)[0]:
+                    _fork_server()
+        finally:
+            self.listener.close()  # the server has its own
+
+
+def _serve_product() -> _ProductRuns | None:
+    try:
+        return _ProductRuns() if _serves_product() else None
+    except OSError:  # a socket's path is at most 107 bytes: a long TMPDIR
+        return None
+
+
+_product_runs = _serve_product()
+if _product_runs is not None:
+    # after `SESSION_ENV` was taken: the product's runs started by this process (in-process
+    # tests of `run_script`) and by its subprocesses (`autoaccel convert ...`) get it too
+    SESSION_ENV["AUTOACCEL_PYTHON"] = os.environ["AUTOACCEL_PYTHON"] = str(_product_runs.shim)
 
 
 def free_port() -> int:

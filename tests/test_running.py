@@ -4,6 +4,8 @@ the run tests' jobs run on background threads."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -173,3 +175,121 @@ def test_when_one_rank_fails_the_other_is_stopped(tmp_path):
     run = running.run_ranks(script, (), tmp_path)
     assert run.returncode == 1 and "rank 0 failed" in run.stderr
     assert time.monotonic() - started < 60
+
+
+# -- the runs the product starts: AUTOACCEL_PYTHON, the fork server's socket --------------
+PROBE = """\
+import json, os, sys
+print("out", sys.argv[1:])
+print("err", file=sys.stderr)
+streams = [type(sys.stdout.buffer).__name__, sys.stdout.line_buffering, sys.stdout.write_through,
+           sys.stderr.line_buffering, sys.stderr.write_through]
+json.dump({"env": dict(os.environ), "path": sys.path, "argv": sys.argv, "streams": streams,
+           "executable": sys.executable, "parent": os.getppid()}, open("probe.json", "w"))
+sys.exit(int(sys.argv[1]))
+"""
+SLEEPER = "import os, pathlib, time\npathlib.Path(f'pid-{os.getpid()}').touch()\ntime.sleep(120)\n"
+
+
+def _product_runs() -> str:
+    """The shim (AUTOACCEL_PYTHON) of this session's fork server."""
+    pytest.importorskip("torch")
+    if running._product_runs is None or running._fork_server() is None:
+        pytest.skip("AUTOACCEL_TESTS_FORK_SERVER=0, or no fork here")
+    return running.SESSION_ENV["AUTOACCEL_PYTHON"]
+
+
+@pytest.mark.runs
+def test_a_run_through_the_shim_is_a_run_of_the_interpreter(tmp_path):
+    """`-u -m autoaccel.harness` with a PYTHONPATH entry, forked by the server: the same exit
+    code, output bytes, environment, `sys.path`, `sys.argv` and streams as the interpreter's."""
+    shim = _product_runs()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = {**running._env(), "PYTHONPATH": "lib"}
+    seen = {}
+    for python in (sys.executable, shim):
+        command = [python, "-u", "-m", "autoaccel.harness", "--losses-out", "record.json", "probe.py", "3"]
+        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=60)
+        probe = json.loads((tmp_path / "probe.json").read_text())
+        seen[python] = proc.returncode, proc.stdout, proc.stderr, probe
+    assert seen[shim][3].pop("parent") == running._fork_server()._proc.pid  # forked
+    seen[sys.executable][3].pop("parent")
+    assert seen[shim] == seen[sys.executable]
+    assert str(tmp_path / "lib") in seen[shim][3]["path"]
+
+
+@pytest.mark.runs
+def test_the_shim_runs_what_the_server_refuses_with_the_interpreter(tmp_path):
+    shim = _product_runs()
+    code = "import os, sys; print(sys.executable, os.getpid()); sys.exit(4)"
+    proc = subprocess.Popen([shim, "-c", code], env=running._env(), stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 4 and out.split() == [sys.executable, str(proc.pid)]  # exec'd
+
+
+def _started(folder, client: subprocess.Popen) -> int:
+    """The pid of the run of SLEEPER that `client` started (once it wrote its file)."""
+    deadline = time.monotonic() + 30
+    while not list(folder.glob("pid-*")):
+        assert client.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    return int(next(folder.glob("pid-*")).name.removeprefix("pid-"))
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (waiting a moment for the server to reap it)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.runs
+def test_sigterm_to_the_shim_reaches_the_run_and_the_shim_ends_as_it(tmp_path):
+    shim = _product_runs()
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    command = [shim, "-m", "autoaccel.harness", "--losses-out", "record.json", "sleeper.py"]
+    client = subprocess.Popen(command, cwd=tmp_path, env=running._env())
+    pid = _started(tmp_path, client)
+    assert pid != client.pid  # forked
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(10) == -signal.SIGTERM and _gone(pid)
+
+
+@pytest.mark.runs
+def test_a_killed_shim_leaves_no_run(tmp_path):
+    """The product's timeout SIGKILLs the shim's process group: the server kills the run's."""
+    shim = _product_runs()
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    command = [shim, "-m", "autoaccel.harness", "--losses-out", "record.json", "sleeper.py"]
+    client = subprocess.Popen(command, cwd=tmp_path, env=running._env(), start_new_session=True)
+    pid = _started(tmp_path, client)
+    os.killpg(client.pid, signal.SIGKILL)
+    client.wait(10)
+    assert _gone(pid)
+
+
+@pytest.mark.runs
+@pytest.mark.parametrize("through_the_shim", [True, False], ids=["forked", "fresh"])
+def test_a_timed_out_torchrun_job_leaves_no_process(through_the_shim, tmp_path, monkeypatch):
+    """Forked, the agent and its workers (the workers through the shim, in sessions of
+    their own): the product's timeout stops the agent's group, the server the workers'.
+    Fresh: the agent, sent SIGTERM first, stops its workers."""
+    from autoaccel.bench import runner
+
+    if through_the_shim:
+        monkeypatch.setenv("AUTOACCEL_PYTHON", _product_runs())
+    else:
+        monkeypatch.delenv("AUTOACCEL_PYTHON", raising=False)
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    monkeypatch.chdir(tmp_path)
+    run = runner.run_script(tmp_path / "sleeper.py", [], 1, tmp_path / "records", nproc=2, timeout=6,
+                            env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert run.failed and "stopped after 6 s" in run.record["exit"]
+    pids = [int(path.name.removeprefix("pid-")) for path in tmp_path.glob("pid-*")]
+    assert len(pids) == 2 and all(map(_gone, pids))

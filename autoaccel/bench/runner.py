@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from autoaccel.harness import EpochCut
 
 SEED = 0
 POLL_INTERVAL = 0.25  # seconds between two looks at the progress file
+STOP_GRACE_S = 10.0  # seconds a stopped run has to end its workers before SIGKILL
 
 
 @dataclass
@@ -32,6 +35,18 @@ class Run:
         return self.returncode != 0 or self.record["exit"].startswith("error")
 
 
+PYTHON_ENV = "AUTOACCEL_PYTHON"
+
+
+def python_command() -> list[str]:
+    """The interpreter that runs the user's script (the harness, torchrun, `tune`'s
+    measurement): `AUTOACCEL_PYTHON`, split as a shell would, else autoaccel's own. The
+    command must accept Python's arguments and have autoaccel and torch (the tests point it
+    at a process that has imported torch already and forks the runs)."""
+    command = os.environ.get(PYTHON_ENV)
+    return shlex.split(command) if command else [sys.executable]
+
+
 def harness_command(
     record_path: Path,
     steps: int,
@@ -41,7 +56,7 @@ def harness_command(
     epoch_cut: EpochCut | None = None,
 ) -> list[str]:
     """The command that starts the harness; with `nproc`, one process per rank."""
-    launcher = [sys.executable]
+    launcher = python_command()
     if nproc is not None:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     return [
@@ -136,10 +151,17 @@ def _empty_record(exit_status: str) -> dict[str, Any]:
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """Stop `proc` and the processes it started (torchrun's workers)."""
+    """Stop `proc` and the processes it started: SIGTERM to its group first, which
+    torchrun's agent passes on to its workers (torch starts each in a session of its own,
+    out of the group's reach), then, after `STOP_GRACE_S` at most, SIGKILL to the group."""
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(STOP_GRACE_S)
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, AttributeError):  # gone; or Windows
+    except ProcessLookupError:  # the group has ended
+        pass
+    except (PermissionError, AttributeError):  # or Windows
         proc.kill()
     proc.wait()
 

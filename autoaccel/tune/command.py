@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from autoaccel.bench.runner import python_command
 from autoaccel.console import stdout_console
 from autoaccel.tune.sweep import LoaderSetting, Measurement, clearly_faster
 
@@ -40,7 +41,7 @@ def run_tune(
         return EXIT_ERROR
     with tempfile.TemporaryDirectory(prefix="autoaccel-tune-") as folder:
         events, log = Path(folder) / "events.jsonl", Path(folder) / "script.log"
-        command = [sys.executable, "-m", "autoaccel.tune.measure", "--events", str(events)]
+        command = [*python_command(), "-m", "autoaccel.tune.measure", "--events", str(events)]
         command += ["--batches", str(batches), "--repeats", str(repeats)]
         command += ["--heuristic-workers", str(heuristic_workers())]
         if max_workers is not None:
