@@ -69,7 +69,10 @@ def session_runs(tmp_path_factory) -> Iterator[SessionRuns]:
 def runs_started_early(request, session_runs) -> None:
     """Before the first test, start the background jobs of every selected `runs` test (each
     module's `start_runs`, see running.py), in the order of the tests. `-m "not runs"`
-    starts none."""
+    starts none. Under pytest-xdist (`-n 2 --dist loadfile`) nothing starts early: a worker
+    does not know which modules it will get, and each module's jobs start with its first test."""
+    if hasattr(request.config, "workerinput"):
+        return
     for module, tests in runs_tests_by_module(request.session.items).items():
         if hasattr(module, "start_runs"):
             module.start_runs(session_runs, tests)

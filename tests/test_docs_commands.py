@@ -31,8 +31,8 @@ QUICK_START_SCRIPT = ROOT / "fixtures" / "cnn_toplevel.py"  # `train.py` of the 
 SKIPPED = {
     "python3 -m venv .venv": "makes the environment these tests run in (`.ci/run` runs it)",
     ".venv/bin/pip install -e '.[dev]'": "installs from the network (`.ci/run` runs it)",
-    ".venv/bin/python -m pytest -q": "the whole suite, minutes (`.ci/run` runs it)",
-    '.venv/bin/python -m pytest -q -m "not runs"': "the unit tests: part of the whole suite",
+    ".venv/bin/python -m pytest -q -n 2 --dist loadfile": "the whole suite, minutes (`.ci/run` runs it)",
+    '.venv/bin/python -m pytest -q -n 2 --dist loadfile -m "not runs"': "the unit tests: part of the whole suite",
     "torchrun --standalone --nproc_per_node=gpu train.py": (
         "needs GPUs; tests/test_convert_ddp_runs.py runs converted fixtures under torchrun"
         " on 2 CPU processes"

@@ -65,7 +65,7 @@ def test_ci_runs_the_readme_test_command():
          " marked && inside && NF { print; exit }", str(README)],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
-    assert extracted == ".venv/bin/python -m pytest -q"
+    assert extracted == ".venv/bin/python -m pytest -q -n 2 --dist loadfile"
     assert extracted in text
     ci = (ROOT / ".ci" / "run").read_text()
     assert "<!-- test-command -->" in ci and "set -euo pipefail" in ci
