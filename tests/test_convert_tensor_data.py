@@ -1,6 +1,9 @@
 """`convert --to ddp` of training data that never passes through a DataLoader sampler:
 `batchify()` columns (word_language_model), `torch.randint` offsets (nanoGPT's
-`get_batch()`), a project `IterableDataset`, and full-batch training, which is refused.
+`get_batch()`), a project `IterableDataset`, minibatches drawn with Python's `random` (a
+replay buffer, random chunks of a text), and what is refused with its reason: full-batch
+training, a project's own batching class, draws seeded alike, steps that each process
+takes on its own condition. A training loop that nothing calls is left alone.
 What the ranks really read is checked in tests/test_convert_tensor_data_runs.py."""
 
 from __future__ import annotations
@@ -180,6 +183,89 @@ def test_full_batch_refusal_on_the_command_line(cli, tmp_path):
     assert run.exit_code == 1
     assert "train.py:32:1: error: DistributedSampler not applied: full-batch training" in run.stderr
     assert not (tmp_path / "ddp.py").exists()
+
+
+def test_full_batch_is_said_only_of_a_loop_that_counts_its_steps():
+    """A loop over something other than `range()` takes batches from it: never full-batch."""
+    conversion = convert_fixture("ddp/project_batcher.py")
+    (skip,) = wrong(conversion.log)
+    assert skip.line == 50  # `for tokens, labels in batches:`
+    assert skip.reason.startswith(
+        "this training loop takes its batches from `batches`, an object of the project's class"
+        " `BucketBatches`: no DistributedSampler can shard it"
+    )
+
+
+# -- a training loop of a function nothing calls: left alone ---------------------------------
+@pytest.mark.parametrize("options", [DDP, FSDP], ids=["ddp", "fsdp"])
+def test_a_training_loop_nothing_calls_is_left_alone(options):
+    """`train_plain()` (another entry point's) reads a loader parameter nothing passes: it
+    was called full-batch training and refused the script; its model was sharded on the
+    second pass (`--to fsdp` stopped on an unstable result)."""
+    conversion = convert_fixture("ddp/unused_train_function.py", options)
+    assert not wrong(conversion.log)
+    (note,) = [s for s in conversion.log.skipped if s.what == "DistributedSampler"]
+    assert note.line == 14 and not note.wrong
+    assert note.reason == "this training loop is in `train_plain()`, which nothing in the program calls: left as it is"
+    code = conversion.converted
+    plain = (FIXTURES / "ddp/unused_train_function.py").read_text().split("\n\n\ndef train_with_teacher")[0]
+    assert plain.split("def train_plain")[1] in code
+    assert "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None\n" in code
+
+
+# -- minibatches drawn with Python's `random`: each process draws its own ---------------------
+@pytest.mark.parametrize("name", ["ddp/replay_buffer.py", "ddp/random_chunks.py"])
+def test_batches_drawn_with_pythons_random_need_no_sampler(name):
+    """A replay buffer's `random.sample` and random chunk offsets (`random.randrange`, the
+    chunk's length a parameter) were called full-batch training, or "does not read a
+    DataLoader": unseeded, each process draws its own batches."""
+    conversion = convert_fixture(name)
+    assert not wrong(conversion.log)
+    (note,) = [s for s in conversion.log.skipped if s.what == "DistributedSampler"]
+    assert "from Python's or NumPy's generator, unseeded, so each process draws its own" in note.reason
+    assert "DDP(" in conversion.converted
+
+
+def test_pythons_random_seeded_alike_is_refused_at_the_seed():
+    source = (FIXTURES / "ddp/replay_buffer.py").read_text().replace(
+        "    torch.manual_seed(0)\n", "    torch.manual_seed(0)\n    random.seed(0)\n"
+    )
+    (skip,) = wrong(convert(source).log)
+    assert skip.line == 49
+    assert "this seeds it alike on every process: all would draw the same ones" in skip.reason
+
+
+def test_seeded_per_rank_draws_are_not_refused():
+    per_rank = "torch.manual_seed(0)\nrank = int(os.environ.get('RANK', 0))\nrandom.seed(1000 + rank)\n"
+    source = (FIXTURES / "ddp/random_chunks.py").read_text().replace("torch.manual_seed(0)\n", per_rank)
+    source = source.replace("import random\n", "import os\nimport random\n")
+    assert not wrong(convert(source).log)
+
+
+def test_batches_made_by_draws_it_cannot_follow_are_refused_at_the_maker():
+    """`random` from a star import (char-rnn's `from helpers import *`): the draws are not
+    seen, but the batches come from `random_batch()`, never full-batch training."""
+    source = (FIXTURES / "ddp/random_chunks.py").read_text().replace("import random\n", "from textutil import *\n")
+    (skip,) = wrong(convert(source).log)
+    assert skip.line == 42  # `inputs, targets = random_batch(16, 8)`
+    assert skip.reason.startswith(
+        "this training loop takes its batches from `random_batch()`, which makes them in a way the"
+        " conversion cannot follow"
+    )
+
+
+def test_steps_under_a_condition_on_each_process_s_own_data_are_refused_at_the_condition():
+    """DQN learns once the buffer holds enough transitions: with episodes of different
+    lengths, the processes would start at different episodes and DDP would hang."""
+    source = (FIXTURES / "ddp/replay_buffer.py").read_text().replace(
+        "        if episode >= 2:\n", "        if len(memory) >= 36:\n"
+    )
+    (skip,) = wrong(convert(source).log)
+    assert skip.line == 62
+    assert skip.reason.startswith(
+        "the training steps, which draw their batches at random, run only while `len(memory) >= 36`"
+        " holds, which each process computes from its own data"
+    )
 
 
 # -- every conversion is stable ---------------------------------------------------------------

@@ -21,17 +21,39 @@ pytestmark = pytest.mark.runs
 PROBE = textwrap.dedent(
     """\
     # Run a script and write probe-<RANK>.json: the token ids every training forward of an
-    # Embedding read, the offsets every unseeded torch.randint drew, and the samples every
-    # DataLoader yielded.
+    # Embedding read, the offsets every unseeded torch.randint drew, the samples every
+    # DataLoader yielded, what Python's random.sample and random.randrange drew, and the
+    # sum of what each torch.randn drew.
     import json
     import os
+    import random
     import runpy
     import sys
 
     import torch
     from torch.utils.data import DataLoader
 
-    seen = {"tokens": [], "offsets": [], "samples": []}
+    seen = {"tokens": [], "offsets": [], "samples": [], "draws": [], "states": []}
+    randn = torch.randn
+    sample, randrange = random.sample, random.randrange
+
+
+    def recording_randn(*args, **kwargs):
+        drawn = randn(*args, **kwargs)
+        seen["states"].append(round(float(drawn.sum()), 5))
+        return drawn
+
+
+    def recording_sample(population, k):
+        drawn = sample(population, k)
+        seen["draws"].append(repr(drawn))
+        return drawn
+
+
+    def recording_randrange(*args):
+        drawn = randrange(*args)
+        seen["draws"].append(drawn)
+        return drawn
     embedding_forward, randint, loader_iter = torch.nn.Embedding.forward, torch.randint, DataLoader.__iter__
 
 
@@ -55,6 +77,8 @@ PROBE = textwrap.dedent(
 
 
     torch.nn.Embedding.forward, torch.randint, DataLoader.__iter__ = recording_forward, recording_randint, recording_iter
+    random.sample, random.randrange = recording_sample, recording_randrange
+    torch.randn = recording_randn
     script, sys.argv = sys.argv[1], sys.argv[1:]
     runpy.run_path(script, run_name="__main__")
     with open(f"probe-{os.environ.get('RANK', 0)}.json", "w") as f:
@@ -63,18 +87,18 @@ PROBE = textwrap.dedent(
 )
 
 
-def _converted(name: str, folder: Path) -> Path:
+def _converted(name: str, folder: Path, target: str = "ddp") -> Path:
     source = (FIXTURES_DIR / name).read_text(encoding="utf-8")
-    conversion = convert_source(source, ConvertOptions(target="ddp", amp="off"), name)
+    conversion = convert_source(source, ConvertOptions(target=target, amp="off"), name)
     assert not [s for s in conversion.log.skipped if s.wrong]
     script = folder / Path(name).name
     script.write_text(conversion.converted, encoding="utf-8")
     return script
 
 
-def _ranks(name: str, args: tuple[str, ...], folder: Path) -> list[dict]:
+def _ranks(name: str, args: tuple[str, ...], folder: Path, target: str = "ddp") -> list[dict]:
     (folder / "probe.py").write_text(PROBE)
-    proc = run_ranks(folder / "probe.py", (_converted(name, folder), *args), folder)
+    proc = run_ranks(folder / "probe.py", (_converted(name, folder, target), *args), folder)
     _check(proc, f"two ranks of {name}")
     return [json.loads((folder / f"probe-{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -122,3 +146,39 @@ def test_iterable_stream_ranks_and_workers_read_disjoint_shares_of_all(tmp_path)
     assert len(set(rank0)) == len(set(rank1)) == 48
     assert not set(rank0) & set(rank1)
     assert set(rank0) | set(rank1) == everything
+
+
+@pytest.mark.parametrize(
+    "name, target, draws",
+    [
+        ("ddp/replay_buffer.py", "ddp", 6 * 4),
+        ("ddp/random_chunks.py", "ddp", 24 * 8),
+        ("ddp/replay_buffer.py", "fsdp", 6 * 4),
+    ],
+)  # fmt: skip
+def test_ranks_draw_their_own_minibatches_with_pythons_random(name, target, draws, tmp_path):
+    """A replay buffer's `random.sample` and random chunk offsets: the two ranks take as
+    many steps (each draws as often as the original), and draw other batches. Under FSDP
+    the target network's copy of the sharded Q-network is whole on both ranks."""
+    rank0, rank1 = (probe["draws"] for probe in _ranks(name, (), tmp_path, target))
+    assert len(rank0) == len(rank1) == draws
+    assert rank0 != rank1
+
+
+def test_ranks_collect_their_own_rollouts_each_round(tmp_path):
+    """fixtures/ddp/rollout_rounds.py (was refused as full-batch training): 6 rounds of
+    new states on each rank, other ones on each."""
+    rank0, rank1 = (probe["states"] for probe in _ranks("ddp/rollout_rounds.py", (), tmp_path))
+    assert len(rank0) == len(rank1) == 6
+    assert all(a != b for a, b in zip(rank0, rank1))
+
+
+def test_a_loop_nothing_calls_leaves_the_loader_that_runs_sharded(tmp_path):
+    """fixtures/ddp/unused_train_function.py (was refused as full-batch training): in each
+    epoch the ranks read disjoint halves of the 128 samples."""
+    probes = _ranks("ddp/unused_train_function.py", (), tmp_path)
+    rank0, rank1 = ([tuple(s) for s in probe["samples"]] for probe in probes)
+    assert len(rank0) == len(rank1) == 2 * 64
+    for epoch in (slice(0, 64), slice(64, 128)):
+        assert not set(rank0[epoch]) & set(rank1[epoch])
+        assert len(set(rank0[epoch]) | set(rank1[epoch])) == 128

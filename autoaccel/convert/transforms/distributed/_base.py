@@ -12,10 +12,11 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Values
+from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Program, Values
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
 from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
 from autoaccel.analysis.side_effects import find_side_effects
+from autoaccel.analysis.training import StepLoop
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
 from autoaccel.cst_edit import add_import, keyword_value
@@ -167,16 +168,16 @@ class DistributedStep(StatementRewrite):
             parse_statements("\n\n" + code.lstrip("\n"))
         )
 
-    def seed_calls(self, module: cst.Module) -> list[cst.Call]:
-        """The calls that seed torch's global generator: `torch.manual_seed(...)`, or a
-        call of a function of the project that calls it (`set_seed(config.seed)` of a
-        utils module)."""
+    def seed_calls(self, module: cst.Module, seeds: frozenset[str] = frozenset({MANUAL_SEED})) -> list[cst.Call]:
+        """The calls that seed a global generator (`seeds`, torch's by default):
+        `torch.manual_seed(...)`, or a call of a function of the project that calls it
+        (`set_seed(config.seed)` of a utils module)."""
         program = self.script.program
         return [
             call for call in find(module, cst.Call)
-            if MANUAL_SEED in self.qualified_names(call.func)
+            if self.qualified_names(call.func) & seeds
             or program is not None and any(
-                MANUAL_SEED in function.module.index.qualified_names(inner.func)
+                function.module.index.qualified_names(inner.func) & seeds
                 for function in program.callees.get(call, ())
                 for inner in find(function.node.body, cst.Call)
             )
@@ -196,18 +197,23 @@ class DistributedStep(StatementRewrite):
         raise ValueError("node outside a module")
 
     def train_loops(self) -> list[cst.For | cst.While]:
+        return [step.node for step in self._train_steps]
+
+    @cached_property
+    def _train_steps(self) -> list[StepLoop]:
+        """The training step loops of this module that the program runs: a loop in a
+        function nothing calls is another entry point's (left as it is)."""
         return [
-            loop.node for loop in self.script.step_loops.values() if loop.role is LoopRole.TRAIN
-        ]
+            step for step in self.script.step_loops.values()
+            if step.role is LoopRole.TRAIN and uncalled_function(step, self.script.program) is None
+        ]  # fmt: skip
 
     def train_code(self) -> list[cst.CSTNode]:
         """Where training steps run in this module: the training step loops and the
         functions they call (`train_step()`, a Trainer's `_run_batch`), models' own
         methods (`forward`) excepted."""
         code: list[cst.CSTNode] = []
-        for step in self.script.step_loops.values():
-            if step.role is not LoopRole.TRAIN:
-                continue
+        for step in self._train_steps:
             code.append(step.node)
             code += [
                 function.node
@@ -420,7 +426,18 @@ class DistributedStep(StatementRewrite):
             called.setdefault(passed.key, set()).update(self._static_models(passed.arg))
             self.passed_models.setdefault(passed.key, []).append(passed)
         missed = [model for model in facts.trained_models() if model.id not in reached]
-        if missed and not called:
+        method = self._method_call_of(module, facts, missed) if missed and not called else None
+        if method is not None:
+            name = method.func.attr.value  # type: ignore[attr-defined]
+            self._facts_refuse(
+                f"the run shows the optimizer trains {self._facts_made(facts, missed)}, which the"
+                f" training step runs through `{_code(method.func)}()`, not through its forward():"
+                " a DDP or FSDP wrapper averages gradients (or gathers parameters) only in a"
+                f" forward() called through it; have the model's forward() do what `{name}()`"
+                " does and call the model, then convert again",
+                method,
+            )
+        elif missed and not called:
             where = [f for model in missed for f in facts.facts.forwards_of(model.id)]
             calls = "; ".join(f"`{facts.text_of(f.site) or '?'}` at {facts.shown(f.site)}" for f in where[:3])
             self._facts_refuse(
@@ -432,6 +449,19 @@ class DistributedStep(StatementRewrite):
                 None,
             )
         return called
+
+    def _method_call_of(self, module: cst.Module, facts: FactsResolver, models: list) -> cst.Call | None:
+        """A call of the training code of a method of one of `models` (trained in the run,
+        never called): `self.policy.evaluate(s, a)` of a PPO agent."""
+        made = {facts.creation_call(model) for model in models} - {None}
+        return next(
+            (
+                call for call in self.step_calls(module)
+                if isinstance(call.func, cst.Attribute)
+                and made & {o.node for o in self.script.values(call.func.value) if o.kind is Kind.MODULE}
+            ),
+            None,
+        )  # fmt: skip
 
     def _agrees(
         self, facts: FactsResolver, key: str, models: list, node: cst.CSTNode, module: cst.Module
@@ -667,3 +697,17 @@ def ddp_name(model_key: str) -> str:
         return f"ddp_{model_key.split('[')[1][1:-2]}"
     owner, _, attr = model_key.rpartition(".")
     return f"{owner}.ddp_{attr}" if owner else f"ddp_{attr}"
+
+
+def uncalled_function(step: StepLoop, program: Program | None) -> FunctionInfo | None:
+    """The function that holds `step` when nothing in the program can run it: a plain
+    function (no method, no decorator) whose name no module of the program reads, as a
+    `train_vanilla()` next to the `train_distill()` that this entry point imports."""
+    function = step.function
+    if program is None or function is None or function.cls is not None or function.node.decorators:
+        return None
+    reads = (
+        name for module in program.modules for name in find(module.tree, cst.Name)
+        if name.value == function.name and name is not function.node.name
+    )  # fmt: skip
+    return function if next(reads, None) is None else None

@@ -9,8 +9,9 @@ states stay per stream), every process walks as many rows (as many steps), and t
 they read the original's batch. A shape the training code builds from `bsz` (the hidden
 state, `model.init_hidden(bsz)`) takes the per-process count of streams.
 
-Also here, for `ShardTrainLoader`: which loops read such a tensor, and which train on
-the whole of their data at every step (full-batch training, nothing to shard).
+Also here, for `ShardTrainLoader`: which loops read such a tensor, which train on the
+whole of their data at every step (full-batch training, nothing to shard), and which take
+their batches from something other than a DataLoader.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.shapes import bound_names, find, is_method_call
 from autoaccel.analysis.training import StepLoop
@@ -111,6 +113,25 @@ def slices_by_counter(step: StepLoop) -> bool:
         for element in subscript.slice
         for name in find(element.slice, cst.Name)
     ) or isinstance(step.node, cst.While)
+
+
+def batch_source(loop: cst.For | cst.While, index: ModuleIndex) -> cst.BaseExpression | None:
+    """What a `for` loop takes its batches from: `train_loader` of `for i, (x, y) in
+    enumerate(tqdm(train_loader))`; None when it counts (`range(epochs)`,
+    `itertools.count()`), and for a `while` loop."""
+    if not isinstance(loop, cst.For):
+        return None
+    iterable = loop.iter
+    while isinstance(iterable, cst.Call):
+        if index.qualified_names(iterable.func) & _COUNTERS:
+            return None
+        if not iterable.args:
+            return iterable
+        iterable = iterable.args[0].value
+    return iterable
+
+
+_COUNTERS = frozenset({"builtins.range", "itertools.count"})
 
 
 class ShardStreamColumns(DistributedStep):

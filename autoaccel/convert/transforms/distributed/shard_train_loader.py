@@ -9,14 +9,18 @@ when it does not divide); `--per-process-batch` keeps the batch size per process
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.fresh_data import draws_fresh_batches
+from autoaccel.analysis.fresh_data import HOST_SEEDS, Generator, fresh_draws, generator_of
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, names_in
 from autoaccel.analysis.script_model import LoopRole, Missing
 from autoaccel.analysis.shapes import bound_names, find, is_name, is_true
+from autoaccel.analysis.training import StepLoop
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     RANK,
@@ -24,8 +28,10 @@ from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
     fresh_name,
     parse_statements,
+    uncalled_function,
 )
 from autoaccel.convert.transforms.distributed.shard_stream_columns import (
+    batch_source,
     reads_batchified,
     slices_by_counter,
 )
@@ -110,30 +116,11 @@ class ShardTrainLoader(DistributedStep):
             if loader.module is self.script.module
         }
         for loop in self.script.step_loops.values():
-            if loop.node not in self.train_loops() or loop.loaders:
+            if loop.role is not LoopRole.TRAIN or loop.loaders:
                 continue
             if reads_batchified(loop.node, node):
                 continue  # ShardStreamColumns gives each process its columns
-            if draws_fresh_batches(loop):
-                self._draw_per_process(node, loop.node)
-            elif not slices_by_counter(loop):
-                self.skipped(
-                    "DistributedSampler",
-                    "full-batch training: one graph per step, nothing to shard; every process"
-                    " would compute the same step on all of the data (train it on one process,"
-                    " or cut the data into batches first)",
-                    loop.node,
-                    wrong=True,
-                )
-            else:
-                self.skipped(
-                    "DistributedSampler",
-                    "this training loop does not read a DataLoader, so every process trains on"
-                    " all of its data; give each process its share by hand (e.g. indices"
-                    f" `{RANK}::{WORLD_SIZE}`)",
-                    loop.node,
-                    wrong=True,
-                )
+            self._shard_without_loader(node, loop)
         for call in sorted(loaders, key=self.line_of):
             if not self.shards(node, call):
                 self._shard(call)
@@ -145,9 +132,125 @@ class ShardTrainLoader(DistributedStep):
         if self.streams:
             self.define_helper(node, SHARDED_STREAM, _SHARDED_STREAM_CLASS)
 
-    def _draw_per_process(self, module: cst.Module, loop: cst.CSTNode) -> None:
+    def _shard_without_loader(self, module: cst.Module, step: StepLoop) -> None:
+        """A training loop that reads no DataLoader: left alone when the program never runs
+        it; its processes draw their own batches when it draws them at random; refused
+        otherwise, with what it reads instead."""
+        unused = uncalled_function(step, self.script.program)
+        if unused is not None:
+            self.skipped(
+                "DistributedSampler",
+                f"this training loop is in `{unused.name}()`, which nothing in the program calls: left as it is",
+                step.node,
+            )
+            return
+        generators = fresh_draws(step) or self._round_draws(step)
+        source = batch_source(step.node, self.script.index)
+        if generators:
+            self._draw_per_process(module, step, generators)
+        elif source is not None:
+            self.skipped("DistributedSampler", self._not_a_torch_loader(source), step.node, wrong=True)
+        elif (maker := self._batch_maker(step)) is not None:
+            self.skipped(
+                "DistributedSampler",
+                f"this training loop takes its batches from `{code_of(maker.func)}()`, which makes them"
+                " in a way the conversion cannot follow: if it draws them at random from a generator"
+                f" no process seeds alike, each process draws its own (`--allow-partial`); if not,"
+                f" give each process its share by hand (e.g. indices `{RANK}::{WORLD_SIZE}`)",
+                maker,
+                wrong=True,
+            )
+        elif not slices_by_counter(step) and (round_site := self._round_loop(step)) is not None:
+            site, where = round_site
+            elsewhere = "" if where is self.script.module else f" of {where.path}"
+            self.skipped(
+                "DistributedSampler",
+                f"this training loop trains on all of its data at every step, and `{code_of(site)}`"
+                f" runs it inside a loop{elsewhere} that does more each round,"
+                " such as collecting rollouts: if each process collects its own (its environment"
+                " and sampling seeded per process, or not at all), each trains on its own"
+                " (`--allow-partial`); if the data is the same everywhere, there is nothing to"
+                " shard: train it on one process",
+                step.node,
+                wrong=True,
+            )
+        elif not slices_by_counter(step):
+            self.skipped(
+                "DistributedSampler",
+                "full-batch training: one graph per step, nothing to shard; every process"
+                " would compute the same step on all of the data (train it on one process,"
+                " or cut the data into batches first)",
+                step.node,
+                wrong=True,
+            )
+        else:
+            self.skipped(
+                "DistributedSampler",
+                "this training loop does not read a DataLoader, so every process trains on"
+                " all of its data; give each process its share by hand (e.g. indices"
+                f" `{RANK}::{WORLD_SIZE}`)",
+                step.node,
+                wrong=True,
+            )
+
+    def _batch_maker(self, step: StepLoop) -> cst.Call | None:
+        """A call of the loop's body to a function of the project that returns what it cut
+        from its data, and trains nothing itself: `random_training_set(chunk_len, n)`,
+        whose `random` came by a star import the analysis does not follow."""
+        for call in find(step.node.body, cst.Call):
+            for function in self.script.callees(call):
+                if function.cls is not None and function.cls.is_module:
+                    continue  # a model's forward
+                body = function.node.body
+                if function not in self.script.training.backpropagating and find(body, cst.Subscript) and any(
+                    r.value is not None for r in find(body, cst.Return)
+                ):
+                    return call
+        return None
+
+    def _not_a_torch_loader(self, source: cst.BaseExpression) -> str:
+        """Why a loop over `source`, batches that no torch DataLoader makes, is refused."""
+        classes = {o.cls for o in self.script.values(source) if o.kind is Kind.INSTANCE and o.cls is not None}
+        if len(classes) == 1:
+            (cls,) = classes
+            what = f"an object of the project's class `{cls.name}`"
+        else:
+            what = "which the analysis cannot trace to a torch DataLoader"
+        return (
+            f"this training loop takes its batches from `{code_of(source)}`, {what}: no"
+            " DistributedSampler can shard it, and every process would train on all of it;"
+            f" give each process its share by hand (e.g. the indices `[{RANK}::{WORLD_SIZE}]`"
+            " of what it batches), or batch the data with torch's DataLoader"
+        )
+
+    def _draw_per_process(self, module: cst.Module, step: StepLoop, generators: frozenset[Generator]) -> None:
         """A loop that samples new random batches every step: each process draws its own,
-        unless every process seeds its generator alike (then they all draw the same)."""
+        unless every process seeds its generator alike (then they all draw the same), or
+        the steps run under a condition each process computes from its own data."""
+        loop = step.node
+        if Generator.HOST in generators and self._host_seeded_alike(module):
+            return
+        guard = self._uneven_guard(step)
+        if guard is not None:
+            self.skipped(
+                "DistributedSampler",
+                f"the training steps, which draw their batches at random, run only while `{code_of(guard.test)}`"
+                " holds, which each process computes from its own data: the processes could take"
+                " different numbers of steps, and DDP would wait forever for the others; make"
+                " the condition one every process computes alike (a step or episode count)",
+                guard,
+                wrong=True,
+            )
+            return
+        if Generator.TORCH not in generators:
+            self.skipped(
+                "DistributedSampler",
+                "this training loop draws new random batches every step from Python's or NumPy's"
+                " generator, unseeded, so each process draws its own, which shards them; each draws"
+                f" a batch of the original size, so the global batch is {WORLD_SIZE} times larger",
+                loop,
+            )
+            return
         seeds = self.seed_calls(module)
         alike = not any(mentions_rank(a.value) for c in seeds for a in c.args)
         # a seed set again in every step, after the rank's re-seed, makes them draw alike too
@@ -173,6 +276,112 @@ class ShardTrainLoader(DistributedStep):
             f" batch of the original size, so the global batch is {WORLD_SIZE} times larger",
             loop,
         )
+
+    def _host_seeded_alike(self, module: cst.Module) -> bool:
+        """Refuse, and say so, when `random.seed(0)` (or NumPy's) seeds every process alike:
+        they would all draw the same batches. SeedEachRank re-seeds torch's stream only."""
+        alike = [
+            call for call in self.seed_calls(module, HOST_SEEDS)
+            if call.args and not any(mentions_rank(a.value) for a in call.args)
+        ]  # fmt: skip
+        if not alike:
+            return False
+        self.skipped(
+            "DistributedSampler",
+            "a training loop draws new random batches every step from Python's or NumPy's"
+            " generator, and this seeds it alike on every process: all would draw the same"
+            f" ones; seed it with `seed + {RANK}` by hand",
+            alike[0],
+            wrong=True,
+        )
+        return True
+
+    def _uneven_guard(self, step: StepLoop) -> cst.If | cst.While | None:
+        """An `if` or `while` of this module around the training steps (around the loop, or
+        around a call that runs it) whose test reads what a loop around it changes: `if
+        len(memory) > 64:` where the episode loop appends to `memory`. Each process
+        computes it from its own data (its own environment, its own draws)."""
+        here = [site for site, module in self._step_sites(step) if module is self.script.module]
+        for place in here:
+            child = place
+            for ancestor in self.ancestors(place):
+                if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+                    break
+                guards = isinstance(ancestor, (cst.If, cst.While)) and child is not ancestor.test
+                if guards and self._varies(ancestor):  # type: ignore[arg-type]
+                    return ancestor  # type: ignore[return-value]
+                child = ancestor
+        return None
+
+    def _step_sites(self, step: StepLoop) -> list[tuple[cst.CSTNode, SourceModule]]:
+        """The step loop, and the calls of the program that run the function holding it,
+        directly or through others, each with its module."""
+        sites: list[tuple[cst.CSTNode, SourceModule]] = [(step.node, step.module)] if step.module else []
+        program = self.script.program
+        seen: set[FunctionInfo] = set()
+        todo = [step.function]
+        while program is not None and todo:
+            function = todo.pop()
+            if function is None or function in seen:
+                continue
+            seen.add(function)
+            for call in program.calls:
+                if function in program.callees.get(call, ()):
+                    sites.append((call, program.module_of[call]))
+                    todo.append(program.function_of.get(call))
+        return sites
+
+    def _rounds(self, step: StepLoop) -> Iterator[tuple[cst.For | cst.While, cst.CSTNode, SourceModule]]:
+        """The loops around the training steps (around the loop, or around a call that
+        runs it), innermost first, each with that loop or call and its module."""
+        for site, module in self._step_sites(step):
+            for loop in module.index.ancestors(site):
+                if isinstance(loop, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                    break  # the calls of the function are sites of their own
+                if isinstance(loop, (cst.For, cst.While)):
+                    yield loop, site, module
+
+    def _round_draws(self, step: StepLoop) -> frozenset[Generator]:
+        """The global generators that a loop around the training steps draws from besides
+        them: a PPO round collects new rollouts (`agent.act(torch.randn(4))`), then trains
+        on all of them for a few steps. Each process collects its own."""
+        drawn = {
+            generator_of(call, module.index)
+            for loop, _, module in self._rounds(step)
+            for call in find(loop.body, cst.Call)
+            if step.node not in module.index.ancestors(call)
+        }
+        return frozenset(drawn - {None})  # type: ignore[arg-type]
+
+    def _round_loop(self, step: StepLoop) -> tuple[cst.CSTNode, SourceModule] | None:
+        """The training loop, or the call that runs it, inside a loop that does more than
+        repeat it: a PPO agent's `agent.update()` inside its rollout loop."""
+        for loop, site, module in self._rounds(step):
+            calls = find(loop.body, cst.Call)
+            if any(c is not site and step.node not in module.index.ancestors(c) for c in calls):
+                return site, module
+        return None
+
+    def _varies(self, guard: cst.If | cst.While) -> bool:
+        """Whether the test of `guard` reads a name that a loop around it (in its function)
+        binds or calls a method of (`memory.append(...)`); the counters of `range` loops
+        are the same on every process."""
+        read = {name_key(node) for node in find(guard.test, (cst.Name, cst.Attribute))}
+        changed: set[str | None] = set()
+        for loop in self.ancestors(guard):
+            if isinstance(loop, (cst.FunctionDef, cst.Lambda)):
+                break
+            if not isinstance(loop, (cst.For, cst.While)):
+                continue
+            if batch_source(loop, self.script.index) is not None:
+                changed.update(bound_names(loop.target))  # type: ignore[union-attr]
+            body = loop.body
+            changed.update(n for t in find(body, cst.AssignTarget) for n in bound_names(t.target))
+            changed.update(name_key(a.target) for a in find(body, (cst.AugAssign, cst.AnnAssign)))
+            receivers = (c.func.value for c in find(body, cst.Call) if isinstance(c.func, cst.Attribute))
+            changed.update(name_key(receiver) for receiver in receivers)
+            changed.update(n for f in find(body, cst.For) for n in bound_names(f.target))
+        return bool(read & changed - {None})
 
     def _draw_offsets_per_process(self, loop: cst.CSTNode) -> bool:
         """nanoGPT's `get_batch()`: `ix = torch.randint(len(data) - block_size,

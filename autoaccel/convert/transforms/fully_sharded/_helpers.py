@@ -11,11 +11,12 @@ from autoaccel.convert.log import ConvertOptions
 SHARD = "shard_model"
 REGISTER_FORWARD = "register_fsdp_forward_method"
 FULL_STATE = "full_state_dict"
+FULL_STATE_EVERYWHERE = "full_state_dict_everywhere"
 LOAD_FULL_STATE = "load_full_state_dict"
 FULL_OPTIMIZER_STATE = "full_optimizer_state_dict"
 LOAD_FULL_OPTIMIZER_STATE = "load_full_optimizer_state_dict"
 # The helpers that gather shards: every process must call them.
-COLLECTIVES = (FULL_STATE, FULL_OPTIMIZER_STATE)
+COLLECTIVES = (FULL_STATE, FULL_STATE_EVERYWHERE, FULL_OPTIMIZER_STATE)
 
 
 def shard_code(options: ConvertOptions, forward_methods: bool = False) -> tuple[str, str]:
@@ -75,6 +76,16 @@ def {FULL_STATE}(model):
     if isinstance(model, FSDPModule):
         model.reshard()  # an evaluation may have left it gathered
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+    return model.state_dict()
+''',
+    FULL_STATE_EVERYWHERE: f'''
+def {FULL_STATE_EVERYWHERE}(model):
+    """`model.state_dict()`, whole, on every process (which must all call this): for a
+    copy into a model that is not sharded, as a target network's."""
+    if isinstance(model, FSDPModule):
+        model.reshard()  # an evaluation may have left it gathered
+        options = StateDictOptions(full_state_dict=True)
         return get_model_state_dict(model, options=options)
     return model.state_dict()
 ''',

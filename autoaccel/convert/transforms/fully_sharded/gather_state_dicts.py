@@ -4,9 +4,12 @@ Under FSDP `model.state_dict()` holds each process's shards (DTensors) and
 `model.load_state_dict()` of a whole state dict fails. Each `model.state_dict()` becomes
 `full_state_dict(model)`, hoisted into a statement of its own just before the one that
 used it: every process must take part in the gathering, while only rank 0 then saves
-(the next step guards the save). Loads become `load_full_state_dict(model, ...)`, which
-spreads rank 0's state dict over the processes. An optimizer's `state_dict()` and
-`load_state_dict()` of a script with one sharded model get the same treatment.
+(the next step guards the save); loaded into a model not sharded there (a DQN's
+`q_target.load_state_dict(q.state_dict())` before `q_target` is sharded), it is
+`full_state_dict_everywhere(q)`, whole on every process. Loads become
+`load_full_state_dict(model, ...)`, which spreads rank 0's state dict over the processes.
+An optimizer's `state_dict()` and `load_state_dict()` of a script with one sharded model
+get the same treatment.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
-from autoaccel.analysis.shapes import find, is_method_call
+from autoaccel.analysis.shapes import find, is_method_call, is_name
 from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
     fresh_name,
@@ -26,14 +29,17 @@ from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     FULL_OPTIMIZER_STATE,
     FULL_STATE,
+    FULL_STATE_EVERYWHERE,
     LOAD_FULL_OPTIMIZER_STATE,
     LOAD_FULL_STATE,
+    SHARD,
     STATE_CODE,
 )
 
 # What each helper imports from torch.distributed.checkpoint.state_dict.
 _CHECKPOINT_NAMES = {
     FULL_STATE: ("StateDictOptions", "get_model_state_dict"),
+    FULL_STATE_EVERYWHERE: ("StateDictOptions", "get_model_state_dict"),
     LOAD_FULL_STATE: ("StateDictOptions", "set_model_state_dict"),
     FULL_OPTIMIZER_STATE: ("StateDictOptions", "get_optimizer_state_dict"),
     LOAD_FULL_OPTIMIZER_STATE: ("StateDictOptions", "set_optimizer_state_dict"),
@@ -50,14 +56,16 @@ class GatherStateDicts(DistributedStep):
         # loads: `model.load_state_dict(sd)` -> `helper(model, sd)`, the arguments as the
         # pass left them (`sd` may be a `state_dict()` call this step rewrites too)
         self.loads: dict[cst.Call, tuple[str, list[cst.Arg]]] = {}
+        self.helpers: dict[cst.Call, str] = {}  # a hoisted `state_dict()` -> its helper
         models = sharded_models(node, self.script)
         if not models:
             return
         sharded = sorted(models)
+        self.calls = find(node, cst.Call)
         optimizers = set(self.script.optimizers)
         bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         used: set[str] = set()
-        for call in find(node, cst.Call):
+        for call in self.calls:
             if not is_method_call(call, "state_dict", "load_state_dict") or self._in_helper(call):
                 continue
             owner = name_key(call.func.value)  # type: ignore[attr-defined]
@@ -83,7 +91,7 @@ class GatherStateDicts(DistributedStep):
                     f"`{helper}()`: rank 0's whole state dict loaded into each process's shards",
                 )
             elif not call.args and self._hoist(call, model, optimizer, bound):
-                helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
+                helper = self.helpers[call]
             else:
                 continue
             used.add(helper)
@@ -109,17 +117,36 @@ class GatherStateDicts(DistributedStep):
                 " process must take part in gathering it; move it out of the rank test by hand",
             )
         name = fresh_name(f"{owner.rpartition('.')[2]}_state", bound)
-        helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE
+        everywhere = not optimizer and self._loaded_unsharded(call)
+        helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE_EVERYWHERE if everywhere else FULL_STATE
         arguments = f"{model}, {optimizer}" if optimizer else model
         statement = self.statement_of(call)
         self.before.setdefault(statement, []).extend(
             parse_statements(f"{name} = {helper}({arguments})\n")
         )
         self.rewrites[call] = cst.Name(name)
+        self.helpers[call] = helper
         self.changed(
-            call, f"`{helper}()`: the whole state dict gathered from every process onto rank 0"
+            call,
+            f"`{helper}()`: the whole state dict gathered from every process onto "
+            + ("every process, for the model it is copied into" if everywhere else "rank 0"),
         )
         return True
+
+    def _loaded_unsharded(self, call: cst.Call) -> bool:
+        """Whether `call` (`q.state_dict()`) is loaded straight into a model that is not
+        sharded where it loads: `q_target.load_state_dict(q.state_dict())` before (or
+        without) `shard_model(q_target)`. Each process then loads the dict it holds."""
+        arg = self.parent(call)
+        load = self.parent(arg) if isinstance(arg, cst.Arg) else None
+        if not isinstance(load, cst.Call) or not is_method_call(load, "load_state_dict"):
+            return False
+        target = name_key(load.func.value)  # type: ignore[attr-defined]
+        shards = [
+            position for position, c in enumerate(self.calls)
+            if is_name(c.func, SHARD) and c.args and name_key(c.args[0].value) == target
+        ]  # fmt: skip
+        return not shards or shards[0] > self.calls.index(load)
 
     def _model_in_scope(self, call: cst.Call, models: set[str], sharded: set[str]) -> str | None:
         """The one sharded model that code at `call` sees: a parameter of its function
