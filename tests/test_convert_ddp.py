@@ -30,6 +30,7 @@ from autoaccel.convert.transforms.distributed import (
     LogOnRankZero,
     NoSyncAccumulation,
     PrintShardSizes,
+    ProgressOnRankZero,
     ReplaceDataParallel,
     ScaleSummedLoss,
     SeedEachRank,
@@ -883,6 +884,26 @@ def test_a_weights_and_biases_run_the_script_keeps_is_made_on_rank_zero(start, m
     assert made in code and "run.log({'loss': 1.0})\n" in code
     code, log = run_step(GuardRankZero, code.split("\n\n\n", 1)[1])  # the step that follows
     assert (log.changes, log.skipped) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "bar, drawn",
+    [
+        ("for x, y in tqdm(loader):", "for x, y in tqdm(loader, disable=RANK != 0):"),
+        ("for i in trange(10, desc='epochs'):", "for i in trange(10, desc='epochs', disable=RANK != 0):"),
+        ("for x, y in tqdm(loader, disable=args.quiet):", "for x, y in tqdm(loader, disable=args.quiet):"),
+        ("for x, y in tqdm(loader) if RANK == 0 else loader:", "for x, y in tqdm(loader) if RANK == 0 else loader:"),
+    ],
+    ids=["tqdm", "trange", "own-disable", "rank-guarded"],
+)
+def test_progress_bars_are_drawn_on_rank_zero_only(bar, drawn):
+    """Every process drew its bars over the same terminal (unseen public scripts); a bar
+    that says when it is disabled, or that a rank test guards, is the script's choice."""
+    body = f"from tqdm.auto import tqdm, trange\n{bar}\n    pass\n"
+    code, log = run_step(ProgressOnRankZero, body)
+    assert f"{drawn}\n    pass\n" in code
+    assert len(log.changes) == int(bar != drawn)
+    assert run_step(ProgressOnRankZero, code)[0] == code  # a second pass changes nothing
 
 
 def test_already_guarded_writes_are_left_alone():

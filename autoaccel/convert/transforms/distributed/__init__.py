@@ -18,6 +18,7 @@ from autoaccel.convert.transforms.distributed.migrate_horovod import MigrateHoro
 from autoaccel.convert.transforms.distributed.migrate_launch import MigrateLaunch
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
 from autoaccel.convert.transforms.distributed.print_shard_sizes import PrintShardSizes
+from autoaccel.convert.transforms.distributed.progress_on_rank_zero import ProgressOnRankZero
 from autoaccel.convert.transforms.distributed.replace_data_parallel import ReplaceDataParallel
 from autoaccel.convert.transforms.distributed.scale_summed_loss import ScaleSummedLoss
 from autoaccel.convert.transforms.distributed.seed_each_rank import SeedEachRank
@@ -53,6 +54,7 @@ DDP_STEPS = [
     StopTogether,
     ScaleSummedLoss,
     LogOnRankZero,  # before GuardRankZero, which then leaves the runs it made alone
+    ProgressOnRankZero,
     GuardRankZero,
     LoadOnEveryRank,
     DestroyProcessGroup,
