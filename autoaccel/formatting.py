@@ -87,14 +87,15 @@ class _FormatStatements(cst.CSTTransformer):
 
 def _black_statement(code: str, column: int) -> cst.BaseStatement | None:
     """The statement `code`, formatted by black to fit at `column` (None if black
-    cannot)."""
+    cannot, or splits it: `a = f(x); b = g(x)` becomes two lines)."""
     import black
 
     mode = black.Mode(line_length=LINE_LENGTH - column, string_normalization=False)
     try:
-        return cst.parse_statement(black.format_str(code, mode=mode))
+        formatted = cst.parse_module(black.format_str(code, mode=mode))
     except black.InvalidInput:
         return None
+    return formatted.body[0] if len(formatted.body) == 1 else None
 
 
 def format_inserted_code(before: str, after: str) -> str:

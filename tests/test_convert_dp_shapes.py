@@ -113,7 +113,92 @@ def test_existing_data_parallel_is_upgraded() -> None:
 def test_refused_naming_the_line(name: str, line: int, reason: str) -> None:
     skipped = [s for s in converted(name).log.skipped if s.wrong]
     assert len(skipped) == 1 and reason in skipped[0].reason
-    assert f"line {line}: " in skipped[0].reason
+    assert skipped[0].line == line
+
+
+AMP = ConvertOptions(target="dp")  # the default mixed precision, as `convert` does
+
+
+def wrapper_calls(code: str) -> dict[str, list[str]]:
+    """The arguments of each generated wrapper's call (`loss_on_gpus(x, y)`), by name."""
+    return {
+        node.func.id: [ast.unparse(a) for a in node.args]
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.endswith("_on_gpus")
+    }
+
+
+def test_loss_of_an_earlier_forward_pass_is_no_wrapper_argument() -> None:
+    """The discriminator's real-sample loss, computed before its fake-sample loss (with
+    its forward pass under autocast): it was passed to `nn.DataParallel`, which cannot
+    split a 0-dim tensor (a crash at the first step on any GPU). Now both move into the
+    function, and every argument is a batch-first tensor."""
+    code = convert_source((FIXTURES / "gan_amp_real_loss.py").read_text(encoding="utf-8"), AMP, "gan.py").converted
+    assert wrapper_calls(code) == {
+        "loss_d_on_gpus": ["real", "ones", "noise", "zeros"],
+        "loss_g_on_gpus": ["fake", "ones"],
+    }
+    function = code[code.index("def compute_loss_d("): code.index("return loss_d, fake")]
+    assert "with torch.autocast(" in function and "loss_real = bce(scores.float(), ones)" in function
+
+
+def test_autocast_block_moves_into_the_function() -> None:
+    """`loss = model(x, noise)` under the mixed precision rewrite's autocast: `--to dp` refused
+    ("not one plain assignment"); the block now runs in the function on each GPU (where
+    `nn.DataParallel` would not carry its dtype), and the call is not autocast again."""
+    code = convert_source((FIXTURES / "loss_in_model_amp.py").read_text(encoding="utf-8"), AMP, "model.py").converted
+    function = code[code.index("def compute_loss("): code.index("return loss")]
+    assert "with torch.autocast(" in function and "loss = model(x, noise)" in function
+    assert "            loss = loss_on_gpus(x, noise).mean()  # mean of the per-GPU losses\n" in code
+    assert code.count("torch.autocast(") == 1
+
+
+def test_step_under_autocast_is_reported_once() -> None:
+    """`outputs = net(x); loss = criterion(outputs, y)` under the autocast of the mixed
+    precision rewrite: `ModelWithLoss` was applied, and the same line then reported "not
+    applied" by the general shape. Now the general shape takes it (`nn.DataParallel`'s
+    threads would autocast `ModelWithLoss` to float16, not to the block's dtype)."""
+    source = """import torch
+import torch.nn as nn
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+net = nn.Linear(4, 3).to(device)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in loader:
+    x, y = x.to(device), y.to(device)
+    optimizer.zero_grad()
+    outputs = net(x)
+    loss = criterion(outputs, y)
+    loss.backward()
+    optimizer.step()
+"""
+    conversion = convert_source(source, AMP, "step.py")
+    assert [c.line for c in conversion.log.changes if c.code == "ACC402"] == [11]
+    assert not [s for s in conversion.log.skipped if "--to dp" in s.what]
+    assert wrapper_calls(conversion.converted) == {"loss_on_gpus": ["x", "y"]}
+
+
+def test_line_of_several_statements_converts() -> None:
+    """`x = ...; y = ...; w = torch.ones(x.size(0)).to(device)`: the fix made the line
+    too long, black split it into three statements, and the conversion ended in an
+    internal error (ParserSyntaxError); the line now stays one line."""
+    conversion = convert_source((FIXTURES / "semicolon_step.py").read_text(encoding="utf-8"), AMP, "step.py")
+    assert "; weight_of_each_sample = torch.ones(x.size(0), device=device)\n" in conversion.converted
+    assert wrapper_calls(conversion.converted) == {"loss_on_gpus": ["x", "weight_of_each_sample", "y"]}
+
+
+def test_module_without_a_training_step_does_not_veto_the_project(tmp_path: Path, capsys) -> None:
+    """helper_loaders.py trains, batch_loaders.py only builds its loader: that module said
+    "no training step was found" and the conversion was refused."""
+    from autoaccel.convert import command
+
+    for name in ("helper_loaders.py", "batch_loaders.py"):
+        (tmp_path / name).write_bytes((FIXTURES / name).read_bytes())
+    assert command.run_convert(tmp_path / "helper_loaders.py", DP, write=True) == 0
+    assert "model_with_loss = ModelWithLoss(model, criterion)" in (tmp_path / "helper_loaders.py").read_text()
+    assert (tmp_path / "batch_loaders.py").read_bytes() == (FIXTURES / "batch_loaders.py").read_bytes()
+    assert "no training step" not in capsys.readouterr().err
 
 
 def test_dp_that_adds_no_data_parallel_exits_1(tmp_path: Path) -> None:
@@ -150,6 +235,8 @@ for x, y in loader:
         pytest.param("", "loss = F.mse_loss(out, y, size_average=False)", "sum", id="legacy-size-average"),
         pytest.param("def my_loss(a, b):\n    return F.l1_loss(a, b) + (a - b).pow(2).mean()\n",
                      "loss = my_loss(out, y)", "mean", id="project-function-of-means"),
+        pytest.param("def my_loss(a, b):\n    bce = F.mse_loss(a, b, reduction='sum')\n    return (bce + a.pow(2).sum()) / a.size(0)\n",
+                     "loss = my_loss(out, y)", "mean", id="sums-divided-by-the-batch-size"),
     ],
 )
 def test_per_gpu_losses_combine_as_the_loss_reduces(helper: str, loss: str, combined: str) -> None:

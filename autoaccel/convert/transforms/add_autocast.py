@@ -33,6 +33,7 @@ from autoaccel.analysis.script_model import LoopRole, StepLoop
 from autoaccel.analysis.shapes import called_function, find, method_calls
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
+from autoaccel.convert.transforms.data_parallel.wraps import wrapper_instances
 from autoaccel.cst_edit import add_imports, code_of
 
 _FALLBACK_DEVICE = '"cuda" if torch.cuda.is_available() else "cpu"'
@@ -155,6 +156,7 @@ class AddAutocast(Transform):
         self.edits = _Edits()
         self.touched = False
         self._collect_names(node)
+        self.dp_wrappers = wrapper_instances(node)
         self.planned_functions: set[cst.FunctionDef] = set()
         loops = list(self.script.step_loops.values())
         # Step loops of other modules whose step function is here (`mylib.train_step()`
@@ -288,9 +290,14 @@ class AddAutocast(Transform):
             _is_autocast_with(w) for w in find(node, cst.With)
         )
 
+    def _calls_dp_wrapper(self, node: cst.CSTNode) -> bool:
+        """A step of `--to dp`'s result: its forward pass and loss run in the wrapper's
+        function, under the autocast that function has (if any), not around the call."""
+        return any(name_key(c.func) in self.dp_wrappers for c in find(node, cst.Call))
+
     def _plan_loop(self, loop: StepLoop) -> None:
         node = loop.node
-        if self._under_autocast(loop):
+        if self._under_autocast(loop) or self._calls_dp_wrapper(node):
             return  # already mixed precision: leave the loop as the user wrote it
         body = node.body
         if not isinstance(body, cst.IndentedBlock):
@@ -337,7 +344,7 @@ class AddAutocast(Transform):
                     " use `--amp bf16`, or add autocast and a scaler by hand",
                     node,
                 )
-            elif not any(_is_autocast_with(w) for w in find(node, cst.With)):
+            elif not any(_is_autocast_with(w) for w in find(node, cst.With)) and not self._calls_dp_wrapper(node):
                 self._plan_train(node, node.body, self._device_expression(node.body.body[0]))
 
     def _micro_bodies(self, body: cst.IndentedBlock) -> list[cst.BaseSuite]:

@@ -26,6 +26,7 @@ from autoaccel.convert.transforms.data_parallel.step_segments import (
     Segment,
     SegmentFinder,
     assigned,
+    is_autocast_block,
     read,
     training_backward_calls,
 )
@@ -118,15 +119,18 @@ class ComputeLossInForward(StatementRewrite):
                 if reason is not None:
                     simple_reasons[loop.node] = reason
         general_reasons = self._plan_segments(node)
-        planned_loops = self.ancestors_of_segments()
+        # a loop whose step the general shape planned or refused has its reason there
+        answered = self._loops_around([s.span[0] for s in self.segments.values()] + [w for _, w, _ in general_reasons])
         for loop_node, reason in simple_reasons.items():
-            if loop_node in planned_loops or any(loop_node is n for n, _ in general_reasons):
+            if loop_node in answered or any(loop_node is n for n, _, _ in general_reasons):
                 continue
             self.pending.append(("loss inside forward (--to dp)", reason + _BY_HAND, loop_node))
-        for where, reason in general_reasons:
+        for _, where, reason in general_reasons:
             self.pending.append(("loss inside forward (--to dp)", reason + _BY_HAND, where))
         # --to dp that adds no DataParallel is refused (exit 1), as --to ddp is
         refuse = not self.sites and not self.segments and not self.converted
+        if refuse and not self.pending and self._trains_elsewhere(node):
+            return  # a module of the project that only helps (builds the loaders): nothing to say
         if refuse and not self.pending:
             self.pending.append((
                 "DataParallel (--to dp)",
@@ -136,12 +140,20 @@ class ComputeLossInForward(StatementRewrite):
         for what, reason, where in self.pending:
             self.skipped(what, reason, where, wrong=refuse)
 
-    def ancestors_of_segments(self) -> set[cst.CSTNode]:
-        """The step loops around a planned segment."""
+    def _trains_elsewhere(self, module: cst.Module) -> bool:
+        """This module runs no training step of its own, and another module of the project
+        does: that module's conversion adds the DataParallel."""
+        if training_backward_calls(self, module):
+            return False
+        modules = [loop.module for loop in self.script.training.step_loops.values() if loop.role is LoopRole.TRAIN]
+        return bool(modules) and all(module is not self.script.module for module in modules)
+
+    def _loops_around(self, nodes: list[cst.CSTNode]) -> set[cst.CSTNode]:
+        """The step loops around `nodes`, or running the functions that hold them."""
         found = set()
         functions = set()
-        for segment in self.segments.values():
-            for ancestor in self.ancestors(segment.span[0]):
+        for node in nodes:
+            for ancestor in self.ancestors(node):
                 if ancestor in self.script.step_loops:
                     found.add(ancestor)
                 if isinstance(ancestor, cst.FunctionDef):
@@ -152,11 +164,13 @@ class ComputeLossInForward(StatementRewrite):
                 found.add(node)
         return found
 
-    def _plan_segments(self, module: cst.Module) -> list[tuple[cst.CSTNode, str]]:
+    def _plan_segments(self, module: cst.Module) -> list[tuple[cst.CSTNode, cst.CSTNode, str]]:
         """Each training `.backward()` the simple shape did not take: its lines from the
-        forward pass to the loss, moved into a function run by `LossInForward`."""
-        reasons: list[tuple[cst.CSTNode, str]] = []
-        done = {site.loss for site in self.sites.values()}
+        forward pass to the loss, moved into a function run by `LossInForward`. Returns
+        (its loop, the line to name, why) for each step left alone."""
+        reasons: list[tuple[cst.CSTNode, cst.CSTNode, str]] = []
+        # the loss lines of the simple shape's steps, and the blocks holding them (autocast)
+        done = {n for site in self.sites.values() for n in (site.loss, *self.ancestors(site.loss))}
         for call in training_backward_calls(self, module):
             finder = SegmentFinder(self, call)
             statement = finder._statement_of(call)
@@ -171,12 +185,12 @@ class ComputeLossInForward(StatementRewrite):
                 segment = finder.find()
             except Refused as refusal:
                 where = refusal.node if refusal.node is not None else statement
-                reasons.append((loop if loop is not None else where, f"line {self.line_of(where)}: {refusal.reason}"))
+                reasons.append((loop if loop is not None else where, where, refusal.reason))
                 continue
             if segment is None or any(s in self.segment_lines for s in segment.span):
                 continue
             if any(m in self.configured_wraps for m in segment.modules):
-                reasons.append((loop or statement, f"`{segment.modules[0]}` is wrapped in `nn.DataParallel` with its own settings (device_ids, dim, ...)"))
+                reasons.append((loop or statement, statement, f"`{segment.modules[0]}` is wrapped in `nn.DataParallel` with its own settings (device_ids, dim, ...)"))
                 continue
             segment.function_name = self._fresh(f"compute_{segment.loss_name}")
             segment.wrapper_name = self._fresh(f"{segment.loss_name}_on_gpus")
@@ -262,6 +276,9 @@ class ComputeLossInForward(StatementRewrite):
         site = self._find_site(loop)
         if not isinstance(site, _Site):
             return site
+        if any(is_autocast_block(self, a) for a in self._ancestors_in(site.loss, loop.node)):
+            # `nn.DataParallel`'s threads would autocast to float16, whatever its dtype
+            return f"`{site.loss_name}` is computed under `torch.autocast`"
         built = self.created.get(site.anchor)
         if built is not None and (built.model, built.loss_fn) != (site.model, site.loss_fn):
             return (
@@ -281,6 +298,15 @@ class ComputeLossInForward(StatementRewrite):
             f" {site.loss_fn})`); `{site.model}` stays the bare model",
         )
         return None
+
+    def _ancestors_in(self, node: cst.CSTNode, outer: cst.CSTNode) -> list[cst.CSTNode]:
+        """The nodes around `node` inside `outer`."""
+        found = []
+        for ancestor in self.ancestors(node):
+            if ancestor is outer:
+                break
+            found.append(ancestor)
+        return found
 
     def _find_site(self, loop: StepLoop) -> _Site | str | None:
         """The step's site, a reason why it cannot be rewritten, or None when already done."""

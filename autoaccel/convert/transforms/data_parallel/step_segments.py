@@ -52,6 +52,8 @@ _ACROSS_BATCH_FUNCTIONS = frozenset({"torch.cat", "torch.stack", "torch.mean", "
 _FLATTENING = frozenset({"view", "reshape", "flatten"})
 # Tensor factories whose first positional argument is the first size (or all of them).
 _FACTORIES = frozenset({"torch.ones", "torch.zeros", "torch.randn", "torch.rand", "torch.empty", "torch.full"})
+# The mixed precision rewrite's block (and the user's own): `_plain` moves it whole.
+_AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
 # Names a recurrent model's state goes by, for a step function's parameters (no loop to
 # follow them in).
 _STATE_NAMES = frozenset({"hidden", "hx", "h0", "c0", "state", "states", "memory", "mems", "carry", "h", "c"})
@@ -170,8 +172,12 @@ class SegmentFinder:
             raise Refused("the loss is not computed in the lines before `.backward()`", statement)
         loss_name = sorted(assigned(owner) & loss_names)[0]
         last = statements.index(owner)
-        if not isinstance(owner, cst.SimpleStatementLine):
-            raise Refused(f"`{loss_name}` is not computed by one plain assignment", owner)
+        if not self._plain(owner):
+            raise Refused(
+                f"`{loss_name}` is computed in {_compound(owner)}, not by plain assignments that"
+                " can move into a function",
+                owner,
+            )
         # the lines that compute the loss from a trained model's outputs, back to its call
         model_derived = self._model_derived(statements[: last + 1])
         needed = read(owner) | (assigned(owner) & read(owner))
@@ -185,27 +191,21 @@ class SegmentFinder:
             defs = assigned(s)
             if not defs & needed:
                 continue
-            if s in model_derived and isinstance(s, cst.SimpleStatementLine) and not self._frozen_only(s):
+            if s in model_derived and self._plain(s) and not self._frozen_only(s):
                 chain_idx.append(j)
                 needed |= read(s)
                 if self._model_calls(s):
                     first = j
             else:
                 producers.add(s)
-                needed -= defs
+                needed = needed - defs | read(s)  # `z = z.to(device)` needs the `z` made above
         if first is None:
-            if any(c for c in self._model_calls(owner)) or model_derived:
-                raise Refused("only models that no optimizer trains are called for this loss", owner)
-            raise Refused(
-                "no model is called in the lines before `.backward()` (the forward pass"
-                " is computed in a helper)",
-                owner,
-            )
+            self._no_forward_pass(owner, loss_name, [s for s in statements[:last] if s in producers], model_derived)
         chain_idx = sorted(i for i in chain_idx if i >= first)
         span = statements[first : last + 1]
         chain = [statements[i] for i in chain_idx]
         for s in chain:
-            if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], (cst.Assign, cst.AugAssign))):
+            if not self._plain(s):
                 raise Refused("a line of the forward pass is not a plain assignment", s)
         defined_in_chain: set[str] = set()
         for s in chain:
@@ -245,14 +245,23 @@ class SegmentFinder:
             for s in pulled:
                 defined_in_chain |= assigned(s)
         self._chain_tensors = defined_in_chain
-        models, scalars = self._models_and_scalars(chain, loss_name, owner)
-        for s in chain:
+        lines = [line for s in chain for line in _lines(s)]  # an autocast block's, one by one
+        loss_line = next(line for line in reversed(_lines(owner)) if loss_name in assigned(line))
+        models, scalars = self._models_and_scalars(lines, loss_name, loss_line)
+        for s in lines:
             # a whole-batch reduction is what a loss term is (`kl = -0.5 * torch.sum(...)`);
             # `_reduce` checks that the per-GPU terms add up
-            self._check_per_sample(s, s is owner or bool(assigned(s)) and assigned(s) <= scalars)
-        inputs = self._inputs(chain, [*self._enclosing_before(statement), *statements[:first], *before], models)
-        kept = self._kept(chain, defined_in_chain, scalars, loss_name)
-        reduce = self._reduce(chain, owner)
+            self._check_per_sample(s, s is loss_line or bool(assigned(s)) and assigned(s) <= scalars)
+        in_order = [part for s in chain for part in _in_reading_order(s)]
+        inputs = self._inputs(in_order, [*self._enclosing_before(statement), *statements[:first], *before], models)
+        if not inputs:
+            raise Refused(
+                "the forward pass reads no tensor of the step's batch (the same tensors every"
+                " step: full-batch training): `nn.DataParallel` would have nothing to split",
+                chain[0],
+            )
+        kept = self._kept(lines, defined_in_chain, scalars, loss_name)
+        reduce = self._reduce(lines, loss_name, loss_line)
         self._check_forward_attributes(chain)
         anchor = self._anchor(statement, span[0])
         params = self._params(models, inputs)
@@ -261,6 +270,48 @@ class SegmentFinder:
             modules=models, params=params, inputs=inputs, loss_name=loss_name, kept=kept, reduce=reduce,
             established=self.established,
         )
+
+    def _no_forward_pass(self, owner, loss_name: str, producers: list, model_derived: set) -> None:
+        """Why no line before the loss is a trained model's forward pass that can move."""
+        compound = next((s for s in producers if s in model_derived and not self._plain(s)), None)
+        if compound is not None:
+            raise Refused(
+                f"the forward pass is in {_compound(compound)}, not in plain assignments that"
+                " can move into a function",
+                compound,
+            )
+        if self._model_calls(owner) or model_derived:
+            raise Refused("only models that no optimizer trains are called for this loss", owner)
+        unknown = next((c for s in [*producers, owner] for c in find(s, cst.Call) if self._maybe_a_model(c)), None)
+        if unknown is not None:
+            raise Refused(
+                f"`{code_of(unknown.func)}(...)` computes `{loss_name}`, but the code does not show"
+                " it to be a model: a helper computing the forward pass, or a model whose class"
+                " is not visible where it is made",
+                owner,
+            )
+        raise Refused(
+            "no model is called in the lines before `.backward()` (the forward pass"
+            " is computed in a helper)",
+            owner,
+        )
+
+    def _maybe_a_model(self, call: cst.Call) -> bool:
+        """`self.model(x)`, `net(x)`: a call of an object of the script, not of torch's."""
+        if not m.matches(call.func, m.Name() | m.Attribute(value=m.Name("self"))):
+            return False
+        if name_key(call.func) in self.script.criteria:
+            return False
+        qualified = self.t.qualified_names(call.func)
+        return not any(q.startswith(("torch.", "builtins.")) for q in qualified)
+
+    def _plain(self, s: cst.CSTNode) -> bool:
+        """`y = f(x)`: one assignment; or an autocast block of such lines (the mixed
+        precision rewrite's `with torch.autocast(...): out = model(x)`), which moves into
+        the function as it is: each GPU's thread then runs it under autocast."""
+        if isinstance(s, cst.With):
+            return is_autocast_block(self.t, s) and all(_plain_line(line) for line in _lines(s))
+        return _plain_line(s)
 
     def _enclosing_before(self, statement: cst.CSTNode) -> list[cst.CSTNode]:
         """The step's lines before the block holding `statement`, outermost first: a
@@ -369,7 +420,7 @@ class SegmentFinder:
                     wanted.append(name)
             defined |= assigned(s)
         loop = self._step_loop()
-        step_names, batch, flattened, lines = self._step_names(loop, before_chain)
+        step_names, batch, flattened, sizes, lines = self._step_names(loop, before_chain)
         moved = self._moved(before_chain)
         models = {m.split(".")[0] for m in self.models}
         inputs = []
@@ -386,6 +437,25 @@ class SegmentFinder:
                     f"`{name}` is fed back into the model from one step to the next (a recurrent"
                     " state): `nn.DataParallel` would split it along dimension 0",
                     lines.get(name, chain[0]),
+                )
+            elif name in sizes:
+                raise Refused(
+                    f"`{name}` is the size of the whole batch: `nn.DataParallel` would pass that"
+                    " same number to every GPU, which gets only a part of the batch",
+                    lines[name],
+                )
+            elif name in step_names and self._reduces_batch(lines[name]):
+                raise Refused(
+                    f"`{name}` is one value for the whole batch (a loss or a reduction), computed"
+                    " before this forward pass: `nn.DataParallel` splits every tensor it gets"
+                    " along dimension 0, and this one has no batch dimension to split",
+                    lines[name],
+                )
+            elif name in step_names and self._mixes_batch(lines[name]):
+                raise Refused(
+                    f"`{name}` is computed across the samples of the batch, so it is not"
+                    " batch-first: `nn.DataParallel` would split it along dimension 0",
+                    lines[name],
                 )
             elif name in step_names:
                 raise Refused(
@@ -475,10 +545,11 @@ class SegmentFinder:
 
     def _step_names(self, loop, before_chain):
         """Names bound each step, those computed from the batch, those reshaped across
-        it, and the line binding each."""
+        it, the batch's sizes (`n = x.size(0)`), and the line binding each."""
         step_names: set[str] = set()
         batch: set[str] = set()
         flattened: set[str] = set()
+        sizes: set[str] = set()
         lines: dict[str, cst.CSTNode] = {}
         if isinstance(loop, cst.FunctionDef):  # a step function: its parameters
             params = [p.name.value for p in loop.params.params if p.name.value != "self"]
@@ -509,22 +580,72 @@ class SegmentFinder:
             body = before_chain
         else:
             body = before_chain
-        for s in body:
-            defs = assigned(s)
-            step_names |= defs
-            for name in defs:
-                lines[name] = s
-            reads = read(s)
-            if reads & flattened or reads & batch and self._flattens(s):
-                flattened |= defs
-            else:
-                flattened -= defs  # bound anew, from what was not flattened
-            in_a_loop = loop is not None and not isinstance(loop, cst.FunctionDef)
-            if reads & batch or in_a_loop and self._batch_sized(s, loop):
-                batch |= defs
-            else:
-                batch -= defs
-        return step_names, batch, flattened, lines
+        in_a_loop = loop is not None and not isinstance(loop, cst.FunctionDef)
+        for line in body:
+            for s in _statements_of(line):
+                defs = assigned(s)
+                step_names |= defs
+                for name in defs:
+                    lines[name] = line
+                reads = read(s)
+                if reads & flattened or reads & batch and self._flattens(s):
+                    flattened |= defs
+                else:
+                    flattened -= defs  # bound anew, from what was not flattened
+                sizes -= defs
+                if reads & batch and self._batch_size(s):
+                    sizes |= defs
+                    batch -= defs
+                elif (
+                    reads & batch and not self._reduces_batch(s) and not self._mixes_batch(s)
+                    or self._sized_by(s, sizes)
+                    or in_a_loop and self._batch_sized(s, loop)
+                ):
+                    batch |= defs
+                else:
+                    batch -= defs
+        return step_names, batch, flattened, sizes, lines
+
+    def _batch_size(self, s: cst.CSTNode) -> bool:
+        """`n = x.size(0)`, `n = x.shape[0]`, `n = len(x)`: a number of samples, which
+        `nn.DataParallel` would not split."""
+        return m.matches(s, m.SimpleStatementLine(body=[m.Assign()])) and self._size_of(s.body[0].value)
+
+    def _size_of(self, expr: cst.BaseExpression) -> bool:
+        """`x.size(0)`, `x.shape[0]`, `len(x)`: how many samples `x` holds."""
+        first = [m.SubscriptElement(slice=m.Index(value=m.Integer("0")))]
+        return m.matches(
+            expr,
+            m.Call(func=m.Attribute(attr=m.Name("size")), args=[m.Arg(value=m.Integer("0"))])
+            | m.Subscript(value=m.Attribute(attr=m.Name("shape")) | m.Call(func=m.Attribute(attr=m.Name("size"))), slice=first),
+        ) or (isinstance(expr, cst.Call) and "builtins.len" in self.t.qualified_names(expr.func))
+
+    def _sized_by(self, s: cst.CSTNode, sizes: set[str]) -> bool:
+        """`y = torch.ones(n).to(device)` with `n` a size of the batch: batch-first."""
+        if not m.matches(s, m.SimpleStatementLine(body=[m.Assign()])):
+            return False
+        value = s.body[0].value
+        while isinstance(value, cst.Call):
+            first = self._first_size(value)
+            if first is not None:
+                return isinstance(first, cst.Name) and first.value in sizes
+            value = value.func.value if isinstance(value.func, cst.Attribute) else None  # `.to(device)`
+        return False
+
+    def _reduces_batch(self, s: cst.CSTNode) -> bool:
+        """`d_real_loss = bce(out, y)`, `total = out.sum()`: one value for the whole batch
+        (a 0-dim tensor), not one per sample."""
+        return m.matches(s, m.SimpleStatementLine(body=[m.Assign() | m.AugAssign()])) and self._scalar(
+            s.body[0].value, set()
+        )
+
+    def _mixes_batch(self, s: cst.CSTNode) -> bool:
+        """`mu = x.mean(0)`, `both = torch.cat([a, b])`: not one row per sample."""
+        return any(
+            isinstance(call.func, cst.Attribute) and call.func.attr.value in _ACROSS_BATCH_METHODS and self._across_dim0(call)
+            or self.t.qualified_names(call.func) & _ACROSS_BATCH_FUNCTIONS
+            for call in find(s, cst.Call)
+        )
 
     def _batch_sized(self, s: cst.CSTNode, loop) -> bool:
         """`real_labels = torch.ones(batch_size, 1).to(device)`: a new tensor whose first
@@ -711,6 +832,11 @@ class SegmentFinder:
             return named.get(expr.value, set())
         if isinstance(expr, cst.UnaryOperation):
             return self._expr_reductions(expr.expression, named, depth)
+        if m.matches(expr, m.BinaryOperation(operator=m.Divide())) and self._size_of(expr.right):
+            # `(bce + kld) / x.size(0)`: a sum over the part of the batch each GPU holds,
+            # divided by its size, is that part's mean
+            left = self._expr_reductions(expr.left, named, depth)
+            return {"mean"} if left == {"sum"} else left
         if isinstance(expr, cst.BinaryOperation):
             left = self._expr_reductions(expr.left, named, depth)
             right = self._expr_reductions(expr.right, named, depth)
@@ -735,9 +861,9 @@ class SegmentFinder:
                 named[name] = found | (named.get(name, set()) if isinstance(small, cst.AugAssign) else set())
         return named
 
-    def _reduce(self, chain, owner) -> str:
+    def _reduce(self, chain, loss_name: str, owner) -> str:
         named = self._named_reductions(chain)
-        reductions = named.get(sorted(assigned(owner))[0], set())
+        reductions = named.get(loss_name, set())
         if "?" in reductions:
             raise Refused("a term of the loss does not average or sum over the batch (reduction)", owner)
         if reductions == {"sum"}:
@@ -789,6 +915,45 @@ class SegmentFinder:
                 n += 1
             params.append(name)
         return params
+
+
+def is_autocast_block(transform, node: cst.CSTNode) -> bool:
+    """`with torch.autocast(...):` (and nothing else in its header)."""
+    return isinstance(node, cst.With) and all(
+        m.matches(item, m.WithItem(item=m.Call(), asname=None))
+        and transform.qualified_names(item.item.func) & _AUTOCAST
+        for item in node.items
+    )
+
+
+def _compound(s: cst.CSTNode) -> str:
+    """`an `if` block`, `a `for` block`, ..."""
+    keyword = type(s).__name__.lower()
+    return f"an `{keyword}` block" if keyword[0] in "aeiou" else f"a `{keyword}` block"
+
+
+def _plain_line(s: cst.CSTNode) -> bool:
+    return m.matches(s, m.SimpleStatementLine(body=[m.Assign() | m.AugAssign()]))
+
+
+def _lines(s: cst.CSTNode) -> list[cst.CSTNode]:
+    """A line of the chain, or the lines of its autocast block (see `_plain`)."""
+    if isinstance(s, cst.With) and isinstance(s.body, cst.IndentedBlock):
+        return list(s.body.body)
+    return [s]
+
+
+def _in_reading_order(s: cst.CSTNode) -> list[cst.CSTNode]:
+    """A line of the chain, or its autocast block's header items, then its lines."""
+    return [*s.items, *_lines(s)] if isinstance(s, cst.With) else [s]
+
+
+def _statements_of(line: cst.CSTNode) -> list[cst.CSTNode]:
+    """The statements of `n = x.size(0); y = torch.ones(n)` one by one (a line of one
+    statement, or a compound statement, as it is)."""
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) > 1:
+        return [cst.SimpleStatementLine(body=[small]) for small in line.body]
+    return [line]
 
 
 def _changed_in_place(statement: cst.CSTNode) -> set[str]:
