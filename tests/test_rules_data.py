@@ -1,4 +1,4 @@
-"""Behaviour of the data and cuDNN rules: ACC103, ACC104, ACC105, ACC201, ACC202."""
+"""Behaviour of the data and cuDNN rules: ACC102, ACC103, ACC104, ACC105, ACC201, ACC202."""
 
 from __future__ import annotations
 
@@ -21,6 +21,29 @@ def lines(source: str, code: str) -> list[int]:
 
 def fixed(source: str, code: str, unsafe: bool = True) -> str:
     return fix_source(textwrap.dedent(source), settings(code, unsafe)).source
+
+
+# -- ACC102 dataloader-without-pin-memory ---------------------------------------------
+
+
+def test_acc102_fix_imports_torch_where_the_module_imports_only_the_loader():
+    """A data module of a project (`from torch.utils.data import DataLoader` only): the
+    fixed loader's `torch.cuda.is_available()` needs `import torch` (it raised NameError
+    when the converted project started)."""
+    source = """\
+        from torch.utils.data import DataLoader
+
+        def loaders(ds):
+            return DataLoader(ds, batch_size=4)
+
+        model.cuda()
+        for x in loaders(data):
+            model(x).sum().backward()
+        """
+    result = fixed(source, "ACC102")
+    assert result.startswith("import torch\nfrom torch.utils.data import DataLoader\n")
+    assert "pin_memory=torch.cuda.is_available()" in result
+    compile(result, "data.py", "exec")
 
 
 # -- ACC103 blocking-device-copy ----------------------------------------------------

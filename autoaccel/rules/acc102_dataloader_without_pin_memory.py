@@ -51,4 +51,4 @@ class DataLoaderWithoutPinMemory(LintRule):
                 if isinstance(pinned, Missing) or any(a.value is pinned for a in node.args)
                 else {pinned: cst.parse_expression(PIN_MEMORY)}
             )
-            self.report(node, edits=edits)
+            self.report(node, edits=edits, imports=("torch",))  # a module may import only DataLoader
