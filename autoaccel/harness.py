@@ -130,6 +130,7 @@ class StepRecord:
     sample_ids: list[Any] | None = None  # per step: [pass, indices] or None (distributed runs)
     saves: list[str] = field(default_factory=list)  # paths torch.save wrote
     writes: list[str] = field(default_factory=list)  # other paths opened for writing, once each
+    write_sites: dict[str, str] = field(default_factory=dict)  # path -> `file:line` of the script's code
     printed: list[str] = field(default_factory=list)  # lines print wrote to the terminal
     printed_steps: list[int] = field(default_factory=list)  # the steps done when each was printed
     param_digest: list[list[float]] = field(default_factory=list)  # per optimizer: [sum, abs sum]
@@ -239,12 +240,13 @@ class _StepRecorder:
         progress: Path | None = None,
         scratch: Path | None = None,
         epoch_cut: EpochCut | None = None,
+        script: str = "",
     ) -> None:
         self.max_steps = max_steps
         self.scratch = scratch
         self.epoch_cut = epoch_cut
         self.redirected: dict[str, str] = {}  # path the script wrote -> file in `scratch`
-        self.folders = _WriteFolders.of([scratch, progress and progress.parent])
+        self.folders = _WriteFolders.of([scratch, progress and progress.parent], script)
         self.record = StepRecord(
             rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1))
         )
@@ -363,9 +365,22 @@ class _StepRecorder:
                 self.record.saves.append(repr(f))
                 return original(obj, f, *args, **kwargs)
             self.record.saves.append(os.fspath(f))
+            self._note_site(f)
             return original(obj, self._redirect(f), *args, **kwargs)
 
         return save
+
+    def _note_site(self, path: str | os.PathLike) -> None:
+        """Keep where the script's code wrote `path` first: the innermost frame of a file
+        in the script's folder or the current one (a helper of the project, not numpy's
+        `save` nor matplotlib's `savefig`), as `file:line`."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = os.path.abspath(frame.f_code.co_filename)
+            if filename != __file__ and filename.startswith(self.folders.code):
+                self.record.write_sites.setdefault(os.fspath(path), f"{os.path.basename(filename)}:{frame.f_lineno}")
+                return
+            frame = frame.f_back
 
     def _redirect(self, path: str | os.PathLike) -> str | os.PathLike:
         """Where a write to `path` goes: a file of its own in `scratch` (`path` without one)."""
@@ -388,6 +403,7 @@ class _StepRecorder:
                 return original(self.redirected.get(wanted, file), mode, *args, **kwargs)
             if os.fspath(file) not in self.record.writes:
                 self.record.writes.append(os.fspath(file))
+                self._note_site(file)
             redirected = self.redirected.get(wanted) or self._redirect(file)
             if "r" in mode and os.path.isfile(wanted) and not os.path.exists(redirected):
                 shutil.copyfile(wanted, redirected)  # "r+": changes a copy
@@ -529,13 +545,18 @@ class _WriteFolders:
     never: tuple[str, ...]
     current: tuple[str, ...]
     libraries: tuple[str, ...]
+    code: tuple[str, ...] = ()  # where the script's code is: its folder, the current one
 
     @classmethod
-    def of(cls, ours: list[Path | None]) -> _WriteFolders:
-        """`ours`: the folders the harness writes to (the scratch folder, the progress file's)."""
+    def of(cls, ours: list[Path | None], script: str = "") -> _WriteFolders:
+        """`ours`: the folders the harness writes to (the scratch folder, the progress file's);
+        `script`: the script that runs."""
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         never = (sys.prefix, sys.base_prefix, *(str(folder) for folder in ours if folder is not None))
-        return cls(_folders(*never), _folders(os.getcwd()), _folders(tempfile.gettempdir(), cache, "/dev", "/proc"))
+        code = _folders(os.path.dirname(os.path.abspath(script)), os.getcwd())
+        return cls(
+            _folders(*never), _folders(os.getcwd()), _folders(tempfile.gettempdir(), cache, "/dev", "/proc"), code
+        )
 
     def the_scripts(self, path: str) -> bool:
         """Whether the absolute `path` is a file of the script's."""
@@ -603,7 +624,7 @@ def record_steps(
         # seed + rank: the processes of a distributed run draw their own random numbers,
         # as unseeded processes do (torch seeds each from the OS), until a script seeds
         seed_everything(seed + int(os.environ.get("RANK", 0)))
-    recorder = _StepRecorder(max_steps, progress, scratch, epoch_cut)
+    recorder = _StepRecorder(max_steps, progress, scratch, epoch_cut, script)
     patches = recorder.patches(align_loader_rng)
     facts = _fact_recorder(script, scratch)
     if facts is not None:  # entered last: its patches wrap the harness's

@@ -100,6 +100,12 @@ def test_files_that_differ_in_their_numbers_only_are_one_file():
     assert _failed(found) == {"one process writes each file": "2 processes wrote runs/events.41 and runs/events.42"}
 
 
+def test_a_file_two_processes_write_is_named_with_the_line_that_wrote_it():
+    sites = {"write_sites": {"out/metrics.json": "utils_io.py:12"}}
+    found = checks(ORIGINAL, _run(_rank(0, writes=["out/metrics.json"], **sites), _rank(1, writes=["out/metrics.json"])))
+    assert _failed(found)["one process writes each file"] == "2 processes wrote out/metrics.json (written at utils_io.py:12)"
+
+
 def test_a_model_that_never_changes_fails_where_the_original_records_none():
     same = {"first_param_digest": [[1.5, 3.0]], "param_digest": [[1.5, 3.0]]}
     original = Run({**ORIGINAL.record, "first_param_digest": [], "param_digest": []}, 0, "")

@@ -222,6 +222,25 @@ def test_a_process_epoch_ends_at_its_share_of_the_samples(tmp_path, monkeypatch)
     assert record.epochs_cut == 2 and record.epoch_samples == 4
 
 
+def test_a_write_is_placed_at_the_line_of_the_scripts_code_that_made_it(tmp_path, monkeypatch):
+    """A helper module of the project writes (through `json.dump` into a file it opened,
+    and `torch.save`): the record names the helper's lines, not the library's."""
+    write(tmp_path, """\
+        import json
+        import torch
+
+        def save_all(model):
+            with open("metrics.json", "w") as f:
+                json.dump({"loss": 1.0}, f)
+            torch.save(model.state_dict(), "model.pt")
+        """, "helpers.py")
+    script = write(tmp_path, "import torch\nfrom helpers import save_all\nsave_all(torch.nn.Linear(1, 1))\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scratch").mkdir()
+    record = harness.record_steps(script, [], scratch=tmp_path / "scratch")
+    assert record.write_sites == {"metrics.json": "helpers.py:5", "model.pt": "helpers.py:7"}
+
+
 def test_main_writes_the_record_and_reports_errors(tmp_path):
     out = tmp_path / "record-{rank}.json"
     assert harness.main(["--losses-out", str(out), "--max-steps", "2", write(tmp_path, TRAIN)]) == 0

@@ -286,13 +286,16 @@ def _one_writer(ranks: list[dict[str, Any]]) -> Check:
     (a process id, a time) taken as one file."""
     name = "one process writes each file"
     writers: dict[str, dict[int, str]] = {}  # file, numbers left out -> rank -> path
+    sites: dict[str, str] = {}  # path -> where the script's code wrote it
     for rank in ranks:
+        sites.update(rank.get("write_sites") or {})
         for path in [*(rank.get("saves") or []), *(rank.get("writes") or [])]:
             writers.setdefault(_NUMBER.sub("#", path), {})[rank.get("rank", 0)] = path
     clashes = sorted((sorted(set(paths.values())), len(paths)) for paths in writers.values() if len(paths) > 1)
     if clashes:
         paths, count = clashes[0]
-        return Check(name, False, f"{count} processes wrote {' and '.join(paths)}")
+        where = f" (written at {sites[paths[0]]})" if paths[0] in sites else ""
+        return Check(name, False, f"{count} processes wrote {' and '.join(paths)}{where}")
     return Check(name, True, f"{len(writers)} file(s) written, each by one process")
 
 
