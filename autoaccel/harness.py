@@ -50,7 +50,7 @@ wrote to the terminal, at most `MAX_PRINTED`) and ``printed_steps`` (the steps d
 ``param_digest`` (per optimizer, then per model wrapped in DDP, the sum and the sum of
 absolute values of its parameters at the end, in float64: equal on every rank of a distributed run when the gradients were
 synchronised), and ``first_param_digest``, the same at the first step, before any update
-(an optimizer whose parameters it never changes trains nothing). In a distributed run (``WORLD_SIZE`` > 1) each step also records which
+(an optimizer whose parameters it never changes trains nothing). Each step also records which
 samples it trained on,
 ``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
 DataLoader in the order the script starts them (the same order on every rank), or None when
@@ -59,7 +59,7 @@ in the same pass are then counted once (`autoaccel.bench.runner.merge_ranks`).
 
 The record (JSON, written on every exit path; ``{rank}`` in PATH becomes ``$RANK``):
 ``losses``, ``times`` (``perf_counter`` at each step), ``samples`` (cumulative samples at each
-step), ``sample_ids`` (distributed runs only), ``end_time``, ``peak_rss_bytes``,
+step), ``sample_ids``, ``end_time``, ``peak_rss_bytes``,
 ``peak_cuda_bytes``, ``device``, ``device_name``, ``torch_version``, ``threads`` (torch's
 intra-op threads), ``rank``, ``world_size`` and ``exit`` (``"ok"``, ``"max-steps"`` or
 ``"error: ..."``).
@@ -127,7 +127,7 @@ class StepRecord:
     losses: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
-    sample_ids: list[Any] | None = None  # per step: [pass, indices] or None (distributed runs)
+    sample_ids: list[Any] = field(default_factory=list)  # per step: [pass, indices] or None
     saves: list[str] = field(default_factory=list)  # paths torch.save wrote
     writes: list[str] = field(default_factory=list)  # other paths opened for writing, once each
     write_sites: dict[str, str] = field(default_factory=dict)  # path -> `file:line` of the script's code
@@ -262,8 +262,6 @@ class _StepRecorder:
         self.wrapped: list[Any] = []  # every model the script wrapped in DDP
         # taken when the script ends its process group (FSDP's shards gather through it)
         self.digest: list[list[float]] | None = None
-        if self.record.world_size > 1:
-            self.record.sample_ids = []
 
     def patches(self, align_loader_rng: bool) -> ExitStack:
         import torch
@@ -284,11 +282,8 @@ class _StepRecorder:
             patched(torch.nn.parallel.DistributedDataParallel, "__init__", self._kept_wrapper)
         )
         stack.enter_context(patched(torch.distributed, "destroy_process_group", self._digest_first))
-        if self.record.sample_ids is not None:
-            stack.enter_context(patched(DataLoader, "__iter__", self._numbered_pass))
-            stack.enter_context(
-                patched(dataloader._BaseDataLoaderIter, "_next_index", self._kept_index)
-            )
+        stack.enter_context(patched(DataLoader, "__iter__", self._numbered_pass))
+        stack.enter_context(patched(dataloader._BaseDataLoaderIter, "_next_index", self._kept_index))
         if align_loader_rng:
             stack.enter_context(patched(DataLoader, "__iter__", _aligned_iter))
         if os.environ.get(FORCE_AUTOCAST_ENV) == "1":
@@ -318,9 +313,8 @@ class _StepRecorder:
         now = time.perf_counter()
         self.record.times.append(now)
         self.record.samples.append(self.samples_seen)
-        if self.record.sample_ids is not None:
-            self.record.sample_ids.append(self.last_ids)
-            self.last_ids = None
+        self.record.sample_ids.append(self.last_ids)
+        self.last_ids = None
         steps = len(self.record.times)
         if steps == 1:
             self.record.first_param_digest = self._param_digest()

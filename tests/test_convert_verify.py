@@ -100,6 +100,22 @@ def test_files_that_differ_in_their_numbers_only_are_one_file():
     assert _failed(found) == {"one process writes each file": "2 processes wrote runs/events.41 and runs/events.42"}
 
 
+def _passes(*orders: list[int]) -> list:
+    """Steps of two samples, pass by pass, in the given orders."""
+    return [[number, order[i:i + 2]] for number, order in enumerate(orders, 1) for i in range(0, len(order), 2)]
+
+
+def test_a_process_that_reads_the_same_order_every_epoch_fails_where_the_original_reshuffles():
+    """A DistributedSampler never told `set_epoch` (the loader made in one module, the
+    epochs counted in another): each process repeats its first epoch's order."""
+    original = Run({**ORIGINAL.record, "sample_ids": _passes([3, 0, 2, 1], [1, 2, 0, 3])}, 0, "")
+    stale = _run(_rank(0, sample_ids=_passes([4, 0], [4, 0])), _rank(1, sample_ids=_passes([1, 5], [1, 5])))
+    failed = _failed(checks(original, stale))["processes train on different data"]
+    assert failed.startswith("process 0 trains on its samples in the same order in every epoch")
+    unshuffled = Run({**ORIGINAL.record, "sample_ids": _passes([0, 1, 2, 3], [0, 1, 2, 3])}, 0, "")
+    assert "processes train on different data" not in _failed(checks(unshuffled, stale))
+
+
 def test_a_file_two_processes_write_is_named_with_the_line_that_wrote_it():
     sites = {"write_sites": {"out/metrics.json": "utils_io.py:12"}}
     found = checks(ORIGINAL, _run(_rank(0, writes=["out/metrics.json"], **sites), _rank(1, writes=["out/metrics.json"])))

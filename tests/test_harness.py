@@ -186,8 +186,9 @@ def test_a_distributed_rank_records_the_samples_of_each_step_by_pass(tmp_path, m
     assert record.sample_ids == [
         [1, [0, 1, 2, 3]], [1, [4, 5, 6, 7]], [3, [0, 1, 2, 3]], [3, [4, 5, 6, 7]]
     ]
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert harness.record_steps(write(tmp_path, TRAIN, "one.py"), []).sample_ids is None
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process too: the proof compares its orders
+    one = harness.record_steps(write(tmp_path, TRAIN, "one.py"), []).sample_ids
+    assert len(one) == 12 and one[0] == [1, [0, 1, 2, 3]] and one[6] == [2, [0, 1, 2, 3]]
 
 
 def test_an_epoch_cut_short_ends_training_passes_and_leaves_evaluation_whole(tmp_path):

@@ -172,7 +172,7 @@ def checks(original: Run, ddp: Run) -> list[Check]:
         return [finished]
     return [
         replace(finished, detail=f"{finished.detail}; {_epoch_ends(original)}"),
-        _disjoint(ranks),
+        _disjoint(original, ranks),
         _same_parameters(ranks),
         _parameters_train(original, ranks[0]),
         _one_writer(ranks),
@@ -202,10 +202,12 @@ def _epoch_ends(original: Run) -> str:
     return "no epoch ended in these steps: what runs after them is not proven"
 
 
-def _disjoint(ranks: list[dict[str, Any]]) -> Check:
-    """Within each pass over the data, no sample on two processes. A sampler that draws
-    with replacement (a process meets a sample twice in one pass) may draw a sample on
-    two processes by chance: not counted then."""
+def _disjoint(original: Run, ranks: list[dict[str, Any]]) -> Check:
+    """Within each pass over the data, no sample on two processes, and a new order in
+    each pass where the original reshuffles (a DistributedSampler never told `set_epoch`
+    reads the same order every epoch). A sampler that draws with replacement (a process
+    meets a sample twice in one pass) may draw a sample on two processes by chance: not
+    counted then."""
     name = "processes train on different data"
     passes: dict[int, list[list[int]]] = {}  # pass -> each rank's indices in it
     for position, rank in enumerate(ranks):
@@ -224,12 +226,34 @@ def _disjoint(ranks: list[dict[str, Any]]) -> Check:
             shared += sum(len(a & b) for i, a in enumerate(sets) for b in sets[i + 1:])
         if shared:
             return Check(name, False, f"{shared} of {seen} samples were trained on by more than one process in the same epoch")
+        stale = [r.get("rank", 0) for r in ranks if _repeats_its_order(r)]
+        if stale and not _repeats_its_order(original.record):
+            return Check(
+                name, False,
+                f"process {stale[0]} trains on its samples in the same order in every epoch, where the"
+                " original reshuffles: its DistributedSampler is not told the epoch (call"
+                " `loader.sampler.set_epoch(epoch)` at the start of every epoch)",
+            )
         how = f"; {replaced} pass(es) drawn with replacement" if replaced else ""
         return Check(name, True, f"{seen} samples, none trained on by two processes in the same epoch{how}")
     losses = [r["losses"] for r in ranks]
     if all(series == losses[0] for series in losses[1:]):
         return Check(name, False, "every process computed the same losses: they train on the same data")
     return Check(name, True, "no DataLoader indices; the processes' losses differ")
+
+
+def _repeats_its_order(record: dict[str, Any]) -> bool:
+    """Whether the first two passes a run trained on begin with the same samples in the
+    same order (False with fewer than two passes)."""
+    passes: dict[int, list[int]] = {}
+    for ids in record.get("sample_ids") or []:
+        if ids is not None:
+            passes.setdefault(ids[0], []).extend(ids[1])
+    if len(passes) < 2:
+        return False
+    first, second = list(passes.values())[:2]
+    common = min(len(first), len(second))
+    return common > 0 and first[:common] == second[:common]
 
 
 def _same_parameters(ranks: list[dict[str, Any]]) -> Check:
