@@ -234,8 +234,13 @@ class _ForkServer:
             self._exits.clear()
 
     def close(self) -> None:
-        self._proc.stdin.close()  # the server exits at the end of its input
-        self._proc.wait(10)
+        with contextlib.suppress(BrokenPipeError):  # (it ended already)
+            self._proc.stdin.close()  # the server exits at the end of its input
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:  # busy stopping what it still ran: the session is over
+            self._proc.kill()
+            self._proc.wait()
         shutil.rmtree(self.outputs, ignore_errors=True)
 
 
