@@ -89,6 +89,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from autoaccel.facts.user_code import UserCode
+
 # Attribute set on tensors returned by GradScaler.scale: the scale tensor they carry.
 _SCALE_ATTR = "_autoaccel_loss_scale"
 # Attributes set on DataLoader iterators: the pass they serve, and the sample indices they
@@ -247,6 +249,7 @@ class _StepRecorder:
         self.epoch_cut = epoch_cut
         self.redirected: dict[str, str] = {}  # path the script wrote -> file in `scratch`
         self.folders = _WriteFolders.of([scratch, progress and progress.parent], script)
+        self.user_code = UserCode()
         self.record = StepRecord(
             rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1))
         )
@@ -256,6 +259,9 @@ class _StepRecorder:
         self.samples_seen = 0
         self.last_batch = 0  # samples of the latest batch not yet counted by a step
         self.last_ids: list[Any] | None = None  # [pass, indices] of that batch
+        # samples of the batch a DataLoader handed out last, counted by its sampler's
+        # indices (None for an IterableDataset's and for `batch_size=None`)
+        self.latest_samples: int | None = None
         self.last_iterator: Any = None  # the DataLoader iterator that handed it out
         self.passes = 0  # DataLoader passes started so far
         self.optimizers: list[Any] = []  # every optimizer the script built
@@ -335,8 +341,7 @@ class _StepRecorder:
             self.last_iterator = iterator
             vars(iterator)[_EPOCH_SAMPLES_ATTR] = handed_out + self.last_batch
             drawn = vars(iterator).get(_INDICES_ATTR)
-            if drawn:
-                self.last_ids = drawn.popleft()
+            self.last_ids, self.latest_samples = drawn.popleft() if drawn else (None, None)
             return batch
 
         return next_batch
@@ -365,16 +370,13 @@ class _StepRecorder:
         return save
 
     def _note_site(self, path: str | os.PathLike) -> None:
-        """Keep where the script's code wrote `path` first: the innermost frame of a file
-        in the script's folder or the current one (a helper of the project, not numpy's
-        `save` nor matplotlib's `savefig`), as `file:line`."""
-        frame = sys._getframe(2)
-        while frame is not None:
-            filename = os.path.abspath(frame.f_code.co_filename)
-            if filename != __file__ and filename.startswith(self.folders.code):
-                self.record.write_sites.setdefault(os.fspath(path), f"{os.path.basename(filename)}:{frame.f_lineno}")
-                return
-            frame = frame.f_back
+        """Keep where the script's code wrote `path` first: the innermost frame of the
+        user's code (a helper of the project, not numpy's `save` nor matplotlib's
+        `savefig`), as `file:line`."""
+        frame = self.user_code.frame(sys._getframe(2))
+        if frame is not None:
+            where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+            self.record.write_sites.setdefault(os.fspath(path), where)
 
     def _redirect(self, path: str | os.PathLike) -> str | os.PathLike:
         """Where a write to `path` goes: a file of its own in `scratch` (`path` without one)."""
@@ -498,7 +500,8 @@ class _StepRecorder:
                 ids = [getattr(iterator, _PASS_ATTR, self.passes), indices]
             else:  # an IterableDataset's `None`, or a sampler of its own kind
                 ids = None
-            vars(iterator).setdefault(_INDICES_ATTR, deque()).append(ids)
+            samples = len(index) if isinstance(index, list) and ids is not None else None
+            vars(iterator).setdefault(_INDICES_ATTR, deque()).append((ids, samples))
             return index
 
         return next_index
@@ -533,24 +536,21 @@ def _folders(*paths: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class _WriteFolders:
     """Which written files are the script's: none in the harness's or Python's folders; all in
-    the current folder; none in the folders libraries write to (the temporary folder,
-    caches, devices); all elsewhere."""
+    the current folder and the script's; none in the folders libraries write to (the
+    temporary folder, caches, devices); all elsewhere."""
 
     never: tuple[str, ...]
     current: tuple[str, ...]
     libraries: tuple[str, ...]
-    code: tuple[str, ...] = ()  # where the script's code is: its folder, the current one
 
     @classmethod
-    def of(cls, ours: list[Path | None], script: str = "") -> _WriteFolders:
+    def of(cls, ours: list[Path | None], script: str) -> _WriteFolders:
         """`ours`: the folders the harness writes to (the scratch folder, the progress file's);
-        `script`: the script that runs."""
+        `script`: the script that runs (its folder is the script's, as the current one)."""
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         never = (sys.prefix, sys.base_prefix, *(str(folder) for folder in ours if folder is not None))
-        code = _folders(os.path.dirname(os.path.abspath(script)), os.getcwd())
-        return cls(
-            _folders(*never), _folders(os.getcwd()), _folders(tempfile.gettempdir(), cache, "/dev", "/proc"), code
-        )
+        current = _folders(os.getcwd(), os.path.dirname(os.path.abspath(script)))
+        return cls(_folders(*never), current, _folders(tempfile.gettempdir(), cache, "/dev", "/proc"))
 
     def the_scripts(self, path: str) -> bool:
         """Whether the absolute `path` is a file of the script's."""
@@ -620,7 +620,7 @@ def record_steps(
         seed_everything(seed + int(os.environ.get("RANK", 0)))
     recorder = _StepRecorder(max_steps, progress, scratch, epoch_cut, script)
     patches = recorder.patches(align_loader_rng)
-    facts = _fact_recorder(script, scratch)
+    facts = _fact_recorder(script, lambda: recorder.latest_samples)
     if facts is not None:  # entered last: its patches wrap the harness's
         patches.enter_context(facts[0].patches())
     exit_status = run_as_main(script, args, patches)
@@ -631,13 +631,13 @@ def record_steps(
     return record
 
 
-def _fact_recorder(script: str, scratch: Path | None) -> Any:
+def _fact_recorder(script: str, latest_batch: Callable[[], int | None]) -> Any:
     """`autoaccel.facts`' recorder and its output path, when ``AUTOACCEL_FACTS_OUT`` asks
     for facts (an environment variable, as `AUTOACCEL_FORCE_AUTOCAST`: it reaches the
     harness through `autoaccel.bench.runner.run_script`); None otherwise."""
     from autoaccel.facts.recorder import recorder_from_env
 
-    return recorder_from_env(script, scratch)
+    return recorder_from_env(script, latest_batch)
 
 
 def _end_process_group() -> None:

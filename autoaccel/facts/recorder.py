@@ -3,7 +3,8 @@ script makes and calls (see `autoaccel.facts.model` for the JSON it writes).
 
 It runs inside `autoaccel.harness` (same scratch folder and step limit): the harness
 enters `FactRecorder.patches()` after its own when ``AUTOACCEL_FACTS_OUT`` names the output
-file, and calls `write()` when the script has ended. torch is imported only inside the
+file, tells it the samples of each batch a DataLoader hands out, and calls `write()` when
+the script has ended. torch is imported only inside the
 methods: importing this module stays cheap, and `lint` never gets here.
 
 What it patches, and why each is cheap: the `__init__` of `nn.Module`, `Optimizer`,
@@ -11,10 +12,8 @@ What it patches, and why each is cheap: the `__init__` of `nn.Module`, `Optimize
 made); `Tensor.backward` and `Optimizer.zero_grad`, and a global optimizer step pre-hook
 (one frame walk per call); global module forward hooks that count the nesting depth and
 look at the stack only for top-level calls (and note the shapes those got and returned);
-the DataLoader iterators' `_next_index`, `__next__` and `_reset` (the number of samples of
-each batch: the length of a list); `torch.save`, `builtins.open` and `builtins.print`.
-Writes by the script's own code (`open(path, "w")`) go to the scratch folder, as the
-harness sends `torch.save` there.
+`torch.save`, `builtins.open` and `builtins.print`. The harness's own patches, under these,
+send the files written to its scratch folder.
 """
 
 from __future__ import annotations
@@ -24,43 +23,30 @@ import hashlib
 import json
 import os
 import sys
-import sysconfig
 import time
-from collections import deque
 from contextlib import ExitStack
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any, Callable
 
 from autoaccel.facts.model import MAX_SEEN, VERSION
+from autoaccel.facts.user_code import UserCode
 
 FACTS_ENV = "AUTOACCEL_FACTS_OUT"
-# Set on DataLoader iterators: the sample counts of the batches drawn and not yet handed out.
-_DRAWN_ATTR = "_autoaccel_facts_drawn"
 _WRITE_MODES = frozenset("wax+")
 _AUTOACCEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
-
-
-def _library_roots() -> tuple[str, ...]:
-    """Folders whose code is not the user's: the standard library, installed packages,
-    torch and autoaccel themselves."""
-    import torch
-
-    paths = sysconfig.get_paths()
-    roots = {paths.get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots |= {os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__))}
-    return tuple(sorted(os.path.join(os.path.realpath(r), "") for r in roots if r))
 
 
 class FactRecorder:
     """Records facts while the patches are in place; `write(path)` saves them."""
 
-    def __init__(self, script: str, scratch: Path | None = None) -> None:
+    def __init__(self, script: str, latest_batch: Callable[[], int | None]) -> None:
+        """`latest_batch`: the samples of the batch a DataLoader handed out last (the
+        harness counts them), None where unknown."""
         self.script = os.path.realpath(script)
-        self.scratch = scratch
         self.started = time.perf_counter()
-        self._roots = _library_roots()
-        self._user_files: dict[str, bool] = {}
+        self._user = UserCode()
+        self._latest_batch = latest_batch
         self._positions: dict[CodeType, list[tuple]] = {}
         self._ids: dict[int, tuple[str, int]] = {}  # id(obj) -> (kind, fact id)
         self._objects: dict[str, list[tuple[Any, dict[str, Any]]]] = {
@@ -72,19 +58,9 @@ class FactRecorder:
         self.writes: list[dict[str, Any]] = []
         self.prints: list[dict[str, Any]] = []
         self._depth = 0  # module forwards under way
-        self._batch: int | None = None  # samples of the latest batch a DataLoader handed out
         self._under_way: tuple[dict[str, Any], int | None, list[Any]] | None = None  # the top-level forward under way
-        self.redirected: dict[str, str] = {}  # path the script wrote -> file in scratch
 
     # -- where ----------------------------------------------------------------------------
-    def _is_user(self, filename: str) -> bool:
-        known = self._user_files.get(filename)
-        if known is None:
-            real = os.path.realpath(filename) if not filename.startswith("<") else ""
-            known = bool(real) and not real.startswith(self._roots)
-            self._user_files[filename] = known
-        return known
-
     def _is_ours(self, frame: FrameType) -> bool:
         """A frame of autoaccel's own wrappers (the harness's patches)."""
         return frame.f_code.co_filename.startswith(_AUTOACCEL)
@@ -100,13 +76,8 @@ class FactRecorder:
             "end_line": end_line, "end_col": end_col,
         }
 
-    def _user_frame(self, frame: FrameType | None) -> FrameType | None:
-        while frame is not None and not self._is_user(frame.f_code.co_filename):
-            frame = frame.f_back
-        return frame
-
     def _caller_site(self, depth: int = 2) -> dict[str, Any] | None:
-        frame = self._user_frame(sys._getframe(depth))
+        frame = self._user.frame(sys._getframe(depth))
         return None if frame is None else self._site_of(frame)
 
     def _creation(self, obj: Any) -> tuple[dict[str, Any] | None, bool]:
@@ -118,8 +89,8 @@ class FactRecorder:
             frame = frame.f_back
         if frame is None:
             return None, True
-        user = self._user_frame(frame)
-        return (None if user is None else self._site_of(user)), self._is_user(frame.f_code.co_filename)
+        user = self._user.frame(frame)
+        return (None if user is None else self._site_of(user)), self._user.owns(frame.f_code.co_filename)
 
     # -- objects --------------------------------------------------------------------------
     def _made(self, kind: str) -> Callable[[Callable], Callable]:
@@ -151,7 +122,7 @@ class FactRecorder:
         entry["count"] += 1
 
     def _call(self, kind: str, obj: Any, frame: FrameType | None) -> None:
-        user = self._user_frame(frame)
+        user = self._user.frame(frame)
         if user is None:
             return
         site = self._site_of(user)
@@ -181,7 +152,7 @@ class FactRecorder:
         if self._depth != 1:
             return
         number = self._fact_id(module)
-        user = self._user_frame(sys._getframe(1))
+        user = self._user.frame(sys._getframe(1))
         self._under_way = None
         if number is None or user is None:
             return
@@ -192,7 +163,7 @@ class FactRecorder:
             self.forwards, key,
             lambda: {"module": number, "site": site, "count": 0, "args": shapes, "seen": []},
         )
-        self._under_way = (self._counted[key], self._batch, shapes)
+        self._under_way = (self._counted[key], self._latest_batch(), shapes)
 
     def _forward_hook(self, module: Any, args: Any, output: Any) -> None:
         self._depth = max(0, self._depth - 1)
@@ -202,42 +173,10 @@ class FactRecorder:
             outputs = [_shape(o) for o in output] if isinstance(output, (tuple, list)) else [_shape(output)]
             _note(entry["seen"], {"batch": batch, "args": shapes, "outputs": outputs})
 
-    # -- batches --------------------------------------------------------------------------
-    def _drawn(self, original: Callable) -> Callable:
-        """Keep the sample count of each batch an iterator draws, in order, until
-        `__next__` hands the batch out (a worker pool draws some ahead)."""
-
-        def next_index(iterator):
-            index = original(iterator)
-            vars(iterator).setdefault(_DRAWN_ATTR, deque()).append(_samples(index))
-            return index
-
-        return next_index
-
-    def _handed_out(self, original: Callable) -> Callable:
-        def next_batch(iterator):
-            batch = original(iterator)
-            drawn = vars(iterator).get(_DRAWN_ATTR)
-            self._batch = drawn.popleft() if drawn else None
-            return batch
-
-        return next_batch
-
-    @staticmethod
-    def _reset(original: Callable) -> Callable:
-        """A new pass (persistent workers reuse the iterator): forget what a pass cut
-        short drew ahead."""
-
-        def reset(iterator, *args, **kwargs):
-            vars(iterator).pop(_DRAWN_ATTR, None)
-            return original(iterator, *args, **kwargs)
-
-        return reset
-
     # -- writes and prints ----------------------------------------------------------------
     def _save(self, original: Callable) -> Callable:
         def save(obj, f, *args, **kwargs):
-            user = self._user_frame(sys._getframe(1))
+            user = self._user.frame(sys._getframe(1))
             if user is not None:
                 path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else repr(f)
                 self._write("torch.save", path, self._site_of(user))
@@ -252,16 +191,14 @@ class FactRecorder:
     def _open(self, original: Callable) -> Callable:
         def open_(file, mode="r", *args, **kwargs):
             user = sys._getframe(1)
-            # only the script's own opens of a path: torch, the stdlib and pip open theirs
-            if self._is_user(user.f_code.co_filename) and isinstance(file, (str, os.PathLike)):
-                wanted = os.path.abspath(file)
-                if _WRITE_MODES & set(mode):
-                    self._write("open", os.fspath(file), self._site_of(user))
-                    if self.scratch is not None:
-                        name = wanted.strip(os.sep).replace(os.sep, "__")
-                        file = self.redirected[wanted] = str(self.scratch / f"open-{name}")
-                else:
-                    file = self.redirected.get(wanted, file)
+            # only the script's own opens of a path for writing: torch, the stdlib and pip
+            # open theirs (the harness under these patches sends the file to its scratch folder)
+            if (
+                self._user.owns(user.f_code.co_filename)
+                and isinstance(file, (str, os.PathLike))
+                and _WRITE_MODES & set(mode)
+            ):
+                self._write("open", os.fspath(file), self._site_of(user))
             return original(file, mode, *args, **kwargs)
 
         return open_
@@ -269,7 +206,7 @@ class FactRecorder:
     def _print(self, original: Callable) -> Callable:
         def print_(*args, **kwargs):
             frame = sys._getframe(1)
-            if self._is_user(frame.f_code.co_filename):
+            if self._user.owns(frame.f_code.co_filename):
                 site = self._site_of(frame)
                 self._count(self.prints, ("print", *site.values()), lambda: {"site": site, "count": 0})
             return original(*args, **kwargs)
@@ -284,7 +221,7 @@ class FactRecorder:
             register_module_forward_hook,
             register_module_forward_pre_hook,
         )
-        from torch.utils.data import DataLoader, dataloader, sampler
+        from torch.utils.data import DataLoader, sampler
 
         from autoaccel.harness import patched
 
@@ -309,10 +246,6 @@ class FactRecorder:
         stack.callback(register_optimizer_step_pre_hook(self._step_hook).remove)
         stack.callback(register_module_forward_pre_hook(self._forward_pre_hook).remove)
         stack.callback(register_module_forward_hook(self._forward_hook, always_call=True).remove)
-        iterators = dataloader._BaseDataLoaderIter
-        stack.enter_context(patched(iterators, "_next_index", self._drawn))
-        stack.enter_context(patched(iterators, "__next__", self._handed_out))
-        stack.enter_context(patched(iterators, "_reset", self._reset))
         stack.enter_context(patched(torch, "save", self._save))
         stack.enter_context(patched(builtins, "open", self._open))
         stack.enter_context(patched(builtins, "print", self._print))
@@ -369,15 +302,6 @@ def _shape(value: Any) -> Any:
     return list(shape) if shape is not None and not callable(shape) else type(value).__name__
 
 
-def _samples(index: Any) -> int | None:
-    """The samples of a batch a batch sampler drew: its number of dataset indices; None
-    for an `IterableDataset`'s (`None`s: its last batch may be shorter) and for one sample
-    without a batch dimension (`batch_size=None`)."""
-    if isinstance(index, (list, tuple)) and index and all(hasattr(i, "__index__") for i in index):
-        return len(index)
-    return None
-
-
 def _note(seen: list[dict[str, Any]], group: dict[str, Any]) -> None:
     """Count a call in its group of `seen` (a new one while there are fewer than `MAX_SEEN`)."""
     for known in seen:
@@ -412,9 +336,11 @@ def _digests(record: dict[str, Any]) -> dict[str, str]:
     return digests
 
 
-def recorder_from_env(script: str, scratch: Path | None) -> tuple[FactRecorder, Path] | None:
+def recorder_from_env(
+    script: str, latest_batch: Callable[[], int | None]
+) -> tuple[FactRecorder, Path] | None:
     """A recorder and where it writes, when ``AUTOACCEL_FACTS_OUT`` asks for one."""
     out = os.environ.get(FACTS_ENV)
     if not out:
         return None
-    return FactRecorder(script, scratch), Path(out)
+    return FactRecorder(script, latest_batch), Path(out)
