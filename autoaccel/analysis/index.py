@@ -7,14 +7,16 @@ imports or builtins, with LibCST's rules: the same scopes (class bodies invisibl
 nested functions, the first iterable of a comprehension outside it), the same
 "bound earlier in this scope" ordering for plain names, the same dotted-import
 lookup. Names bound locally resolve to nothing. `tests/test_module_index.py` checks
-the results against LibCST's providers.
+the results against LibCST's providers. Unlike LibCST, a `from module import *` of a
+module of the project binds the names that module exports, once the program has told
+the index what they are (`bind_star_import`; tests/test_star_imports.py).
 """
 
 from __future__ import annotations
 
 import builtins
 import dataclasses
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections.abc import Iterator
 from typing import Callable
 
@@ -210,6 +212,10 @@ class ModuleIndex:
         self._bound_names: dict[tuple[int, int, str], frozenset[str]] = {}
         self._attribute: cst.Attribute | None = None  # outermost attribute being walked
         self._pending: list[tuple[cst.Name, cst.Attribute | None, Scope, int]] = []
+        # `from module import *` with the scope and position it binds at; once told what
+        # the module exports (`bind_star_import`), the names it binds and what they mean
+        self.star_imports: list[tuple[cst.ImportFrom, Scope, int]] = []
+        self._star_exports: dict[cst.ImportFrom, dict[str, frozenset[str]]] = {}
         self._visit(module, Scope(None), False)
         for name, attribute, scope, index in self._pending:
             self._record_access(name, attribute, scope, index)
@@ -258,6 +264,41 @@ class ModuleIndex:
     def is_read(self, statement: cst.Import | cst.ImportFrom, name: str) -> bool:
         """Whether the name `statement` binds as `name` is read anywhere."""
         return self.reads(statement, name) > 0
+
+    def exports(self, name: str) -> dict[str, frozenset[str]]:
+        """What `from <this module> import *` binds, this module imported as `name`: the
+        names of its `__all__`, or else its top-level names without a leading underscore,
+        each with what it refers to (`random` for the module's `import random`,
+        `name.read_file` for a function it defines)."""
+        scope = self.scopes[self.module]
+        public = _declared_all(self.module)
+        if public is None:
+            public = [n for n in scope.bindings if not n.startswith("_") and "." not in n]
+        found: dict[str, frozenset[str]] = {}
+        for exported in public:
+            bindings = scope.bindings.get(exported, [])
+            meant = self._names_of(bindings, len(bindings), exported)
+            if not bindings or any(binding[2] is None for binding in bindings):
+                meant |= {f"{name}.{exported}"}  # defined here, or a submodule `__all__` names
+            found[exported] = meant
+        return found
+
+    def bind_star_import(self, statement: cst.ImportFrom, exports: dict[str, frozenset[str]]) -> None:
+        """Bind the names `statement`, a `from module import *` of this module, takes from
+        the module's `exports` (its `ModuleIndex.exports`), where it runs. A name this
+        module binds itself is left to its own binding: a script that imports `torch`, or
+        defines `args`, beside a star import means its own."""
+        if statement in self._star_exports:
+            return
+        scope, position = next((s, p) for node, s, p in self.star_imports if node is statement)
+        self._star_exports[statement] = exports
+        for name in exports:
+            bindings = scope.bindings.setdefault(name, [])
+            if any(binding[2] not in self._star_exports for binding in bindings):
+                continue
+            insort(bindings, (position, scope, statement), key=lambda binding: binding[0])
+        self._names.clear()  # names read before may mean these now
+        self._bound_names.clear()
 
     def _resolve(self, node: cst.CSTNode) -> frozenset[str]:
         access = self._accesses.get(node)
@@ -314,7 +355,13 @@ class ModuleIndex:
         key = (statement, full)
         names = self._import_names.get(key)
         if names is None:
-            names = self._import_names[key] = frozenset(_imported_names(statement, full))
+            star = self._star_exports.get(statement)  # type: ignore[arg-type]
+            if star is not None:
+                root, dot, rest = full.partition(".")
+                names = frozenset(f"{meant}{dot}{rest}" for meant in star.get(root, ()))
+            else:
+                names = frozenset(_imported_names(statement, full))
+            self._import_names[key] = names
         return names
 
     # -- the pass ------------------------------------------------------------------
@@ -413,6 +460,7 @@ class ModuleIndex:
     def _import(self, node: cst.Import | cst.ImportFrom, scope: Scope, store: bool) -> None:
         self._link(node)
         if isinstance(node.names, cst.ImportStar):
+            self.star_imports.append((node, scope, scope.count))  # type: ignore[arg-type]
             return
         for alias in node.names:
             self.scopes[alias] = scope
@@ -532,6 +580,23 @@ def _full_name(node: cst.CSTNode) -> str | None:
     return None
 
 
+def _declared_all(module: cst.Module) -> list[str] | None:
+    """The names of a top-level `__all__ = [...]` (or a tuple) of string literals."""
+    declared = None
+    for statement in module.body:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if (
+                isinstance(small, cst.Assign)
+                and any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in small.targets)
+                and isinstance(small.value, (cst.List, cst.Tuple))
+            ):
+                declared = [
+                    e.value.evaluated_value for e in small.value.elements
+                    if isinstance(e.value, cst.SimpleString) and isinstance(e.value.evaluated_value, str)
+                ]  # fmt: skip
+    return declared
+
+
 def _dotted_names(node: cst.BaseExpression) -> Iterator[tuple[str, cst.CSTNode]]:
     """`a.b.c` -> ("a.b.c", node), ("a.b", ...), ("a", Name): longest first."""
     if isinstance(node, cst.Name):
@@ -551,14 +616,15 @@ def _dotted_names(node: cst.BaseExpression) -> Iterator[tuple[str, cst.CSTNode]]
             yield from inner
 
 
+def from_module(statement: cst.ImportFrom) -> str:
+    """The module a `from ... import` imports from, as spelled (`..data` for a relative one)."""
+    module = (_full_name(statement.module) or "") if statement.module is not None else ""
+    return "." * len(statement.relative) + module
+
+
 def _imported_names(statement: cst.Import | cst.ImportFrom, full: str) -> set[str]:
     """What `full` (a dotted name starting with a name the import binds) refers to."""
-    module = ""
-    if isinstance(statement, cst.ImportFrom):
-        if statement.module is not None:
-            module = _full_name(statement.module) or ""
-        if statement.relative:
-            module = "." * len(statement.relative) + module
+    module = from_module(statement) if isinstance(statement, cst.ImportFrom) else ""
     found: set[str] = set()
     for alias in statement.names:  # type: ignore[union-attr]
         real = _full_name(alias.name)

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import libcst as cst
 
-from autoaccel.analysis.index import ModuleIndex, Scope, run_visitors
+from autoaccel.analysis.index import ModuleIndex, Scope, from_module, run_visitors
 from autoaccel.analysis.losses import is_loss_module
 from autoaccel.analysis.shapes import bound_name_nodes
 
@@ -249,6 +249,27 @@ class Program:
         self._live_versions: dict[tuple[int, str, int], list[int]] = {}
         self._sites: dict[int, int | FunctionInfo | None] = {}  # id of a node -> where it runs
         self._positions: dict[int, dict[int, int]] = {}  # id(tree) -> id(statement) -> index
+        self._bind_star_imports()
+
+    def _bind_star_imports(self) -> None:
+        """Bind the names each `from module import *` of a module of the project takes
+        from it (the star imports of that module first): `random`, `read_file` and
+        `CharRNN` of char-rnn's `from helpers import *` and `from model import *`."""
+        done: set[int] = set()  # (a cycle of star imports binds what is bound so far)
+
+        def bind(module: SourceModule) -> None:
+            done.add(id(module))
+            for statement, _, _ in module.index.star_imports:
+                source = self._resolve_module(_absolute(from_module(statement), module), module)
+                if source is None:
+                    continue  # a library
+                if id(source) not in done:
+                    bind(source)
+                module.index.bind_star_import(statement, source.index.exports(source.name))
+
+        for module in self.modules:
+            if id(module) not in done:
+                bind(module)
 
     @classmethod
     def of(cls, modules: list[SourceModule], resolve_module: ModuleResolver | None = None) -> Program:
@@ -641,12 +662,7 @@ class Program:
         return found
 
     def _project_name_values(self, dotted: str, origin: SourceModule) -> set[Obj] | None:
-        if dotted.startswith("."):
-            level = len(dotted) - len(dotted.lstrip("."))
-            package = origin.package.split(".") if origin.package else []
-            package = package[: len(package) - level + 1]
-            dotted = ".".join([*package, dotted.lstrip(".")]).strip(".")
-        pieces = dotted.split(".")
+        pieces = _absolute(dotted, origin).split(".")
         for cut in range(len(pieces), 0, -1):
             target = self._resolve_module(".".join(pieces[:cut]), origin)
             if target is None:
@@ -938,6 +954,16 @@ def _reads_own_bindings(statement: cst.CSTNode) -> bool:
     if isinstance(statement, cst.SimpleStatementLine):
         return len(statement.body) > 1
     return not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+
+
+def _absolute(dotted: str, origin: SourceModule) -> str:
+    """`dotted` as imported by `origin`, a relative name (`.data`) made absolute."""
+    if not dotted.startswith("."):
+        return dotted
+    level = len(dotted) - len(dotted.lstrip("."))
+    package = origin.package.split(".") if origin.package else []
+    package = package[: len(package) - level + 1]
+    return ".".join([*package, dotted.lstrip(".")]).strip(".")
 
 
 def _dotted_root(node: cst.BaseExpression) -> cst.Name | None:

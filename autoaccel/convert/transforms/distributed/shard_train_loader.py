@@ -196,7 +196,7 @@ class ShardTrainLoader(DistributedStep):
     def _batch_maker(self, step: StepLoop) -> cst.Call | None:
         """A call of the loop's body to a function of the project that returns what it cut
         from its data, and trains nothing itself: `random_training_set(chunk_len, n)`,
-        whose `random` came by a star import the analysis does not follow."""
+        whose `random` came by a star import of a module the project lacks."""
         for call in find(step.node.body, cst.Call):
             for function in self.script.callees(call):
                 if function.cls is not None and function.cls.is_module:
