@@ -89,7 +89,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from autoaccel.facts.user_code import UserCode
+from autoaccel.facts.user_code import user_frame
 
 # Attribute set on tensors returned by GradScaler.scale: the scale tensor they carry.
 _SCALE_ATTR = "_autoaccel_loss_scale"
@@ -249,7 +249,6 @@ class _StepRecorder:
         self.epoch_cut = epoch_cut
         self.redirected: dict[str, str] = {}  # path the script wrote -> file in `scratch`
         self.folders = _WriteFolders.of([scratch, progress and progress.parent], script)
-        self.user_code = UserCode()
         self.record = StepRecord(
             rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1))
         )
@@ -373,7 +372,7 @@ class _StepRecorder:
         """Keep where the script's code wrote `path` first: the innermost frame of the
         user's code (a helper of the project, not numpy's `save` nor matplotlib's
         `savefig`), as `file:line`."""
-        frame = self.user_code.frame(sys._getframe(2))
+        frame = user_frame(sys._getframe(2))
         if frame is not None:
             where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
             self.record.write_sites.setdefault(os.fspath(path), where)

@@ -1518,6 +1518,7 @@ def test_another_use_of_the_batch_size_in_the_step_is_refused():
     code, log = run_step(FollowPerProcessBatch, body)
     (skip,) = log.skipped
     assert skip.wrong and skip.what == "per-process batch" and skip.line == SETUP.count("\n") + 8
+    assert "`--per-process-batch`" in skip.reason
 
 
 def test_per_process_batch_keeps_the_batch_size():

@@ -14,7 +14,11 @@ parameters at the first step and at the end. The checks are the ones the tests m
 the fixtures:
 
 * every process finishes (a hang is stopped after the timeout); the check says how many
-  epoch ends the runs went through, or that none did (what runs after is not proven);
+  epoch ends the runs went through, or that none did (what runs after is not proven). A
+  crash is named by its root cause: the first error that is not another process's
+  consequence (a connection its peer closed, a collective that timed out, torchrun's
+  SIGTERM), with the innermost line of the user's files in its traceback, the converted
+  script's lines mapped back to the user's (`loops.py:12: AssertionError: ...`);
 * the processes train on disjoint samples (with no DataLoader: not on the same data);
 * the parameters are equal on every process after the same steps;
 * the optimizers change the parameters they hold wherever the original's do (an
@@ -44,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from autoaccel.bench.runner import Run, run_script
+from autoaccel.diff import original_line
+from autoaccel.facts.user_code import is_user_file
 from autoaccel.harness import EpochCut
 from autoaccel.fileio import write_atomic
 
@@ -64,6 +70,15 @@ PROCESS_FACTOR_TOLERANCE = 0.15
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _AVERAGE_LABEL = re.compile(r"\b(?:avg|average|mean|total|sum|loss)\b", re.IGNORECASE)
 ORIGINAL_RUNS = "the original runs"
+# Errors a process gets because another one failed: its peer's connection closed, a
+# collective that timed out waiting, torchrun's SIGTERM to the processes left.
+_CONSEQUENCE = re.compile(
+    r"connection (?:reset|closed|refused)|broken pipe|remote process exited|timed out|timeout"
+    r"|sigterm|signal:? ?15|ChildFailedError|communicator was aborted",
+    re.IGNORECASE,
+)
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
 @dataclass(frozen=True)
@@ -141,8 +156,11 @@ def verify_ddp(
             env=threads, timeout=timeout, scratch=scratch,
             epoch_cut=None if epoch_samples is None else EpochCut(samples=epoch_samples),
         )
-    found = checks(original, ddp)
-    return found, ddp.log if not all(c.passed for c in found) else ""
+        found = checks(original, ddp, user_place(script, copy, scratch / "converted"))
+    if all(c.passed for c in found):
+        return found, ""
+    crash = root_crash(ddp) if not found[0].passed else None
+    return found, ddp.log[: crash[0].end] if crash else ddp.log  # the output up to the first failure
 
 
 def failure_line(run: Run) -> str:
@@ -150,6 +168,86 @@ def failure_line(run: Run) -> str:
     argparse's `error: the following arguments are required`), else its exit status."""
     lines = [line.strip() for line in run.log.splitlines() if line.strip()]
     return lines[-1] if lines else run.record["exit"].removeprefix("error: ")
+
+
+# Where a frame of a traceback is in the user's files, as `path:line` (None: a library's).
+Place = Callable[[str, int], "str | None"]
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A traceback in a run's output: its exception's first line, the frames' files and
+    lines (outermost first), and where in the output it ends."""
+
+    error: str
+    frames: tuple[tuple[str, int], ...]
+    end: int
+
+    @property
+    def exception(self) -> str:
+        """The exception as the harness records it: `DistBackendError: ...`, not
+        `torch.distributed.DistBackendError: ...`."""
+        return re.sub(r"^[\w.]+\.(?=\w+(?::|$))", "", self.error)
+
+    @property
+    def consequence(self) -> bool:
+        """Whether another process's failure explains it."""
+        return bool(_CONSEQUENCE.search(self.error))
+
+
+def crashes(log: str) -> list[Crash]:
+    """The tracebacks in `log`, in the order printed (each of a chain on its own)."""
+    found: list[Crash] = []
+    frames: list[tuple[str, int]] | None = None
+    position = 0
+    for line in log.splitlines(keepends=True):
+        position += len(line)
+        text = line.rstrip()
+        if text == _TRACEBACK:
+            frames = []
+        elif frames is not None and (frame := _FRAME.match(text)):
+            frames.append((frame["file"], int(frame["line"])))
+        elif frames and text and not text[0].isspace():
+            found.append(Crash(text, tuple(frames), position))
+            frames = None
+    return found
+
+
+def _shown(path: Path, line: int) -> str:
+    """`path:line`, the path relative to the current folder when it is in it."""
+    return f"{os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd().resolve()) else path}:{line}"
+
+
+def own_code(file: str, line: int) -> str | None:
+    """The place of a frame outside the libraries, as the run names it."""
+    return _shown(Path(file), line) if is_user_file(file) else None
+
+
+def user_place(script: Path, copy: Path, converted: Path) -> Place:
+    """The place of a frame in the user's files: a file of the converted copy in the
+    folder `converted` (`copy` is the script's) is named as the user's file it was
+    converted from, its line mapped back through the conversion."""
+    copy, converted = copy.resolve(), converted.resolve()
+    depth = len(copy.relative_to(converted).parts) if copy.is_relative_to(converted) else 0
+    root = script.resolve().parents[depth - 1] if depth else None  # the copy's folder, the user's
+
+    def place(file: str, line: int) -> str | None:
+        if not is_user_file(file):
+            return None
+        path = Path(file).resolve()
+        if path == copy:
+            user = script
+        elif root is not None and path.is_relative_to(converted):
+            user = root / path.relative_to(converted)
+        else:  # a module of the user's imported from where it is
+            return _shown(path, line)
+        try:
+            texts = [item.read_text(encoding="utf-8", errors="replace") for item in (user, path)]
+        except OSError:
+            return _shown(user, line)
+        return _shown(user, original_line([(texts[0], texts[1])], line))
+
+    return place
 
 
 def write_one(script: Path, converted: str) -> WriteConversion:
@@ -164,10 +262,11 @@ def write_one(script: Path, converted: str) -> WriteConversion:
     return write
 
 
-def checks(original: Run, ddp: Run) -> list[Check]:
-    """What the two runs show, one check per property (see the module docstring)."""
+def checks(original: Run, ddp: Run, place: Place = own_code) -> list[Check]:
+    """What the two runs show, one check per property (see the module docstring); a
+    crash is named at the frame `place` finds in the user's files."""
     ranks = sorted(ddp.ranks, key=lambda r: r.get("rank", 0))
-    finished = _finished(ddp, ranks)
+    finished = _finished(ddp, ranks, place)
     if not finished.passed:
         return [finished]
     return [
@@ -181,15 +280,42 @@ def checks(original: Run, ddp: Run) -> list[Check]:
     ]
 
 
-def _finished(ddp: Run, ranks: list[dict[str, Any]]) -> Check:
+def _finished(ddp: Run, ranks: list[dict[str, Any]], place: Place) -> Check:
     name = "every process finishes"
     errors = [r["exit"] for r in ranks if r["exit"].startswith("error")]
     if len(ranks) < PROCESSES or errors:
-        return Check(name, False, errors[0] if errors else ddp.record["exit"])
+        return Check(name, False, _root_cause(ddp, ranks, place) or (errors[0] if errors else ddp.record["exit"]))
     steps = {len(r["losses"]) for r in ranks}
     if len(steps) > 1:
         return Check(name, False, f"the processes took {sorted(steps)} steps: they did not stop together")
     return Check(name, True, f"{PROCESSES} processes, {steps.pop()} steps each")
+
+
+def root_crash(ddp: Run) -> tuple[Crash, int | None] | None:
+    """The traceback of the process that failed of its own accord (no consequence of
+    another's failure), and its rank: the first that a process's record names as its
+    error, else the first at all (a process killed before it wrote its record)."""
+    ranks = sorted(ddp.ranks, key=lambda r: r.get("rank", 0))
+    own = [crash for crash in crashes(ddp.log) if not crash.consequence]
+    for crash in own:
+        for rank in ranks:
+            if rank["exit"].startswith(f"error: {crash.exception}"):
+                return crash, rank.get("rank", 0)
+    return (own[0], None) if own else None
+
+
+def _root_cause(ddp: Run, ranks: list[dict[str, Any]], place: Place) -> str:
+    """Why the processes failed, from the one that failed of its own accord: its
+    exception, at the innermost frame in the user's files, and which process it was;
+    empty when every error is a consequence of another."""
+    found = root_crash(ddp)
+    if found is None:
+        return next(
+            (r["exit"] for r in ranks if r["exit"].startswith("error") and not _CONSEQUENCE.search(r["exit"])), ""
+        )
+    crash, rank = found
+    where = next(filter(None, (place(file, line) for file, line in reversed(crash.frames))), None)
+    return f"{where + ': ' if where else ''}{crash.exception}{'' if rank is None else f' (process {rank})'}"
 
 
 def _epoch_ends(original: Run) -> str:

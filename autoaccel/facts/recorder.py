@@ -30,7 +30,7 @@ from types import CodeType, FrameType
 from typing import Any, Callable
 
 from autoaccel.facts.model import MAX_SEEN, VERSION
-from autoaccel.facts.user_code import UserCode
+from autoaccel.facts.user_code import is_user_file, user_frame
 
 FACTS_ENV = "AUTOACCEL_FACTS_OUT"
 _WRITE_MODES = frozenset("wax+")
@@ -45,7 +45,6 @@ class FactRecorder:
         harness counts them), None where unknown."""
         self.script = os.path.realpath(script)
         self.started = time.perf_counter()
-        self._user = UserCode()
         self._latest_batch = latest_batch
         self._positions: dict[CodeType, list[tuple]] = {}
         self._ids: dict[int, tuple[str, int]] = {}  # id(obj) -> (kind, fact id)
@@ -77,7 +76,7 @@ class FactRecorder:
         }
 
     def _caller_site(self, depth: int = 2) -> dict[str, Any] | None:
-        frame = self._user.frame(sys._getframe(depth))
+        frame = user_frame(sys._getframe(depth))
         return None if frame is None else self._site_of(frame)
 
     def _creation(self, obj: Any) -> tuple[dict[str, Any] | None, bool]:
@@ -89,8 +88,8 @@ class FactRecorder:
             frame = frame.f_back
         if frame is None:
             return None, True
-        user = self._user.frame(frame)
-        return (None if user is None else self._site_of(user)), self._user.owns(frame.f_code.co_filename)
+        user = user_frame(frame)
+        return (None if user is None else self._site_of(user)), is_user_file(frame.f_code.co_filename)
 
     # -- objects --------------------------------------------------------------------------
     def _made(self, kind: str) -> Callable[[Callable], Callable]:
@@ -122,7 +121,7 @@ class FactRecorder:
         entry["count"] += 1
 
     def _call(self, kind: str, obj: Any, frame: FrameType | None) -> None:
-        user = self._user.frame(frame)
+        user = user_frame(frame)
         if user is None:
             return
         site = self._site_of(user)
@@ -152,7 +151,7 @@ class FactRecorder:
         if self._depth != 1:
             return
         number = self._fact_id(module)
-        user = self._user.frame(sys._getframe(1))
+        user = user_frame(sys._getframe(1))
         self._under_way = None
         if number is None or user is None:
             return
@@ -176,7 +175,7 @@ class FactRecorder:
     # -- writes and prints ----------------------------------------------------------------
     def _save(self, original: Callable) -> Callable:
         def save(obj, f, *args, **kwargs):
-            user = self._user.frame(sys._getframe(1))
+            user = user_frame(sys._getframe(1))
             if user is not None:
                 path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else repr(f)
                 self._write("torch.save", path, self._site_of(user))
@@ -194,7 +193,7 @@ class FactRecorder:
             # only the script's own opens of a path for writing: torch, the stdlib and pip
             # open theirs (the harness under these patches sends the file to its scratch folder)
             if (
-                self._user.owns(user.f_code.co_filename)
+                is_user_file(user.f_code.co_filename)
                 and isinstance(file, (str, os.PathLike))
                 and _WRITE_MODES & set(mode)
             ):
@@ -206,7 +205,7 @@ class FactRecorder:
     def _print(self, original: Callable) -> Callable:
         def print_(*args, **kwargs):
             frame = sys._getframe(1)
-            if self._user.owns(frame.f_code.co_filename):
+            if is_user_file(frame.f_code.co_filename):
                 site = self._site_of(frame)
                 self._count(self.prints, ("print", *site.values()), lambda: {"site": site, "count": 0})
             return original(*args, **kwargs)

@@ -116,7 +116,9 @@ class FollowPerProcessBatch(DistributedStep):
             "per-process batch",
             f"the training step uses the global batch size `{name_key(read)}`, while each"
             f" process loads `{name_key(read)} // {WORLD_SIZE}` samples; use the batch's own"
-            " size (`len(x)`) or the per-process one by hand",
+            " size (`len(x)`) or the per-process one by hand, or convert with"
+            f" `--per-process-batch` (each process then loads `{name_key(read)}` samples, a"
+            f" global batch `{WORLD_SIZE}` times larger)",
             read,
             wrong=True,
         )
