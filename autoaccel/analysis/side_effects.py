@@ -10,8 +10,10 @@ apart: guarding their body once beats guarding each line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 import libcst as cst
 
@@ -94,10 +96,18 @@ class SideEffects:
     writer_functions: set[cst.FunctionDef] = field(default_factory=set)
 
 
+# The kind of what a call of the project's own functions writes, None when it is not a
+# write (see `find_side_effects`).
+CallKind = Callable[[cst.Call], EffectKind | None]
+# The kinds of write, the one a message names first.
+_SEVERITY = (EffectKind.CHECKPOINT, EffectKind.FILE_WRITE, EffectKind.EXPERIMENT_LOG, EffectKind.PRINT)
+
+
 class _Collector(cst.CSTVisitor):
-    def __init__(self, index: ModuleIndex) -> None:
+    def __init__(self, index: ModuleIndex, project_calls: CallKind | None = None) -> None:
         super().__init__()
         self.index = index
+        self.project_calls = project_calls
         self.found = SideEffects()
         self.function_effects: dict[cst.FunctionDef, list[SideEffect]] = {}
         self.matplotlib_objects: set[str] = set()  # names bound to what matplotlib made
@@ -155,7 +165,7 @@ class _Collector(cst.CSTVisitor):
         func = call.func
         if is_attribute(func, *_MATPLOTLIB_SAVES):
             return EffectKind.FILE_WRITE if name_key(func.value) in self.matplotlib_objects else None  # type: ignore[attr-defined]
-        return None
+        return self.project_calls(call) if self.project_calls is not None else None
 
     # -- where it sits --------------------------------------------------------------
     def _statement(self, call: cst.Call) -> cst.BaseStatement | None:
@@ -210,9 +220,31 @@ def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement]) -
     return False
 
 
-def find_side_effects(module: cst.Module, index: ModuleIndex | None = None) -> SideEffects:
+def find_side_effects(
+    module: cst.Module, index: ModuleIndex | None = None, project_calls: CallKind | None = None
+) -> SideEffects:
     """Prints, checkpoint saves and file writes of `module` (pass its `index` when it
-    is built already)."""
-    collector = _Collector(index or ModuleIndex(module))
+    is built already); `project_calls` gives the kind of write of a call of the project's
+    own functions (`save_experiment(...)` of a utils module), if any."""
+    collector = _Collector(index or ModuleIndex(module), project_calls)
     run_visitors(module, [collector])
     return collector.found
+
+
+class Writes(NamedTuple):
+    kind: EffectKind  # the weightiest: a checkpoint save, then a file write, then a print
+    only: bool  # the function does nothing but write
+
+
+def function_writes(module: cst.Module, index: ModuleIndex | None = None) -> dict[cst.FunctionDef, Writes]:
+    """What each function of `module` that writes on every rank (not under a rank test)
+    writes."""
+    found = find_side_effects(module, index)
+    kinds: dict[cst.FunctionDef, list[EffectKind]] = {}
+    for effect in found.effects:
+        if effect.function is not None and not effect.guarded:
+            kinds.setdefault(effect.function, []).append(effect.kind)
+    return {
+        function: Writes(min(found_kinds, key=_SEVERITY.index), function in found.writer_functions)
+        for function, found_kinds in kinds.items()
+    }

@@ -1,16 +1,27 @@
 """Only rank 0 prints, saves checkpoints and writes files.
 
 Each such statement (adjacent ones together) goes under `if RANK == 0:`; a function that
-does nothing but write returns early on the other ranks. Statements already guarded by a
-rank test are left alone. See `autoaccel.analysis.side_effects` for what counts.
+does nothing but write returns early on the other ranks. A call of such a function of a
+module the conversion leaves as it is (`save_experiment(...)` of a utils module) is a
+write too, guarded where it is called; a writing function of such a module that also
+communicates with the other processes (or, under FSDP, is given the sharded model) is
+refused with the line of its call.
+Statements already guarded by a rank test are left alone. See
+`autoaccel.analysis.side_effects` for what counts.
 """
 
 from __future__ import annotations
 
+from functools import cached_property
+from pathlib import Path
+
 import libcst as cst
 
-from autoaccel.analysis.shapes import name_calls
-from autoaccel.analysis.side_effects import EffectKind, SideEffect, find_side_effects
+from autoaccel.analysis.positions import Positions
+from autoaccel.analysis.program import FunctionInfo, SourceModule
+from autoaccel.analysis.shapes import find, name_calls
+from autoaccel.analysis.side_effects import EffectKind, SideEffect, Writes, find_side_effects, function_writes
+from autoaccel.analysis.training import LoopRole
 from autoaccel.convert.transforms.distributed._base import (
     RANK,
     DistributedStep,
@@ -18,6 +29,13 @@ from autoaccel.convert.transforms.distributed._base import (
     rank_zero,
 )
 from autoaccel.cst_edit import is_docstring
+
+
+# Functions of `torch.distributed` that only ask about the process group.
+_QUERIES = frozenset(
+    f"torch.distributed.{name}"
+    for name in ("is_available", "is_initialized", "get_rank", "get_world_size", "get_backend")
+)
 
 
 class GuardRankZero(DistributedStep):
@@ -32,14 +50,36 @@ class GuardRankZero(DistributedStep):
         by one) rather than return early on the others."""
         return bool(self.collectives and name_calls(function, *self.collectives))
 
+    def helper_on_every_rank(self, module: cst.Module, call: cst.Call, helper: FunctionInfo) -> str | None:
+        """Why `call` of `helper`, a function of another module that writes, must run on
+        every rank (it calls a collective of `torch.distributed`), None when rank 0 alone
+        may run it."""
+        index = helper.module.index
+        names = (name for inner in find(helper.node, cst.Call) for name in index.qualified_names(inner.func))
+        used = next((n for n in names if n.startswith("torch.distributed.") and n not in _QUERIES), None)
+        return f"it calls `{used}`, which every process must call" if used else None
+
     def visit_Module(self, node: cst.Module) -> None:
-        found = find_side_effects(node, self.script.index)
+        self.helpers: dict[cst.Call, FunctionInfo] = {}
+        self.writes_of: dict[SourceModule, dict[cst.FunctionDef, Writes]] = {}
+        found = find_side_effects(node, self.script.index, self._helper_write)
         writers = {f for f in found.writer_functions if not self.runs_on_every_rank(node, f)}
         for function in writers:
             self._return_early(function)
         groups: dict[cst.CSTNode, list[SideEffect]] = {}
         for effect in found.effects:
             if effect.guarded or effect.function in writers:
+                continue
+            helper = self.helpers.get(effect.call)  # type: ignore[arg-type]
+            why = helper and self.helper_on_every_rank(node, effect.call, helper)  # type: ignore[arg-type]
+            if why:
+                self.skipped(
+                    f"rank-0 {effect.kind.value}",
+                    f"`{helper.name}()` ({_where(helper)}) writes on every process, and only"  # type: ignore[union-attr]
+                    f" rank 0 may: {why}; put its writes under `if {RANK} == 0:` by hand",
+                    effect.call,
+                    wrong=True,
+                )
                 continue
             if effect.statement is None:
                 self.skipped(
@@ -52,6 +92,34 @@ class GuardRankZero(DistributedStep):
                 continue
             groups.setdefault(effect.statement, []).append(effect)
         self._guard(groups)
+
+    def _helper_write(self, call: cst.Call) -> EffectKind | None:
+        """What `call` writes when it runs a function of a module the conversion leaves as
+        it is (the modules it converts guard their own writers) that does nothing but
+        write, or that writes files and must run on every rank (refused)."""
+        callees = self.script.callees(call)
+        if len(callees) != 1:
+            return None
+        (helper,) = callees
+        if helper.module in self._converted_modules:
+            return None
+        if helper.module not in self.writes_of:
+            self.writes_of[helper.module] = function_writes(helper.module.tree, helper.module.index)
+        writes = self.writes_of[helper.module].get(helper.node)
+        if writes is None or not writes.only and (
+            writes.kind is EffectKind.PRINT or not self.helper_on_every_rank(self.script.module.tree, call, helper)
+        ):
+            return None
+        self.helpers[call] = helper
+        return writes.kind
+
+    @cached_property
+    def _converted_modules(self) -> set[SourceModule]:
+        """This module and those a project conversion rewrites with it: where training
+        loops, the loaders they read and the step functions they call are."""
+        steps = [s for s in self.script.training.step_loops.values() if s.role is LoopRole.TRAIN]
+        modules = {s.module for s in steps} | {o.module for s in steps for o in s.loaders}
+        return modules | {f.module for s in steps for f in s.step_functions} | {self.script.module}
 
     def _return_early(self, function: cst.FunctionDef) -> None:
         body = cst.ensure_type(function.body, cst.IndentedBlock).body
@@ -79,3 +147,9 @@ class GuardRankZero(DistributedStep):
             kinds = sorted({e.kind.value for s in run for e in groups[s]})
             code = "ACC403" if any(e.kind is EffectKind.CHECKPOINT for s in run for e in groups[s]) else "ddp"
             self.changed(run[0], f"{' and '.join(kinds)} on rank 0 only", code)
+
+
+def _where(function: FunctionInfo) -> str:
+    """`utils_io.py:7`: where `function` is defined."""
+    line = Positions(function.module.tree)[function.node].start.line
+    return f"{Path(function.module.path or function.module.name).name}:{line}"

@@ -6,7 +6,9 @@ train_loader.dataset)}]`) stopped at 1/WORLD_SIZE and averages over the dataset
 sampler's length is the shard's size under torchrun and the dataset's size in a single
 process. An average of a training sum over the dataset itself (`running_loss /
 len(train_set)`) divides by the sampler of the sharded loader that reads it, when a name
-there holds that loader. Only what is printed changes: a step count computed from the
+there holds that loader. Such an average is changed wherever it is (a Trainer method's
+`return total_loss / len(trainloader.dataset)`, the loader a parameter or `self.`
+attribute); any other size only where it is printed: a step count computed from the
 dataset size may need the whole set.
 """
 
@@ -25,22 +27,28 @@ class PrintShardSizes(DistributedStep):
     needs = (".dataset", "len(")
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.sizes: set[cst.Attribute] = set()
+        self.sizes: dict[cst.Attribute, bool] = {}  # `x.dataset` -> whether it is printed
         self.dataset_sizes: dict[cst.Call, str] = {}  # `len(train_set)`: the loader's name
-        for printed in find(node, cst.Call):
-            if "builtins.print" not in self.qualified_names(printed.func):
+        printed = {
+            length
+            for call in find(node, cst.Call)
+            if "builtins.print" in self.qualified_names(call.func)
+            for length in find(call, cst.Call)
+        }
+        for length in find(node, cst.Call):
+            if not is_name(length.func, "len") or len(length.args) != 1:
                 continue
-            for length in find(printed, cst.Call):
-                if not is_name(length.func, "len") or len(length.args) != 1:
-                    continue
-                measured = length.args[0].value
-                if is_attribute(measured, "dataset"):
-                    if self._sharded(node, measured.value):  # type: ignore[attr-defined]
-                        self.sizes.add(measured)  # type: ignore[arg-type]
-                elif self.divides_training_sum(length):
-                    loader = self._sharded_loader_of(node, measured, printed)
-                    if loader is not None:
-                        self.dataset_sizes[length] = loader
+            averages = self.divides_training_sum(length)
+            if length not in printed and not averages:
+                continue
+            measured = length.args[0].value
+            if is_attribute(measured, "dataset"):
+                if self._sharded(node, measured.value):  # type: ignore[attr-defined]
+                    self.sizes[measured] = length in printed  # type: ignore[index]
+            elif averages:
+                loader = self._sharded_loader_of(node, measured, length)
+                if loader is not None:
+                    self.dataset_sizes[length] = loader
 
     def _sharded(self, module: cst.Module, loader: cst.BaseExpression) -> bool:
         """Whether every DataLoader `loader` (as read there) may hold is sharded."""
@@ -90,7 +98,13 @@ class PrintShardSizes(DistributedStep):
         if original_node not in self.sizes:
             return updated_node
         loader = name_key(original_node.value)
-        self.changed(original_node, f"prints the size of this process's shard: `len({loader}.sampler)`")
+        if self.sizes[original_node]:
+            self.changed(original_node, f"prints the size of this process's shard: `len({loader}.sampler)`")
+        else:
+            self.changed(
+                original_node,
+                f"divides a sum over this process's shard by its size: `len({loader}.sampler)`",
+            )
         return updated_node.with_changes(attr=cst.Name("sampler"))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
