@@ -502,7 +502,7 @@ class DistributedStep(StatementRewrite):
                 if function.module.tree is module or path is None or method_of_a_model:
                     continue
                 elsewhere = given.resolver_in(path, function.module.tree)
-                for arg, param in _passed_args(call, function):
+                for arg, param in passed_args(call, function):
                     key = name_key(arg.value)
                     forwards = [c for c in find(function.node.body, cst.Call) if is_name(c.func, param)]
                     ran = {model.id: model for c in forwards for model in elsewhere.trained_at(c)}
@@ -546,7 +546,7 @@ class DistributedStep(StatementRewrite):
             if called_function(statement, training) or any(n in loops for n in descendants(statement)):
                 trains = statement
                 break
-            if _builds(statement, key) or received:
+            if builds(statement, key) or received:
                 anchor = statement  # a model received ready: wrapped just before training
         if anchor is None or (received and trains is None):
             return None
@@ -594,7 +594,7 @@ def _named(node: cst.CSTNode) -> cst.BaseExpression:
     return node.func if isinstance(node, cst.Call) else node.value  # type: ignore[attr-defined]
 
 
-def _passed_args(call: cst.Call, function: FunctionInfo) -> list[tuple[cst.Arg, str]]:
+def passed_args(call: cst.Call, function: FunctionInfo) -> list[tuple[cst.Arg, str]]:
     """The arguments of `call` that are plain names, each with the parameter of
     `function` that receives it (by position, or by keyword)."""
     params = function.positional[1:] if function.is_method else function.positional
@@ -633,7 +633,7 @@ def _targets(assign: cst.CSTNode) -> list[cst.BaseExpression]:
     return found
 
 
-def _builds(statement: cst.CSTNode, key: str) -> bool:
+def builds(statement: cst.CSTNode, key: str) -> bool:
     """Whether `statement` assigns `key` (for `models["net"]`, also its container
     `models`) or calls a method of it as a statement (`model.to(device)`,
     `net.apply(init)`, `model.cuda()`)."""

@@ -3,7 +3,8 @@
 `DistributedSampler` shuffles with a seed made of its own seed and the epoch it was told;
 without `set_epoch` every epoch reads the same order. The call goes at the top of the
 epoch loop, which is found around the training step loop, or around a call of the
-function that holds it (`for epoch ...: train(..., train_loader, ...)`).
+function that holds it (`for epoch ...: train(..., train_loader, ...)`), in this module
+or in another module of the project that calls it (`loops.train_one(...)` in `main()`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.script_model import StepLoop
-from autoaccel.analysis.shapes import bound_names, find, is_attribute, is_name, method_calls
+from autoaccel.analysis.program import FunctionInfo
+from autoaccel.analysis.shapes import bound_names, find, method_calls
+from autoaccel.analysis.training import LoopRole, StepLoop
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -25,44 +27,60 @@ class SetSamplerEpoch(DistributedStep):
     code = "ACC105"
 
     def visit_Module(self, node: cst.Module) -> None:
-        for loop in self.script.step_loops.values():
-            if loop.node in self.train_loops() and any(self.shards_loader(loader) for loader in loop.loaders):
-                self._set_epoch(node, loop)
+        for loop in self.script.training.step_loops.values():
+            if loop.role is not LoopRole.TRAIN or not any(self.shards_loader(o) for o in loop.loaders):
+                continue
+            if loop.module is self.script.module:
+                if loop.node in self.train_loops():
+                    self._set_epoch(loop)
+            elif (
+                loop.function is not None
+                and _epoch_loop(loop) is None
+                and not method_calls(loop.function.node.body, "set_epoch")
+            ):
+                # the training function of another module, called in an epoch loop here
+                sites = [s for s in self._call_sites(loop.function) if self._here(s)]
+                if sites:
+                    self._set_epoch_around(sites, loop)
 
-    def _set_epoch(self, module: cst.Module, loop: StepLoop) -> None:
-        epochs = [a for a in self.ancestors(loop.node) if isinstance(a, cst.For)]
+    def _set_epoch(self, loop: StepLoop) -> None:
         function = self.scope_of(loop.node)
         if function is not None and method_calls(function.body, "set_epoch"):
             return  # the function that trains an epoch sets it (`train_sampler.set_epoch(epoch)`)
-        if epochs and self.scope_of(epochs[0]) is function:
-            outers = [epochs[0]]
-        else:
-            outers = [
-                outer
-                for site in self._call_sites(module, function)
-                if (outer := next((a for a in self.ancestors(site) if isinstance(a, cst.For)), None))
-            ]
-        for outer in outers:
-            loader = self._holder(outer, loop)
+        if _epoch_loop(loop) is not None:
+            self._set_epoch_around([loop.node], loop)
+            return
+        sites = self._call_sites(loop.function) if loop.function is not None else []
+        if any(not self._here(site) for site in sites):
+            return  # called from another module: its own conversion sets it there
+        self._set_epoch_around(sites, loop)
+
+    def _set_epoch_around(self, sites: list[cst.CSTNode], loop: StepLoop) -> None:
+        """Set the epoch at the top of the innermost `for` loop of this module around one
+        of `sites` (the step loop, or calls of the function that holds it)."""
+        for site in sites:
+            outer = next((a for a in self.ancestors(site) if isinstance(a, cst.For)), None)
+            loader = self._holder(outer, loop) if outer is not None else None
             if loader is not None:
-                self._insert(outer, loader, loop.node)
+                self._insert(outer, loader)  # type: ignore[arg-type]
                 return
         self.skipped(
             "set_epoch",
             f"no epoch loop found around this training loop; call `{loop.loader}.sampler.set_epoch(epoch)`"
             " at the start of every epoch by hand",
-            loop.node,
+            loop.node if loop.module is self.script.module else sites[0],
         )
 
-    def _call_sites(self, module: cst.Module, function: cst.FunctionDef | None) -> list[cst.Call]:
-        if function is None:
-            return []
-        name = function.name.value
-        return [
-            c
-            for c in find(module, cst.Call)
-            if is_name(c.func, name) or (is_attribute(c.func, name) and is_name(c.func.value, "self"))
-        ]
+    def _call_sites(self, function: FunctionInfo) -> list[cst.Call]:
+        """The calls of `function` in any module of the program."""
+        program = self.script.program
+        assert program is not None
+        return [call for call, callees in program.callees.items() if function in callees]
+
+    def _here(self, node: cst.CSTNode) -> bool:
+        program = self.script.program
+        assert program is not None
+        return program.module_of.get(node) is self.script.module
 
     def _holder(self, epoch_loop: cst.For, step: StepLoop) -> str | None:
         """A name that holds the training loader when `epoch_loop` starts: a parameter
@@ -98,7 +116,7 @@ class SetSamplerEpoch(DistributedStep):
             return step.loader
         return holders[0] if holders else None
 
-    def _insert(self, epoch_loop: cst.For, loader: str, loop: cst.CSTNode) -> None:
+    def _insert(self, epoch_loop: cst.For, loader: str) -> None:
         epoch = name_key(epoch_loop.target)
         body = epoch_loop.body
         if epoch is None or not isinstance(body, cst.IndentedBlock):
@@ -111,3 +129,14 @@ class SetSamplerEpoch(DistributedStep):
             parse_statements(f"if {DISTRIBUTED}:\n    {loader}.sampler.set_epoch({epoch})\n")
         )
         self.changed(first, f"`{loader}.sampler.set_epoch({epoch})`: a new shuffle every epoch")
+
+
+def _epoch_loop(step: StepLoop) -> cst.For | None:
+    """The innermost `for` loop around `step` in its own function."""
+    assert step.module is not None
+    for ancestor in step.module.index.ancestors(step.node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return None
+        if isinstance(ancestor, cst.For):
+            return ancestor
+    return None

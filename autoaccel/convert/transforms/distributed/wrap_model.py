@@ -9,10 +9,15 @@ and evaluation runs on the plain model without any communication.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import libcst as cst
 
 from autoaccel.analysis.index import descendants
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import FunctionInfo, Kind
+from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
@@ -21,6 +26,8 @@ from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
     PassedModel,
     TrainedModel,
+    builds,
+    passed_args,
     ddp_name,
     fresh_name,
     item_container,
@@ -45,9 +52,9 @@ class WrapModel(DistributedStep):
         bound = {name_key(a.target) for a in find(node, cst.AssignTarget)}
         # model calls and arguments of training functions -> the wrapper they use
         self.rewrites: dict[cst.CSTNode, str] = {}
-        models = unique_models(self.trained_models(node))
+        models, moved_away = placed_models(self, node, self._wraps_in_caller)
         loops = self.train_loops()
-        if not models and loops and not self.ddp_wrappers(node):  # (none: converted before)
+        if not models and not moved_away and loops and not self.ddp_wrappers(node):  # (none: converted before)
             self.skipped(
                 "DistributedDataParallel",
                 "no trained model was recognised in this training loop, so nothing is wrapped"
@@ -276,6 +283,11 @@ class WrapModel(DistributedStep):
                 return False
         return True
 
+    def _wraps_in_caller(self, handover: Handover) -> bool:
+        """Wrap where the caller builds the model when the function that receives it runs
+        once per epoch (a new DDP each time otherwise) and takes the wrapper alike."""
+        return handover.in_loop and self._elsewhere_takes_wrapper(handover.passed)
+
     def _obstacle_note(self) -> str:
         """Why the wrapper could not be passed on, from the last `_takes_wrapper`."""
         if self.obstacle is None:
@@ -321,6 +333,126 @@ class WrapModel(DistributedStep):
             return updated
         self.changed(original, f"{what} `{wrapper}`")
         return updated.with_changes(**{field: cst.parse_expression(wrapper)})
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A call that hands a model its caller builds to the function that trains it."""
+
+    site: cst.Call  # the call
+    passed: PassedModel  # the caller's name for the model, its argument, the function
+    model: TrainedModel  # where the caller has built it, before the call
+    in_loop: bool  # the call runs in a loop of the caller (an epoch's helper)
+    optimized: bool  # an optimizer of the model's parameters is built before the call
+
+
+def placed_models(
+    step: DistributedStep, module: cst.Module, moves: Callable[[Handover], bool]
+) -> tuple[list[TrainedModel], bool]:
+    """The trained models of `module` (each once), each where it is wrapped or sharded,
+    and whether one of them goes to another module. A model that a function receives
+    from callers that build it is wrapped there instead when every call `moves` it (an
+    epoch's helper, called once per epoch): in this module, or in the caller's module,
+    which takes it as a model passed to another module (`step.passed_models`) when the
+    function calls it itself."""
+    program = step.script.program
+    assert program is not None
+    placed: list[TrainedModel] = []
+    moved_away = False
+    for model in unique_models(step.trained_models(module)):
+        handovers = _handovers_of(step, model)
+        if handovers and all(moves(h) for h in handovers):
+            here = [h.model for h in handovers if program.module_of[h.site] is step.script.module]
+            placed += here
+            moved_away = moved_away or not here
+        else:
+            placed.append(model)
+    wrappers = step.ddp_wrappers(module)  # (passed already: converted before)
+    for call in find(module, cst.Call):
+        for function in step.script.callees(call):
+            if function.module is step.script.module or function not in step.script.training.trainers:
+                continue
+            for arg, param in passed_args(call, function):
+                if name_key(arg.value) in wrappers or not _trained(step, arg.value):
+                    continue
+                handovers = _handovers(step, function, param) if _forwards(function, param) else []
+                if handovers and all(moves(h) for h in handovers):
+                    handover = next(h for h in handovers if h.passed.arg is arg)
+                    placed.append(handover.model)
+                    step.passed_models.setdefault(handover.passed.key, []).append(handover.passed)
+    return unique_models(placed), moved_away
+
+
+def _handovers_of(step: DistributedStep, model: TrainedModel) -> list[Handover]:
+    """The calls that hand `model` to the function of this module that receives it (as
+    a parameter, or stores it as `self.model = model.to(device)`), where each caller
+    builds it; [] when the model is not received, or some caller does not build it."""
+    function = step.scope_of(model.anchor)
+    program = step.script.program
+    info = program.functions.get(function) if program is not None and function is not None else None
+    if info is None or not _trained(step, model.key):
+        return []
+    param = model.key
+    assigned = model.anchor.body[0] if isinstance(model.anchor, cst.SimpleStatementLine) else None
+    if isinstance(assigned, cst.Assign) and len(assigned.targets) == 1 and name_key(assigned.targets[0].target) == model.key:
+        param = name_key(strip_device_moves(assigned.value)) or param
+    if param not in info.positional or any(
+        name_key(t.target) == param for t in find(info.node.body, cst.AssignTarget)
+    ):
+        return []
+    handovers = _handovers(step, info, param)
+    elsewhere = any(step.script.program.module_of[h.site] is not step.script.module for h in handovers)  # type: ignore[union-attr]
+    # (a caller's module takes a model that the function calls itself: `_forwards`)
+    return [] if elsewhere and not _forwards(info, param) else handovers
+
+
+def _handovers(step: DistributedStep, function: FunctionInfo, param: str) -> list[Handover]:
+    """The call of `function` in the program, each handing it, as its parameter `param`,
+    a model the caller's scope builds before the call; [] when one does not."""
+    program = step.script.program
+    assert program is not None
+    sites = [call for call, callees in program.callees.items() if function in callees]
+    found = []
+    for site in sites:
+        arg = next((a for a, p in passed_args(site, function) if p == param), None)
+        alias = name_key(arg.value) if arg is not None and isinstance(arg.value, cst.Name) else None
+        if alias is None:
+            return []
+        caller = program.module_of[site]
+        in_loop, statement, block = False, site, None
+        for ancestor in caller.index.ancestors(site):
+            if isinstance(ancestor, cst.IndentedBlock) and isinstance(caller.index.parent(ancestor), cst.FunctionDef):
+                block = ancestor
+                break
+            in_loop = in_loop or isinstance(ancestor, (cst.For, cst.While))
+            statement = ancestor
+        if block is None:
+            return []
+        before = list(block.body[: block.body.index(statement)])
+        builders = [s for s in before if builds(s, alias)]
+        if not builders:
+            return []
+        optimized = any(
+            is_method_call(call, "parameters", "named_parameters") and name_key(call.func.value) == alias  # type: ignore[attr-defined]
+            for s in before
+            for call in find(s, cst.Call)
+        )
+        passed = PassedModel(alias, arg, function, param)  # type: ignore[arg-type]
+        model = TrainedModel(alias, block, builders[-1], statement)  # type: ignore[arg-type]
+        found.append(Handover(site, passed, model, in_loop, optimized))
+    return found
+
+
+def _forwards(function: FunctionInfo, param: str) -> bool:
+    """Whether `function` calls its parameter `param` itself (a forward pass)."""
+    return any(is_name(call.func, param) for call in find(function.node.body, cst.Call))
+
+
+def _trained(step: DistributedStep, node: cst.BaseExpression | str) -> bool:
+    """Whether the name or expression `node` of this module holds a model an optimizer
+    trains."""
+    held = step.script.held_by(node) if isinstance(node, str) else step.script.values(node)
+    return any(obj.kind is Kind.MODULE and step.script.trains(obj) for obj in held)
 
 
 def unique_models(models: list[TrainedModel]) -> list[TrainedModel]:

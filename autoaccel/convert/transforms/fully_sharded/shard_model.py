@@ -18,13 +18,14 @@ import libcst as cst
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.shapes import find, is_method_call
+from autoaccel.cst_edit import add_imports
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
     TrainedModel,
     parse_statements,
 )
-from autoaccel.convert.transforms.distributed.wrap_model import unique_models
+from autoaccel.convert.transforms.distributed.wrap_model import Handover, placed_models
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     REGISTER_FORWARD,
     SHARD,
@@ -43,10 +44,9 @@ class ShardModel(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         sharded = given_to_shard(node)
-        models = [
-            model for model in unique_models(self.trained_models(node)) if model.key not in sharded
-        ]
-        if not models and not sharded and self.train_loops():
+        placed, moved_away = placed_models(self, node, _shards_in_caller)
+        models = [model for model in placed if model.key not in sharded]
+        if not models and not moved_away and not sharded and self.train_loops():
             self.skipped(
                 "fully_shard",
                 "no trained model was recognised in this training loop, so nothing is sharded"
@@ -63,6 +63,11 @@ class ShardModel(DistributedStep):
             code, imports = shard_code(self.options, any(methods.values()))
             self.define_helper(node, SHARD, code)
             self.imports.append(imports)
+        self._needs_torch = bool(shardable)  # `shard_model()` reads `torch.nn`
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        module = super().leave_Module(original_node, updated_node)
+        return add_imports(module, ("torch",)) if self._needs_torch else module
 
     def _shard(self, model: TrainedModel, methods: list[str]) -> None:
         """Shard after `model.anchor`, the optimizers built before it moving after the
@@ -232,6 +237,13 @@ class ShardModel(DistributedStep):
     def _refuse(self, node: cst.CSTNode, reason: str) -> bool:
         self.skipped("fully_shard", reason, node, wrong=True)
         return True
+
+
+def _shards_in_caller(handover: Handover) -> bool:
+    """Shard where the caller builds the model when the function that receives it runs
+    once per epoch (it would shard it again), or after the caller built the model's
+    optimizer (which would hold the unsharded parameters)."""
+    return handover.in_loop or handover.optimized
 
 
 def _listed(methods: list[str], key: str = "", quote: str = "`") -> str:
