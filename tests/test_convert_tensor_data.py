@@ -255,11 +255,12 @@ def test_batches_made_by_draws_it_cannot_follow_are_refused_at_the_maker():
 
 
 def test_steps_under_a_condition_on_each_process_s_own_data_are_refused_at_the_condition():
-    """DQN learns once the buffer holds enough transitions: with episodes of different
-    lengths, the processes would start at different episodes and DDP would hang."""
+    """DQN learns once the buffer holds enough transitions, in episodes that run until the
+    buffer is full: the processes would learn at different episodes, and DDP would hang (in a
+    `range()` loop they agree on it: tests/test_convert_episode_guard.py)."""
     source = (FIXTURES / "ddp/replay_buffer.py").read_text().replace(
         "        if episode >= 2:\n", "        if len(memory) >= 36:\n"
-    )
+    ).replace("    for episode in range(8):\n", "    while len(memory) < 96:\n")
     (skip,) = wrong(convert(source).log)
     assert skip.line == 62
     assert skip.reason.startswith(

@@ -5,6 +5,11 @@ The training DataLoader gets a `DistributedSampler` (only when distributed: plai
 sampler. By default each process loads `batch_size // WORLD_SIZE` samples, so the
 global batch, and with it the learning-rate settings, stay as they were (a warning
 when it does not divide); `--per-process-batch` keeps the batch size per process.
+
+A training loop that reads no DataLoader is sharded where each process draws its own
+batches; when its steps run under a condition each process computes from its own data
+(a DQN learns once its replay buffer holds enough), the condition goes through
+`every_process()`, which all-reduces it, where every process reaches it as often.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.fresh_data import HOST_SEEDS, Generator, fresh_draws, generator_of
+from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, names_in
@@ -35,9 +41,11 @@ from autoaccel.convert.transforms.distributed.shard_stream_columns import (
     reads_batchified,
     slices_by_counter,
 )
+from autoaccel.convert.transforms.distributed.stop_together import agreement_helper
 from autoaccel.convert.transforms.inserted_names import variable_names
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
+_FUNCTIONS = (cst.FunctionDef, cst.Lambda)
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
 WEIGHTED_SAMPLER = "torch.utils.data.WeightedRandomSampler"
 RANDOM_SAMPLERS = frozenset({"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"})
@@ -82,6 +90,8 @@ class {SHARDED_STREAM}(torch.utils.data.IterableDataset):
         rounds = zip(*[iter(self.dataset)] * ({WORLD_SIZE} * workers))
         return (items[{RANK} * workers + worker_id] for items in rounds)
 '''
+EVERY_PROCESS = "every_process"
+_EVERY_PROCESS_CODE = agreement_helper(EVERY_PROCESS, "MIN", "every")
 BATCH_HELPER = "per_process_batch_size"
 _HELPER = f'''
 def {BATCH_HELPER}(global_batch_size):
@@ -108,6 +118,7 @@ class ShardTrainLoader(DistributedStep):
         self.shared_draws_needed = False
         self.streams: set[cst.CSTNode] = set()  # dataset arguments wrapped in ShardedStream
         self.draw_sizes: dict[cst.Element, str] = {}  # `(batch_size,)` of an offset draw
+        self.agreed: set[cst.BaseExpression] = set()  # tests that go through `every_process()`
         loaders = {  # built here, read by a training loop of any module of the program
             loader.node
             for loop in self.script.training.step_loops.values()
@@ -131,6 +142,9 @@ class ShardTrainLoader(DistributedStep):
             self.define_helper(node, SHARED_DRAW, _SHARED_DRAW_CLASS)
         if self.streams:
             self.define_helper(node, SHARDED_STREAM, _SHARDED_STREAM_CLASS)
+        if self.agreed:
+            self.define_helper(node, EVERY_PROCESS, _EVERY_PROCESS_CODE)
+            self.imports.append("import torch.distributed as dist")
 
     def _shard_without_loader(self, module: cst.Module, step: StepLoop) -> None:
         """A training loop that reads no DataLoader: left alone when the program never runs
@@ -226,22 +240,35 @@ class ShardTrainLoader(DistributedStep):
     def _draw_per_process(self, module: cst.Module, step: StepLoop, generators: frozenset[Generator]) -> None:
         """A loop that samples new random batches every step: each process draws its own,
         unless every process seeds its generator alike (then they all draw the same), or
-        the steps run under a condition each process computes from its own data."""
+        the steps run under a condition each process computes from its own data and not
+        all reach as often (one they all reach as often goes through `every_process()`)."""
         loop = step.node
         if Generator.HOST in generators and self._host_seeded_alike(module):
             return
-        guard = self._uneven_guard(step)
-        if guard is not None:
+        guards = self._uneven_guards(step)
+        uncounted = [g for g, function in guards if isinstance(g, cst.While) or not self._counted(g, function)]
+        if uncounted:
+            guard = uncounted[0]
             self.skipped(
                 "DistributedSampler",
                 f"the training steps, which draw their batches at random, run only while `{code_of(guard.test)}`"
                 " holds, which each process computes from its own data: the processes could take"
-                " different numbers of steps, and DDP would wait forever for the others; make"
-                " the condition one every process computes alike (a step or episode count)",
+                " different numbers of steps, and DDP would wait forever for the others; the"
+                " processes cannot agree on it each time, as they do not all reach it as often"
+                " (only an `if` in loops over `range()` can be); make the condition one every"
+                " process computes alike (a step or episode count)",
                 guard,
                 wrong=True,
             )
             return
+        for guard, _ in guards:
+            self.agreed.add(guard.test)
+            self.changed(
+                guard,
+                f"the training steps run only while `{code_of(guard.test)}` holds, which each process"
+                f" computes from its own data: `{EVERY_PROCESS}()` all-reduces it, so that every process"
+                " trains at the same time, once it holds on all of them",
+            )
         if Generator.TORCH not in generators:
             self.skipped(
                 "DistributedSampler",
@@ -296,22 +323,72 @@ class ShardTrainLoader(DistributedStep):
         )
         return True
 
-    def _uneven_guard(self, step: StepLoop) -> cst.If | cst.While | None:
-        """An `if` or `while` of this module around the training steps (around the loop, or
-        around a call that runs it) whose test reads what a loop around it changes: `if
-        len(memory) > 64:` where the episode loop appends to `memory`. Each process
-        computes it from its own data (its own environment, its own draws)."""
-        here = [site for site, module in self._step_sites(step) if module is self.script.module]
-        for place in here:
-            child = place
-            for ancestor in self.ancestors(place):
-                if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+    def _uneven_guards(self, step: StepLoop) -> list[tuple[cst.If | cst.While, FunctionInfo | None]]:
+        """The `if`s and `while`s of this module around the training steps (around the
+        loop, or around a call that runs it), innermost first, each with the function it is
+        in, whose test reads what a loop around it changes: `if len(memory) > 64:` where
+        the episode loop appends to `memory`. Each process computes it from its own data
+        (its own environment, its own draws)."""
+        program = self.script.program
+        guards: dict[cst.If | cst.While, FunctionInfo | None] = {}
+        for site, module in self._step_sites(step):
+            if module is not self.script.module:
+                continue
+            function = program.function_of.get(site) if program is not None else step.function
+            child = site
+            for ancestor in self.ancestors(site):
+                if isinstance(ancestor, _FUNCTIONS):
                     break
-                guards = isinstance(ancestor, (cst.If, cst.While)) and child is not ancestor.test
-                if guards and self._varies(ancestor):  # type: ignore[arg-type]
-                    return ancestor  # type: ignore[return-value]
+                if (
+                    isinstance(ancestor, (cst.If, cst.While))
+                    and child is not ancestor.test
+                    and not _agreed(ancestor.test)
+                    and self._varies(ancestor.test, ancestor, module.index, function)
+                ):
+                    guards[ancestor] = function
                 child = ancestor
-        return None
+        return list(guards.items())
+
+    def _counted(self, guard: cst.CSTNode, function: FunctionInfo | None) -> bool:
+        """Whether every process reaches `guard`, of this module, in `function` (None: at
+        module level), as often: each loop around it, and around each call of its function
+        wherever the program makes it, counts `range()` (which no loop around it changes)
+        and leaves no round early."""
+        return all(self._counts(*around) for around in self._around(guard, self.script.index, function))
+
+    def _counts(self, loop: cst.For | cst.While, index: ModuleIndex, function: FunctionInfo | None) -> bool:
+        """Whether `loop` runs as many rounds on every process: `for ... in range(n)`
+        (or `tqdm(range(n))`), `n` changed by no loop around it, and no `break`,
+        `continue` or `return` of its own."""
+        if not isinstance(loop, cst.For) or batch_source(loop, index) is not None:
+            return False
+        if self._varies(loop.iter, loop, index, function):
+            return False
+        for leaving in find(loop.body, (cst.Break, cst.Continue, cst.Return)):
+            # a `return` of a function defined in the loop, a `break` of a loop in it: not its own
+            inner = _FUNCTIONS if isinstance(leaving, cst.Return) else (*_FUNCTIONS, cst.For, cst.While)
+            if next(a for a in index.ancestors(leaving) if a is loop or isinstance(a, inner)) is loop:
+                return False
+        return True
+
+    def _around(
+        self, node: cst.CSTNode, index: ModuleIndex, function: FunctionInfo | None, seen: frozenset = frozenset()
+    ) -> Iterator[tuple[cst.For | cst.While, ModuleIndex, FunctionInfo | None]]:
+        """The loops around `node` (of the module `index` indexes) in `function` (None: at
+        module level), innermost first, then those around each call of `function` in the
+        program, and so on up; each with its module's index and its function."""
+        for loop in index.ancestors(node):
+            if isinstance(loop, _FUNCTIONS):
+                break
+            if isinstance(loop, (cst.For, cst.While)):
+                yield loop, index, function
+        program = self.script.program
+        if function is None or program is None or function in seen:
+            return
+        for call in program.calls:
+            if function in program.callees.get(call, ()):
+                caller = program.function_of.get(call)
+                yield from self._around(call, program.module_of[call].index, caller, seen | {function})
 
     def _step_sites(self, step: StepLoop) -> list[tuple[cst.CSTNode, SourceModule]]:
         """The step loop, and the calls of the program that run the function holding it,
@@ -362,18 +439,16 @@ class ShardTrainLoader(DistributedStep):
                 return site, module
         return None
 
-    def _varies(self, guard: cst.If | cst.While) -> bool:
-        """Whether the test of `guard` reads a name that a loop around it (in its function)
-        binds or calls a method of (`memory.append(...)`); the counters of `range` loops
-        are the same on every process."""
-        read = {name_key(node) for node in find(guard.test, (cst.Name, cst.Attribute))}
+    def _varies(
+        self, expression: cst.BaseExpression, place: cst.CSTNode, index: ModuleIndex, function: FunctionInfo | None
+    ) -> bool:
+        """Whether `expression`, at `place` (of the module `index` indexes) in `function`,
+        reads a name that a loop around it (see `_around`) binds or calls a method of
+        (`memory.append(...)`); the counters of `range` loops are the same on every process."""
+        read = {name_key(node) for node in find(expression, (cst.Name, cst.Attribute))}
         changed: set[str | None] = set()
-        for loop in self.ancestors(guard):
-            if isinstance(loop, (cst.FunctionDef, cst.Lambda)):
-                break
-            if not isinstance(loop, (cst.For, cst.While)):
-                continue
-            if batch_source(loop, self.script.index) is not None:
+        for loop, loop_index, _ in self._around(place, index, function):
+            if batch_source(loop, loop_index) is not None:
                 changed.update(bound_names(loop.target))  # type: ignore[union-attr]
             body = loop.body
             changed.update(n for t in find(body, cst.AssignTarget) for n in bound_names(t.target))
@@ -633,7 +708,13 @@ class ShardTrainLoader(DistributedStep):
 
     def edited(self) -> list[cst.CSTNode]:
         arguments = [self.parent(dataset) for dataset in [*self.datasets, *self.streams]]  # `leave_Arg`'s
+        arguments += [self.parent(test) for test in self.agreed]  # `leave_If`'s
         return [*self.planned_statements(), *self.calls, *filter(None, arguments), *self.draw_sizes]
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node.test not in self.agreed:
+            return updated_node
+        return updated_node.with_changes(test=cst.Call(cst.Name(EVERY_PROCESS), [cst.Arg(updated_node.test)]))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         for keyword, value in self.calls.get(original_node, {}).items():
@@ -653,6 +734,11 @@ class ShardTrainLoader(DistributedStep):
     def leave_Element(self, original_node: cst.Element, updated_node: cst.Element) -> cst.Element:
         size = self.draw_sizes.get(original_node)
         return updated_node if size is None else updated_node.with_changes(value=cst.parse_expression(size))
+
+
+def _agreed(test: cst.BaseExpression) -> bool:
+    """`every_process(...)`: already the same on every process."""
+    return isinstance(test, cst.Call) and is_name(test.func, EVERY_PROCESS)
 
 
 def _before_double_star(call: cst.Call) -> cst.Call:

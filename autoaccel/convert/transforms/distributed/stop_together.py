@@ -17,15 +17,24 @@ from autoaccel.analysis.shapes import find, is_name, method_calls
 from autoaccel.convert.transforms.distributed._base import DISTRIBUTED, DistributedStep
 
 HELPER = "on_any_rank"
-_HELPER_CODE = f'''
-def {HELPER}(condition):
-    """Whether `condition` holds on any process: then every process takes the branch."""
+
+
+def agreement_helper(name: str, op: str, holds: str) -> str:
+    """The code of `name(condition)`: `condition` all-reduced over the processes with
+    `op` (MAX: it holds on any process; MIN: on every one), so that every process takes
+    the same branch; the condition itself under plain `python`."""
+    return f'''
+def {name}(condition):
+    """Whether `condition` holds on {holds} process: then every process takes the branch."""
     if not {DISTRIBUTED}:
         return condition
     flag = torch.tensor(float(bool(condition)))
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    dist.all_reduce(flag, op=dist.ReduceOp.{op})
     return bool(flag.item())
 '''
+
+
+_HELPER_CODE = agreement_helper(HELPER, "MAX", "any")
 
 
 class StopTogether(DistributedStep):
