@@ -335,9 +335,14 @@ for x, y in loader:
         ),
         pytest.param("loss = compute_loss(batch)", "`compute_loss(...)` computes `loss`, but the code does not show it to be a model", id="loss-in-helper"),
         pytest.param(
-            "if flag:\n        out = model(x)\n    else:\n        out = model(2 * x)\n    loss = criterion(out, y)",
+            "if flag:\n        out = model(x)\n    elif other:\n        out = model(2 * x)\n    loss = criterion(out, y)",
             "the forward pass is in an `if` block",
-            id="forward-in-a-branch",
+            id="forward-in-a-branch-without-else",
+        ),
+        pytest.param(
+            "if x.sum() > 0:\n        out = model(x)\n    else:\n        out = model(2 * x)\n    loss = criterion(out, y)",
+            "the `if` around the forward pass tests `x`, a tensor of the step",
+            id="forward-in-a-branch-testing-the-batch",
         ),
         pytest.param(
             "out = model(x)\n    out = out - out.mean(0)\n    loss = criterion(out, y)",

@@ -36,6 +36,7 @@ from autoaccel.convert.pipeline import (
     transforms_for,
 )
 from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY
+from autoaccel.convert.transforms.data_parallel import settle_project_refusals
 from autoaccel.fileio import SourceFile, read_source
 from autoaccel.lint.engine import parse
 
@@ -153,6 +154,8 @@ def convert_project(
     texts = [f.source.text for f in project.files]
     with fewer_collections():
         converted = _run(project, texts, options, logs, script_name, facts)
+        if options.target == "dp":
+            settle_project_refusals(logs)
         changed = {i for i, (before, after) in enumerate(zip(texts, converted)) if before != after}
         again = converted
         if changed:  # Black's stability check: converting the result again changes no file

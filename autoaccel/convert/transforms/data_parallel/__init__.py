@@ -11,6 +11,7 @@ from __future__ import annotations
 from autoaccel.convert.transform import Transform
 from autoaccel.convert.transforms.data_parallel.compute_loss_in_forward import (
     ComputeLossInForward,
+    settle_project_refusals,
 )
 from autoaccel.convert.transforms.data_parallel.unwrap_data_parallel import (
     UnwrapDataParallel,
@@ -18,4 +19,4 @@ from autoaccel.convert.transforms.data_parallel.unwrap_data_parallel import (
 
 DP_STEPS: list[type[Transform]] = [ComputeLossInForward, UnwrapDataParallel]
 
-__all__ = ["DP_STEPS", "ComputeLossInForward", "UnwrapDataParallel"]
+__all__ = ["DP_STEPS", "ComputeLossInForward", "UnwrapDataParallel", "settle_project_refusals"]

@@ -12,7 +12,7 @@ without `.module`. On the CPU and on one GPU the converted step computes what it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 import libcst.matchers as m
@@ -20,6 +20,7 @@ import libcst.matchers as m
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole, StepLoop
 from autoaccel.analysis.shapes import find, method_calls, name_calls
+from autoaccel.convert.log import ConversionLog
 from autoaccel.convert.transform import StatementRewrite
 from autoaccel.convert.transforms.data_parallel.step_segments import (
     Refused,
@@ -39,9 +40,11 @@ from autoaccel.convert.transforms.data_parallel.wraps import (
     single_positional,
     wrapper_instances,
 )
+from autoaccel.convert.transforms.distributed._base import uncalled_function
 from autoaccel.convert.transforms.inserted_names import name_refusal
 from autoaccel.cst_edit import add_imports, code_of, keyword_value, leading_import_block
 
+_STEP = "loss inside forward (--to dp)"
 _BY_HAND = (
     "; by hand: compute the loss in the `forward` of an `nn.Module` (the model itself, or a"
     " wrapper holding the model and its loss function), wrap that module in `nn.DataParallel`"
@@ -100,7 +103,7 @@ class ComputeLossInForward(StatementRewrite):
         )
         if ddp is not None:
             self.skipped(
-                "loss inside forward (--to dp)",
+                _STEP,
                 "the script already trains with DistributedDataParallel, which beats"
                 " nn.DataParallel even on one machine; --to dp would mix the two",
                 ddp,
@@ -110,11 +113,22 @@ class ComputeLossInForward(StatementRewrite):
         refusal = name_refusal(node, self.context.filename)
         if refusal is not None:
             reason, where = refusal
-            self.skipped("loss inside forward (--to dp)", reason, where, wrong=True)
+            self.skipped(_STEP, reason, where, wrong=True)
             return
+        # a loop in a function nothing in the program calls is another entry point's
+        self.unused = {
+            loop.node: function for loop in self.script.step_loops.values()
+            if loop.role is LoopRole.TRAIN and (function := uncalled_function(loop, self.script.program)) is not None
+        }  # fmt: skip
+        for loop_node, function in self.unused.items():
+            self.skipped(
+                _STEP,
+                f"this training loop is in `{function.name}()`, which nothing in the program calls: left as it is",
+                loop_node,
+            )
         simple_reasons: dict[cst.CSTNode, str] = {}
         for loop in self.script.step_loops.values():
-            if loop.role is LoopRole.TRAIN:
+            if loop.role is LoopRole.TRAIN and loop.node not in self.unused:
                 reason = self._plan(loop)
                 if reason is not None:
                     simple_reasons[loop.node] = reason
@@ -124,9 +138,9 @@ class ComputeLossInForward(StatementRewrite):
         for loop_node, reason in simple_reasons.items():
             if loop_node in answered or any(loop_node is n for n, _, _ in general_reasons):
                 continue
-            self.pending.append(("loss inside forward (--to dp)", reason + _BY_HAND, loop_node))
+            self.pending.append((_STEP, reason + _BY_HAND, loop_node))
         for _, where, reason in general_reasons:
-            self.pending.append(("loss inside forward (--to dp)", reason + _BY_HAND, where))
+            self.pending.append((_STEP, reason + _BY_HAND, where))
         # --to dp that adds no DataParallel is refused (exit 1), as --to ddp is
         refuse = not self.sites and not self.segments and not self.converted
         if refuse and not self.pending and self._trains_elsewhere(node):
@@ -143,10 +157,23 @@ class ComputeLossInForward(StatementRewrite):
     def _trains_elsewhere(self, module: cst.Module) -> bool:
         """This module runs no training step of its own, and another module of the project
         does: that module's conversion adds the DataParallel."""
-        if training_backward_calls(self, module):
+        if self._used_backward_calls(module):
             return False
-        modules = [loop.module for loop in self.script.training.step_loops.values() if loop.role is LoopRole.TRAIN]
+        modules = [
+            loop.module for loop in self.script.training.step_loops.values()
+            if loop.role is LoopRole.TRAIN and uncalled_function(loop, self.script.program) is None
+        ]  # fmt: skip
         return bool(modules) and all(module is not self.script.module for module in modules)
+
+    def _used_backward_calls(self, module: cst.Module) -> list[cst.Call]:
+        """The training `.backward()` calls of `module` that the program runs: not those
+        of loops in functions nothing calls (nor of step functions only they run)."""
+        calls = []
+        for call in training_backward_calls(self, module):
+            loops = self._loops_around([call])
+            if not loops or not loops <= self.unused.keys():
+                calls.append(call)
+        return calls
 
     def _loops_around(self, nodes: list[cst.CSTNode]) -> set[cst.CSTNode]:
         """The step loops around `nodes`, or running the functions that hold them."""
@@ -171,7 +198,7 @@ class ComputeLossInForward(StatementRewrite):
         reasons: list[tuple[cst.CSTNode, cst.CSTNode, str]] = []
         # the loss lines of the simple shape's steps, and the blocks holding them (autocast)
         done = {n for site in self.sites.values() for n in (site.loss, *self.ancestors(site.loss))}
-        for call in training_backward_calls(self, module):
+        for call in self._used_backward_calls(module):
             finder = SegmentFinder(self, call)
             statement = finder._statement_of(call)
             block = self.parent(statement)
@@ -206,7 +233,13 @@ class ComputeLossInForward(StatementRewrite):
                 f" `{segment.wrapper_name}` (`nn.DataParallel` of `{GENERAL_CLASS}` running"
                 f" `{segment.function_name}` with {', '.join(f'`{m}`' for m in segment.modules)});"
                 " the inputs are split along dimension 0"
-                + "".join(f"; batch-first as a short run of the script showed: {e}" for e in segment.established),
+                + "".join(f"; batch-first as a short run of the script showed: {e}" for e in segment.established)
+                + "".join(
+                    f"; `{frozen}` is not replicated: its outputs carry no gradients (`torch.no_grad()`,"
+                    " or no optimizer trains it), so it has none to reduce; it runs on the whole batch"
+                    " where it ran, and its outputs are split with the batch"
+                    for frozen in segment.frozen
+                ),
             )
         return reasons
 
@@ -605,6 +638,19 @@ class ComputeLossInForward(StatementRewrite):
             "        loss = self.loss_fn(outputs, targets)\n"
             f"        return {returned}\n"
         )
+
+
+def settle_project_refusals(logs: list[ConversionLog]) -> None:
+    """`--to dp` of a project refuses where no file gets a DataParallel. Where one does,
+    a step left alone in another file (a warm-up stage its conversion cannot move)
+    trains on one GPU as before: noted, no longer a refusal."""
+    if not any(change.code == ComputeLossInForward.code for log in logs for change in log.changes):
+        return
+    for log in logs:
+        log.skipped = [
+            replace(s, wrong=False) if s.what == _STEP and s.reason.endswith(_BY_HAND) else s
+            for s in log.skipped
+        ]
 
 
 def _reads(node: cst.CSTNode, name: str, skip: tuple[cst.CSTNode | None, ...] = ()) -> bool:

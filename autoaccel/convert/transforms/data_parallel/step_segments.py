@@ -33,6 +33,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find
 from autoaccel.cst_edit import code_of, keyword_value
@@ -54,6 +55,7 @@ _FLATTENING = frozenset({"view", "reshape", "flatten"})
 _FACTORIES = frozenset({"torch.ones", "torch.zeros", "torch.randn", "torch.rand", "torch.empty", "torch.full"})
 # The mixed precision rewrite's block (and the user's own): `_plain` moves it whole.
 _AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
+_NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 # Names a recurrent model's state goes by, for a step function's parameters (no loop to
 # follow them in).
 _STATE_NAMES = frozenset({"hidden", "hx", "h0", "c0", "state", "states", "memory", "mems", "carry", "h", "c"})
@@ -84,6 +86,7 @@ class Segment:
     function_anchor: cst.CSTNode | None = None
     wrapper_after: cst.CSTNode | None = None
     established: list[str] = field(default_factory=list)  # what the run showed batch-first
+    frozen: list[str] = field(default_factory=list)  # models no optimizer trains, run before the call
 
 
 class Refused(Exception):
@@ -155,6 +158,15 @@ class SegmentFinder:
         key = name_key(call.func)
         return key in self.script.trained or not self.script.trained
 
+    def _gradient_free(self, call: cst.Call) -> bool:
+        """A model call whose outputs carry no gradients: under `torch.no_grad()` (or
+        `inference_mode()`), or of a model no optimizer trains."""
+        return not self._trains(call) or any(
+            isinstance(item.item, cst.Call) and self.t.qualified_names(item.item.func) & _NO_GRAD
+            for block in self.t.ancestors(call) if isinstance(block, cst.With)
+            for item in block.items
+        )
+
     def _frozen_only(self, statement: cst.CSTNode) -> bool:
         calls = self._model_calls(statement)
         return bool(calls) and not any(self._trains(c) for c in calls)
@@ -172,7 +184,7 @@ class SegmentFinder:
             raise Refused("the loss is not computed in the lines before `.backward()`", statement)
         loss_name = sorted(assigned(owner) & loss_names)[0]
         last = statements.index(owner)
-        if not self._plain(owner):
+        if not self._plain(owner) or isinstance(owner, cst.If):
             raise Refused(
                 f"`{loss_name}` is computed in {_compound(owner)}, not by plain assignments that"
                 " can move into a function",
@@ -260,6 +272,13 @@ class SegmentFinder:
                 " step: full-batch training): `nn.DataParallel` would have nothing to split",
                 chain[0],
             )
+        tested = next((s for s in chain if isinstance(s, cst.If) and _tests(s) & {*inputs, *defined_in_chain}), None)
+        if tested is not None:
+            raise Refused(
+                f"the `if` around the forward pass tests `{min(_tests(tested) & {*inputs, *defined_in_chain})}`,"
+                " a tensor of the step: each GPU would test its own part of the batch",
+                tested,
+            )
         kept = self._kept(lines, defined_in_chain, scalars, loss_name)
         reduce = self._reduce(lines, loss_name, loss_line)
         self._check_forward_attributes(chain)
@@ -269,6 +288,9 @@ class SegmentFinder:
             block=block, span=span, chain=chain, before=before, after=after, anchor=anchor,
             modules=models, params=params, inputs=inputs, loss_name=loss_name, kept=kept, reduce=reduce,
             established=self.established,
+            frozen=list(dict.fromkeys(
+                code_of(c.func) for s in before for c in self._model_calls(s) if self._gradient_free(c)
+            )),
         )
 
     def _no_forward_pass(self, owner, loss_name: str, producers: list, model_derived: set) -> None:
@@ -308,9 +330,18 @@ class SegmentFinder:
     def _plain(self, s: cst.CSTNode) -> bool:
         """`y = f(x)`: one assignment; or an autocast block of such lines (the mixed
         precision rewrite's `with torch.autocast(...): out = model(x)`), which moves into
-        the function as it is: each GPU's thread then runs it under autocast."""
+        the function as it is: each GPU's thread then runs it under autocast; or an `if`
+        whose every branch (an `else` too) binds the same names by such lines
+        (`if args.conditional: out = vae(x, y) else: out = vae(x)`), which moves whole."""
         if isinstance(s, cst.With):
             return is_autocast_block(self.t, s) and all(_plain_line(line) for line in _lines(s))
+        if isinstance(s, cst.If):
+            branches = _branches(s)
+            return (
+                branches[-1] is not None
+                and all(isinstance(b, cst.IndentedBlock) and all(map(_plain_line, b.body)) for b in branches)
+                and len({frozenset(assigned(b)) for b in branches}) == 1
+            )
         return _plain_line(s)
 
     def _enclosing_before(self, statement: cst.CSTNode) -> list[cst.CSTNode]:
@@ -528,11 +559,24 @@ class SegmentFinder:
             raise Refused(reason, line)
         if self.facts is None:
             raise Refused(f"{reason} ({RUN_CAN_TELL})", line)
-        found = [ask(self.facts, call, index) for call, index in places]  # type: ignore[arg-type]
+        # a branch the run did not take (`else: out = vae(x)`) is taken as the same model's
+        # calls the run made show it, at the same place of what it gets or returns
+        ran = [(call, index) for call, index in places if self.facts.forwards_at(call)]
+        shown = {(name_key(call.func), index) for call, index in ran}
+        untaken = [call for call, index in places if (call, index) not in ran and (name_key(call.func), index) in shown]
+        found = [
+            ask(self.facts, call, index) for call, index in places if call not in untaken  # type: ignore[arg-type]
+        ]
         unsettled = next((v for v in found if not v.known), None)
         if unsettled is not None:
             raise Refused(f"{reason}; the run does not show it batch-first: {unsettled.why}", line)
-        self.established.append(f"`{name}`: {found[0].why}")
+        self.established.append(
+            f"`{name}`: {found[0].why}"
+            + "".join(
+                f" (the run did not reach `{code_of(call)}`: taken as the same model's calls it made)"
+                for call in untaken
+            )
+        )
 
     def _step_loop(self):
         for ancestor in self.t.ancestors(self.backward):
@@ -599,12 +643,49 @@ class SegmentFinder:
                 elif (
                     reads & batch and not self._reduces_batch(s) and not self._mixes_batch(s)
                     or self._sized_by(s, sizes)
+                    or self._draws_a_batch(s)
                     or in_a_loop and self._batch_sized(s, loop)
                 ):
                     batch |= defs
                 else:
                     batch -= defs
         return step_names, batch, flattened, sizes, lines
+
+    def _draws_a_batch(self, s: cst.CSTNode) -> bool:
+        """`batch = next(batches)` over a DataLoader, or `batch = batch_loader.next()`: a
+        function of the project each of whose `return`s gives what such a `next(...)`
+        drew (makemore's `InfiniteDataLoader.next()`). A DataLoader's batch is batch-first."""
+        if not m.matches(s, m.SimpleStatementLine(body=[m.Assign(value=m.Call())])):
+            return False
+        call = s.body[0].value
+        if self._next_of_loader(call, self.script.module):
+            return True
+        functions = self.script.callees(call)
+        return bool(functions) and all(self._returns_a_batch(f) for f in functions)
+
+    def _next_of_loader(self, call: cst.CSTNode, module) -> bool:
+        """`next(it)` where `it` iterates a DataLoader (`iter(loader)`), in `module`."""
+        return (
+            isinstance(call, cst.Call)
+            and self.script.program is not None
+            and len(call.args) == 1
+            and "builtins.next" in module.index.qualified_names(call.func)
+            and any(o.kind is Kind.LOADER for o in self.script.program.values_of(call.args[0].value, module))
+        )
+
+    def _returns_a_batch(self, function) -> bool:
+        """Each `return` of `function` gives a name that only `next(...)` of a DataLoader binds."""
+        body = function.node.body
+        returns = find(body, cst.Return)
+        drawn: dict[str, bool] = {}
+        for assign in find(body, cst.Assign):
+            for name in assigned(assign):
+                drawn[name] = drawn.get(name, True) and self._next_of_loader(assign.value, function.module)
+        return bool(returns) and all(
+            isinstance(r.value, cst.Name) and drawn.get(r.value.value, False)
+            or r.value is not None and self._next_of_loader(r.value, function.module)
+            for r in returns
+        )
 
     def _batch_size(self, s: cst.CSTNode) -> bool:
         """`n = x.size(0)`, `n = x.shape[0]`, `n = len(x)`: a number of samples, which
@@ -937,15 +1018,49 @@ def _plain_line(s: cst.CSTNode) -> bool:
 
 
 def _lines(s: cst.CSTNode) -> list[cst.CSTNode]:
-    """A line of the chain, or the lines of its autocast block (see `_plain`)."""
+    """A line of the chain, or the lines of its autocast block or of every branch of its
+    `if` (see `_plain`)."""
     if isinstance(s, cst.With) and isinstance(s.body, cst.IndentedBlock):
         return list(s.body.body)
+    if isinstance(s, cst.If):
+        return [line for branch in _branches(s) if branch is not None for line in branch.body]
     return [s]
 
 
 def _in_reading_order(s: cst.CSTNode) -> list[cst.CSTNode]:
-    """A line of the chain, or its autocast block's header items, then its lines."""
-    return [*s.items, *_lines(s)] if isinstance(s, cst.With) else [s]
+    """A line of the chain, or its autocast block's header items or its `if`'s tests,
+    then its lines."""
+    if isinstance(s, cst.With):
+        return [*s.items, *_lines(s)]
+    if isinstance(s, cst.If):
+        return [*_conditions(s), *_lines(s)]
+    return [s]
+
+
+def _branches(s: cst.If) -> list[cst.BaseSuite | None]:
+    """The blocks of an `if` / `elif` / `else` chain, in order; None last where it has no `else`."""
+    branches: list[cst.BaseSuite | None] = []
+    node: cst.If | cst.Else | None = s
+    while isinstance(node, cst.If):
+        branches.append(node.body)
+        node = node.orelse
+    branches.append(node.body if node is not None else None)
+    return branches
+
+
+def _conditions(s: cst.If) -> list[cst.BaseExpression]:
+    """The tests of an `if` / `elif` chain."""
+    found = []
+    node: cst.If | cst.Else | None = s
+    while isinstance(node, cst.If):
+        found.append(node.test)
+        node = node.orelse
+    return found
+
+
+def _tests(s: cst.If) -> set[str]:
+    """The names the tests of an `if` / `elif` chain read."""
+    return {name for test in _conditions(s) for name in read(test)}
 
 
 def _statements_of(line: cst.CSTNode) -> list[cst.CSTNode]:
