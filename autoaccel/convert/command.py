@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions, Skipped
+from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions, Skipped, left_to_proof, refusals
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.project_conversion import (
     Project,
@@ -180,7 +180,8 @@ def run_convert(
     if line is not None:
         report_stream(output).write(nothing_to_do_report(str(path), line, report_format))
         return EXIT_OK  # and nothing written
-    wrong = [s for s in conversion.log.skipped if s.wrong]
+    ahead = proof_ahead(verify, write, output)
+    wrong = refusals(conversion.log.skipped, ahead)
     if wrong and not allow_partial:
         # refused: nothing is written, so there is nothing to run
         refused = without_launch(_readable(conversion, notebook))
@@ -206,6 +207,7 @@ def run_convert(
     report = report_stream(output)
     _print_report(_readable(conversion, notebook), str(path), report_format, writing, report, proof)
     print_not_applied(path, wrong, "warning")
+    print_not_applied(path, left_to_proof(conversion.log.skipped, ahead), "note")
     for item in writes:
         try:
             if item.path == STDOUT:
@@ -330,6 +332,12 @@ def verified(
     else:
         print(f"{path}: error: --verify failed (see above); nothing written", file=sys.stderr)
     return None
+
+
+def proof_ahead(verify: VerifyRequest | None, write: bool, output: Path | None) -> bool:
+    """Whether a proof runs before the result is written: it will (`verify`), or the
+    command only previews, and writing it would run one."""
+    return verify is not None or (not write and output is None)
 
 
 def print_not_applied(path: Path, items: list[Skipped], level: str) -> None:

@@ -14,6 +14,10 @@ RUNS_THE_SCRIPT: tuple[Target, ...] = (*MULTI_PROCESS, "dp")
 Amp = Literal["bf16", "fp16", "off"]
 Launcher = Literal["torchrun", "slurm", "spawn"]
 Workers = Literal["auto", "keep"]
+# The proof's check that processes reading no DataLoader train on different data
+# (`autoaccel.convert.verify`): it decides what a conversion cannot see, how each process
+# draws its data.
+DIFFERENT_DATA = "processes train on different data"
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,20 @@ class Skipped:
     # The result would train wrongly (or not at all) without it: `--to ddp` refuses to
     # write unless `--allow-partial`.
     wrong: bool = False
+    # The check of the proof that tells whether it trains wrongly (`DIFFERENT_DATA`): where
+    # the proof runs before writing, the check decides, not this refusal.
+    proof: str = ""
+
+
+def refusals(skipped: list[Skipped], proof_ahead: bool) -> list[Skipped]:
+    """The skips that refuse a conversion: those that make it train wrongly, less those a
+    check of the proof decides when the proof is `proof_ahead` (runs before the write)."""
+    return [s for s in skipped if s.wrong and not (proof_ahead and s.proof)]
+
+
+def left_to_proof(skipped: list[Skipped], proof_ahead: bool) -> list[Skipped]:
+    """The skips a check of the proof ahead decides (see `refusals`)."""
+    return [s for s in skipped if s.wrong and proof_ahead and s.proof]
 
 
 @dataclass

@@ -27,10 +27,11 @@ from autoaccel.convert.command import (
     launcher_writes,
     print_not_applied,
     print_refused,
+    proof_ahead,
     report_stream,
     verified,
 )
-from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.log import ConvertOptions, left_to_proof, refusals
 from autoaccel.convert.project_conversion import Project, ProjectConversion
 from autoaccel.convert.report import (
     json_object,
@@ -82,11 +83,12 @@ def finish_project(
     """Report `result`, then write it (`--write`: in place; `-o`: to `output`) unless a
     file would train wrongly, fails `verify`, `-o` cannot hold it, or a file cannot be
     written. The report lists the checks `verify` passed, or says `unproven`."""
-    if not allow_partial and any(s.wrong for f in result.files for s in f.conversion.log.skipped):
+    ahead = proof_ahead(verify, write, output)
+    if not allow_partial and any(refusals(f.conversion.log.skipped, ahead) for f in result.files):
         # nothing is written, so there is nothing to run
         files = [replace(f, conversion=without_launch(f.conversion)) for f in result.files]
         _report(ProjectConversion(files), report_format, False, report_stream(output))
-        _refusals(result, "error")
+        _refusals(result, ahead, "error")
         print_refused(project.script.path, options)
         return EXIT_CHANGED
     changed = result.changed
@@ -127,7 +129,7 @@ def finish_project(
         if proof is None:
             return EXIT_CHANGED
     _report(result, report_format, write or output is not None, report_stream(output), proof)
-    _refusals(result, "warning")
+    _refusals(result, ahead, "warning")
     printed = [item for item in writes if item.path == STDOUT]
     writes = [item for item in writes if item.path != STDOUT]
     try:
@@ -159,10 +161,12 @@ def _verified(project: Project, result: ProjectConversion, request: VerifyReques
     return verified(project.script.path, write_copy, request, roots)
 
 
-def _refusals(result: ProjectConversion, level: str) -> None:
-    """The rewrites each file lacks to train like the original, with its lines."""
+def _refusals(result: ProjectConversion, proof_ahead: bool, level: str) -> None:
+    """The rewrites each file lacks to train like the original, with its lines; as notes,
+    those a check of the proof ahead decides."""
     for file in result.files:
-        print_not_applied(file.file.path, [s for s in file.conversion.log.skipped if s.wrong], level)
+        print_not_applied(file.file.path, refusals(file.conversion.log.skipped, proof_ahead), level)
+        print_not_applied(file.file.path, left_to_proof(file.conversion.log.skipped, proof_ahead), "note")
 
 
 def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> list[_Write]:

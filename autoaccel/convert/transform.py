@@ -364,11 +364,12 @@ class Transform(VisitorBasedCodemodCommand):
         self.log.changes.append(Change(code or self.code, self.line_of(node), description))
 
     def skipped(
-        self, what: str, reason: str, node: cst.CSTNode | None = None, *, wrong: bool = False
+        self, what: str, reason: str, node: cst.CSTNode | None = None, *, wrong: bool = False, proof: str = ""
     ) -> None:
-        """Log a rewrite not made; `wrong`: the result trains wrongly without it."""
+        """Log a rewrite not made; `wrong`: the result trains wrongly without it, unless
+        the check `proof` of the proof run shows it does not."""
         line = self.line_of(node) if node is not None else None
-        self.log.skipped.append(Skipped(what, line, reason, wrong))
+        self.log.skipped.append(Skipped(what, line, reason, wrong, proof))
 
 
 def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> bool:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from autoaccel.bench.runner import Run, run_script
+from autoaccel.convert.log import DIFFERENT_DATA
 from autoaccel.diff import original_line
 from autoaccel.facts.user_code import is_user_file
 from autoaccel.harness import EpochCut
@@ -334,7 +335,7 @@ def _disjoint(original: Run, ranks: list[dict[str, Any]]) -> Check:
     reads the same order every epoch). A sampler that draws with replacement (a process
     meets a sample twice in one pass) may draw a sample on two processes by chance: not
     counted then."""
-    name = "processes train on different data"
+    name = DIFFERENT_DATA
     passes: dict[int, list[list[int]]] = {}  # pass -> each rank's indices in it
     for position, rank in enumerate(ranks):
         for ids in rank.get("sample_ids") or []:

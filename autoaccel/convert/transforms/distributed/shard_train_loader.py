@@ -27,6 +27,7 @@ from autoaccel.analysis.rank_guards import mentions_rank, names_in
 from autoaccel.analysis.script_model import LoopRole, Missing
 from autoaccel.analysis.shapes import bound_names, find, is_name, is_true
 from autoaccel.analysis.training import StepLoop
+from autoaccel.convert.log import DIFFERENT_DATA
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     RANK,
@@ -93,6 +94,11 @@ class {SHARDED_STREAM}(torch.utils.data.IterableDataset):
 EVERY_PROCESS = "every_process"
 _EVERY_PROCESS_CODE = agreement_helper(EVERY_PROCESS, "MIN", "every")
 BATCH_HELPER = "per_process_batch_size"
+# Who decides a guess about how each process draws its data.
+_DECIDED = (
+    "the proof run before writing checks that the processes train on different data;"
+    " `--no-verify` refuses, `--allow-partial` writes it unchecked"
+)
 _HELPER = f'''
 def {BATCH_HELPER}(global_batch_size):
     """Each process loads an equal share of the original (global) batch."""
@@ -169,10 +175,11 @@ class ShardTrainLoader(DistributedStep):
                 "DistributedSampler",
                 f"this training loop takes its batches from `{code_of(maker.func)}()`, which makes them"
                 " in a way the conversion cannot follow: if it draws them at random from a generator"
-                f" no process seeds alike, each process draws its own (`--allow-partial`); if not,"
+                f" no process seeds alike, each process draws its own ({_DECIDED}); if not,"
                 f" give each process its share by hand (e.g. indices `{RANK}::{WORLD_SIZE}`)",
                 maker,
                 wrong=True,
+                proof=DIFFERENT_DATA,
             )
         elif not slices_by_counter(step) and (round_site := self._round_loop(step)) is not None:
             site, where = round_site
@@ -182,11 +189,11 @@ class ShardTrainLoader(DistributedStep):
                 f"this training loop trains on all of its data at every step, and `{code_of(site)}`"
                 f" runs it inside a loop{elsewhere} that does more each round,"
                 " such as collecting rollouts: if each process collects its own (its environment"
-                " and sampling seeded per process, or not at all), each trains on its own"
-                " (`--allow-partial`); if the data is the same everywhere, there is nothing to"
-                " shard: train it on one process",
+                f" and sampling seeded per process, or not at all), each trains on its own ({_DECIDED});"
+                " if the data is the same everywhere, there is nothing to shard: train it on one process",
                 step.node,
                 wrong=True,
+                proof=DIFFERENT_DATA,
             )
         elif not slices_by_counter(step):
             self.skipped(
