@@ -2,8 +2,9 @@
 rollouts and then trains on all of them (each process collects its own: converted), a DQN
 whose target network copies the trained one (`--to fsdp`: the copy is whole on every
 process), and a policy trained through a method other than `forward()`, which only a run
-shows (refused at that call, saying why). What the ranks draw is checked in
-tests/test_convert_tensor_data_runs.py."""
+shows. What the ranks draw is checked in
+tests/test_convert_tensor_data_runs.py; that the proof fails processes which collect the
+same rollouts, here (marked `runs`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from test_facts import snapshot
 
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
+from autoaccel.convert.verify import VerifyRequest, verify_ddp, write_one
 from autoaccel.facts.resolve import ConversionFacts
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -57,6 +59,25 @@ def test_rounds_whose_draws_are_not_seen_are_refused_saying_what_decides():
     )
 
 
+@pytest.mark.runs
+def test_the_proof_fails_processes_that_collect_the_same_rollouts(tmp_path):
+    """What the proof checks of processes that read no DataLoader: they must not compute
+    the same losses. Each round seeded alike after the per-rank seed (as an environment
+    seeded with a constant would be, which the conversion cannot see), both processes
+    collect the same rollouts: that check fails, and only that one."""
+    seeded = "for round in range(6):\n    torch.manual_seed(round)\n"
+    script = tmp_path / "rollout_rounds.py"
+    script.write_text((FIXTURES / "ddp/rollout_rounds.py").read_text().replace("for round in range(6):\n", seeded))
+    converted = convert_fixture("ddp/rollout_rounds.py").converted
+    assert converted.count("for round in range(6):\n") == 1
+    converted = converted.replace("for round in range(6):\n", seeded)
+    found, _ = verify_ddp(script, write_one(script, converted), VerifyRequest([], steps=6), [tmp_path])
+    failed = {check.name: check.detail for check in found if not check.passed}
+    assert failed == {
+        "processes train on different data": "every process computed the same losses: they train on the same data"
+    }
+
+
 def test_a_copy_into_a_target_network_not_sharded_yet_is_whole_on_every_process():
     """`q_target.load_state_dict(q.state_dict())` right after building both, before
     `q_target` is sharded: rank 0 alone got the whole dict, and every other process failed
@@ -74,17 +95,17 @@ def test_a_copy_into_a_target_network_not_sharded_yet_is_whole_on_every_process(
 
 
 @pytest.mark.parametrize("options", [DDP, FSDP], ids=["ddp", "fsdp"])
-def test_a_model_trained_through_another_method_is_refused_at_the_call(options):
+def test_a_model_trained_through_another_method_trains_through_it(options):
     """The run shows `Policy()` trained but never called: the training step runs it
-    through `self.policy.evaluate()`. Before, "never called at top level ... not a name
-    the conversion can wrap", and "full-batch training" at the update loop."""
+    through `self.policy.evaluate()`. Before, refused at that call; now the call goes to
+    a DDP wrapper that runs `evaluate()` as its forward(), or `evaluate()` is registered as
+    a forward method of the sharded policy (tests/test_convert_method_forward.py)."""
     facts, path, source = snapshot("agent_method")
     conversion = convert_source(source, options, str(path), ConversionFacts(facts, path, source))
-    (refusal,) = [s for s in wrong(conversion.log) if s.what == "facts from the run"]
-    assert refusal.line == 32
-    assert (
-        "which the training step runs through `self.policy.evaluate()`, not through its forward():"
-        " a DDP or FSDP wrapper averages gradients (or gathers parameters) only in a forward()"
-        " called through it"
-    ) in refusal.reason
-    assert not [s for s in conversion.log.skipped if "full-batch" in s.reason]
+    assert not wrong(conversion.log)
+    routed = (
+        "log_probs, values = self.ddp_policy_evaluate(states, actions)"
+        if options is DDP
+        else 'register_fsdp_forward_method(self.policy, "evaluate")'
+    )
+    assert routed in conversion.converted

@@ -42,7 +42,7 @@ INSERTED: dict[str, frozenset[str]] = {
             "average_over_processes", "sum_over_processes", "NoWriter", "ShardedDraws", "ShardedStream",
             "shard_model", "full_state_dict", "load_full_state_dict",
             "full_optimizer_state_dict", "load_full_optimizer_state_dict", "ModelWithLoss",
-            "LossInForward",
+            "LossInForward", "MethodAsForward",
         ),
         frozenset(),
     ),

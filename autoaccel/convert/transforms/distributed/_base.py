@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import libcst as cst
 import libcst.matchers as m
@@ -33,6 +34,8 @@ MANUAL_SEED = "torch.manual_seed"
 INIT_PROCESS_GROUP = frozenset(
     {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
 )
+# Context managers under which a forward pass records no graph (nothing to train).
+NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 
 Statements = list[cst.BaseStatement]
 Scope = cst.FunctionDef | None  # None: module level
@@ -346,6 +349,7 @@ class DistributedStep(StatementRewrite):
         # What the step loops call under each model name, where the analysis knows it
         called: dict[str, set[Obj]] = {}
         self.passed_models: dict[str, list[PassedModel]] = {}
+        self.trained_methods: dict[str, list[cst.Call]] = {}
         for call in self.step_calls(module):
             if (key := name_key(call.func)) in self.script.models:
                 known = {o for o in self.script.values(call.func) if o.kind is Kind.MODULE}
@@ -353,6 +357,8 @@ class DistributedStep(StatementRewrite):
         wrappers = self.ddp_wrappers(module)
         if not called.keys() - wrappers:
             called.update(self._called_per_run_facts(module))
+        if not called.keys() - wrappers and self.run_facts() is None:
+            called.update(self._called_through_methods(module))
         keys = sorted(called.keys() - wrappers)
         training = self.training_functions(module)
         loops = set(self.train_loops())
@@ -401,8 +407,11 @@ class DistributedStep(StatementRewrite):
         in mylib.py ran it (those go to `self.passed_models`, for the wrap step to pass
         the wrapper instead). A name the static model binds to another construction call
         of this module than the one that made the model in the run is left out, and both
-        views are reported (refused); so is a trained model the run did not call at a node
-        of the training code here (the wrap step could not reach it)."""
+        views are reported (refused). A trained model the run did not call, which the
+        training code runs through a method of its class (`self.policy.evaluate(s, a)`),
+        is found under its name, the calls going to `self.trained_methods`; one neither
+        called nor reached that way is refused (the wrap step could not reach it), unless
+        it is made and trained in another module of the project."""
         facts = self.run_facts()
         if facts is None or not facts.trained_models():
             return {}
@@ -426,18 +435,22 @@ class DistributedStep(StatementRewrite):
             called.setdefault(passed.key, set()).update(self._static_models(passed.arg))
             self.passed_models.setdefault(passed.key, []).append(passed)
         missed = [model for model in facts.trained_models() if model.id not in reached]
-        method = self._method_call_of(module, facts, missed) if missed and not called else None
-        if method is not None:
-            name = method.func.attr.value  # type: ignore[attr-defined]
-            self._facts_refuse(
-                f"the run shows the optimizer trains {self._facts_made(facts, missed)}, which the"
-                f" training step runs through `{_code(method.func)}()`, not through its forward():"
-                " a DDP or FSDP wrapper averages gradients (or gathers parameters) only in a"
-                f" forward() called through it; have the model's forward() do what `{name}()`"
-                " does and call the model, then convert again",
-                method,
-            )
-        elif missed and not called:
+        methods = self._method_calls_of(module, facts, missed) if missed and not called else []
+        for method in methods:
+            owner = name_key(method.func.value)  # type: ignore[attr-defined]
+            if owner is None:
+                self._facts_refuse(
+                    f"the run shows the optimizer trains {self._facts_made(facts, missed)}, which"
+                    f" the training step runs through `{_code(method.func)}()`, not through its"
+                    " forward(), on a model the conversion cannot name (an item of a container):"
+                    " a DDP or FSDP wrapper averages gradients (or gathers parameters) only in a"
+                    " forward() called through it; bind the model to a name, then convert again",
+                    method,
+                )
+            else:  # (`_method_calls_of`: the static model binds it to the run's model)
+                called.setdefault(owner, set()).update(self._static_models(method.func.value))  # type: ignore[attr-defined]
+                self.trained_methods.setdefault(owner, []).append(method)
+        if missed and not called and not methods and not self._trained_elsewhere(facts, missed):
             where = [f for model in missed for f in facts.facts.forwards_of(model.id)]
             calls = "; ".join(f"`{facts.text_of(f.site) or '?'}` at {facts.shown(f.site)}" for f in where[:3])
             self._facts_refuse(
@@ -450,18 +463,55 @@ class DistributedStep(StatementRewrite):
             )
         return called
 
-    def _method_call_of(self, module: cst.Module, facts: FactsResolver, models: list) -> cst.Call | None:
-        """A call of the training code of a method of one of `models` (trained in the run,
-        never called): `self.policy.evaluate(s, a)` of a PPO agent."""
+    def _method_calls_of(self, module: cst.Module, facts: FactsResolver, models: list) -> list[cst.Call]:
+        """The calls of the training code of a method of one of `models` (trained in the
+        run, never called), outside `torch.no_grad()`: `self.policy.evaluate(s, a)` of a
+        PPO agent."""
         made = {facts.creation_call(model) for model in models} - {None}
-        return next(
-            (
-                call for call in self.step_calls(module)
-                if isinstance(call.func, cst.Attribute)
-                and made & {o.node for o in self.script.values(call.func.value) if o.kind is Kind.MODULE}
-            ),
-            None,
-        )  # fmt: skip
+        return [
+            call for call in self._method_calls(module)
+            if made & {o.node for o in self.script.values(call.func.value) if o.kind is Kind.MODULE}  # type: ignore[attr-defined]
+        ]  # fmt: skip
+
+    def _called_through_methods(self, module: cst.Module) -> dict[str, set[Obj]]:
+        """Without a run (a module the script imports, or `--no-run`): the models an
+        optimizer trains that the training code runs only through a method their class
+        defines (`self.policy.evaluate(s, a)`), by name; the calls go to
+        `self.trained_methods`."""
+        called: dict[str, set[Obj]] = {}
+        for call in self._method_calls(module):
+            owner = name_key(call.func.value)  # type: ignore[attr-defined]
+            trained = {
+                o for o in self.script.values(call.func.value)  # type: ignore[attr-defined]
+                if o.kind is Kind.MODULE and self.script.trains(o)
+            }  # fmt: skip
+            if owner is not None and trained:
+                called.setdefault(owner, set()).update(trained)
+                self.trained_methods.setdefault(owner, []).append(call)
+        return called
+
+    def _method_calls(self, module: cst.Module) -> list[cst.Call]:
+        """The calls of the training code of a method that a model's class defines (not
+        `forward`, nor one of `nn.Module`), outside `torch.no_grad()`: an inference there
+        needs no gradient."""
+        return [
+            call for call in self.step_calls(module)
+            if self.script.model_method(call) and not any(
+                isinstance(a, cst.With) and any(
+                    isinstance(i.item, cst.Call) and self.qualified_names(i.item.func) & NO_GRAD
+                    for i in a.items
+                )
+                for a in self.ancestors(call)
+            )
+        ]  # fmt: skip
+
+    def _trained_elsewhere(self, facts: FactsResolver, models: list) -> bool:  # list[Made]
+        """Whether `models` are made in other files of the project while this module has
+        no training step loop: the module whose loop trains them wraps (or refuses) them
+        (PPO-PyTorch's `train.py` calls `ppo_agent.update()` of PPO.py)."""
+        return not self._train_steps and all(
+            model.site is not None and Path(model.site.path).resolve() != Path(facts.path) for model in models
+        )
 
     def _agrees(
         self, facts: FactsResolver, key: str, models: list, node: cst.CSTNode, module: cst.Module
@@ -590,8 +640,11 @@ def _code(node: cst.CSTNode) -> str:
 
 
 def _named(node: cst.CSTNode) -> cst.BaseExpression:
-    """What names the model at `node`: the function a call calls, an argument's value."""
-    return node.func if isinstance(node, cst.Call) else node.value  # type: ignore[attr-defined]
+    """What names the model at `node`: the function a call calls, an argument's value,
+    or the expression `node` itself (`self.policy` of `self.policy.evaluate(s, a)`)."""
+    if isinstance(node, cst.Call):
+        return node.func
+    return node.value if isinstance(node, cst.Arg) else node  # type: ignore[return-value]
 
 
 def passed_args(call: cst.Call, function: FunctionInfo) -> list[tuple[cst.Arg, str]]:

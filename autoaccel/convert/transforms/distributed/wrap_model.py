@@ -20,6 +20,7 @@ from autoaccel.analysis.program import FunctionInfo, Kind
 from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
 from autoaccel.analysis.side_effects import PRINTS
+from autoaccel.cst_edit import add_imports
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     LOCAL_RANK,
@@ -39,6 +40,22 @@ from autoaccel.convert.transforms.distributed._base import (
 from autoaccel.convert.transforms.inserted_names import variable_names
 
 DDP_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
+METHOD_AS_FORWARD = "MethodAsForward"
+_METHOD_AS_FORWARD_CODE = f'''
+class {METHOD_AS_FORWARD}(torch.nn.Module):
+    """Runs `method` of `module` as its forward(): DDP averages gradients only for a
+    forward() called through it."""
+
+    def __init__(self, module, method):
+        super().__init__()
+        self.module = module
+        self.method = method
+
+    def forward(self, *args, **kwargs):
+        return getattr(self.module, self.method)(*args, **kwargs)
+'''
+# What `nn.Parameter(...)` may be called as (an attribute that holds one has parameters).
+_PARAMETER = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
 # What a training function may do with a model it receives, once that is a DDP wrapper
 # (not `named_parameters()` nor `state_dict()`: their names gain a `module.` prefix).
 _DDP_METHODS = frozenset({"train", "eval", "zero_grad", "parameters", "no_sync", "forward"})
@@ -69,6 +86,8 @@ class WrapModel(DistributedStep):
         optimized = {model.key for model in models} & self.script.trained
         # a wrapper name the script does not use yet: `ddp_model`, else `ddp_model2`, ...
         used = bound | variable_names(node)
+        self._used = used
+        self._needs_torch = False  # `MethodAsForward` is a `torch.nn.Module`
         self.wrappers: dict[str, str] = {}
         for model in models:
             self.wrappers[model.key] = fresh_name(ddp_name(model.key), used)
@@ -76,6 +95,9 @@ class WrapModel(DistributedStep):
             self._wrap(model, may_be_frozen=bool(optimized) and model.key not in optimized)
 
     def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
+        if model.key in self.trained_methods:
+            self._wrap_method(model, self.trained_methods[model.key])
+            return
         # The model under its own name, or as a parameter of the functions it is given to.
         names = {model.key} | self.script.names_of(self.script.held_by(model.key))
         forwards = [call for call in self.step_calls(self.tree) if model_key(call.func) in names]
@@ -146,6 +168,72 @@ class WrapModel(DistributedStep):
             f" (gradients averaged over processes){' where it has trainable parameters' if note else ''};"
             f" `{key}` stays the bare model",
         )
+
+    def _wrap_method(self, model: TrainedModel, calls: list[cst.Call]) -> None:
+        """Train `model` through a DDP wrapper whose forward() runs the method of the
+        model that the training `calls` run (`self.policy.evaluate(s, a)`): those calls
+        go to the wrapper, `model` stays the bare module."""
+        key = model.key
+        method = calls[0].func.attr.value  # type: ignore[attr-defined]
+        other = next((c for c in calls if c.func.attr.value != method), None)  # type: ignore[attr-defined]
+        unrouted = other or next(
+            (c for c in calls if not self._inference_only(c) and not self._holds(model, self.scope_of(c))),
+            None,
+        )
+        if unrouted is not None:
+            reason = (
+                f"`{key}` trains through `{method}()` and `{other.func.attr.value}()`: a DDP"  # type: ignore[attr-defined]
+                " wrapper runs one method as its forward(), and two wrappers of one model would"
+                " each average its gradients"
+                if other is not None
+                else f"this call of `{key}.{method}()` is in a function that receives the model"
+                " under another name, which the conversion cannot route to a DDP wrapper"
+            )
+            self.skipped(
+                "DistributedDataParallel",
+                f"{reason}, so `{key}` is not wrapped; have the model's forward() do what it"
+                " trains through, wrap the model in DDP and call the wrapper, by hand",
+                unrouted,
+                wrong=True,
+            )
+            return
+        wrapper = fresh_name(f"{ddp_name(key)}_{method}", self._used)
+        self._used.add(wrapper)
+        for call in calls:
+            if not self._inference_only(call):
+                self.rewrites[call] = wrapper
+        left_out = _layers_left_out(self, key, method)
+        unused = ", find_unused_parameters=True" if left_out != [] else ""
+        note = ""
+        if left_out is None:
+            note = f"# (which layers `{method}()` uses is not known here: DDP must not wait for the others)\n"
+        elif left_out:
+            layers = ", ".join(f"`{name}`" for name in left_out)
+            note = f"# (it leaves out the parameters of {layers}: DDP must not wait for their gradients)\n"
+        self.after.setdefault(model.anchor, []).extend(
+            parse_statements(
+                f"# `{method}()` trains `{key}`: when distributed, a DDP wrapper runs it as its\n"
+                "# forward(), which averages the gradients in backward()\n"
+                f"{note}"
+                f"{wrapper} = {key}.{method}\n"
+                f"if {DISTRIBUTED}:\n"
+                f'    {wrapper} = DDP({METHOD_AS_FORWARD}({key}, "{method}"), device_ids=[{LOCAL_RANK}]'
+                f" if next({key}.parameters()).is_cuda else None{unused})\n"
+            )
+        )
+        self.define_helper(self.tree, METHOD_AS_FORWARD, _METHOD_AS_FORWARD_CODE)
+        self.imports.append(DDP_IMPORT)
+        self._needs_torch = True
+        self.changed(
+            model.anchor,
+            f"`{wrapper}`: `{key}.{method}()`, which trains `{key}`, run as the forward() of a"
+            " DistributedDataParallel wrapper (gradients averaged over processes)"
+            f"{', find_unused_parameters=True' if unused else ''}; `{key}` stays the bare model",
+        )
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        module = super().leave_Module(original_node, updated_node)
+        return add_imports(module, ("torch",)) if self._needs_torch else module
 
     def _route(self, model: TrainedModel, call: cst.Call, plan: dict[cst.CSTNode, str]) -> bool:
         """Plan how `call` reaches the wrapper: call it directly, or receive it as the
@@ -483,3 +571,44 @@ def _stores_locally(function: cst.FunctionDef) -> bool:
         or isinstance(name, cst.Subscript) and isinstance(name.value, cst.Name) and name.value.value in local
         for name in names
     )
+
+
+def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] | None:
+    """The attributes of the model `key` that hold layers or parameters
+    (`self.critic = nn.Linear(...)`, `nn.Parameter(...)`) and that `method` reads
+    neither itself nor through the methods of `self` it calls: they get no gradient, and
+    DDP waits for every parameter's unless told (`find_unused_parameters=True`). None when
+    the model's class is not known (it may leave any out)."""
+    program = step.script.program
+    classes = {o.cls for o in step.script.held_by(key) if o.kind is Kind.MODULE}
+    if program is None or len(classes) != 1 or None in classes:
+        return None
+    (cls,) = classes
+    assert cls is not None
+    layers: set[str] = set()
+    for owner in cls.mro():
+        for function in owner.methods.values():
+            for assign in find(function.node.body, cst.Assign):
+                holds = any(o.kind is Kind.MODULE for o in program.values_of(assign.value, owner.module)) or any(
+                    owner.module.index.qualified_names(call.func) & _PARAMETER for call in find(assign.value, cst.Call)
+                )
+                layers |= {
+                    t.target.attr.value
+                    for t in assign.targets
+                    if holds and isinstance(t.target, cst.Attribute) and is_name(t.target.value, "self")
+                }
+    read: set[str] = set()
+    methods = [method]
+    while methods:
+        function = cls.method(methods.pop())
+        if function is None:
+            continue
+        for attribute in find(function.node.body, cst.Attribute):
+            name = attribute.attr.value
+            if is_name(attribute.value, "self") and name not in read:
+                read.add(name)
+                methods.append(name)  # a method of `self` it calls
+        if any(is_name(call.func, "self") for call in find(function.node.body, cst.Call)) and "forward" not in read:
+            read.add("forward")
+            methods.append("forward")
+    return sorted(layers - read)

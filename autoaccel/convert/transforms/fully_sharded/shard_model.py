@@ -85,7 +85,8 @@ class ShardModel(DistributedStep):
             f"if {DISTRIBUTED}:\n"
             f"    {SHARD}({model.key})\n"
             + (
-                f"    # {_listed(methods, quote='')} gather the parameters too, as forward() does\n"
+                f"    # {_listed(methods, quote='')} gather{'' if methods[1:] else 's'} the parameters"
+                " too, as forward() does\n"
                 + registered
                 if methods
                 else ""
@@ -120,17 +121,25 @@ class ShardModel(DistributedStep):
             )
 
     def _forward_methods(self, module: cst.Module, key: str) -> list[str]:
-        """The methods other than `forward` of the model `key`'s class that the script
-        calls on it (under any name that holds it) and that compute with its layers, in
-        the order of their first call. (Not a getter such as minGPT's `get_block_size()`:
-        registered, it would gather the parameters, a collective, to read a number.)"""
-        names = {key} | self.script.names_of(self.script.held_by(key))
-        methods: list[str] = []
+        """The methods other than `forward` of the model `key`'s class that the training
+        runs it through (`self.policy.evaluate(s, a)`), and those the script calls on it
+        (under any name that holds it: `agent.policy.act(s)`) that compute with its
+        layers, in the order of their first call. (Not a getter such as minGPT's
+        `get_block_size()`: registered, it would gather the parameters, a collective, to
+        read a number.)"""
+        held = {o for o in self.script.held_by(key) if o.kind is Kind.MODULE}
+        names = {key} | self.script.names_of(held)
+        own = {name for o in held if o.cls is not None for c in o.cls.mro() for name in c.methods}
+        methods = list(dict.fromkeys(c.func.attr.value for c in self.trained_methods.get(key, [])))  # type: ignore[attr-defined]
         for call in find(module, cst.Call):
             func = call.func
-            if not isinstance(func, cst.Attribute) or name_key(func.value) not in names:
+            if not isinstance(func, cst.Attribute) or func.attr.value in methods:
                 continue
-            if func.attr.value in methods or not self.script.model_method(call):
+            if name_key(func.value) not in names and (
+                func.attr.value not in own or held.isdisjoint(self.script.values(func.value))
+            ):
+                continue
+            if not self.script.model_method(call):
                 continue
             defined = [
                 obj.cls.method(func.attr.value)
