@@ -73,7 +73,7 @@ _WRITING_METHODS = frozenset(
 # What matplotlib's figures and animations write with (`anim.save("gan.gif")`): `save`
 # is a write only on an object that a call of matplotlib made.
 _MATPLOTLIB_SAVES = frozenset({"save", "savefig"})
-_OPEN = frozenset({"builtins.open", "io.open"})
+OPENS = frozenset({"builtins.open", "io.open"})
 # Identifiers that say "which process am I": `rank`, `RANK`, `args.local_rank`,
 # `dist.get_rank()`, `is_main_process()`, `is_master`.
 
@@ -158,7 +158,7 @@ class _Collector(cst.CSTVisitor):
         for name in names:
             if name in _BY_NAME:
                 return _BY_NAME[name]
-        if names & _OPEN:
+        if names & OPENS:
             return EffectKind.FILE_WRITE if _opens_for_writing(call) else None
         if not names and is_attribute(call.func, *_WRITING_METHODS):
             return EffectKind.FILE_WRITE
@@ -173,7 +173,7 @@ class _Collector(cst.CSTVisitor):
         `with wandb.init():`: its block may hold the whole training.)"""
         parent = self.index.parent(call)
         if isinstance(parent, cst.WithItem):
-            opens = self.index.qualified_names(call.func) & _OPEN
+            opens = self.index.qualified_names(call.func) & OPENS
             return self.index.parent(parent) if opens else None  # type: ignore[return-value]
         line = self.index.parent(parent) if isinstance(parent, cst.Expr) else None
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
@@ -184,11 +184,17 @@ class _Collector(cst.CSTVisitor):
         return rank_guarded(node, self.index.ancestors(node))
 
 
-def _opens_for_writing(call: cst.Call) -> bool:
+def opening_mode(call: cst.Call) -> cst.BaseExpression | None:
+    """The mode argument of an `open(...)` call; None when it has none ("r")."""
     mode = next((a.value for a in call.args if a.keyword and a.keyword.value == "mode"), None)
     if mode is None:
         positional = [a for a in call.args if a.keyword is None]
         mode = positional[1].value if len(positional) > 1 else None
+    return mode
+
+
+def _opens_for_writing(call: cst.Call) -> bool:
+    mode = opening_mode(call)
     if mode is None:
         return False  # "r"
     if isinstance(mode, cst.SimpleString):

@@ -20,7 +20,15 @@ import libcst as cst
 from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.program import FunctionInfo, SourceModule
 from autoaccel.analysis.shapes import find, name_calls
-from autoaccel.analysis.side_effects import EffectKind, SideEffect, Writes, find_side_effects, function_writes
+from autoaccel.analysis.side_effects import (
+    OPENS,
+    EffectKind,
+    SideEffect,
+    Writes,
+    find_side_effects,
+    function_writes,
+    opening_mode,
+)
 from autoaccel.analysis.training import LoopRole
 from autoaccel.convert.transforms.distributed._base import (
     RANK,
@@ -28,7 +36,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
     rank_zero,
 )
-from autoaccel.cst_edit import is_docstring
+from autoaccel.cst_edit import code_of, is_docstring
 
 
 # Functions of `torch.distributed` that only ask about the process group.
@@ -82,6 +90,8 @@ class GuardRankZero(DistributedStep):
                 )
                 continue
             if effect.statement is None:
+                if self._open_on_rank_zero(effect.call):  # type: ignore[arg-type]
+                    continue
                 self.skipped(
                     f"rank-0 {effect.kind.value}",
                     f"the {effect.kind.value} is part of an expression; run it on rank 0 only"
@@ -120,6 +130,31 @@ class GuardRankZero(DistributedStep):
         steps = [s for s in self.script.training.step_loops.values() if s.role is LoopRole.TRAIN]
         modules = {s.module for s in steps} | {o.module for s in steps for o in s.loaders}
         return modules | {f.module for s in steps for f in s.step_functions} | {self.script.module}
+
+    def _open_on_rank_zero(self, call: cst.Call) -> bool:
+        """`log = open(path, "w")`, a line of its own: the other processes open `os.devnull`
+        instead, so that what the script does with `log` later (writes, `flush()`,
+        `close()`) runs on every process and reaches the file from rank 0 alone. False
+        for any other shape."""
+        assign = self.parent(call)
+        line = self.parent(assign)
+        if not (
+            isinstance(assign, cst.Assign)
+            and assign.value is call
+            and self.qualified_names(call.func) & OPENS
+            and isinstance(line, cst.SimpleStatementLine)
+            and len(line.body) == 1
+        ):
+            return False
+        mode = opening_mode(call)
+        devnull = f"open(os.devnull{'' if mode is None else ', ' + code_of(mode)})"
+        opened = cst.IfExp(
+            test=cst.parse_expression(f"{RANK} == 0"), body=call, orelse=cst.parse_expression(devnull)
+        )
+        self.replace[line] = [line.with_changes(body=[assign.with_changes(value=opened)])]
+        self.imports.append("import os")
+        self.changed(line, "file opened for writing on rank 0 only: the other processes write to os.devnull")
+        return True
 
     def _return_early(self, function: cst.FunctionDef) -> None:
         body = cst.ensure_type(function.body, cst.IndentedBlock).body

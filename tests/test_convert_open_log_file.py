@@ -1,0 +1,51 @@
+"""fixtures/ddp/open_log_file.py: a file opened for writing by an assignment (`log_f =
+open(path, "w+")`) and written through its handle. Before, "the file write is part of an
+expression" refused it; now the other processes open `os.devnull`, and the proof's check
+that one process writes each file passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import convert_source
+from autoaccel.convert.verify import VerifyRequest, verify_ddp, write_one
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "ddp" / "open_log_file.py"
+DDP = ConvertOptions(target="ddp", amp="off")
+
+
+def test_the_file_is_opened_on_rank_zero_only():
+    conversion = convert_source(FIXTURE.read_text(), DDP, str(FIXTURE))
+    assert not [s for s in conversion.log.skipped if s.wrong]
+    assert '    log_f = open("training_log.csv","w+") if RANK == 0 else open(os.devnull, "w+")\n' in conversion.converted
+    assert '    log_f.write("epoch,loss\\n")\n' in conversion.converted  # the handle's uses stay
+    assert (17, "file opened for writing on rank 0 only: the other processes write to os.devnull") in {
+        (c.line, c.description) for c in conversion.log.changes
+    }
+    assert convert_source(conversion.converted, DDP, str(FIXTURE)).converted == conversion.converted
+
+
+@pytest.mark.parametrize(
+    "opened, devnull",
+    [('open("training_log.csv")', "open(os.devnull)"), ('open("training_log.csv", mode="a")', 'open(os.devnull, "a")')],
+    ids=["no-mode", "mode-keyword"],
+)
+def test_the_null_file_takes_the_same_mode(opened, devnull):
+    """(`open(path)` alone reads: it is no write, and a sibling line writes the file.)"""
+    source = FIXTURE.read_text().replace('open("training_log.csv","w+")', opened)
+    converted = convert_source(source, DDP, str(FIXTURE)).converted
+    assert (f"{opened} if RANK == 0 else {devnull}\n" in converted) == ("mode" in opened)
+
+
+@pytest.mark.runs
+def test_one_process_writes_the_log(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(FIXTURE.read_text())
+    converted = convert_source(script.read_text(), DDP, str(script)).converted
+    found, log = verify_ddp(script, write_one(script, converted), VerifyRequest([], steps=12), [tmp_path])
+    assert all(check.passed for check in found), log
+    writes = next(check for check in found if check.name == "one process writes each file")
+    assert "training_log.csv" in writes.detail or "1 file(s)" in writes.detail, writes.detail
