@@ -160,3 +160,46 @@ def test_fsdp_registers_a_method_called_under_another_name_too():
         '            register_fsdp_forward_method(self.net, "evaluate")\n'
         '            register_fsdp_forward_method(self.net, "act")\n'
     ) in code
+
+
+SAMPLES_EVERY_EPOCH = '''\
+import torch
+import torch.nn as nn
+
+
+class VAE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(4, 2)
+        self.decoder = nn.Linear(2, 4)
+
+    def forward(self, x):
+        return self.decoder(self.encoder(x))
+
+    def inference(self, z):
+        return self.decoder(z)
+
+
+vae = VAE()
+optimizer = torch.optim.SGD(vae.parameters(), lr=0.1)
+data = torch.randn(64, 4)
+for epoch in range(2):
+    for i in range(0, 64, 8):
+        x = data[i : i + 8]
+        loss = ((vae(x) - x) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    samples = vae.inference(torch.randn(4, 2))
+'''
+
+
+def test_a_model_trained_through_forward_keeps_its_other_methods_on_the_bare_model():
+    """VAE-CVAE draws samples with `vae.inference(z)` in the epoch loop, outside
+    `no_grad()`. Converting the result again took the wrapped forward for no training
+    call at all and routed `inference()` through a second DDP wrapper: "a step is not
+    idempotent", nothing written."""
+    conversion = convert(DDP, SAMPLES_EVERY_EPOCH)
+    assert "samples = vae.inference(torch.randn(4, 2))" in conversion.converted
+    assert "MethodAsForward" not in conversion.converted
+    assert convert(DDP, conversion.converted).converted == conversion.converted

@@ -357,7 +357,7 @@ class DistributedStep(StatementRewrite):
         wrappers = self.ddp_wrappers(module)
         if not called.keys() - wrappers:
             called.update(self._called_per_run_facts(module))
-        if not called.keys() - wrappers and self.run_facts() is None:
+        if not called and self.run_facts() is None:  # (a wrapper's calls: converted before)
             called.update(self._called_through_methods(module))
         keys = sorted(called.keys() - wrappers)
         training = self.training_functions(module)
