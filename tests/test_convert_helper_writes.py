@@ -157,3 +157,45 @@ def test_an_epoch_average_over_a_loader_parameter_divides_by_its_share():
     converted = convert_source(textwrap.dedent(PASSED_LOADER), DDP).converted
     assert "        return total_loss / len(trainloader.sampler), steps\n" in converted
     assert "        steps = len(trainloader.dataset) // 8\n" in converted
+
+
+def test_a_helper_that_writes_through_another_helper_runs_on_rank_zero(tmp_path):
+    """ViT's `save_experiment()` writes JSON, then calls `save_checkpoint()` beside it: a
+    call of a function that only writes is a write too."""
+    folder = copy_project(tmp_path)
+    records = folder / "records.py"
+    records.write_text(
+        records.read_text().replace(
+            '    torch.save(net.state_dict(), os.path.join(folder, "weights.pt"))\n',
+            '    store_weights(folder, net)\n\n\ndef store_weights(folder, net):\n'
+            '    os.makedirs(folder, exist_ok=True)\n'
+            '    torch.save(net.state_dict(), os.path.join(folder, "weights.pt"))\n',
+        )
+    )
+    assert command.run_convert(folder / "train.py", DDP, output=tmp_path / "out") == 0
+    converted = (tmp_path / "out" / "train.py").read_text()
+    assert "    if RANK == 0:\n        store_run(\"runs/regression\", settings, net, history)\n" in converted
+
+
+def test_an_epoch_average_over_a_loader_of_another_module_divides_by_its_share(tmp_path):
+    """ViT's loaders come from `prepare_data()` of its utils module, which the
+    conversion gives the DistributedSampler: the divisor in train.py follows it."""
+    (tmp_path / "loaders.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+        "def prepare_data():\n"
+        "    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "    return DataLoader(data, batch_size=8, shuffle=True)\n"
+    )
+    script = textwrap.dedent(PASSED_LOADER)
+    script = script.replace(
+        "from torch.utils.data import DataLoader, TensorDataset\n", "\nfrom loaders import prepare_data\n"
+    ).replace(
+        "    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "    trainloader = DataLoader(data, batch_size=8, shuffle=True)\n",
+        "    trainloader = prepare_data()\n",
+    )
+    (tmp_path / "train.py").write_text(script)
+    assert command.run_convert(tmp_path / "train.py", DDP, output=tmp_path / "out") == 0
+    converted = (tmp_path / "out" / "train.py").read_text()
+    assert "        return total_loss / len(trainloader.sampler), steps\n" in converted
+    assert "sampler=sampler" in (tmp_path / "out" / "loaders.py").read_text()

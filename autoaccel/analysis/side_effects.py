@@ -242,15 +242,30 @@ class Writes(NamedTuple):
     only: bool  # the function does nothing but write
 
 
-def function_writes(module: cst.Module, index: ModuleIndex | None = None) -> dict[cst.FunctionDef, Writes]:
+def function_writes(
+    module: cst.Module, index: ModuleIndex | None = None, callee: Callable[[cst.Call], cst.FunctionDef | None] | None = None
+) -> dict[cst.FunctionDef, Writes]:
     """What each function of `module` that writes on every rank (not under a rank test)
-    writes."""
-    found = find_side_effects(module, index)
-    kinds: dict[cst.FunctionDef, list[EffectKind]] = {}
-    for effect in found.effects:
-        if effect.function is not None and not effect.guarded:
-            kinds.setdefault(effect.function, []).append(effect.kind)
-    return {
-        function: Writes(min(found_kinds, key=_SEVERITY.index), function in found.writer_functions)
-        for function, found_kinds in kinds.items()
-    }
+    writes. With `callee` (the function of `module` a call runs, if any), a call of a
+    function that does nothing but write is a write too (`save_checkpoint(...)` in the
+    `save_experiment()` beside it), followed until nothing new is found."""
+    index = index or ModuleIndex(module)
+    found: dict[cst.FunctionDef, Writes] = {}
+    while True:
+
+        def writes_of_callee(call: cst.Call) -> EffectKind | None:
+            writes = found.get(callee(call)) if callee is not None else None  # type: ignore[arg-type]
+            return writes.kind if writes is not None and writes.only else None
+
+        effects = find_side_effects(module, index, writes_of_callee)
+        kinds: dict[cst.FunctionDef, list[EffectKind]] = {}
+        for effect in effects.effects:
+            if effect.function is not None and not effect.guarded:
+                kinds.setdefault(effect.function, []).append(effect.kind)
+        now = {
+            function: Writes(min(found_kinds, key=_SEVERITY.index), function in effects.writer_functions)
+            for function, found_kinds in kinds.items()
+        }
+        if now == found:
+            return found
+        found = now

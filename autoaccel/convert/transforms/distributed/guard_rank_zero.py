@@ -12,7 +12,7 @@ Statements already guarded by a rank test are left alone. See
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import libcst as cst
@@ -114,7 +114,9 @@ class GuardRankZero(DistributedStep):
         if helper.module in self._converted_modules:
             return None
         if helper.module not in self.writes_of:
-            self.writes_of[helper.module] = function_writes(helper.module.tree, helper.module.index)
+            self.writes_of[helper.module] = function_writes(
+                helper.module.tree, helper.module.index, partial(self._callee_in, helper.module)
+            )
         writes = self.writes_of[helper.module].get(helper.node)
         if writes is None or not writes.only and (
             writes.kind is EffectKind.PRINT or not self.helper_on_every_rank(self.script.module.tree, call, helper)
@@ -122,6 +124,14 @@ class GuardRankZero(DistributedStep):
             return None
         self.helpers[call] = helper
         return writes.kind
+
+    def _callee_in(self, module: SourceModule, call: cst.Call) -> cst.FunctionDef | None:
+        """The function of `module` that `call` runs, if it runs one alone."""
+        callees = self.script.callees(call)
+        if len(callees) != 1:
+            return None
+        (function,) = callees
+        return function.node if function.module is module else None
 
     @cached_property
     def _converted_modules(self) -> set[SourceModule]:

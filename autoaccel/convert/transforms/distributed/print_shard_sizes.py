@@ -43,18 +43,19 @@ class PrintShardSizes(DistributedStep):
                 continue
             measured = length.args[0].value
             if is_attribute(measured, "dataset"):
-                if self._sharded(node, measured.value):  # type: ignore[attr-defined]
+                if self._sharded(measured.value):  # type: ignore[attr-defined]
                     self.sizes[measured] = length in printed  # type: ignore[index]
             elif averages:
                 loader = self._sharded_loader_of(node, measured, length)
                 if loader is not None:
                     self.dataset_sizes[length] = loader
 
-    def _sharded(self, module: cst.Module, loader: cst.BaseExpression) -> bool:
-        """Whether every DataLoader `loader` (as read there) may hold is sharded."""
-        calls = [obj.node for obj in self.script.values(loader) if obj.kind is Kind.LOADER]
-        return bool(calls) and all(
-            isinstance(call, cst.Call) and self.shards(module, call) for call in calls
+    def _sharded(self, loader: cst.BaseExpression) -> bool:
+        """Whether every DataLoader `loader` (as read there) may hold is sharded, where
+        it is built (in a module of the project: `prepare_data()` of a utils module)."""
+        loaders = [obj for obj in self.script.values(loader) if obj.kind is Kind.LOADER]
+        return bool(loaders) and all(
+            isinstance(obj.node, cst.Call) and self.shards_loader(obj) for obj in loaders
         )
 
     def _sharded_loader_of(
