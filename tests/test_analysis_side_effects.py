@@ -25,7 +25,7 @@ def code(node: cst.CSTNode | None) -> str:
         pytest.param("print('epoch', 1)\n", EffectKind.PRINT, id="print"),
         pytest.param("import torch\ntorch.save(model.state_dict(), 'm.pt')\n", EffectKind.CHECKPOINT, id="torch-save"),
         pytest.param("from torch import save as keep\nkeep(model, 'm.pt')\n", EffectKind.CHECKPOINT, id="aliased-save"),
-        pytest.param("import os\nos.makedirs('out', exist_ok=True)\n", EffectKind.FILE_WRITE, id="makedirs"),
+        pytest.param("import os\nos.makedirs('out', exist_ok=True)\n", EffectKind.DIRECTORY, id="makedirs"),
         pytest.param("import json\njson.dump(history, f)\n", EffectKind.FILE_WRITE, id="json-dump"),
         pytest.param("import matplotlib.pyplot as plt\nplt.savefig('loss.png')\n", EffectKind.FILE_WRITE, id="savefig"),
         pytest.param("path.write_text(report)\n", EffectKind.FILE_WRITE, id="write-text-method"),

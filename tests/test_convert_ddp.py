@@ -1715,3 +1715,35 @@ def test_a_sampler_of_its_own_generator_is_refused():
     code, log = run_step(ShardTrainLoader, body)
     (skip,) = log.skipped
     assert skip.wrong and "already has a sampler" in skip.reason
+
+
+def test_a_barrier_in_a_module_the_script_imports_brings_its_import():
+    """PPO's `PPO.load()` got `torch_dist.barrier()` in a module that never imported
+    `torch.distributed`: a NameError on every process (the script starts the group, the
+    module only has the names)."""
+    from autoaccel.convert.transforms.distributed.init_process_group import MODULE_NAMES
+
+    body = 'if RANK == 0:\n    torch.save(model.state_dict(), "m.pt")\nmodel.load_state_dict(torch.load("m.pt"))\n'
+    code = apply(LoadOnEveryRank, "import os\n\nimport torch\n" + MODULE_NAMES + body, DDP, ConversionLog())
+    assert "import torch\nimport torch.distributed as dist\n" in code and "    dist.barrier()" in code
+
+
+def test_a_folder_is_made_on_every_process():
+    """PPO makes its log folder, then lists it to number its runs: made on rank 0 only,
+    rank 1 listed a folder that was not there yet (StopIteration in 2 of 5 runs)."""
+    code, log = run_step(
+        GuardRankZero,
+        """\
+        if not os.path.exists(log_dir):
+            os.makedirs(log_dir)
+        os.makedirs(os.path.join(log_dir, "ckpt"), exist_ok=True)
+        run_num = len(next(os.walk(log_dir))[2])
+        torch.save(model.state_dict(), os.path.join(log_dir, f"model_{run_num}.pt"))
+        """,
+    )
+    assert code.startswith(
+        "if not os.path.exists(log_dir):\n    os.makedirs(log_dir, exist_ok=True)\n"
+        'os.makedirs(os.path.join(log_dir, "ckpt"), exist_ok=True)\n'
+        "run_num = len(next(os.walk(log_dir))[2])\nif RANK == 0:\n"
+    )
+    assert len([c for c in log.changes if c.description.startswith("folder made on every process")]) == 1

@@ -28,6 +28,8 @@ class EffectKind(Enum):
     CHECKPOINT = "checkpoint save"
     FILE_WRITE = "file write"
     EXPERIMENT_LOG = "experiment log"  # a run of Weights & Biases: one per process otherwise
+    # `os.makedirs(...)`: no file's contents; the other processes may read what is there
+    DIRECTORY = "directory creation"
 
 
 _BY_NAME = {
@@ -38,7 +40,7 @@ _BY_NAME = {
     "sys.stderr.write": EffectKind.PRINT,
     "sys.stderr.flush": EffectKind.PRINT,
     "torch.save": EffectKind.CHECKPOINT,
-    "os.makedirs": EffectKind.FILE_WRITE,
+    "os.makedirs": EffectKind.DIRECTORY,
     "os.mkdir": EffectKind.FILE_WRITE,
     "os.remove": EffectKind.FILE_WRITE,
     "os.rename": EffectKind.FILE_WRITE,
@@ -100,7 +102,9 @@ class SideEffects:
 # write (see `find_side_effects`).
 CallKind = Callable[[cst.Call], EffectKind | None]
 # The kinds of write, the one a message names first.
-_SEVERITY = (EffectKind.CHECKPOINT, EffectKind.FILE_WRITE, EffectKind.EXPERIMENT_LOG, EffectKind.PRINT)
+_SEVERITY = (
+    EffectKind.CHECKPOINT, EffectKind.FILE_WRITE, EffectKind.EXPERIMENT_LOG, EffectKind.PRINT, EffectKind.DIRECTORY
+)
 
 
 class _Collector(cst.CSTVisitor):

@@ -36,7 +36,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
     rank_zero,
 )
-from autoaccel.cst_edit import code_of, is_docstring
+from autoaccel.cst_edit import code_of, is_docstring, keyword_value, set_keyword
 
 
 # Functions of `torch.distributed` that only ask about the process group.
@@ -75,8 +75,12 @@ class GuardRankZero(DistributedStep):
         for function in writers:
             self._return_early(function)
         groups: dict[cst.CSTNode, list[SideEffect]] = {}
+        self.exist_ok: set[cst.Call] = set()
         for effect in found.effects:
             if effect.guarded or effect.function in writers:
+                continue
+            if effect.kind is EffectKind.DIRECTORY:
+                self._make_on_every_rank(effect.call)  # type: ignore[arg-type]
                 continue
             helper = self.helpers.get(effect.call)  # type: ignore[arg-type]
             why = helper and self.helper_on_every_rank(node, effect.call, helper)  # type: ignore[arg-type]
@@ -118,7 +122,7 @@ class GuardRankZero(DistributedStep):
                 helper.module.tree, helper.module.index, partial(self._callee_in, helper.module)
             )
         writes = self.writes_of[helper.module].get(helper.node)
-        if writes is None or not writes.only and (
+        if writes is None or writes.kind is EffectKind.DIRECTORY or not writes.only and (
             writes.kind is EffectKind.PRINT or not self.helper_on_every_rank(self.script.module.tree, call, helper)
         ):
             return None
@@ -140,6 +144,24 @@ class GuardRankZero(DistributedStep):
         steps = [s for s in self.script.training.step_loops.values() if s.role is LoopRole.TRAIN]
         modules = {s.module for s in steps} | {o.module for s in steps for o in s.loaders}
         return modules | {f.module for s in steps for f in s.step_functions} | {self.script.module}
+
+    def _make_on_every_rank(self, call: cst.Call) -> None:
+        """`os.makedirs(path)` stays on every process, with `exist_ok=True`: the others
+        may list or read the folder (PPO lists its log folder to number its runs), and two
+        processes may both find it missing."""
+        if keyword_value(call, "exist_ok") is not None:
+            return
+        self.exist_ok.add(call)
+        self.changed(
+            call,
+            "folder made on every process (`exist_ok=True`: they may all find it missing), not on"
+            " rank 0 only: the others may read it",
+        )
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if original_node in self.exist_ok:
+            return set_keyword(updated_node, "exist_ok", "True")
+        return updated_node
 
     def _open_on_rank_zero(self, call: cst.Call) -> bool:
         """`log = open(path, "w")`, a line of its own: the other processes open `os.devnull`

@@ -13,6 +13,7 @@ import libcst as cst
 from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.transforms.distributed._base import (
+    DIST_IMPORT,
     DISTRIBUTED,
     LOCAL_RANK,
     DistributedStep,
@@ -66,6 +67,7 @@ class LoadOnEveryRank(DistributedStep):
                 f"if {DISTRIBUTED}:\n    dist.barrier()  # rank 0 may still be writing it\n"
             )
         )
+        self.imports.append(DIST_IMPORT)  # (a module the script imports may lack it)
         self.changed(statement, "barrier before loading: every rank waits for rank 0's save")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:

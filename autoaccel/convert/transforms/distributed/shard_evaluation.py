@@ -28,6 +28,7 @@ from autoaccel.analysis.shapes import find, is_false, is_method_call
 from autoaccel.analysis.side_effects import PRINTS, find_side_effects
 from autoaccel.analysis.training import LoopRole, StepLoop
 from autoaccel.convert.transforms.distributed._base import (
+    DIST_IMPORT,
     DISTRIBUTED,
     RANK,
     WORLD_SIZE,
@@ -69,7 +70,7 @@ class ShardEvaluation(DistributedStep):
             self._add_up(step, sums[step])  # type: ignore[arg-type]
         if self.samplers:
             self.define_helper(node, HELPER, _HELPER_CODE)
-            self.imports.append("import torch.distributed as dist")
+            self.imports.append(DIST_IMPORT)
 
     def _shardable(
         self, by_loader: dict[cst.Call, list[StepLoop]], sums: dict[StepLoop, list[str] | None]

@@ -29,6 +29,7 @@ from autoaccel.analysis.shapes import bound_names, find, is_name, is_true
 from autoaccel.analysis.training import StepLoop
 from autoaccel.convert.log import DIFFERENT_DATA
 from autoaccel.convert.transforms.distributed._base import (
+    DIST_IMPORT,
     DISTRIBUTED,
     RANK,
     WORLD_SIZE,
@@ -150,7 +151,7 @@ class ShardTrainLoader(DistributedStep):
             self.define_helper(node, SHARDED_STREAM, _SHARDED_STREAM_CLASS)
         if self.agreed:
             self.define_helper(node, EVERY_PROCESS, _EVERY_PROCESS_CODE)
-            self.imports.append("import torch.distributed as dist")
+            self.imports.append(DIST_IMPORT)
 
     def _shard_without_loader(self, module: cst.Module, step: StepLoop) -> None:
         """A training loop that reads no DataLoader: left alone when the program never runs

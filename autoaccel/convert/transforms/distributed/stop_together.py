@@ -14,7 +14,7 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.shapes import find, is_name, method_calls
-from autoaccel.convert.transforms.distributed._base import DISTRIBUTED, DistributedStep
+from autoaccel.convert.transforms.distributed._base import DIST_IMPORT, DISTRIBUTED, DistributedStep
 
 HELPER = "on_any_rank"
 
@@ -58,7 +58,7 @@ class StopTogether(DistributedStep):
                     )
         if self.tests:
             self.define_helper(node, HELPER, _HELPER_CODE)
-            self.imports.append("import torch.distributed as dist")
+            self.imports.append(DIST_IMPORT)
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if original_node.test not in self.tests:
