@@ -427,3 +427,43 @@ def test_a_state_dict_loaded_from_another_sharded_model_is_gathered_then_loaded(
         "        model_state = full_state_dict(model)\n"
         "        load_full_state_dict(target, model_state)\n"
     ) in converted
+
+
+DECIDED = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8, shuffle=True)
+best_acc = 0.0
+for epoch in range(4):
+    for x, y in loader:
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+    acc = correct / 64
+    if acc > best_acc:
+        best_acc = acc
+        torch.save(model.state_dict(), "best.pt")
+    if epoch % 2 == 0:
+        torch.save(model.state_dict(), f"epoch{epoch}.pt")
+"""
+
+
+def test_a_gathering_under_a_compared_result_goes_where_rank_zero_decides():
+    """The RepDistiller teacher gathers its checkpoint in `if test_acc > best_acc:`; under
+    FSDP BatchNorm's running statistics stay per process, so the processes' accuracies may
+    differ and one would wait forever in the gathering. A counter's test is the same
+    everywhere: left as it is."""
+    conversion = convert_source(DECIDED, FSDP, "train.py")
+    assert "    if first_process_decides(acc > best_acc):\n        best_acc = acc\n" in conversion.converted
+    assert "    if epoch % 2 == 0:\n" in conversion.converted
+    assert "    dist.broadcast(flag, src=0)\n" in conversion.converted
+    assert convert_source(conversion.converted, FSDP, "train.py").converted == conversion.converted

@@ -76,6 +76,15 @@ def load_full_state_dict(model, state_dict, strict=True):
     return model.load_state_dict(state_dict, strict=strict)
 
 
+def first_process_decides(condition):
+    """Whether `condition` holds on rank 0: every process takes the branch rank 0 takes."""
+    if not DISTRIBUTED:
+        return condition
+    flag = torch.tensor(float(bool(condition)))
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
 def per_process_batch_size(global_batch_size):
     """Each process loads an equal share of the original (global) batch."""
     if global_batch_size % WORLD_SIZE:
@@ -207,7 +216,7 @@ def main():
             print(
                 f"epoch {epoch}: loss {loss.item():.4f} grad norm {norm.item():.3f} val {val_loss:.4f}"
             )
-        if val_loss < best:
+        if first_process_decides(val_loss < best):
             best = val_loss
             save_checkpoint(model, optimizer, epoch, val_loss)
 

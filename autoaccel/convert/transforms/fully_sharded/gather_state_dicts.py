@@ -9,7 +9,11 @@ used it: every process must take part in the gathering, while only rank 0 then s
 `full_state_dict_everywhere(q)`, whole on every process. Loads become
 `load_full_state_dict(model, ...)`, which spreads rank 0's state dict over the processes.
 An optimizer's `state_dict()` and `load_state_dict()` of a script with one sharded model
-get the same treatment.
+get the same treatment. A gathering under a condition each process computes from its own
+results (`if test_acc > best_acc:` around a checkpoint: FSDP leaves BatchNorm's running
+statistics per process, so their evaluations may differ) goes where rank 0 decides:
+`if first_process_decides(test_acc > best_acc):`, every process taking rank 0's branch;
+otherwise one process would wait forever in a gathering the others skip.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
-from autoaccel.analysis.shapes import find, is_method_call, is_name
+from autoaccel.analysis.shapes import bound_names, find, is_method_call, is_name
 from autoaccel.convert.transforms.distributed._base import (
+    DIST_IMPORT,
+    DISTRIBUTED,
     DistributedStep,
     fresh_name,
     parameters_of,
@@ -45,6 +51,17 @@ _CHECKPOINT_NAMES = {
     LOAD_FULL_OPTIMIZER_STATE: ("StateDictOptions", "set_optimizer_state_dict"),
 }
 
+DECIDES = "first_process_decides"
+_DECIDES_CODE = f'''
+def {DECIDES}(condition):
+    """Whether `condition` holds on rank 0: every process takes the branch rank 0 takes."""
+    if not {DISTRIBUTED}:
+        return condition
+    flag = torch.tensor(float(bool(condition)))
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+'''
+
 
 class GatherStateDicts(DistributedStep):
     DESCRIPTION = "Save and load whole state dicts of FSDP-sharded models."
@@ -57,6 +74,7 @@ class GatherStateDicts(DistributedStep):
         # pass left them (`sd` may be a `state_dict()` call this step rewrites too)
         self.loads: dict[cst.Call, tuple[str, list[cst.Arg]]] = {}
         self.helpers: dict[cst.Call, str] = {}  # a hoisted `state_dict()` -> its helper
+        self.decided: set[cst.BaseExpression] = set()  # tests that go through `first_process_decides()`
         models = sharded_models(node, self.script)
         if not models:
             return
@@ -99,6 +117,9 @@ class GatherStateDicts(DistributedStep):
         used -= defined
         for helper in sorted(used):
             self.define_helper(node, helper, STATE_CODE[helper])
+        if self.decided:
+            self.define_helper(node, DECIDES, _DECIDES_CODE)
+            self.imports.append(DIST_IMPORT)
         if used:  # helpers defined before brought their imports
             names = sorted({name for helper in used for name in _CHECKPOINT_NAMES[helper]})
             self.imports.append("from torch.distributed.fsdp import FSDPModule")
@@ -116,6 +137,7 @@ class GatherStateDicts(DistributedStep):
                 f"`{owner}.state_dict()` runs on one process here, while under FSDP every"
                 " process must take part in gathering it; move it out of the rank test by hand",
             )
+        self._decide_on_rank_zero(call)
         name = fresh_name(f"{owner.rpartition('.')[2]}_state", bound)
         everywhere = not optimizer and self._loaded_unsharded(call)
         helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE_EVERYWHERE if everywhere else FULL_STATE
@@ -132,6 +154,34 @@ class GatherStateDicts(DistributedStep):
             + ("every process, for the model it is copied into" if everywhere else "rank 0"),
         )
         return True
+
+    def _decide_on_rank_zero(self, call: cst.Call) -> None:
+        """Plan `first_process_decides(...)` around the tests of the `if`s around `call` (in its
+        function, or around the calls of that function in this module) that compare a
+        value the function computes (`acc > best_acc`, an evaluation's accuracy), which
+        processes may not share."""
+        scope = self.scope_of(call)
+        sites: list[cst.CSTNode] = [call]
+        if scope is not None:
+            sites += [c for c in find(self.script.module.tree, cst.Call) if is_name(c.func, scope.name.value)]
+        for site in sites:
+            computed = _computed_names(self.scope_of(site) or self.script.module.tree)
+            for branch in self.ancestors(site):
+                if isinstance(branch, (cst.FunctionDef, cst.Lambda)):
+                    break
+                if isinstance(branch, cst.If) and branch.test not in self.decided and not _decided(branch.test) and _compares(branch.test, computed):
+                    self.decided.add(branch.test)
+                    self.changed(
+                        branch,
+                        f"`{DECIDES}()`: every process takes rank 0's branch, as all of them gather"
+                        " the state dict in it (their evaluations may differ: FSDP keeps BatchNorm's"
+                        " running statistics per process)",
+                    )
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node.test not in self.decided:
+            return updated_node
+        return updated_node.with_changes(test=cst.Call(cst.Name(DECIDES), [cst.Arg(updated_node.test)]))
 
     def _loaded_unsharded(self, call: cst.Call) -> bool:
         """Whether `call` (`q.state_dict()`) is loaded straight into a model that is not
@@ -178,3 +228,34 @@ class GatherStateDicts(DistributedStep):
             helper, owners = load
             return cst.Call(cst.Name(helper), [*owners, *updated_node.args])
         return self.rewrites.get(original_node, updated_node)
+
+
+def _decided(test: cst.BaseExpression) -> bool:
+    """`first_process_decides(...)`: already the same on every process."""
+    return isinstance(test, cst.Call) and is_name(test.func, DECIDES)
+
+
+_ORDERINGS = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
+
+
+def _computed_names(scope: cst.CSTNode) -> set[str]:
+    """The names `scope` assigns (`=`, `+=`) something other than a literal."""
+    names = set()
+    for assign in find(scope, (cst.Assign, cst.AugAssign)):
+        if isinstance(assign.value, (cst.Integer, cst.Float, cst.SimpleString, cst.Name)) and not (
+            isinstance(assign, cst.AugAssign)
+        ):
+            continue
+        targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+        names.update(name for target in targets for name in bound_names(target))
+    return names
+
+
+def _compares(test: cst.BaseExpression, computed: set[str]) -> bool:
+    """Whether `test` orders (`<`, `>=`, ...) a value of `computed` against another."""
+    return any(
+        isinstance(target.operator, _ORDERINGS)
+        and computed & {n.value for n in find(comparison, cst.Name)}
+        for comparison in find(test, cst.Comparison)
+        for target in comparison.comparisons
+    )
