@@ -1,30 +1,27 @@
-"""Run `autoaccel tune` / `autoaccel bench` as a user would, in a subprocess (a plain
-module, imported by tests)."""
+"""Run `autoaccel tune` / `autoaccel bench` as a user would, in a process of its own (a
+plain module, imported by tests)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Mapping
 
-from running import FIXTURES_DIR, SESSION_ENV, SessionRuns, selected
+from running import FIXTURES_DIR, SESSION_ENV, SessionRuns, _python, selected
 
 
 def autoaccel(
     command: str, script: Path, *options: str, cwd: Path, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """`autoaccel COMMAND SCRIPT *options` in `cwd`, one intra-op thread, a wide terminal,
-    with `env` (by default this process's environment, as a test may have set it). The
-    hash seed is fixed, as for the tests' own runs: then `tune`'s measurement, which
-    inherits it, may fork from the fork server (a random one cannot be set after start)."""
+    with `env` (by default this process's environment, as a test may have set it), forked
+    from the fork server where it may (running.py). The hash seed is fixed, as for the
+    tests' own runs: then `tune`'s measurement, which inherits it, may fork from the fork
+    server too (a random one cannot be set after start)."""
     env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "COLUMNS": "120", "PYTHONHASHSEED": "0"}
-    return subprocess.run(
-        [sys.executable, "-m", "autoaccel", command, str(script), *options],
-        cwd=cwd, capture_output=True, text=True, timeout=300, env=env,
-    )
+    return _python({"module": "autoaccel"}, [command, str(script), *options], cwd, env, timeout=300)
 
 
 def _on_fixture(

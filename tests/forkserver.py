@@ -1,15 +1,16 @@
 """A fork server ("zygote") for the harness runs of the tests: started once per test session
 with the environment the runs get, it imports torch and `autoaccel.harness` once, then forks
 one child per run, which runs `python -m autoaccel.harness ARGS` (or `python SCRIPT ARGS`: the
-ranks that `running.run_ranks` forks in torchrun's stead) as a fresh process would. A run
-then skips the ~1.1 s CPU of `import torch`. `running.py` starts it and decides which runs
-may use it.
+ranks that `running.run_ranks` forks in torchrun's stead, the scripts of `running.run_script`;
+or `python -m autoaccel ARGS`: the tests' conversions) as a fresh process would. A run then
+skips the ~1.1 s CPU of `import torch` (a conversion, ~0.7 s of imports and first-run caches).
+`running.py` starts it and decides which runs may use it.
 
     python forkserver.py        (the requests on stdin, the answers on stdout; JSON lines)
 
 Request: ``{"id", "module" or "script", "cwd", "env", "argv", "stdout", "stderr"}`` (module:
-``autoaccel.harness``; script: a file's path; argv: their arguments; stdout/stderr: files
-the run writes).
+``autoaccel.harness`` or ``autoaccel``; script: a file's path; argv: their arguments;
+stdout/stderr: files the run writes).
 Answers: ``{"id", "pid"}`` when the child started (``{"id", "error"}`` when the server
 would not fork), ``{"id", "exit"}`` when it ended (the exit code, or -N for signal N, as
 `subprocess` reports it). The end of stdin ends the server.
@@ -342,7 +343,17 @@ if __name__ == "__main__":
     import torch.nn.parallel
     import torch.utils.data  # noqa: F401
 
+    import autoaccel.cli  # noqa: F401
     from autoaccel import harness
+
+    # `python -m autoaccel` (the tests' `convert`, `lint --fix`, ...): its first conversion
+    # imports LibCST and the transforms and fills their caches (~0.6 CPU-s), done once here
+    from autoaccel.convert.log import ConvertOptions
+    from autoaccel.convert.pipeline import convert_source
+
+    warm_up = os.path.join(os.path.dirname(__file__), "..", "fixtures", "linear_exact.py")
+    with open(warm_up, encoding="utf-8") as source:
+        convert_source(source.read(), ConvertOptions(target="ddp", amp="off"))
 
     # What was imported lives as long as the children: out of the cyclic collector's sight,
     # a child's collections do not walk it (nor copy the pages it touches on the way).
@@ -358,5 +369,7 @@ if __name__ == "__main__":
     if "script" in request:
         runpy.run_path(request["script"], run_name="__main__")
         sys.exit(0)
+    if request["module"] == "autoaccel":
+        run_module("autoaccel")
     assert request["module"] == "autoaccel.harness", request["module"]
     sys.exit(harness.main(argv))

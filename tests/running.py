@@ -128,40 +128,63 @@ def run_under_harness(script_path, args, cwd, env=None, max_steps=None) -> Harne
     if max_steps is not None:
         harness_args += ["--max-steps", str(max_steps)]
     harness_args += [str(script_path), *map(str, args)]
-    proc = _python_m("autoaccel.harness", harness_args, Path(cwd), _env(env))
+    proc = _python({"module": "autoaccel.harness"}, harness_args, Path(cwd), _env(env))
     record = json.loads(out.read_text()) if out.is_file() else {}
     return HarnessRun(Path(script_path).name, Path(cwd), proc.returncode, proc.stderr, record)
 
 
-def _python_m(module: str, args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`python -m MODULE *args` in `cwd` (output captured, TIMEOUT_S), forked from the
-    fork server where it may (see `_ForkServer`)."""
+def _python(
+    what: dict[str, str], args: list[str], cwd: Path, env: dict[str, str], timeout: float = TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    """`python -m MODULE *args` (`what`: `{"module": MODULE}`) or `python SCRIPT *args`
+    (`{"script": SCRIPT}`) in `cwd`, output captured, killed after `timeout` seconds;
+    forked from the fork server where it may (see `_ForkServer`)."""
     server = _fork_server()
     if server is not None and server.accepts(env):
-        proc = server.run(module, args, cwd, env, TIMEOUT_S)
+        proc = server.run(what, args, cwd, env, timeout)
         if proc is not None:
             return proc
+    launch = ["-m", what["module"]] if "module" in what else [what["script"]]
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+        [sys.executable, *launch, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_script(script, args=(), cwd=None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` in `cwd` (by default the script's folder), with the runs'
+    environment (`_env`, plus `env`), output captured, TIMEOUT_S; forked from the fork
+    server where it may, which saves the ~1.1 CPU-s of `import torch`."""
+    script = Path(script).absolute()
+    return _python({"script": str(script)}, [*map(str, args)], Path(cwd or script.parent), _env(env))
+
+
+def run_autoaccel(
+    *args, cwd, env: dict[str, str] | None = None, timeout: float = TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    """`python -m autoaccel ARGS` in `cwd`, with the runs' environment (`_env`, plus `env`),
+    output captured; forked from the fork server where it may: it has imported and warmed up
+    the conversion pipeline, which saves ~0.7 CPU-s of a ~0.9 s `convert`."""
+    return _python({"module": "autoaccel"}, [*map(str, args)], Path(cwd), _env(env), timeout)
 
 
 # The fork server: one process that has imported torch and the harness, forking one child
 # per harness run (tests/forkserver.py). A run skips the ~1.1 s CPU of `import torch` (the
-# runs tests make ~180 harness runs). Conversions do not come here: forked, they cost as
-# much CPU as in a fresh process (measured: 34 s against 30 s for the 28 conversions of
-# the fixtures). AUTOACCEL_TESTS_FORK_SERVER=0 starts a fresh process for each run instead.
+# runs tests make ~180 harness runs). The tests' `python -m autoaccel` runs (`convert`,
+# ~120 a session) fork from it too: it has imported and warmed up the conversion pipeline
+# (forked from a server without it, they cost as much CPU as fresh ones). The scripts the
+# tests run themselves come here through `run_script`. AUTOACCEL_TESTS_FORK_SERVER=0
+# starts a fresh process for each run instead.
 FORK_SERVER = Path(__file__).resolve().with_name("forkserver.py")
 FORK_SERVER_ENV = "AUTOACCEL_TESTS_FORK_SERVER"
 # The variables in which a forked run's environment may differ from the server's: read
 # while the script runs, never when the interpreter or torch starts. Any other difference
 # (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY, OMP_NUM_THREADS, ...) gets a fresh process.
-READ_WHILE_RUNNING = {"AUTOACCEL_FORCE_AUTOCAST", "PYTEST_CURRENT_TEST"}
+# COLUMNS: `rich`'s width.
+READ_WHILE_RUNNING = {"AUTOACCEL_FORCE_AUTOCAST", "PYTEST_CURRENT_TEST", "COLUMNS"}
 # The same for the runs the product starts (`AUTOACCEL_PYTHON`, below): the variables the
-# harness reads (facts), `rich`'s width, and those torchrun gives its workers (below). The
-# server applies PYTHONPATH and PYTHONUNBUFFERED itself.
-PRODUCT_READ_WHILE_RUNNING = {"AUTOACCEL_FACTS_OUT", "COLUMNS", "TORCHELASTIC_ERROR_FILE"}
+# harness reads (facts), and those torchrun gives its workers (below). The server applies
+# PYTHONPATH and PYTHONUNBUFFERED itself.
+PRODUCT_READ_WHILE_RUNNING = {"AUTOACCEL_FACTS_OUT", "TORCHELASTIC_ERROR_FILE"}
 
 
 class _ForkServer:
@@ -192,11 +215,11 @@ class _ForkServer:
         return self._proc.poll() is None and differ <= may_differ
 
     def run(
-        self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float
+        self, what: dict[str, str], args: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess | None:
-        """`python -m MODULE *args` in `cwd`, forked; None when the server would not fork
-        (the caller starts a fresh process)."""
-        child = self.start({"module": module}, args, cwd, env)
+        """`python -m MODULE *args` or `python SCRIPT *args` (`what`, as for `start`) in
+        `cwd`, forked; None when the server would not fork (the caller starts a fresh process)."""
+        child = self.start(what, args, cwd, env)
         return child.wait(timeout) if child.forked(timeout) else None
 
     def start(self, what: dict[str, str], args: list[str], cwd: Path, env: dict[str, str]) -> _Child:
@@ -428,10 +451,7 @@ def convert(fixture, tmp_path, *options: str) -> Path:
     fixture = _fixture_path(fixture)
     tag = "".join(o.strip("-") for o in options) or "default"
     out = Path(tmp_path) / f"{fixture.stem}.{tag}.py"
-    proc = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", str(fixture), "-o", str(out), *options, "--no-verify"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
+    proc = run_autoaccel("convert", fixture, "-o", out, *options, "--no-verify", cwd=tmp_path)
     _check(proc, f"autoaccel convert {fixture.name} {' '.join(options)}")
     return out
 

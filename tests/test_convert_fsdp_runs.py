@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import subprocess
-import sys
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from command_runs import autoaccel
-from running import FIXTURES_DIR, TIMEOUT_S, SessionRuns, _check, _env, runs_fixture, selected
+from running import FIXTURES_DIR, SessionRuns, _check, run_script, runs_fixture, selected
 from test_convert_ddp_runs import run_torchrun
 
 torch = pytest.importorskip("torch")
@@ -115,14 +113,7 @@ def test_original_script_resumes_from_the_fsdp_checkpoint(fsdp_runs, tmp_path):
     under FSDP): the original script loads both and trains on from the saved epoch."""
     folder = fsdp_runs["clip_resume.py"].result()["fsdp"]["folder"]
     shutil.copy(folder / "clip_resume.pt", tmp_path)
-    proc = subprocess.run(
-        [sys.executable, str(FSDP_FIXTURES / "clip_resume.py"), "--resume", "--epochs", "1"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    proc = run_script(FSDP_FIXTURES / "clip_resume.py", ("--resume", "--epochs", "1"), tmp_path)
     _check(proc, "clip_resume.py --resume")
     saved_epoch = torch.load(folder / "clip_resume.pt")["epoch"]
     assert proc.stdout.startswith(f"epoch {saved_epoch + 1}:")

@@ -12,13 +12,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from running import DDP_OPTIONS, FIXTURES_DIR, TIMEOUT_S, _check, _env, convert, run_ranks
+from running import DDP_OPTIONS, FIXTURES_DIR, _check, convert, run_autoaccel, run_ranks, run_script
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
@@ -65,10 +63,7 @@ PROBE = textwrap.dedent(
 def test_only_rank_zero_writes_what_the_helper_writes(tmp_path):
     shutil.copytree(FIXTURES_DIR / "projects" / "helper_writes", tmp_path / "project")
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", "project/train.py", *DDP_OPTIONS, "-o", str(out), "--no-verify"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    proc = run_autoaccel("convert", "project/train.py", *DDP_OPTIONS, "-o", out, "--no-verify", cwd=tmp_path)
     _check(proc, "autoaccel convert helper_writes")
     (out / "probe.py").write_text(PROBE)
     _check(run_ranks(out / "probe.py", ["train.py"], out), "torchrun helper_writes")
@@ -83,9 +78,7 @@ def averages(output: str) -> list[float]:
 
 def test_rank_zero_prints_the_original_epoch_averages(tmp_path):
     fixture = FIXTURES_DIR / "ddp" / "trainer_epoch_average.py"
-    original = subprocess.run(
-        [sys.executable, str(fixture)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S
-    )
+    original = run_script(fixture, cwd=tmp_path)
     _check(original, "python trainer_epoch_average.py")
     converted = convert(fixture, tmp_path, *DDP_OPTIONS)
     ranks = run_ranks(converted, [], tmp_path)

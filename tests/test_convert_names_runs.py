@@ -3,13 +3,11 @@ gloo, CPU): the conversion's code gets free names, the script keeps its own."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from textwrap import dedent
 
 import pytest
 
-from running import TIMEOUT_S, _env, run_ranks
+from running import _check, run_autoaccel, run_ranks
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
@@ -36,11 +34,10 @@ TRAINS = dedent(
 def convert_and_run(tmp_path, extra: str, after: str) -> str:
     """Convert the script to ddp and run it on two processes; rank 0's output."""
     (tmp_path / "train.py").write_text(TRAINS.format(extra=extra, after=after))
-    subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "ddp.py",
-         "--no-verify"],
-        cwd=tmp_path, env=_env(), check=True, capture_output=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    conversion = run_autoaccel(
+        "convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--no-verify", cwd=tmp_path
+    )
+    _check(conversion, "autoaccel convert train.py --to ddp")
     run = run_ranks(tmp_path / "ddp.py", (), tmp_path)
     assert run.returncode == 0, run.stderr
     return run.stdout

@@ -6,12 +6,9 @@ keys (no `module.` prefix) and its whole tensors."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from running import FIXTURES_DIR, TIMEOUT_S, _check, _env
+from running import FIXTURES_DIR, _check, run_autoaccel
 from test_convert_ddp_runs import run_torchrun
 
 torch = pytest.importorskip("torch")
@@ -25,11 +22,7 @@ SAVED = "epoch_helper_loop.pt"
 @pytest.mark.parametrize("target", ["ddp", "fsdp"])
 def test_epoch_helper_project_trains_on_two_processes(target, tmp_path):
     out = tmp_path / target
-    proc = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", str(SCRIPT), "--to", target, "--amp", "off",
-         "-o", str(out), "--no-verify"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    proc = run_autoaccel("convert", SCRIPT, "--to", target, "--amp", "off", "-o", out, "--no-verify", cwd=tmp_path)
     _check(proc, f"autoaccel convert epoch_helper_loop/train.py --to {target} -o DIR")
     ranks = run_torchrun(out / "train.py", (), out)
     assert [r["exit"] for r in ranks] == ["ok", "ok"]

@@ -15,13 +15,11 @@ epoch, only rank 0 saving, and the final loss close to the original's.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from running import FIXTURES_DIR, TIMEOUT_S, _check, _env, run_with_losses
+from running import FIXTURES_DIR, _check, run_autoaccel, run_with_losses
 from test_convert_ddp_runs import run_torchrun
 from test_convert_runs import EXACT_REL, rel_gap
 
@@ -46,11 +44,7 @@ def last_epoch(losses: list[float]) -> float:
 def converted_project(script: Path, tmp_path: Path) -> Path:
     """`autoaccel convert SCRIPT --to ddp -o DIR`: the folder of the converted project."""
     out = tmp_path / "ddp"
-    proc = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", str(script), "--to", "ddp", "--amp", "off", "-o", str(out),
-         "--no-verify"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    proc = run_autoaccel("convert", script, "--to", "ddp", "--amp", "off", "-o", out, "--no-verify", cwd=tmp_path)
     _check(proc, f"autoaccel convert {script.parent.name}/{script.name} --to ddp -o DIR")
     return out
 

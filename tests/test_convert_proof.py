@@ -10,8 +10,6 @@ original that stops before its first step.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from autoaccel.bench.runner import Run
 from autoaccel.convert import command
 from autoaccel.convert.verify import Check, VerifyRequest
-from running import SESSION_ENV
+from running import run_autoaccel
 
 SCRIPT = Path(__file__).resolve().parent.parent / "fixtures" / "ddp" / "summed_loss.py"
 PASSED = [Check("every process finishes", True, "2 processes, 18 steps each"), Check("loss close", True, "1% apart")]
@@ -111,10 +109,9 @@ def test_an_original_that_cannot_run_here_writes_nothing(tmp_path):
     script = tmp_path / "train.py"
     script.write_text('import sys\nif len(sys.argv) < 2:\n    sys.exit("usage: train.py DATA")\n' + SCRIPT.read_text())
     before = script.read_text()
-    proc = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", "train.py", "--to", "ddp", "--amp", "off", "--write"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=SESSION_ENV,
-    )  # fmt: skip
+    proc = run_autoaccel(
+        "convert", "train.py", "--to", "ddp", "--amp", "off", "--write", cwd=tmp_path, timeout=300
+    )
     assert proc.returncode == 1, proc.stderr
     assert "train.py: error: the original script fails here (SystemExit('usage: train.py DATA'))" in proc.stderr
     assert "after `--`" in proc.stderr and "--no-verify" in proc.stderr

@@ -5,13 +5,11 @@ sampler: each rank runs the converted fixture under a probe that records what it
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from running import FIXTURES_DIR, _check, _env, run_ranks
+from running import FIXTURES_DIR, _check, run_ranks, run_script
 
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
@@ -105,10 +103,7 @@ def _ranks(name: str, args: tuple[str, ...], folder: Path, target: str = "ddp") 
 
 def _original(name: str, args: tuple[str, ...], folder: Path) -> dict:
     (folder / "probe.py").write_text(PROBE)
-    proc = subprocess.run(
-        [sys.executable, "probe.py", str(FIXTURES_DIR / name), *args],
-        cwd=folder, env=_env(), capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    proc = run_script(folder / "probe.py", (FIXTURES_DIR / name, *args), folder)
     _check(proc, f"{name}")
     return json.loads((folder / "probe-0.json").read_text())
 

@@ -19,7 +19,7 @@ import pytest
 
 from autoaccel.bench.runner import Run
 from autoaccel.convert.verify import Check, checks
-from running import DDP_OPTIONS, SESSION_ENV, SessionRuns, runs_fixture, selected
+from running import DDP_OPTIONS, SessionRuns, run_autoaccel, run_ranks, run_script, runs_fixture, selected
 
 DDP_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ddp"
 
@@ -227,10 +227,7 @@ def test_verify_is_for_ddp_and_script_arguments_need_it(cli, tmp_path):
 def _convert(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`autoaccel convert ARGS` in `cwd`, with the session's environment (it also runs on
     the background threads, while other tests set variables of their own)."""
-    return subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600, env=SESSION_ENV,
-    )
+    return run_autoaccel("convert", *args, cwd=cwd, timeout=600)
 
 
 def _verify(shared: SessionRuns, name: str) -> tuple[subprocess.CompletedProcess, Path]:
@@ -385,14 +382,7 @@ def test_the_converted_script_prints_the_originals_numbers(name, change, printed
     proc = _convert(str(DDP_FIXTURES / name), "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--no-verify",
                     cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0 and change in proc.stdout
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runs = [
-        subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
-        for command in (
-            [sys.executable, str(DDP_FIXTURES / name)],
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "ddp.py"],
-        )
-    ]
+    runs = [run_script(DDP_FIXTURES / name, cwd=tmp_path), run_ranks(tmp_path / "ddp.py", [], tmp_path)]
     assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
     lines = [[line for line in run.stdout.splitlines() if line.startswith(printed)] for run in runs]
     assert lines[0] and lines[0] == lines[1]

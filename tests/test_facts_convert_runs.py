@@ -11,13 +11,11 @@ whole batch's gradient) the original's final parameters.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from running import FIXTURES_DIR, TIMEOUT_S, _check, _env, run_ranks, run_under_harness
+from running import FIXTURES_DIR, _check, run_autoaccel, run_ranks, run_script, run_under_harness
 from test_facts import SNAPSHOTS
 
 torch = pytest.importorskip("torch")
@@ -51,18 +49,14 @@ def test_converted_with_facts_trains_the_same_on_two_ranks(tmp_path, name, targe
     fixture = FIXTURES_DIR / "facts" / f"{name}.py"
     project = "/" in name  # written with the modules it imports: `-o DIR`
     out = tmp_path / (f"{target}/{fixture.name}" if project else f"{name}_{target}.py")
-    conversion = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", str(fixture), "--to", target, "--amp", "off",
-         "-o", str(out.parent if project else out), "--no-verify", "--", *ARGS],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
+    conversion = run_autoaccel(
+        "convert", fixture, "--to", target, "--amp", "off", "-o", out.parent if project else out, "--no-verify",
+        "--", *ARGS, cwd=tmp_path,
     )  # fmt: skip
     _check(conversion, f"autoaccel convert {name} --to {target}")
     assert "running the script for 5 training steps" in conversion.stderr
     assert "took 5 training steps" in conversion.stderr
-    original = subprocess.run(
-        [sys.executable, str(fixture), *ARGS, "--save-params", str(tmp_path / "original.pt")],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    original = run_script(fixture, (*ARGS, "--save-params", tmp_path / "original.pt"), tmp_path)
     _check(original, f"python {name}")
     (tmp_path / "probe.py").write_text(PROBE)
     ranks = run_ranks(tmp_path / "probe.py", (out, *ARGS), tmp_path)

@@ -7,9 +7,6 @@ global random state (`torch.get_rng_state()`)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 from autoaccel.config import LintSettings
 from autoaccel.lint.fixer import fix_source
 from autoaccel.lint.rule import Applicability
+from running import run_autoaccel, run_script
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
@@ -55,16 +53,9 @@ print(model.weight.tolist(), model.bias.tolist())
 """
 
 
-def _run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *command], cwd=cwd, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-
-
 def _trained(script: Path) -> str:
     """What the script prints: the logged loss sum and the trained parameters."""
-    result = _run(str(script), cwd=script.parent)
+    result = run_script(script)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -88,7 +79,7 @@ def trained_before(tmp_path_factory) -> str:
 def test_prior_preservation_trains_the_same_after_rewriting(tmp_path, rewrite, trained_before):
     script = tmp_path / "dreambooth.py"
     script.write_text(PRIOR_PRESERVATION)
-    result = _run("-m", "autoaccel", *rewrite, str(script), cwd=tmp_path)
+    result = run_autoaccel(*rewrite, script, cwd=tmp_path)
     assert result.returncode in (0, 1), result.stderr
     rewritten = script.read_text()
     assert "loss = loss + 0.5 * prior_loss\n" in rewritten

@@ -5,9 +5,6 @@ tests execute the fixed code on the installed PyTorch."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,6 +14,7 @@ from libcst.metadata import MetadataWrapper, ScopeProvider
 from autoaccel.config import LintSettings
 from autoaccel.lint.engine import lint_source
 from autoaccel.lint.fixer import fix_source
+from running import run_script
 
 torch = pytest.importorskip("torch")
 
@@ -522,11 +520,7 @@ def test_legacy_fixture_runs_after_the_fixes(tmp_path):
     assert result.remaining == []
     script = tmp_path / "fixed.py"
     script.write_text(result.source, encoding="utf-8")
-    after = subprocess.run(
-        [sys.executable, str(script), "--epochs", "1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    after = run_script(script, ("--epochs", "1"))
     assert after.returncode == 0, after.stderr
     assert "Test set: Average loss" in after.stdout
     assert "volatile was removed" not in after.stderr

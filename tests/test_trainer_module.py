@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from running import FIXTURES_DIR, TIMEOUT_S, _env
+from running import FIXTURES_DIR, run_autoaccel
 
 PROJECT = FIXTURES_DIR / "projects" / "trainer_module"
 STEP_MODULE = FIXTURES_DIR / "projects" / "step_module"
@@ -97,10 +96,7 @@ def test_without_the_script_the_trainer_is_library_code(cli, project):
 
 
 def convert(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", *args],
-        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
+    return run_autoaccel("convert", *args, cwd=cwd)
 
 
 def test_ddp_puts_the_accumulation_micro_steps_under_no_sync(project):
