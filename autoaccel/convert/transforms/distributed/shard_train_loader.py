@@ -43,7 +43,7 @@ from autoaccel.convert.transforms.distributed.shard_stream_columns import (
     reads_batchified,
     slices_by_counter,
 )
-from autoaccel.convert.transforms.distributed.stop_together import agreement_helper
+from autoaccel.convert.transforms.distributed.stop_together import EVERY_PROCESS, agreed, agreement_helper
 from autoaccel.convert.transforms.inserted_names import variable_names
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
@@ -92,7 +92,6 @@ class {SHARDED_STREAM}(torch.utils.data.IterableDataset):
         rounds = zip(*[iter(self.dataset)] * ({WORLD_SIZE} * workers))
         return (items[{RANK} * workers + worker_id] for items in rounds)
 '''
-EVERY_PROCESS = "every_process"
 _EVERY_PROCESS_CODE = agreement_helper(EVERY_PROCESS, "MIN", "every")
 BATCH_HELPER = "per_process_batch_size"
 # Who decides a guess about how each process draws its data.
@@ -350,7 +349,7 @@ class ShardTrainLoader(DistributedStep):
                 if (
                     isinstance(ancestor, (cst.If, cst.While))
                     and child is not ancestor.test
-                    and not _agreed(ancestor.test)
+                    and not agreed(ancestor.test)
                     and self._varies(ancestor.test, ancestor, module.index, function)
                 ):
                     guards[ancestor] = function
@@ -742,11 +741,6 @@ class ShardTrainLoader(DistributedStep):
     def leave_Element(self, original_node: cst.Element, updated_node: cst.Element) -> cst.Element:
         size = self.draw_sizes.get(original_node)
         return updated_node if size is None else updated_node.with_changes(value=cst.parse_expression(size))
-
-
-def _agreed(test: cst.BaseExpression) -> bool:
-    """`every_process(...)`: already the same on every process."""
-    return isinstance(test, cst.Call) and is_name(test.func, EVERY_PROCESS)
 
 
 def _before_double_star(call: cst.Call) -> cst.Call:

@@ -17,6 +17,12 @@ from autoaccel.analysis.shapes import find, is_name, method_calls
 from autoaccel.convert.transforms.distributed._base import DIST_IMPORT, DISTRIBUTED, DistributedStep
 
 HELPER = "on_any_rank"
+# The helpers that make a condition the same on every process: this step's, the guard of
+# steps on each process's own data (`shard_train_loader.py`), rank 0's decision over a
+# gathering (`fully_sharded/gather_state_dicts.py`).
+EVERY_PROCESS = "every_process"
+FIRST_PROCESS_DECIDES = "first_process_decides"
+_AGREEMENTS = frozenset({HELPER, EVERY_PROCESS, FIRST_PROCESS_DECIDES})
 
 
 def agreement_helper(name: str, op: str, holds: str) -> str:
@@ -46,7 +52,7 @@ class StopTogether(DistributedStep):
         for loop in self.train_loops():
             per_process = _loss_values(loop)
             for branch in find(loop.body, cst.If):
-                if _agreed(branch.test) or not find(branch.body, cst.Break):
+                if agreed(branch.test) or not find(branch.body, cst.Break):
                     continue
                 if _mentions(branch.test, per_process):
                     self.tests.add(branch.test)
@@ -68,9 +74,10 @@ class StopTogether(DistributedStep):
         )
 
 
-def _agreed(test: cst.BaseExpression) -> bool:
-    """`on_any_rank(...)`: already the same on every process."""
-    return isinstance(test, cst.Call) and is_name(test.func, HELPER)
+def agreed(test: cst.BaseExpression) -> bool:
+    """`on_any_rank(...)`, `every_process(...)`, `first_process_decides(...)`: a condition
+    already the same on every process."""
+    return isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and test.func.value in _AGREEMENTS
 
 
 def _mentions(node: cst.CSTNode, names: set[str]) -> bool:

@@ -31,6 +31,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parameters_of,
     parse_statements,
 )
+from autoaccel.convert.transforms.distributed.stop_together import FIRST_PROCESS_DECIDES, agreed
 from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     FULL_OPTIMIZER_STATE,
@@ -51,7 +52,7 @@ _CHECKPOINT_NAMES = {
     LOAD_FULL_OPTIMIZER_STATE: ("StateDictOptions", "set_optimizer_state_dict"),
 }
 
-DECIDES = "first_process_decides"
+DECIDES = FIRST_PROCESS_DECIDES
 _DECIDES_CODE = f'''
 def {DECIDES}(condition):
     """Whether `condition` holds on rank 0: every process takes the branch rank 0 takes."""
@@ -169,7 +170,12 @@ class GatherStateDicts(DistributedStep):
             for branch in self.ancestors(site):
                 if isinstance(branch, (cst.FunctionDef, cst.Lambda)):
                     break
-                if isinstance(branch, cst.If) and branch.test not in self.decided and not _decided(branch.test) and _compares(branch.test, computed):
+                if (
+                    isinstance(branch, cst.If)
+                    and branch.test not in self.decided
+                    and not agreed(branch.test)
+                    and _compares(branch.test, computed)
+                ):
                     self.decided.add(branch.test)
                     self.changed(
                         branch,
@@ -228,11 +234,6 @@ class GatherStateDicts(DistributedStep):
             helper, owners = load
             return cst.Call(cst.Name(helper), [*owners, *updated_node.args])
         return self.rewrites.get(original_node, updated_node)
-
-
-def _decided(test: cst.BaseExpression) -> bool:
-    """`first_process_decides(...)`: already the same on every process."""
-    return isinstance(test, cst.Call) and is_name(test.func, DECIDES)
 
 
 _ORDERINGS = (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)
