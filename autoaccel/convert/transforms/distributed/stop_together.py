@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.shapes import find, is_name, method_calls
+from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.transforms.distributed._base import DIST_IMPORT, DISTRIBUTED, DistributedStep
 
 HELPER = "on_any_rank"
