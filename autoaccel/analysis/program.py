@@ -324,6 +324,10 @@ class Program:
         self._current = None
 
     # -- queries ---------------------------------------------------------------------
+    def calls_of(self, function: FunctionInfo) -> list[cst.Call]:
+        """The calls of the program that may run `function`, in the order of `calls`."""
+        return [call for call in self.calls if function in self.callees.get(call, ())]
+
     def values_of(self, node: cst.BaseExpression, module: SourceModule) -> Values:
         """What `node`, an expression of `module`, may hold."""
         self._current = None

@@ -20,7 +20,7 @@ from autoaccel.analysis.side_effects import find_side_effects
 from autoaccel.analysis.training import StepLoop
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
-from autoaccel.cst_edit import add_import, keyword_value
+from autoaccel.cst_edit import add_import, add_imports, keyword_value
 from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts, FactsResolver
 
 # Module-level names the set-up block defines; every later step builds on them.
@@ -132,6 +132,10 @@ class DistributedStep(StatementRewrite):
         self.after: dict[cst.CSTNode, Statements] = {}
         self.replace: dict[cst.CSTNode, Statements] = {}
         self.imports: list[str] = []
+        # inserted code reads `torch.` (`shard_model()`, `MethodAsForward`): `import torch`
+        # where the module does not bind `torch` yet (a helper module may import `torch.nn
+        # as nn` alone)
+        self.needs_torch = False
         return super().transform_module_impl(tree)
 
     def planned_statements(self) -> list[cst.CSTNode]:
@@ -154,12 +158,12 @@ class DistributedStep(StatementRewrite):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body = self.rebuild(list(original_node.body), list(updated_node.body))
-        if same_nodes(body, updated_node.body) and not self.imports:
+        if same_nodes(body, updated_node.body) and not self.imports and not self.needs_torch:
             return updated_node  # nothing to do: the tree is passed on as it is
         module = updated_node.with_changes(body=_space_new_definitions(body, updated_node.body))
         for statement in self.imports:
             module = add_import(module, statement)
-        return module
+        return add_imports(module, ("torch",)) if self.needs_torch else module
 
     def define_helper(self, module: cst.Module, name: str, code: str) -> None:
         """Define the function or class `name` (its `code`) after the set-up block, unless

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo
+from autoaccel.analysis.program import Program
 from autoaccel.analysis.shapes import bound_names, find, method_calls
 from autoaccel.analysis.training import LoopRole, StepLoop
 from autoaccel.convert.transforms.distributed._base import (
@@ -39,7 +39,7 @@ class SetSamplerEpoch(DistributedStep):
                 and not method_calls(loop.function.node.body, "set_epoch")
             ):
                 # the training function of another module, called in an epoch loop here
-                sites = [s for s in self._call_sites(loop.function) if self._here(s)]
+                sites = [s for s in self._program.calls_of(loop.function) if self._here(s)]
                 if sites:
                     self._set_epoch_around(sites, loop)
 
@@ -50,7 +50,7 @@ class SetSamplerEpoch(DistributedStep):
         if _epoch_loop(loop) is not None:
             self._set_epoch_around([loop.node], loop)
             return
-        sites = self._call_sites(loop.function) if loop.function is not None else []
+        sites = self._program.calls_of(loop.function) if loop.function is not None else []
         if any(not self._here(site) for site in sites):
             return  # called from another module: its own conversion sets it there
         self._set_epoch_around(sites, loop)
@@ -71,16 +71,14 @@ class SetSamplerEpoch(DistributedStep):
             loop.node if loop.module is self.script.module else sites[0],
         )
 
-    def _call_sites(self, function: FunctionInfo) -> list[cst.Call]:
-        """The calls of `function` in any module of the program."""
+    @property
+    def _program(self) -> Program:
         program = self.script.program
         assert program is not None
-        return [call for call, callees in program.callees.items() if function in callees]
+        return program
 
     def _here(self, node: cst.CSTNode) -> bool:
-        program = self.script.program
-        assert program is not None
-        return program.module_of.get(node) is self.script.module
+        return self._program.module_of.get(node) is self.script.module
 
     def _holder(self, epoch_loop: cst.For, step: StepLoop) -> str | None:
         """A name that holds the training loader when `epoch_loop` starts: a parameter

@@ -161,7 +161,7 @@ class ShardEvaluation(DistributedStep):
         in a print (which runs on rank 0 only) nor under a rank test."""
         program = self.script.program
         assert program is not None and step.function is not None
-        calls = [c for c, targets in program.callees.items() if step.function in targets]
+        calls = program.calls_of(step.function)
         for call in calls:
             module = program.module_of[call]
             for ancestor in module.index.ancestors(call):

@@ -392,10 +392,9 @@ class ShardTrainLoader(DistributedStep):
         program = self.script.program
         if function is None or program is None or function in seen:
             return
-        for call in program.calls:
-            if function in program.callees.get(call, ()):
-                caller = program.function_of.get(call)
-                yield from self._around(call, program.module_of[call].index, caller, seen | {function})
+        for call in program.calls_of(function):
+            caller = program.function_of.get(call)
+            yield from self._around(call, program.module_of[call].index, caller, seen | {function})
 
     def _step_sites(self, step: StepLoop) -> list[tuple[cst.CSTNode, SourceModule]]:
         """The step loop, and the calls of the program that run the function holding it,
@@ -409,10 +408,9 @@ class ShardTrainLoader(DistributedStep):
             if function is None or function in seen:
                 continue
             seen.add(function)
-            for call in program.calls:
-                if function in program.callees.get(call, ()):
-                    sites.append((call, program.module_of[call]))
-                    todo.append(program.function_of.get(call))
+            for call in program.calls_of(function):
+                sites.append((call, program.module_of[call]))
+                todo.append(program.function_of.get(call))
         return sites
 
     def _rounds(self, step: StepLoop) -> Iterator[tuple[cst.For | cst.While, cst.CSTNode, SourceModule]]:

@@ -20,7 +20,6 @@ from autoaccel.analysis.program import FunctionInfo, Kind
 from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
 from autoaccel.analysis.side_effects import PRINTS
-from autoaccel.cst_edit import add_imports
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     LOCAL_RANK,
@@ -87,7 +86,6 @@ class WrapModel(DistributedStep):
         # a wrapper name the script does not use yet: `ddp_model`, else `ddp_model2`, ...
         used = bound | variable_names(node)
         self._used = used
-        self._needs_torch = False  # `MethodAsForward` is a `torch.nn.Module`
         self.wrappers: dict[str, str] = {}
         for model in models:
             self.wrappers[model.key] = fresh_name(ddp_name(model.key), used)
@@ -223,17 +221,13 @@ class WrapModel(DistributedStep):
         )
         self.define_helper(self.tree, METHOD_AS_FORWARD, _METHOD_AS_FORWARD_CODE)
         self.imports.append(DDP_IMPORT)
-        self._needs_torch = True
+        self.needs_torch = True  # `MethodAsForward` is a `torch.nn.Module`
         self.changed(
             model.anchor,
             f"`{wrapper}`: `{key}.{method}()`, which trains `{key}`, run as the forward() of a"
             " DistributedDataParallel wrapper (gradients averaged over processes)"
             f"{', find_unused_parameters=True' if unused else ''}; `{key}` stays the bare model",
         )
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        module = super().leave_Module(original_node, updated_node)
-        return add_imports(module, ("torch",)) if self._needs_torch else module
 
     def _route(self, model: TrainedModel, call: cst.Call, plan: dict[cst.CSTNode, str]) -> bool:
         """Plan how `call` reaches the wrapper: call it directly, or receive it as the
@@ -499,9 +493,8 @@ def _handovers(step: DistributedStep, function: FunctionInfo, param: str) -> lis
     a model the caller's scope builds before the call; [] when one does not."""
     program = step.script.program
     assert program is not None
-    sites = [call for call, callees in program.callees.items() if function in callees]
     found = []
-    for site in sites:
+    for site in program.calls_of(function):
         arg = next((a for a, p in passed_args(site, function) if p == param), None)
         alias = name_key(arg.value) if arg is not None and isinstance(arg.value, cst.Name) else None
         if alias is None:

@@ -18,7 +18,6 @@ import libcst as cst
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.shapes import find, is_method_call
-from autoaccel.cst_edit import add_imports
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -63,11 +62,7 @@ class ShardModel(DistributedStep):
             code, imports = shard_code(self.options, any(methods.values()))
             self.define_helper(node, SHARD, code)
             self.imports.append(imports)
-        self._needs_torch = bool(shardable)  # `shard_model()` reads `torch.nn`
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        module = super().leave_Module(original_node, updated_node)
-        return add_imports(module, ("torch",)) if self._needs_torch else module
+            self.needs_torch = True  # `shard_model()` reads `torch.nn`
 
     def _shard(self, model: TrainedModel, methods: list[str]) -> None:
         """Shard after `model.anchor`, the optimizers built before it moving after the
