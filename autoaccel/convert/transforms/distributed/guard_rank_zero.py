@@ -111,11 +111,8 @@ class GuardRankZero(DistributedStep):
         """What `call` writes when it runs a function of a module the conversion leaves as
         it is (the modules it converts guard their own writers) that does nothing but
         write, or that writes files and must run on every rank (refused)."""
-        callees = self.script.callees(call)
-        if len(callees) != 1:
-            return None
-        (helper,) = callees
-        if helper.module in self._converted_modules:
+        helper = self._sole_callee(call)
+        if helper is None or helper.module in self._converted_modules:
             return None
         if helper.module not in self.writes_of:
             self.writes_of[helper.module] = function_writes(
@@ -129,13 +126,15 @@ class GuardRankZero(DistributedStep):
         self.helpers[call] = helper
         return writes.kind
 
+    def _sole_callee(self, call: cst.Call) -> FunctionInfo | None:
+        """The function of the project that `call` runs, if it runs one alone."""
+        callees = self.script.callees(call)
+        return next(iter(callees)) if len(callees) == 1 else None
+
     def _callee_in(self, module: SourceModule, call: cst.Call) -> cst.FunctionDef | None:
         """The function of `module` that `call` runs, if it runs one alone."""
-        callees = self.script.callees(call)
-        if len(callees) != 1:
-            return None
-        (function,) = callees
-        return function.node if function.module is module else None
+        function = self._sole_callee(call)
+        return function.node if function is not None and function.module is module else None
 
     @cached_property
     def _converted_modules(self) -> set[SourceModule]:

@@ -92,7 +92,9 @@ class {SHARDED_STREAM}(torch.utils.data.IterableDataset):
         rounds = zip(*[iter(self.dataset)] * ({WORLD_SIZE} * workers))
         return (items[{RANK} * workers + worker_id] for items in rounds)
 '''
-_EVERY_PROCESS_CODE = agreement_helper(EVERY_PROCESS, "MIN", "every")
+_EVERY_PROCESS_CODE = agreement_helper(
+    EVERY_PROCESS, "every process: then every process takes the branch", "dist.all_reduce(flag, op=dist.ReduceOp.MIN)"
+)
 BATCH_HELPER = "per_process_batch_size"
 # Who decides a guess about how each process draws its data.
 _DECIDED = (

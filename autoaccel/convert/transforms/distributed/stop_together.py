@@ -25,22 +25,25 @@ FIRST_PROCESS_DECIDES = "first_process_decides"
 _AGREEMENTS = frozenset({HELPER, EVERY_PROCESS, FIRST_PROCESS_DECIDES})
 
 
-def agreement_helper(name: str, op: str, holds: str) -> str:
-    """The code of `name(condition)`: `condition` all-reduced over the processes with
-    `op` (MAX: it holds on any process; MIN: on every one), so that every process takes
-    the same branch; the condition itself under plain `python`."""
+def agreement_helper(name: str, holds: str, collective: str) -> str:
+    """The code of `name(condition)`: `condition` as a 0/1 tensor through `collective`
+    (an all-reduce with MAX: it holds on any process; MIN: on every one; a broadcast
+    from rank 0), so that every process takes the same branch, which `holds` says; the
+    condition itself under plain `python`."""
     return f'''
 def {name}(condition):
-    """Whether `condition` holds on {holds} process: then every process takes the branch."""
+    """Whether `condition` holds on {holds}."""
     if not {DISTRIBUTED}:
         return condition
     flag = torch.tensor(float(bool(condition)))
-    dist.all_reduce(flag, op=dist.ReduceOp.{op})
+    {collective}
     return bool(flag.item())
 '''
 
 
-_HELPER_CODE = agreement_helper(HELPER, "MAX", "any")
+_HELPER_CODE = agreement_helper(
+    HELPER, "any process: then every process takes the branch", "dist.all_reduce(flag, op=dist.ReduceOp.MAX)"
+)
 
 
 class StopTogether(DistributedStep):

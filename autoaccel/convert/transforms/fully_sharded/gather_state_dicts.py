@@ -25,13 +25,16 @@ from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.shapes import bound_names, find, is_method_call, is_name
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
-    DISTRIBUTED,
     DistributedStep,
     fresh_name,
     parameters_of,
     parse_statements,
 )
-from autoaccel.convert.transforms.distributed.stop_together import FIRST_PROCESS_DECIDES, agreed
+from autoaccel.convert.transforms.distributed.stop_together import (
+    FIRST_PROCESS_DECIDES,
+    agreed,
+    agreement_helper,
+)
 from autoaccel.convert.transforms.fully_sharded._sharded import sharded_models
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     FULL_OPTIMIZER_STATE,
@@ -53,15 +56,9 @@ _CHECKPOINT_NAMES = {
 }
 
 DECIDES = FIRST_PROCESS_DECIDES
-_DECIDES_CODE = f'''
-def {DECIDES}(condition):
-    """Whether `condition` holds on rank 0: every process takes the branch rank 0 takes."""
-    if not {DISTRIBUTED}:
-        return condition
-    flag = torch.tensor(float(bool(condition)))
-    dist.broadcast(flag, src=0)
-    return bool(flag.item())
-'''
+_DECIDES_CODE = agreement_helper(
+    DECIDES, "rank 0: every process takes the branch rank 0 takes", "dist.broadcast(flag, src=0)"
+)
 
 
 class GatherStateDicts(DistributedStep):
