@@ -42,7 +42,9 @@ app = typer.Typer(
 def _codes(values: Optional[List[str]]) -> tuple[str, ...] | None:
     if not values:
         return None
-    return tuple(code.strip().upper() for value in values for code in value.split(",") if code.strip())
+    return tuple(
+        code.strip().upper() for value in values for code in value.split(",") if code.strip()
+    )
 
 
 _UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
@@ -67,7 +69,11 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "-V", "--version", callback=_version, is_eager=True,
+        False,
+        "-V",
+        "--version",
+        callback=_version,
+        is_eager=True,
         help="Show the version and exit.",
     ),
 ) -> None:
@@ -80,7 +86,10 @@ def lint(
         None, metavar="PATHS", help="Files or directories; `-` reads stdin."
     ),
     output_format: OutputFormat = typer.Option(
-        OutputFormat.text, "--format", "--output-format", metavar="FORMAT",
+        OutputFormat.text,
+        "--format",
+        "--output-format",
+        metavar="FORMAT",
         help="How findings are printed: text | json | github | sarif.",
     ),
     select: Optional[List[str]] = typer.Option(
@@ -104,15 +113,20 @@ def lint(
         False, "--force-exclude", help="Apply `exclude` to the paths given too (for hooks)."
     ),
     stdin_filename: Optional[Path] = typer.Option(
-        None, "--stdin-filename", metavar="PATH",
+        None,
+        "--stdin-filename",
+        metavar="PATH",
         help="The path of the script read from stdin (`-`): for messages, config and its local imports.",
     ),
     max_file_size: str = typer.Option(
-        "1MiB", "--max-file-size", metavar="SIZE",
+        "1MiB",
+        "--max-file-size",
+        metavar="SIZE",
         help="A larger file is reported, not read: bytes, or 512KiB, 2MiB.",
     ),
     precise: bool = typer.Option(
-        False, "--precise",
+        False,
+        "--precise",
         help="Unless pyproject.toml sets `select`, run only the rules whose findings are certain"
         " and cheap to act on (what the pre-commit hooks enforce).",
     ),
@@ -167,8 +181,12 @@ def rules(
 
 # Convert options shared by the commands that convert (`convert`, `config`, `bench`):
 # left at None, a value comes from [tool.autoaccel.convert] or the default.
-TO_OPTION = typer.Option(None, "--to", metavar="TARGET", help="single | dp | ddp | fsdp [default: single]")
-AMP_OPTION = typer.Option(None, "--amp", metavar="PRECISION", help="bf16 | fp16 | off [default: bf16]")
+TO_OPTION = typer.Option(
+    None, "--to", metavar="TARGET", help="single | dp | ddp | fsdp [default: single]"
+)
+AMP_OPTION = typer.Option(
+    None, "--amp", metavar="PRECISION", help="bf16 | fp16 | off [default: bf16]"
+)
 COMPILE_OPTION = typer.Option(
     None, "--compile/--no-compile", help="Compile the model (torch.compile)."
 )
@@ -184,7 +202,9 @@ CHANNELS_LAST_OPTION = typer.Option(
 def convert(
     ctx: typer.Context,
     file: Path = typer.Argument(
-        ..., metavar="FILE", help="The training script or notebook to convert; `-` reads it from stdin."
+        ...,
+        metavar="FILE",
+        help="The training script or notebook to convert; `-` reads it from stdin.",
     ),
     to: Optional[str] = TO_OPTION,
     amp: Optional[str] = AMP_OPTION,
@@ -199,15 +219,20 @@ def convert(
         help="ddp: keep the batch size per process (default: global).",
     ),
     launcher: Optional[str] = typer.Option(
-        None, "--launcher", metavar="LAUNCHER",
+        None,
+        "--launcher",
+        metavar="LAUNCHER",
         help="ddp: torchrun | slurm | spawn [default: torchrun]",
     ),
     cpu_offload: Optional[bool] = typer.Option(
-        None, "--cpu-offload/--no-cpu-offload",
+        None,
+        "--cpu-offload/--no-cpu-offload",
         help="fsdp: keep parameters, gradients and optimizer state on the CPU between uses.",
     ),
     workers: Optional[str] = typer.Option(
-        None, "--workers", metavar="WORKERS",
+        None,
+        "--workers",
+        metavar="WORKERS",
         help="DataLoader workers: auto (from the CPU count) | keep [default: auto]",
     ),
     diff: bool = typer.Option(False, "--diff", help="Show the diff and a summary (the default)."),
@@ -215,11 +240,16 @@ def convert(
         False, "--write", help="Rewrite the file (and the project modules that change) in place."
     ),
     output: Optional[Path] = typer.Option(
-        None, "-o", "--output", metavar="PATH",
+        None,
+        "-o",
+        "--output",
+        metavar="PATH",
         help="Write the result here (a folder when project modules change too; `-`: stdout).",
     ),
     stdin_filename: Optional[Path] = typer.Option(
-        None, "--stdin-filename", metavar="PATH",
+        None,
+        "--stdin-filename",
+        metavar="PATH",
         help="The path of the script read from stdin (`-`): for messages, config and its local imports.",
     ),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the script would change."),
@@ -255,7 +285,8 @@ def convert(
         " process to find out.",
     ),
     script_args: Optional[List[str]] = typer.Argument(
-        None, metavar="SCRIPT_ARGS",
+        None,
+        metavar="SCRIPT_ARGS",
         help="The script's arguments, after `--`: for the short run (ddp, fsdp, dp) and the proof (ddp, fsdp).",
     ),
 ) -> None:
@@ -268,7 +299,9 @@ def convert(
     from autoaccel.facts.run import FactsRequest
 
     if script_args and verify is not True and no_run:
-        raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments, after `--`, are for the runs of --to ddp, fsdp and dp)")
+        raise typer.BadParameter(
+            f"unexpected arguments {' '.join(script_args)!r} (the script's arguments, after `--`, are for the runs of --to ddp, fsdp and dp)"
+        )
     _choice("--format", report_format, ("text", "markdown", "json"))
     if write and output is not None:
         raise typer.BadParameter("use either --write or -o, not both")
@@ -293,7 +326,9 @@ def convert(
         raise typer.Exit(2) from None
     _check_distributed(options, verify is True)
     if script_args and options.target not in RUNS_THE_SCRIPT:
-        raise typer.BadParameter(f"unexpected arguments {' '.join(script_args)!r} (the script's arguments, after `--`, are for the runs of --to ddp, fsdp and dp)")
+        raise typer.BadParameter(
+            f"unexpected arguments {' '.join(script_args)!r} (the script's arguments, after `--`, are for the runs of --to ddp, fsdp and dp)"
+        )
     unproven = _unproven(options, verify, no_run, write or output not in (None, STDOUT), from_stdin)
     request = VerifyRequest(script_args or [], verify_steps) if unproven is None else None
     # A run only where the target needs to know which model trains, of a script on disk;
@@ -303,8 +338,18 @@ def convert(
         facts = FactsRequest(facts.script_args, request.steps, request.timeout, request.epoch_steps)
     raise typer.Exit(
         run_convert(
-            file, options, write, output, check, report_format, allow_partial, force, request,
-            from_stdin, facts, unproven or "",
+            file,
+            options,
+            write,
+            output,
+            check,
+            report_format,
+            allow_partial,
+            force,
+            request,
+            from_stdin,
+            facts,
+            unproven or "",
         )
     )
 
@@ -341,7 +386,9 @@ def _convert_command_line(params: dict[str, object]) -> dict[str, object]:
     return {name: value for name, value in given.items() if name in names and value is not None}
 
 
-@app.command(cls=_Command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    cls=_Command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
 def config(
     ctx: typer.Context,
     path: Path = typer.Argument(Path("."), metavar="PATH", help="A file or folder."),
@@ -368,12 +415,17 @@ def tune(
     script_args: Optional[List[str]] = typer.Argument(
         None, metavar="SCRIPT_ARGS", help="Its arguments, after `--`."
     ),
-    batches: int = typer.Option(50, "--batches", min=1, metavar="N", help="Batches timed per pass."),
+    batches: int = typer.Option(
+        50, "--batches", min=1, metavar="N", help="Batches timed per pass."
+    ),
     repeats: int = typer.Option(
         3, "--repeats", min=1, metavar="N", help="Timed passes per setting (median)."
     ),
     max_workers: Optional[int] = typer.Option(
-        None, "--max-workers", min=0, metavar="N",
+        None,
+        "--max-workers",
+        min=0,
+        metavar="N",
         help="Largest num_workers tried [default: CPU count].",
     ),
     write: bool = typer.Option(False, "--write", help="Write the best settings into the script."),
@@ -401,16 +453,29 @@ def bench(
     compile_model: Optional[bool] = COMPILE_OPTION,
     channels_last: Optional[bool] = CHANNELS_LAST_OPTION,
     steps: int = typer.Option(50, "--steps", min=2, metavar="N", help="Training steps per run."),
-    warmup: int = typer.Option(5, "--warmup", min=1, metavar="N", help="Steps left out of the timing."),
+    warmup: int = typer.Option(
+        5, "--warmup", min=1, metavar="N", help="Steps left out of the timing."
+    ),
     tolerance: Optional[float] = typer.Option(
-        None, "--tolerance", min=0, metavar="FRACTION",
+        None,
+        "--tolerance",
+        min=0,
+        metavar="FRACTION",
         help="Largest relative loss difference [default: by options].",
     ),
     nproc: Optional[int] = typer.Option(
-        None, "--nproc", min=1, metavar="N", help="ddp: processes [default: one per GPU, 2 without]."
+        None,
+        "--nproc",
+        min=1,
+        metavar="N",
+        help="ddp: processes [default: one per GPU, 2 without].",
     ),
     repeats: int = typer.Option(
-        3, "--repeats", min=1, metavar="N", help="Runs of each side, alternated (3 or more to judge speed)."
+        3,
+        "--repeats",
+        min=1,
+        metavar="N",
+        help="Runs of each side, alternated (3 or more to judge speed).",
     ),
     allow_slower: bool = typer.Option(
         False, "--allow-slower", help="Exit 0 when the conversion is measurably slower."
@@ -420,7 +485,9 @@ def bench(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     verify: bool = typer.Option(
-        False, "--verify", help="ddp, fsdp: also check the runs as `convert --verify` does (exit 1 on a failure)."
+        False,
+        "--verify",
+        help="ddp, fsdp: also check the runs as `convert --verify` does (exit 1 on a failure).",
     ),
 ) -> None:
     """Run the script and its conversion for N steps each, alternately, --repeats times;
@@ -440,8 +507,18 @@ def bench(
     _check_distributed(options, verify)
     raise typer.Exit(
         run_bench(
-            script, script_args or [], options, steps, warmup, tolerance, report, as_json, nproc,
-            repeats, allow_slower, verify,
+            script,
+            script_args or [],
+            options,
+            steps,
+            warmup,
+            tolerance,
+            report,
+            as_json,
+            nproc,
+            repeats,
+            allow_slower,
+            verify,
         )
     )
 
@@ -453,7 +530,9 @@ def _check_distributed(options: ConvertOptions, verify: bool) -> None:
     if verify and options.target not in MULTI_PROCESS:
         raise typer.BadParameter("--verify checks --to ddp and --to fsdp conversions")
     if options.target == "fsdp" and options.amp == "fp16":
-        raise typer.BadParameter("--to fsdp computes in bf16 (MixedPrecisionPolicy) or fp32: use --amp bf16 or off")
+        raise typer.BadParameter(
+            "--to fsdp computes in bf16 (MixedPrecisionPolicy) or fp32: use --amp bf16 or off"
+        )
     if options.cpu_offload and options.target != "fsdp":
         raise typer.BadParameter("--cpu-offload shards with --to fsdp only")
 

@@ -36,8 +36,18 @@ DEFAULT_SELECT = ("ACC",)
 # ranks writing one file (ACC403). Advice that changes numerics or needs a decision
 # (workers, AMP, non_blocking, DataParallel) is left to `autoaccel lint` and `convert`.
 PRECISE_SELECT = (
-    "ACC102", "ACC104", "ACC105", "ACC202", "ACC203", "ACC205", "ACC302", "ACC403",
-    "ACC501", "ACC502", "ACC503", "ACC504",
+    "ACC102",
+    "ACC104",
+    "ACC105",
+    "ACC202",
+    "ACC203",
+    "ACC205",
+    "ACC302",
+    "ACC403",
+    "ACC501",
+    "ACC502",
+    "ACC503",
+    "ACC504",
 )
 
 
@@ -94,9 +104,11 @@ class LintSettings:
         if ancestors and inside:
             candidates += [parent for parent in Path(relative).parents if parent != Path(".")]
         return any(
-            fnmatch(candidate.as_posix(), pattern.strip("/"))
-            if "/" in pattern.strip("/")
-            else fnmatch(candidate.name, pattern.strip("/"))
+            (
+                fnmatch(candidate.as_posix(), pattern.strip("/"))
+                if "/" in pattern.strip("/")
+                else fnmatch(candidate.name, pattern.strip("/"))
+            )
             for pattern in self.exclude + self.extend_exclude
             for candidate in candidates
         )
@@ -156,8 +168,14 @@ def unknown_key_error(where: str, key: str, known: list[str]) -> ConfigError:
 
 # The keys of [tool.autoaccel]: Ruff's lint selection, and the convert defaults table.
 TOOL_KEYS = [
-    "select", "extend-select", "ignore", "per-file-ignores", "exclude", "extend-exclude",
-    "force-exclude", "convert",
+    "select",
+    "extend-select",
+    "ignore",
+    "per-file-ignores",
+    "exclude",
+    "extend-exclude",
+    "force-exclude",
+    "convert",
 ]
 
 
@@ -177,7 +195,9 @@ def read_tool_table(pyproject: Path) -> dict[str, Any] | None:
     try:
         data = tomllib.loads(read_bytes(pyproject).decode("utf-8"))
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{pyproject}: not UTF-8 ({error.reason} at byte {error.start})") from None
+        raise ConfigError(
+            f"{pyproject}: not UTF-8 ({error.reason} at byte {error.start})"
+        ) from None
     except OSError as error:
         raise ConfigError(f"{pyproject}: {os_error_message(error)}") from None
     except tomllib.TOMLDecodeError as error:
@@ -226,7 +246,9 @@ def settings_from_table(table: dict[str, Any], source: Path) -> LintSettings:
         settings = replace(settings, ignore=_codes(table["ignore"], "ignore", source))
     for key in ("exclude", "extend-exclude"):
         if key in table:
-            settings = replace(settings, **{key.replace("-", "_"): _patterns(table[key], key, source)})
+            settings = replace(
+                settings, **{key.replace("-", "_"): _patterns(table[key], key, source)}
+            )
     if "force-exclude" in table:
         force = _checked(table["force-exclude"], bool, f"{source}: tool.autoaccel.force-exclude")
         settings = replace(settings, force_exclude=force)

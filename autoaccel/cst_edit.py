@@ -37,7 +37,9 @@ def set_keyword(call: cst.Call, name: str, value: str | cst.BaseExpression) -> c
     else:
         separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     args[-1] = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
-    args.append(new_arg.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg))
+    args.append(
+        new_arg.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg)
+    )
     return call.with_changes(args=args)
 
 
@@ -174,8 +176,10 @@ def _is_dunder_assignment(statement: cst.BaseStatement) -> bool:
     if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
         return False
     target = assign.targets[0].target
-    return isinstance(target, cst.Name) and len(target.value) > 4 and (
-        target.value.startswith("__") and target.value.endswith("__")
+    return (
+        isinstance(target, cst.Name)
+        and len(target.value) > 4
+        and (target.value.startswith("__") and target.value.endswith("__"))
     )
 
 
@@ -213,7 +217,9 @@ def _breaks_line_outside_brackets(node: cst.BaseExpression) -> bool:
     if node.lpar:
         return False
     if isinstance(node, cst.Call):
-        return _breaks_line_outside_brackets(node.func) or "\n" in code_of(node.whitespace_after_func)
+        return _breaks_line_outside_brackets(node.func) or "\n" in code_of(
+            node.whitespace_after_func
+        )
     if isinstance(node, cst.Subscript):
         return _breaks_line_outside_brackets(node.value) or "\n" in code_of(
             node.whitespace_after_value

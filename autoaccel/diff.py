@@ -222,7 +222,6 @@ def _resembled(before: str, after: str, block: tuple[int, int], new: int, fallba
     return found if score >= RESEMBLANCE else fallback
 
 
-
 def use_colour(stream: TextIO | None = None) -> bool:
     """Colour on a terminal (`stream`, default: the current stdout) or with FORCE_COLOR
     set, never with NO_COLOR set (it wins, as in pytest)."""

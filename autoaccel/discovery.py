@@ -13,9 +13,25 @@ from autoaccel.fileio import file_kind, real_path
 from autoaccel.git import git
 
 SKIPPED_DIRECTORIES = frozenset(
-    {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".eggs",
-     ".mypy_cache", ".pytest_cache", ".ruff_cache", "node_modules", "site-packages",
-     "build", "dist", ".ipynb_checkpoints"}
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        ".eggs",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "node_modules",
+        "site-packages",
+        "build",
+        "dist",
+        ".ipynb_checkpoints",
+    }
 )
 SOURCE_SUFFIXES = (".py", ".ipynb")
 
@@ -86,7 +102,12 @@ def _git_ignored(root: Path) -> frozenset[Path]:
     """Paths under `root` that git ignores (empty outside a work tree or without git)."""
     try:
         result = git(
-            "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory",
+            "ls-files",
+            "-z",
+            "--others",
+            "--ignored",
+            "--exclude-standard",
+            "--directory",
             cwd=root,
             timeout=10,
         )
@@ -95,4 +116,6 @@ def _git_ignored(root: Path) -> frozenset[Path]:
     if result.returncode != 0:
         return frozenset()
     # -z: names as they are (not C-quoted: "ignor\303\251.py"), a newline in one included
-    return frozenset(real_path(root / name.rstrip("/")) for name in result.stdout.split("\0") if name)
+    return frozenset(
+        real_path(root / name.rstrip("/")) for name in result.stdout.split("\0") if name
+    )

@@ -24,9 +24,7 @@ def _changed_long_lines(before: str, after: str) -> set[int]:
     changed: set[int] = set()
     for tag, _, _, j1, j2 in line_opcodes(before, after):
         if tag in ("replace", "insert"):
-            changed.update(
-                line + 1 for line in range(j1, j2) if len(new[line]) > LINE_LENGTH
-            )
+            changed.update(line + 1 for line in range(j1, j2) if len(new[line]) > LINE_LENGTH)
     return changed
 
 
@@ -140,7 +138,11 @@ def _format_statements(
                 touched[statement] = column
         elif isinstance(statement, cst.With):
             body = statement.body
-            colon = located[body.body[0]].first - 1 if isinstance(body, cst.IndentedBlock) else where.last
+            colon = (
+                located[body.body[0]].first - 1
+                if isinstance(body, cst.IndentedBlock)
+                else where.last
+            )
             if any(line in lines for line in range(where.own, colon + 1)):
                 headers[statement] = column
     if not touched and not headers:
@@ -158,8 +160,10 @@ def _format_statements(
 def _is_string(statement: cst.SimpleStatementLine) -> bool:
     """A docstring, or any lone string: black alone takes it for a module docstring and
     would strip the indentation of its lines."""
-    return len(statement.body) == 1 and isinstance(statement.body[0], cst.Expr) and isinstance(
-        statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)
+    return (
+        len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
 
 

@@ -132,7 +132,9 @@ class StepRecord:
     sample_ids: list[Any] = field(default_factory=list)  # per step: [pass, indices] or None
     saves: list[str] = field(default_factory=list)  # paths torch.save wrote
     writes: list[str] = field(default_factory=list)  # other paths opened for writing, once each
-    write_sites: dict[str, str] = field(default_factory=dict)  # path -> `file:line` of the script's code
+    write_sites: dict[str, str] = field(
+        default_factory=dict
+    )  # path -> `file:line` of the script's code
     printed: list[str] = field(default_factory=list)  # lines print wrote to the terminal
     printed_steps: list[int] = field(default_factory=list)  # the steps done when each was printed
     param_digest: list[list[float]] = field(default_factory=list)  # per optimizer: [sum, abs sum]
@@ -288,7 +290,9 @@ class _StepRecorder:
         )
         stack.enter_context(patched(torch.distributed, "destroy_process_group", self._digest_first))
         stack.enter_context(patched(DataLoader, "__iter__", self._numbered_pass))
-        stack.enter_context(patched(dataloader._BaseDataLoaderIter, "_next_index", self._kept_index))
+        stack.enter_context(
+            patched(dataloader._BaseDataLoaderIter, "_next_index", self._kept_index)
+        )
         if align_loader_rng:
             stack.enter_context(patched(DataLoader, "__iter__", _aligned_iter))
         if os.environ.get(FORCE_AUTOCAST_ENV) == "1":
@@ -348,7 +352,9 @@ class _StepRecorder:
     def _cut(self, batches: int, samples: int) -> bool:
         """Whether a training epoch that handed out `batches` batches of `samples` samples
         ends here (`epoch_cut`); counted in the record."""
-        cut = self.epoch_cut is not None and self.epoch_cut.reached(batches, samples, self.record.world_size)
+        cut = self.epoch_cut is not None and self.epoch_cut.reached(
+            batches, samples, self.record.world_size
+        )
         if cut:
             self.record.epochs_cut += 1
             if self.record.epoch_samples is None:
@@ -467,7 +473,10 @@ class _StepRecorder:
         groups += [list(module.parameters()) for module in self.wrapped]
         with torch.no_grad():
             # a DTensor (FSDP's shard) whole: every rank gathers, in the same order
-            tensors = [[getattr(p, "full_tensor", p.detach)().double() for p in params] for params in groups]
+            tensors = [
+                [getattr(p, "full_tensor", p.detach)().double() for p in params]
+                for params in groups
+            ]
             return [
                 [sum(float(t.sum()) for t in group), sum(float(t.abs().sum()) for t in group)]
                 for group in tensors
@@ -547,9 +556,15 @@ class _WriteFolders:
         """`ours`: the folders the harness writes to (the scratch folder, the progress file's);
         `script`: the script that runs (its folder is the script's, as the current one)."""
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        never = (sys.prefix, sys.base_prefix, *(str(folder) for folder in ours if folder is not None))
+        never = (
+            sys.prefix,
+            sys.base_prefix,
+            *(str(folder) for folder in ours if folder is not None),
+        )
         current = _folders(os.getcwd(), os.path.dirname(os.path.abspath(script)))
-        return cls(_folders(*never), current, _folders(tempfile.gettempdir(), cache, "/dev", "/proc"))
+        return cls(
+            _folders(*never), current, _folders(tempfile.gettempdir(), cache, "/dev", "/proc")
+        )
 
     def the_scripts(self, path: str) -> bool:
         """Whether the absolute `path` is a file of the script's."""
@@ -565,7 +580,9 @@ def _marking_scale(original: Callable) -> Callable:
         scaled = original(scaler, outputs)
         if isinstance(scaled, torch.Tensor) and scaler.is_enabled():
             scale_tensor = getattr(scaler, "_scale", None)  # a tensor: reading it needs no sync
-            value = scale_tensor.detach().clone() if scale_tensor is not None else scaler.get_scale()
+            value = (
+                scale_tensor.detach().clone() if scale_tensor is not None else scaler.get_scale()
+            )
             setattr(scaled, _SCALE_ATTR, value)
         return scaled
 
@@ -654,7 +671,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--losses-out", required=True, help="JSON output path; {rank} is replaced")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after N training steps")
-    parser.add_argument("--seed", type=int, default=None, help="seed random, torch and numpy first (with seed + RANK)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed random, torch and numpy first (with seed + RANK)",
+    )
     parser.add_argument(
         "--align-loader-rng", action="store_true", help="keep persistent loaders' RNG draws in step"
     )
@@ -663,16 +685,29 @@ def main(argv: list[str] | None = None) -> int:
         "--scratch", type=Path, default=None, help="torch.save writes into this folder instead"
     )
     cut = parser.add_mutually_exclusive_group()
-    cut.add_argument("--epoch-steps", type=int, default=None, help="end training epochs after K batches")
     cut.add_argument(
-        "--epoch-samples", type=int, default=None, help="end training epochs after S samples, over all processes"
+        "--epoch-steps", type=int, default=None, help="end training epochs after K batches"
+    )
+    cut.add_argument(
+        "--epoch-samples",
+        type=int,
+        default=None,
+        help="end training epochs after S samples, over all processes",
     )
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
-    epoch_cut = EpochCut(ns.epoch_steps, ns.epoch_samples) if ns.epoch_steps or ns.epoch_samples else None
+    epoch_cut = (
+        EpochCut(ns.epoch_steps, ns.epoch_samples) if ns.epoch_steps or ns.epoch_samples else None
+    )
     record = record_steps(
-        ns.script, ns.args, ns.max_steps, ns.seed, ns.align_loader_rng, ns.progress, ns.scratch,
+        ns.script,
+        ns.args,
+        ns.max_steps,
+        ns.seed,
+        ns.align_loader_rng,
+        ns.progress,
+        ns.scratch,
         epoch_cut,
     )
     out = Path(ns.losses_out.replace("{rank}", str(record.rank)))

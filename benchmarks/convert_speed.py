@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     from autoaccel.lint.runner import Mode, Overrides, lint_file
     from autoaccel.module_code import ModuleCode
 
-    fixes = LintSettings(select=SingleProcessFixes.codes, extend_safe_fixes=SingleProcessFixes.speed_ups)
+    fixes = LintSettings(
+        select=SingleProcessFixes.codes, extend_safe_fixes=SingleProcessFixes.speed_ups
+    )
 
     def floor(text: str, path: str) -> None:
         module_code = ModuleCode()
@@ -100,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         output = check_compiles(fixed, path)
         assert fix_source(fixed, fixes, module=output, module_code=module_code).source == fixed
 
-    print(f"machine: {platform.machine()}, Python {platform.python_version()}, checkout {args.checkout}")
+    print(
+        f"machine: {platform.machine()}, Python {platform.python_version()}, checkout {args.checkout}"
+    )
     workdir = Path(tempfile.mkdtemp(prefix="autoaccel-convert-bench-"))
     ddp = ConvertOptions(target="ddp")
     previous = None

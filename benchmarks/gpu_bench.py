@@ -58,9 +58,23 @@ def slug(text: str) -> str:
 def bench(workload: str, options: tuple[str, ...], script_args: list[str], ns, out: Path) -> dict:
     name = "-".join([workload, "bf16", *(o.strip("-") for o in options)])
     command = [
-        *AUTOACCEL, "bench", str(FIXTURES / f"{workload}.py"), "--to", "single", "--amp", "bf16",
-        *options, "--steps", str(ns.steps), "--warmup", str(ns.warmup),
-        "--report", str(out / name), "--json", "--", *script_args,
+        *AUTOACCEL,
+        "bench",
+        str(FIXTURES / f"{workload}.py"),
+        "--to",
+        "single",
+        "--amp",
+        "bf16",
+        *options,
+        "--steps",
+        str(ns.steps),
+        "--warmup",
+        str(ns.warmup),
+        "--report",
+        str(out / name),
+        "--json",
+        "--",
+        *script_args,
     ]
     print("$", " ".join(command[2:]), flush=True)
     proc = subprocess.run(command, capture_output=True, text=True)
@@ -78,9 +92,14 @@ def expert_ratio(script_args: list[str], ns) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         converted = Path(folder) / "resnet_cifar.py"
         converted.write_text(convert_source(source, options).converted)
-        runs = {"converted": (converted, script_args), "expert": (EXPERT, [*script_args, "--compile"])}
+        runs = {
+            "converted": (converted, script_args),
+            "expert": (EXPERT, [*script_args, "--compile"]),
+        }
         for name, (script, args) in runs.items():
-            run = run_script(script, args, ns.steps, Path(folder) / f"records-{name}", import_from=FIXTURES)
+            run = run_script(
+                script, args, ns.steps, Path(folder) / f"records-{name}", import_from=FIXTURES
+            )
             speed = throughput(run.record, ns.warmup)
             speeds[name] = speed.samples_per_s if speed and not run.failed else None
     ratio = speeds["converted"] / speeds["expert"] if all(speeds.values()) else None
@@ -109,13 +128,18 @@ def summary(device: str, results: list[dict], expert: dict) -> str:
             f"| {'yes' if result['agree'] else 'NO'} |"
         )
     ratio = expert["converted_over_expert"]
-    lines += ["", f"Converted ResNet over the hand-tuned one: {'-' if ratio is None else f'{ratio:.2f}'} (samples/s)."]
+    lines += [
+        "",
+        f"Converted ResNet over the hand-tuned one: {'-' if ratio is None else f'{ratio:.2f}'} (samples/s).",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="gpu", help="the workloads' --size (tiny for a smoke test)")
+    parser.add_argument(
+        "--size", default="gpu", help="the workloads' --size (tiny for a smoke test)"
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
@@ -132,9 +156,12 @@ def main() -> int:
     results = [bench(workload, options, script_args, ns, out) for workload, options in MATRIX]
     tune = subprocess.run(
         [*AUTOACCEL, "tune", str(FIXTURES / "resnet_cifar.py"), "--json", "--", *script_args],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
-    (out / "tune-resnet_cifar.json").write_text(tune.stdout or json.dumps({"error": tune.stderr[-3000:]}))
+    (out / "tune-resnet_cifar.json").write_text(
+        tune.stdout or json.dumps({"error": tune.stderr[-3000:]})
+    )
     expert = expert_ratio(script_args, ns)
     (out / "expert.json").write_text(json.dumps(expert, indent=2) + "\n")
     (out / "summary.md").write_text(summary(device, results, expert))

@@ -38,7 +38,9 @@ def export(revision: str, into: Path) -> Path:
     """The tree of `revision` (the package, fixtures and style samples), unpacked."""
     archive = subprocess.run(
         ["git", "archive", "--format=tar", revision, "autoaccel", "fixtures", "tests/styles"],
-        cwd=ROOT, check=True, capture_output=True,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
     ).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
@@ -48,7 +50,9 @@ def export(revision: str, into: Path) -> Path:
 def one_round(checkout: Path, files: list[Path]) -> tuple[float, int]:
     output = subprocess.run(
         [sys.executable, "-c", TIME_ONE_ROUND, str(checkout), *map(str, files)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.split()
     return float(output[0]), int(output[1])
 

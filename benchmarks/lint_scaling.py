@@ -119,12 +119,20 @@ def main() -> int:
                 path.write_text(text, newline="")
                 nbytes = path.stat().st_size
                 cpu, rss, code = lint(path)
-                row = {"kind": kind, "bytes": nbytes, "cpu_s": round(cpu, 2), "max_rss_mib": round(rss),
-                       "exit_code": code}
+                row = {
+                    "kind": kind,
+                    "bytes": nbytes,
+                    "cpu_s": round(cpu, 2),
+                    "max_rss_mib": round(rss),
+                    "exit_code": code,
+                }
                 rows.append(row)
                 mib = nbytes / 2**20
-                print(f"{kind:14} {nbytes:>9,} B  {cpu:6.2f} CPU-s {cpu / mib:5.1f}/MiB  "
-                      f"{rss:6.0f} MiB RSS {rss / mib:6.0f}/MiB  exit {code}", flush=True)
+                print(
+                    f"{kind:14} {nbytes:>9,} B  {cpu:6.2f} CPU-s {cpu / mib:5.1f}/MiB  "
+                    f"{rss:6.0f} MiB RSS {rss / mib:6.0f}/MiB  exit {code}",
+                    flush=True,
+                )
     machine = {
         "date": datetime.date.today().isoformat(),
         "cpu": cpu_model(),
@@ -133,7 +141,9 @@ def main() -> int:
         "limit_bytes": MAX_SOURCE_BYTES,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "lint_scaling.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
+    (RESULTS / "lint_scaling.json").write_text(
+        json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n"
+    )
     (RESULTS / "lint_scaling.md").write_text(markdown(machine, rows))
     return 0
 

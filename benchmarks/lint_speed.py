@@ -187,12 +187,20 @@ def size_scaling(workdir: Path, sizes: list[int]) -> None:
             lint_file(script, Overrides(), Mode.CHECK)
             cpus.append(time.process_time() - start)
         cpu = statistics.median(cpus)
-        growth = f"  x{cpu / previous[1]:.1f} time for x{size / previous[0]:.0f} lines" if previous else ""
-        print(f"lint, {size:6,}-line file: {cpu:6.2f} CPU-s  {1000 * cpu / size:5.2f} ms/line{growth}")
+        growth = (
+            f"  x{cpu / previous[1]:.1f} time for x{size / previous[0]:.0f} lines"
+            if previous
+            else ""
+        )
+        print(
+            f"lint, {size:6,}-line file: {cpu:6.2f} CPU-s  {1000 * cpu / size:5.2f} ms/line{growth}"
+        )
         previous = (size, cpu)
 
 
-def timed(command: list[str], cwd: Path | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+def timed(
+    command: list[str], cwd: Path | None = None
+) -> tuple[float, float, subprocess.CompletedProcess]:
     """Wall seconds and child CPU seconds (user + system) of one command."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -221,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--training", type=int, default=140, help="training scripts in the tree")
     parser.add_argument("--plain", type=int, default=60, help="non-torch modules in the tree")
     parser.add_argument(
-        "--sizes", default="", help="also lint one file of each of these line counts (2000,8000,32000)"
+        "--sizes",
+        default="",
+        help="also lint one file of each of these line counts (2000,8000,32000)",
     )
     args = parser.parse_args(argv)
 
@@ -232,22 +242,30 @@ def main(argv: list[str] | None = None) -> int:
     lines = sum(len(p.read_text().splitlines()) for p in files)
     torch_lines = sum(len(p.read_text().splitlines()) for p in torch_files)
     cores = os.cpu_count() or 1
-    print(f"machine: {platform.machine()} {platform.processor() or ''} {cores} cores,"
-          f" Python {platform.python_version()}")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} {cores} cores,"
+        f" Python {platform.python_version()}"
+    )
     print(f"tree: {len(files)} files ({len(torch_files)} use torch), {lines} lines")
 
     wall, cpu, findings = in_process_single(files)
-    print(f"autoaccel, 1 process : {wall:6.2f} s wall  {len(files) / wall:7.1f} files/s"
-          f"  {lines / wall:8.0f} lines/s   ({len(files) / cpu:.1f} files per CPU-s;"
-          f" {findings} findings)")
+    print(
+        f"autoaccel, 1 process : {wall:6.2f} s wall  {len(files) / wall:7.1f} files/s"
+        f"  {lines / wall:8.0f} lines/s   ({len(files) / cpu:.1f} files per CPU-s;"
+        f" {findings} findings)"
+    )
     wall_t, cpu_t, _ = in_process_single(torch_files)
-    print(f"  torch files only  : {wall_t:6.2f} s wall  {len(torch_files) / wall_t:7.1f} files/s"
-          f"  {torch_lines / wall_t:8.0f} lines/s   ({len(torch_files) / cpu_t:.1f} files per CPU-s)")
+    print(
+        f"  torch files only  : {wall_t:6.2f} s wall  {len(torch_files) / wall_t:7.1f} files/s"
+        f"  {torch_lines / wall_t:8.0f} lines/s   ({len(torch_files) / cpu_t:.1f} files per CPU-s)"
+    )
 
     wall_all, cpu_all, run = timed([*AUTOACCEL, "lint", "--exit-zero", "-q", str(tree)])
     assert run.returncode == 0, run.stderr
-    print(f"autoaccel, {cores} cores  : {wall_all:6.2f} s wall  {len(files) / wall_all:7.1f} files/s"
-          f"  {lines / wall_all:8.0f} lines/s   (CLI, start-up included; {cpu_all:.1f} CPU-s)")
+    print(
+        f"autoaccel, {cores} cores  : {wall_all:6.2f} s wall  {len(files) / wall_all:7.1f} files/s"
+        f"  {lines / wall_all:8.0f} lines/s   (CLI, start-up included; {cpu_all:.1f} CPU-s)"
+    )
 
     script = training_script(workdir / "script500.py", 500)
     walls, cpus = [], []
@@ -256,24 +274,34 @@ def main(argv: list[str] | None = None) -> int:
         assert run.returncode == 0, run.stderr
         walls.append(one_wall)
         cpus.append(one_cpu)
-    print(f"one 500-line file    : {statistics.median(walls):.2f} s wall,"
-          f" {statistics.median(cpus):.2f} CPU-s (median of 5, start-up included;"
-          f" target < 0.5 s)")
+    print(
+        f"one 500-line file    : {statistics.median(walls):.2f} s wall,"
+        f" {statistics.median(cpus):.2f} CPU-s (median of 5, start-up included;"
+        f" target < 0.5 s)"
+    )
 
     if args.sizes:
         size_scaling(workdir, [int(size) for size in args.sizes.split(",")])
 
     if args.torchfix:
         tf_wall, tf_cpu, run = timed([args.torchfix, "--select", "ALL", "-j", "1", str(tree)])
-        print(f"TorchFix, 1 job      : {tf_wall:6.2f} s wall  {len(files) / tf_wall:7.1f} files/s"
-              f"  {lines / tf_wall:8.0f} lines/s   ({len(files) / tf_cpu:.1f} files per CPU-s;"
-              f" exit {run.returncode}, {len(run.stdout.splitlines())} findings)")
-        tf_wall_t, tf_cpu_t, _ = timed([args.torchfix, "--select", "ALL", "-j", "1", *map(str, torch_files)])
-        print(f"  torch files only  : {tf_wall_t:6.2f} s wall"
-              f"  {len(torch_files) / tf_wall_t:7.1f} files/s")
-        print(f"ratio per core (autoaccel / TorchFix, 1 process each), by wall time: all files"
-              f" {tf_wall / wall:.1f}x, torch files only {tf_wall_t / wall_t:.1f}x;"
-              f" by CPU time: all files {tf_cpu / cpu:.1f}x, torch files only {tf_cpu_t / cpu_t:.1f}x")
+        print(
+            f"TorchFix, 1 job      : {tf_wall:6.2f} s wall  {len(files) / tf_wall:7.1f} files/s"
+            f"  {lines / tf_wall:8.0f} lines/s   ({len(files) / tf_cpu:.1f} files per CPU-s;"
+            f" exit {run.returncode}, {len(run.stdout.splitlines())} findings)"
+        )
+        tf_wall_t, tf_cpu_t, _ = timed(
+            [args.torchfix, "--select", "ALL", "-j", "1", *map(str, torch_files)]
+        )
+        print(
+            f"  torch files only  : {tf_wall_t:6.2f} s wall"
+            f"  {len(torch_files) / tf_wall_t:7.1f} files/s"
+        )
+        print(
+            f"ratio per core (autoaccel / TorchFix, 1 process each), by wall time: all files"
+            f" {tf_wall / wall:.1f}x, torch files only {tf_wall_t / wall_t:.1f}x;"
+            f" by CPU time: all files {tf_cpu / cpu:.1f}x, torch files only {tf_cpu_t / cpu_t:.1f}x"
+        )
         tf_one, tf_one_cpu, _ = timed([args.torchfix, "--select", "ALL", "-j", "1", str(script)])
         print(f"TorchFix one 500-line file: {tf_one:.2f} s wall, {tf_one_cpu:.2f} CPU-s")
 

@@ -20,7 +20,12 @@ def autoaccel(
     from the fork server where it may (running.py). The hash seed is fixed, as for the
     tests' own runs: then `tune`'s measurement, which inherits it, may fork from the fork
     server too (a random one cannot be set after start)."""
-    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "COLUMNS": "120", "PYTHONHASHSEED": "0"}
+    env = {
+        **(os.environ if env is None else env),
+        "OMP_NUM_THREADS": "1",
+        "COLUMNS": "120",
+        "PYTHONHASHSEED": "0",
+    }
     return _python({"module": "autoaccel"}, [command, str(script), *options], cwd, env, timeout=300)
 
 

@@ -14,8 +14,7 @@ from autoaccel.cli import app
 from running import SessionRuns, runs_tests_by_module
 
 # ACC101 (unsafe fix) and ACC102 (safe fix) both fire on line 4, column 10.
-SCRIPT = textwrap.dedent(
-    """\
+SCRIPT = textwrap.dedent("""\
     import torch
     from torch.utils.data import DataLoader
 
@@ -23,17 +22,14 @@ SCRIPT = textwrap.dedent(
     model.cuda()
     for x, y in loader:
         model(x).sum().backward()
-    """
-)
-CLEAN = textwrap.dedent(
-    """\
+    """)
+CLEAN = textwrap.dedent("""\
     import torch
     from torch.utils.data import DataLoader
 
     loader = DataLoader(dataset, num_workers=4, pin_memory=True)
     model.cuda()
-    """
-)
+    """)
 # The two rules every CLI test selects, so that rules added later do not change them.
 SELECT = ["--select", "ACC101,ACC102"]
 

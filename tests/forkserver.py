@@ -85,7 +85,9 @@ def serve(listener: socket.socket | None = None, may_differ: frozenset[str] = fr
                 break
             ident, run = children.pop(pid, None), runs.pop(pid, None)
             if ident is not None:
-                answers.write(json.dumps({"id": ident, "exit": os.waitstatus_to_exitcode(status)}) + "\n")
+                answers.write(
+                    json.dumps({"id": ident, "exit": os.waitstatus_to_exitcode(status)}) + "\n"
+                )
             if run is not None and run.conn is not None:
                 _send(run.conn, f"exit {os.waitstatus_to_exitcode(status)}")
                 run.conn.close()
@@ -102,7 +104,9 @@ def serve(listener: socket.socket | None = None, may_differ: frozenset[str] = fr
             refusal = _refusal(request, start_env, may_differ) if request else "unreadable"
             if refusal is None and _threads() != 1:
                 refusal = "threads"
-            if os.environ.get("AUTOACCEL_TESTS_FORK_LOG") and request:  # which runs fork, and why not
+            if (
+                os.environ.get("AUTOACCEL_TESTS_FORK_LOG") and request
+            ):  # which runs fork, and why not
                 with open(os.environ["AUTOACCEL_TESTS_FORK_LOG"], "a") as log:
                     log.write(f"{refusal or 'forked'}: {' '.join(request['argv'][:3])}\n")
             if refusal is not None:
@@ -196,8 +200,10 @@ def _refusal(request: dict, start_env: dict[str, str], may_differ: frozenset[str
     """Why this server cannot run `python ARGV` as a fresh interpreter would (None: it can)."""
     argv, env = request["argv"], request["env"]
     options = argv[: argv.index("-m")] if "-m" in argv else None
-    if options not in ([], ["-u"]) or argv[len(options) + 1 : len(options) + 2] == [] or (
-        argv[len(options) + 1] not in FORKED_MODULES
+    if (
+        options not in ([], ["-u"])
+        or argv[len(options) + 1 : len(options) + 2] == []
+        or (argv[len(options) + 1] not in FORKED_MODULES)
     ):
         return "arguments"
     differ = {k for k in env.keys() | start_env.keys() if env.get(k) != start_env.get(k)}
@@ -207,7 +213,9 @@ def _refusal(request: dict, start_env: dict[str, str], may_differ: frozenset[str
         return "environment: " + ",".join(sorted(differ - may_differ - APPLIED))
     # A module on the child's path named as one imported here from elsewhere would be found
     # by a fresh interpreter (its path is searched first), not here.
-    imported = {name: getattr(mod, "__file__", None) for name, mod in sys.modules.items() if "." not in name}
+    imported = {
+        name: getattr(mod, "__file__", None) for name, mod in sys.modules.items() if "." not in name
+    }
     hidden = set()
     for folder in _path_before_stdlib(request["cwd"], env):
         try:
@@ -216,7 +224,9 @@ def _refusal(request: dict, start_env: dict[str, str], may_differ: frozenset[str
             continue
         for entry in entries:
             name, path = entry.split(".")[0], os.path.join(folder, entry)
-            if os.path.isdir(path):  # a folder without `__init__.py` is found only where nothing else is
+            if os.path.isdir(
+                path
+            ):  # a folder without `__init__.py` is found only where nothing else is
                 path = os.path.join(path, "__init__.py")
             elif not entry.endswith((".py", ".pyc", ".so")):
                 continue
@@ -277,7 +287,9 @@ def become_command(request: dict, shim: str) -> str:
     os.environ.update(env)
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM"):
         default = signal.default_int_handler if name == "SIGINT" else signal.SIG_DFL
-        signal.signal(getattr(signal, name), signal.SIG_IGN if name in request["ignored"] else default)
+        signal.signal(
+            getattr(signal, name), signal.SIG_IGN if name in request["ignored"] else default
+        )
     _streams(unbuffered="-u" in argv[: argv.index("-m")] or bool(env.get("PYTHONUNBUFFERED")))
     # `python -m`: the working folder, then PYTHONPATH's entries, then the rest as here
     # (the server's first entry is its own folder; it has no PYTHONPATH, or this one)
@@ -305,7 +317,9 @@ def _streams(unbuffered: bool) -> None:
         old = getattr(sys, name)
         writing = fd > 0
         bare = unbuffered and writing
-        raw = open(fd, "wb" if writing else "rb", buffering=0 if bare else -1, closefd=False)  # noqa: SIM115
+        raw = open(
+            fd, "wb" if writing else "rb", buffering=0 if bare else -1, closefd=False
+        )  # noqa: SIM115
         (raw if bare else raw.raw).name = f"<{name}>"
         stream = io.TextIOWrapper(
             raw, old.encoding, old.errors, newline="\n",

@@ -134,7 +134,11 @@ def run_under_harness(script_path, args, cwd, env=None, max_steps=None) -> Harne
 
 
 def _python(
-    what: dict[str, str], args: list[str], cwd: Path, env: dict[str, str], timeout: float = TIMEOUT_S
+    what: dict[str, str],
+    args: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float = TIMEOUT_S,
 ) -> subprocess.CompletedProcess:
     """`python -m MODULE *args` (`what`: `{"module": MODULE}`) or `python SCRIPT *args`
     (`{"script": SCRIPT}`) in `cwd`, output captured, killed after `timeout` seconds;
@@ -146,16 +150,25 @@ def _python(
             return proc
     launch = ["-m", what["module"]] if "module" in what else [what["script"]]
     return subprocess.run(
-        [sys.executable, *launch, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *launch, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
-def run_script(script, args=(), cwd=None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_script(
+    script, args=(), cwd=None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`python SCRIPT ARGS` in `cwd` (by default the script's folder), with the runs'
     environment (`_env`, plus `env`), output captured, TIMEOUT_S; forked from the fork
     server where it may, which saves the ~1.1 CPU-s of `import torch`."""
     script = Path(script).absolute()
-    return _python({"script": str(script)}, [*map(str, args)], Path(cwd or script.parent), _env(env))
+    return _python(
+        {"script": str(script)}, [*map(str, args)], Path(cwd or script.parent), _env(env)
+    )
 
 
 def run_autoaccel(
@@ -197,7 +210,11 @@ class _ForkServer:
         serves = []
         if product is not None:
             may_differ = READ_WHILE_RUNNING | TORCHRUN_WORKER_VARIABLES | PRODUCT_READ_WHILE_RUNNING
-            serves = [str(product.listener.fileno()), str(product.shim), ",".join(sorted(may_differ))]
+            serves = [
+                str(product.listener.fileno()),
+                str(product.shim),
+                ",".join(sorted(may_differ)),
+            ]
         self._proc = subprocess.Popen(
             [sys.executable, str(FORK_SERVER), *serves], env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, bufsize=1,
@@ -222,7 +239,9 @@ class _ForkServer:
         child = self.start(what, args, cwd, env)
         return child.wait(timeout) if child.forked(timeout) else None
 
-    def start(self, what: dict[str, str], args: list[str], cwd: Path, env: dict[str, str]) -> _Child:
+    def start(
+        self, what: dict[str, str], args: list[str], cwd: Path, env: dict[str, str]
+    ) -> _Child:
         """Ask for a child running `what` (`{"module": M}` or `{"script": PATH}`) with `args`."""
         with self._lock:
             self._count += 1
@@ -406,7 +425,9 @@ def torchrun_worker_env(rank: int, nproc: int, port: int) -> dict[str, str]:
 TORCHRUN_WORKER_VARIABLES = frozenset(torchrun_worker_env(0, 1, 0))
 
 
-def run_ranks(script: Path, args: Iterable[str], cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+def run_ranks(
+    script: Path, args: Iterable[str], cwd: Path, nproc: int = 2
+) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node=NPROC SCRIPT ARGS` in `cwd` (output captured,
     TIMEOUT_S). Where the fork server may, its NPROC processes are forked from it with the
     environment torchrun gives its workers, and, as torchrun does, the others are stopped when
@@ -417,8 +438,12 @@ def run_ranks(script: Path, args: Iterable[str], cwd: Path, nproc: int = 2) -> s
     envs = [_env(torchrun_worker_env(rank, nproc, port)) for rank in range(nproc)]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={nproc}", str(script), *args]  # fmt: skip
-    if server is None or not server.accepts(envs[0], READ_WHILE_RUNNING | TORCHRUN_WORKER_VARIABLES):
-        return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    if server is None or not server.accepts(
+        envs[0], READ_WHILE_RUNNING | TORCHRUN_WORKER_VARIABLES
+    ):
+        return subprocess.run(
+            command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+        )
     children = [server.start({"script": str(script)}, args, cwd, env) for env in envs]
     if not all(child.forked(TIMEOUT_S) for child in children):
         raise AssertionError("the fork server would not fork the ranks")
@@ -509,7 +534,9 @@ class SessionRuns:
             "convert", fixture, options, lambda folder: convert(fixture, folder, *options)
         )
 
-    def _once(self, kind: str, script: Path, settings: tuple, make: Callable[[Path], Result]) -> Result:
+    def _once(
+        self, kind: str, script: Path, settings: tuple, make: Callable[[Path], Result]
+    ) -> Result:
         """`make(folder)` for the first caller of (kind, script content, settings); the
         others get its result (or its exception) when it is done."""
         key = (kind, hashlib.sha256(script.read_bytes()).hexdigest(), settings)

@@ -51,8 +51,7 @@ for epoch in range(2):
 def test_toplevel_bf16() -> None:
     log = check(
         TOPLEVEL,
-        HEAD
-        + """\
+        HEAD + """\
 for epoch in range(2):
     for x, y in loader:
         optimizer.zero_grad()
@@ -69,8 +68,7 @@ for epoch in range(2):
 def test_toplevel_fp16_scaler_before_epoch_loop() -> None:
     check(
         TOPLEVEL,
-        HEAD
-        + """\
+        HEAD + """\
 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
 for epoch in range(2):
     for x, y in loader:
@@ -153,7 +151,7 @@ def test_class_method_fp16_scaler_in_init() -> None:
     expected = CLASS.replace(
         "        self.optimizer = torch.optim.Adam(self.model.parameters())\n",
         "        self.optimizer = torch.optim.Adam(self.model.parameters())\n"
-        "        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.device.type == \"cuda\")\n",
+        '        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.device.type == "cuda")\n',
     ).replace(
         """\
             loss = self.compute_loss(inputs, targets)
@@ -251,8 +249,7 @@ for epoch in range(2):
 def test_fp16_gradient_accumulation_with_clipping() -> None:
     check(
         ACCUM,
-        HEAD
-        + """\
+        HEAD + """\
 scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
 for epoch in range(2):
     optimizer.zero_grad()
@@ -312,7 +309,10 @@ def test_manual_sgd_fp16_skipped_with_note() -> None:
 
 def test_manual_sgd_bf16_still_applies() -> None:
     code, _ = run(MANUAL_SGD, "bf16")
-    assert 'with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):\n        loss = criterion' in code
+    assert (
+        'with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):\n        loss = criterion'
+        in code
+    )
 
 
 def test_loss_in_other_block_is_skipped() -> None:
@@ -340,14 +340,19 @@ for x, y in loader:
     optimizer.step()
 """
     code, _ = run(source)
-    assert code.startswith("from torch import nn, optim\nimport torch\n") or "import torch\n" in code
+    assert (
+        code.startswith("from torch import nn, optim\nimport torch\n") or "import torch\n" in code
+    )
     assert "with torch.autocast(" in code
 
 
 def test_a_script_that_never_uses_cuda_is_left_alone() -> None:
     """CPU autocast is slower and less precise for most models (pytorch/examples'
     regression needed 3x the batches to converge with it)."""
-    source = HEAD.replace('torch.device("cuda" if torch.cuda.is_available() else "cpu")', '"cpu"') + TOPLEVEL[len(HEAD) :]
+    source = (
+        HEAD.replace('torch.device("cuda" if torch.cuda.is_available() else "cpu")', '"cpu"')
+        + TOPLEVEL[len(HEAD) :]
+    )
     code, log = run(source)
     assert code == dedent(source)
     assert [s.reason for s in log.skipped] == [
@@ -441,7 +446,11 @@ def test_an_evaluation_loss_gets_float32_outputs() -> None:
 
 
 def test_a_loss_computed_in_the_block_is_not_cast() -> None:
-    code, _ = run(TOPLEVEL.replace("optimizer.step()", "optimizer.step()\n        losses.append(criterion(out, y) + loss)"))
+    code, _ = run(
+        TOPLEVEL.replace(
+            "optimizer.step()", "optimizer.step()\n        losses.append(criterion(out, y) + loss)"
+        )
+    )
     assert "criterion(out.float(), y) + loss)" in code  # `out` is bf16; the loss is float32
 
 
@@ -523,7 +532,10 @@ def test_micro_batch_loop_fp16_scales_each_backward_and_steps_once() -> None:
             f"            {AUTOCAST_FP16}\n                loss = criterion(model(mx), my) / 4\n"
             "            scaler.scale(loss).backward()\n",
         )
-        .replace("        optimizer.step()\n", "        scaler.step(optimizer)\n        scaler.update()\n"),
+        .replace(
+            "        optimizer.step()\n",
+            "        scaler.step(optimizer)\n        scaler.update()\n",
+        ),
         amp="fp16",
     )
 
@@ -556,7 +568,8 @@ for x, y in loader:
 
 def test_micro_batch_backward_nested_further_is_left_to_the_user() -> None:
     source = MICRO.replace(
-        "            loss.backward()\n", "            if loss.requires_grad:\n                loss.backward()\n"
+        "            loss.backward()\n",
+        "            if loss.requires_grad:\n                loss.backward()\n",
     )
     code, log = run(source)
     assert code == dedent(source)
@@ -616,7 +629,8 @@ def run_project(files: dict[str, str], amp: str = "bf16") -> dict[str, tuple[str
     trees = {path: cst.parse_module(dedent(text)) for path, text in files.items()}
     names = {path: "__main__" if path == "train.py" else path.removesuffix(".py") for path in files}
     modules = {
-        path: SourceModule(names[path], tree, ModuleIndex(tree), path) for path, tree in trees.items()
+        path: SourceModule(names[path], tree, ModuleIndex(tree), path)
+        for path, tree in trees.items()
     }
     results = {}
     for path, tree in trees.items():
@@ -655,7 +669,9 @@ def test_step_in_another_module_fp16_is_left_to_the_user_there() -> None:
 
 
 def test_step_in_another_module_of_a_cpu_only_script_is_left_alone() -> None:
-    cpu = STEP_SCRIPT.replace('torch.device("cuda" if torch.cuda.is_available() else "cpu")', '"cpu"')
+    cpu = STEP_SCRIPT.replace(
+        'torch.device("cuda" if torch.cuda.is_available() else "cpu")', '"cpu"'
+    )
     results = run_project({"train.py": cpu, "mylib.py": STEP_LIB})
     assert results["mylib.py"] == (dedent(STEP_LIB), ConversionLog())
     assert ["never uses CUDA" in s.reason for s in results["train.py"][1].skipped] == [True]
@@ -668,7 +684,9 @@ def test_the_conversion_of_a_project_rewrites_the_module_of_its_step_function() 
     from autoaccel.convert.project_conversion import find_project
     from autoaccel.fileio import read_source
 
-    script = Path(__file__).resolve().parent.parent / "fixtures" / "amp" / "step_module" / "train.py"
+    script = (
+        Path(__file__).resolve().parent.parent / "fixtures" / "amp" / "step_module" / "train.py"
+    )
     project = find_project(script, read_source(script))
     assert project is not None
     assert [f.path.name for f in project.files] == ["train.py", "mylib.py"]
@@ -676,7 +694,8 @@ def test_the_conversion_of_a_project_rewrites_the_module_of_its_step_function() 
 
 def test_step_in_another_module_called_under_autocast_is_left_alone() -> None:
     script = STEP_SCRIPT.replace(
-        "        mylib.train_step(", '        with torch.autocast("cuda"):\n            mylib.train_step('
+        "        mylib.train_step(",
+        '        with torch.autocast("cuda"):\n            mylib.train_step(',
     )
     results = run_project({"train.py": script, "mylib.py": STEP_LIB})
     assert results["mylib.py"] == (dedent(STEP_LIB), ConversionLog())

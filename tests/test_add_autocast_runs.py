@@ -95,7 +95,10 @@ def test_forced_bf16_trains_close_to_original(name, loss_runs):
 
 def test_the_autocast_blocks_are_where_the_forward_passes_run(loss_runs):
     (micro,) = loss_runs["micro_batches"].result().converted.values()
-    assert "        for mx, my in zip(x.chunk(4), y.chunk(4)):\n            with torch.autocast(\n" in micro
+    assert (
+        "        for mx, my in zip(x.chunk(4), y.chunk(4)):\n            with torch.autocast(\n"
+        in micro
+    )
     step = loss_runs["step_module"].result().converted
     assert "torch.autocast" not in step["train.py"]
     assert "    optimizer.zero_grad()\n    with torch.autocast(\n" in step["mylib.py"]

@@ -23,11 +23,25 @@ def code(node: cst.CSTNode | None) -> str:
     "source, kind",
     [
         pytest.param("print('epoch', 1)\n", EffectKind.PRINT, id="print"),
-        pytest.param("import torch\ntorch.save(model.state_dict(), 'm.pt')\n", EffectKind.CHECKPOINT, id="torch-save"),
-        pytest.param("from torch import save as keep\nkeep(model, 'm.pt')\n", EffectKind.CHECKPOINT, id="aliased-save"),
-        pytest.param("import os\nos.makedirs('out', exist_ok=True)\n", EffectKind.DIRECTORY, id="makedirs"),
+        pytest.param(
+            "import torch\ntorch.save(model.state_dict(), 'm.pt')\n",
+            EffectKind.CHECKPOINT,
+            id="torch-save",
+        ),
+        pytest.param(
+            "from torch import save as keep\nkeep(model, 'm.pt')\n",
+            EffectKind.CHECKPOINT,
+            id="aliased-save",
+        ),
+        pytest.param(
+            "import os\nos.makedirs('out', exist_ok=True)\n", EffectKind.DIRECTORY, id="makedirs"
+        ),
         pytest.param("import json\njson.dump(history, f)\n", EffectKind.FILE_WRITE, id="json-dump"),
-        pytest.param("import matplotlib.pyplot as plt\nplt.savefig('loss.png')\n", EffectKind.FILE_WRITE, id="savefig"),
+        pytest.param(
+            "import matplotlib.pyplot as plt\nplt.savefig('loss.png')\n",
+            EffectKind.FILE_WRITE,
+            id="savefig",
+        ),
         pytest.param("path.write_text(report)\n", EffectKind.FILE_WRITE, id="write-text-method"),
         # pytorch/examples' dcgan wrote its sample images on every rank.
         pytest.param(
@@ -42,8 +56,16 @@ def code(node: cst.CSTNode | None) -> str:
             EffectKind.FILE_WRITE,
             id="savefig-method-of-local",
         ),
-        pytest.param("with open('log.txt', 'a') as f:\n    f.write('x')\n", EffectKind.FILE_WRITE, id="open-append"),
-        pytest.param("with open(path, mode=m) as f:\n    pass\n", EffectKind.FILE_WRITE, id="open-unknown-mode"),
+        pytest.param(
+            "with open('log.txt', 'a') as f:\n    f.write('x')\n",
+            EffectKind.FILE_WRITE,
+            id="open-append",
+        ),
+        pytest.param(
+            "with open(path, mode=m) as f:\n    pass\n",
+            EffectKind.FILE_WRITE,
+            id="open-unknown-mode",
+        ),
     ],
 )
 def test_finds_effect(source, kind):
@@ -68,13 +90,11 @@ def test_ignores_non_writes(source):
 
 
 def test_the_with_statement_is_what_to_guard_for_an_opened_file():
-    (effect,) = analyse(
-        """\
+    (effect,) = analyse("""\
         import torch
         with open(args.save, 'wb') as f:
             torch.save(model.state_dict(), f)
-        """
-    ).effects[:1]
+        """).effects[:1]
     assert effect.kind is EffectKind.FILE_WRITE
     assert code(effect.statement).startswith("with open(args.save, 'wb') as f:")
 
@@ -91,7 +111,9 @@ def test_a_call_inside_an_expression_has_no_statement_to_guard():
         pytest.param("if dist.get_rank() == 0:\n    print('x')\n", id="get-rank"),
         pytest.param("if args.local_rank in (-1, 0):\n    print('x')\n", id="local-rank"),
         pytest.param("if is_main_process():\n    print('x')\n", id="main-process"),
-        pytest.param("def log(x):\n    if rank != 0:\n        return\n    print(x)\n", id="early-return"),
+        pytest.param(
+            "def log(x):\n    if rank != 0:\n        return\n    print(x)\n", id="early-return"
+        ),
     ],
 )
 def test_already_guarded(source):
@@ -105,8 +127,7 @@ def test_a_rank_test_outside_the_function_does_not_guard_it():
 
 
 def test_writer_function_does_nothing_but_write():
-    found = analyse(
-        """\
+    found = analyse("""\
         import os, torch
         def save_checkpoint(self, epoch, is_best=False):
             '''Save the state.'''
@@ -116,8 +137,7 @@ def test_writer_function_does_nothing_but_write():
             torch.save(state, path)
             if is_best:
                 torch.save(state, "best.pt")
-        """
-    )
+        """)
     assert [f.name.value for f in found.writer_functions] == ["save_checkpoint"]
     assert {e.function.name.value for e in found.effects} == {"save_checkpoint"}
 

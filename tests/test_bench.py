@@ -58,7 +58,11 @@ bench = partial(autoaccel, "bench")
 # first epoch (where these 8 steps lie), is test_convert_runs.py's proof; benching the
 # others again (~6 CPU-s each) would prove it twice.
 BENCHED = [
-    BROKEN_ORIGINAL, "gan.py", "imbalanced_resume.py", "linear_exact.py", "lstm_lm.py",
+    BROKEN_ORIGINAL,
+    "gan.py",
+    "imbalanced_resume.py",
+    "linear_exact.py",
+    "lstm_lm.py",
     "transformer_accum.py",
 ]
 # The default conversion (`--amp bf16`): on a CPU its autocast is disabled, so it must agree
@@ -103,7 +107,9 @@ def test_report_with_bf16(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOACCEL_FORCE_AUTOCAST", "1")  # bf16 as on a GPU, through bench
     pytest.importorskip("matplotlib")
     report = tmp_path / "report"
-    proc = bench(FIXTURES_DIR / "resnet_cifar.py", *FEW_STEPS, "--report", str(report), cwd=tmp_path)
+    proc = bench(
+        FIXTURES_DIR / "resnet_cifar.py", *FEW_STEPS, "--report", str(report), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss curves agree" in proc.stdout
     result = json.loads((report / "bench.json").read_text())
@@ -119,7 +125,12 @@ def test_divergence_exits_1(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setenv("AUTOACCEL_FORCE_AUTOCAST", "1")  # bf16 rounds; float32 would agree
     proc = bench(
-        FIXTURES_DIR / "linear_exact.py", "--amp", "bf16", "--tolerance", "1e-9", *FEW_STEPS,
+        FIXTURES_DIR / "linear_exact.py",
+        "--amp",
+        "bf16",
+        "--tolerance",
+        "1e-9",
+        *FEW_STEPS,
         cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -133,9 +144,27 @@ def test_ddp_conversion_runs_one_process_per_rank_with_the_same_threads(tmp_path
     # Without OMP_NUM_THREADS, torchrun would give each rank 1 thread and the original all.
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     proc = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "bench", str(FIXTURES_DIR / "linear_exact.py"),
-         "--to", "ddp", "--nproc", "2", "--amp", "off", "--json", "--verify", *FEW_STEPS],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "autoaccel",
+            "bench",
+            str(FIXTURES_DIR / "linear_exact.py"),
+            "--to",
+            "ddp",
+            "--nproc",
+            "2",
+            "--amp",
+            "off",
+            "--json",
+            "--verify",
+            *FEW_STEPS,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
@@ -154,7 +183,9 @@ def test_ddp_conversion_runs_one_process_per_rank_with_the_same_threads(tmp_path
 
 def test_verify_is_for_ddp(tmp_path):
     proc = bench(FIXTURES_DIR / "linear_exact.py", "--verify", cwd=tmp_path)
-    assert proc.returncode == 2 and "--verify checks --to ddp and --to fsdp conversions" in proc.stderr
+    assert (
+        proc.returncode == 2 and "--verify checks --to ddp and --to fsdp conversions" in proc.stderr
+    )
 
 
 def samples_per_step(side: dict) -> float:
@@ -166,7 +197,11 @@ def test_ranks_training_on_the_same_samples_count_them_once(tmp_path):
     """The original script under torchrun: each rank loads all the data, in the same order."""
     pytest.importorskip("torch")
     run = runner.run_script(
-        FIXTURES_DIR / "linear_exact.py", [], 4, tmp_path / "records", nproc=2,
+        FIXTURES_DIR / "linear_exact.py",
+        [],
+        4,
+        tmp_path / "records",
+        nproc=2,
         env={"OMP_NUM_THREADS": "1"},
     )
     assert not run.failed, run.log[-3000:]
@@ -176,9 +211,16 @@ def test_ranks_training_on_the_same_samples_count_them_once(tmp_path):
 # -- the numbers -------------------------------------------------------------------------
 def record(losses, times, samples, exit="max-steps", end_time=None):
     return {
-        "losses": losses, "times": times, "samples": samples, "exit": exit,
-        "end_time": end_time, "peak_rss_bytes": 2**30, "peak_cuda_bytes": None,
-        "device": "cpu", "device_name": "x86_64", "torch_version": "2.13.0",
+        "losses": losses,
+        "times": times,
+        "samples": samples,
+        "exit": exit,
+        "end_time": end_time,
+        "peak_rss_bytes": 2**30,
+        "peak_cuda_bytes": None,
+        "device": "cpu",
+        "device_name": "x86_64",
+        "torch_version": "2.13.0",
     }
 
 
@@ -232,8 +274,9 @@ def test_ranks_are_merged():
     ],
 )
 def test_samples_two_ranks_train_on_in_one_pass_count_once(ids1, samples):
-    rank0 = dict(record([1.0, 1.0], [0.0, 1.0], [2, 4]), rank=0,
-                 sample_ids=[[1, [0, 1]], [1, [2, 3]]])
+    rank0 = dict(
+        record([1.0, 1.0], [0.0, 1.0], [2, 4]), rank=0, sample_ids=[[1, [0, 1]], [1, [2, 3]]]
+    )
     rank1 = dict(record([1.0, 1.0], [0.0, 1.0], [2, 4]), rank=1, sample_ids=ids1)
     assert merge_ranks([rank0, rank1])["samples"] == samples
 
@@ -266,7 +309,9 @@ def summary(original_seconds=(1.0,), converted_seconds=(0.5,), options=ConvertOp
     result = summarise(
         [timed(s, steps=10) for s in original_seconds],
         [timed(s, steps=10) for s in converted_seconds],
-        options, warmup=1, tolerance=0.05,
+        options,
+        warmup=1,
+        tolerance=0.05,
     )
     return {"script": "train.py", "command": "--to single --amp bf16 --steps 4", **result}
 
@@ -336,8 +381,9 @@ def test_runs_alternate_and_a_slower_conversion_exits_1(
     monkeypatch.setattr(command, "run_script", fake)
     script = tmp_path / "train.py"
     script.write_text((FIXTURES_DIR / "linear_exact.py").read_text())
-    run = cli("bench", "train.py", "--steps", "4", "--warmup", "1", "--amp", "off", "--json",
-              *options)
+    run = cli(
+        "bench", "train.py", "--steps", "4", "--warmup", "1", "--amp", "off", "--json", *options
+    )
     assert run.exit_code == code, run.stderr
     assert fake.calls == ["original", "converted"] * 3
     result = json.loads(run.stdout)
@@ -367,8 +413,9 @@ def test_equal_medians_are_no_measurable_difference_everywhere(cli, tmp_path, mo
     seconds = partial(map, lambda rate: 1 / rate)
     monkeypatch.setattr(command, "run_script", FakeRuns(seconds(original), seconds(converted), 64))
     (tmp_path / "train.py").write_text((FIXTURES_DIR / "linear_exact.py").read_text())
-    run = cli("bench", "train.py", "--steps", "4", "--warmup", "1", "--amp", "off",
-              "--report", "report")
+    run = cli(
+        "bench", "train.py", "--steps", "4", "--warmup", "1", "--amp", "off", "--report", "report"
+    )
     assert run.exit_code == 0, run.stderr
     result = json.loads((tmp_path / "report" / "bench.json").read_text())
     assert [row[1:3] for row in rows(result)[1:]] == [["0.920", "58.9"], ["0.920", "58.9"]]
@@ -383,6 +430,7 @@ def test_equal_medians_are_no_measurable_difference_everywhere(cli, tmp_path, mo
 
 def test_progress_reaches_the_caller_step_by_step(tmp_path, monkeypatch):
     """`run_script` passes on the step count the harness writes (a stand-in here)."""
+
     def fake_harness(record_path, steps, nproc, progress, scratch=None, epoch_cut=None):
         code = (
             "import json, pathlib, sys, time\n"

@@ -19,7 +19,13 @@ import yaml
 from conftest import SCRIPT
 from markdown_it import MarkdownIt  # a dependency of rich, which typer depends on
 from test_github_action import (  # noqa: F401 - repo: a fixture
-    ACTION, DATA_MODULE, TRAIN, Action, commit, git, repo,
+    ACTION,
+    DATA_MODULE,
+    TRAIN,
+    Action,
+    commit,
+    git,
+    repo,
 )
 from test_output_formats import HOSTILE_NAMES
 
@@ -262,7 +268,9 @@ def test_a_link_out_of_the_checkout_is_skipped_with_a_note(repo, tmp_path):  # n
     assert "### autoaccel convert: `alias.py`" in comment
     assert "leak.py" not in run.stdout
     assert json.loads(action.outputs()["training-scripts"]) == [
-        "alias.py", "notebooks/explore.ipynb", "train.py"
+        "alias.py",
+        "notebooks/explore.ipynb",
+        "train.py",
     ]
 
 
@@ -326,7 +334,10 @@ def test_launch_commands_start_a_script_named_like_an_option(tmp_path, launcher)
     commands += [f"bash {shlex.quote('./' + file)}" for file in files if file.endswith(".sbatch")]
     run = subprocess.run(
         ["bash", "-c", PROGRAMS + "\n".join(commands)],
-        cwd=tmp_path, capture_output=True, text=True, check=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     started = run.stdout.splitlines()
     assert len(started) == len(commands)
@@ -335,7 +346,9 @@ def test_launch_commands_start_a_script_named_like_an_option(tmp_path, launcher)
 
 def test_convert_writes_launchers_that_start_a_script_named_like_an_option(cli, tmp_path):
     (tmp_path / "-x.py").write_text(TRAIN)
-    run = cli("convert", "--to", "ddp", "--launcher", "slurm", "--write", "--no-verify", "--", "-x.py")
+    run = cli(
+        "convert", "--to", "ddp", "--launcher", "slurm", "--write", "--no-verify", "--", "-x.py"
+    )
     assert run.exit_code == 0, run.stderr
     assert "  sbatch ./-x.sbatch\n  # one process, as before:\n  python ./-x.py\n" in run.stdout
     assert '    ./-x.py "$@"\n' in (tmp_path / "-x.sbatch").read_text()

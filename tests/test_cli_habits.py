@@ -65,8 +65,12 @@ def test_convert_dash_writes_nothing_and_reports_a_syntax_error(cli):
 
 def test_convert_stdin_filename_names_the_script_and_finds_its_config(cli, tmp_path):
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "pyproject.toml").write_text('[tool.autoaccel.convert]\namp = "off"\nworkers = "keep"\n')
-    run = cli("convert", "-", "--stdin-filename", "sub/train.py", "--format", "json", input=CONVERTIBLE)
+    (tmp_path / "sub" / "pyproject.toml").write_text(
+        '[tool.autoaccel.convert]\namp = "off"\nworkers = "keep"\n'
+    )
+    run = cli(
+        "convert", "-", "--stdin-filename", "sub/train.py", "--format", "json", input=CONVERTIBLE
+    )
     assert run.exit_code == 0, run.stderr
     assert '"path": "sub/train.py"' in run.stderr
     assert "num_workers" not in run.stdout  # workers = "keep" from sub/pyproject.toml
@@ -77,10 +81,14 @@ def test_convert_stdin_filename_reads_the_projects_local_imports(cli, tmp_path, 
     shutil.copytree(FIXTURES_DIR / "packaged", tmp_path / "packaged")
     monkeypatch.chdir(tmp_path / "packaged")
     script = Path("train.py").read_text()
-    preview = cli("convert", "-", "--stdin-filename", "train.py", "--amp", "off", "--diff", input=script)
+    preview = cli(
+        "convert", "-", "--stdin-filename", "train.py", "--amp", "off", "--diff", input=script
+    )
     assert "--- toygpt/data.py\n" in preview.stdout  # the loader lives in a module
     # stdout holds one script: a conversion that changes modules too is refused
-    run = cli("convert", "-", "--stdin-filename", "train.py", "--to", "ddp", "--amp", "off", input=script)
+    run = cli(
+        "convert", "-", "--stdin-filename", "train.py", "--to", "ddp", "--amp", "off", input=script
+    )
     assert (run.exit_code, run.stdout) == (2, "")
     assert "train.py: error: the conversion changes 3 files" in run.stderr
     assert "stdout takes the script only" in run.stderr
@@ -117,7 +125,9 @@ def test_lint_stdin_filename_names_findings_and_applies_its_config(cli, tmp_path
 
 
 def test_lint_stdin_filename_with_force_exclude_skips_excluded_paths(cli):
-    run = cli("lint", "--fix", "--force-exclude", "-", "--stdin-filename", "tests/test_x.py", input=SCRIPT)
+    run = cli(
+        "lint", "--fix", "--force-exclude", "-", "--stdin-filename", "tests/test_x.py", input=SCRIPT
+    )
     assert (run.exit_code, run.stdout) == (0, SCRIPT)
 
 
@@ -183,7 +193,9 @@ def test_convert_help_shows_its_whole_description_and_metavars(columns):
 @pytest.mark.parametrize("columns", [200, 40])
 def test_command_list_shows_whole_descriptions(columns):
     text = joined(help_text(columns=columns))
-    assert "Rewrite a training script into a fast one (a diff preview unless --write or -o)." in text
+    assert (
+        "Rewrite a training script into a fast one (a diff preview unless --write or -o)." in text
+    )
     assert "..." not in text.split("Commands:")[1]
 
 
@@ -198,7 +210,9 @@ def test_lint_interrupted_in_a_parallel_run_exits_130_without_a_traceback(tmp_pa
         (tmp_path / f"train_{number}.py").write_text("\n\n".join([UNCOVERING] * 10))
     lint = subprocess.Popen(
         [sys.executable, "-m", "autoaccel", "lint", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=sigint_as_from_a_terminal,
     )
     deadline = time.monotonic() + 60
@@ -232,7 +246,9 @@ def test_lint_max_file_size_takes_whole_sizes_only(cli, size):
 def autoaccel_with(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "autoaccel", *args],
-        capture_output=True, text=True, env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
     )
 
 

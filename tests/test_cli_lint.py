@@ -97,15 +97,21 @@ def test_syntax_error_is_located_others_checked_file_untouched(cli, tmp_path):
 
 
 def test_output_is_sorted_by_file_line_column(cli, tmp_path):
-    two_loaders = SCRIPT + "other = DataLoader(dataset)\nfor x, y in other:\n    model(x).backward()\n"
+    two_loaders = (
+        SCRIPT + "other = DataLoader(dataset)\nfor x, y in other:\n    model(x).backward()\n"
+    )
     for name in ("b.py", "a.py", "sub/c.py"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(two_loaders)
     run = cli("lint", "--select", "ACC101", "b.py", "sub", "a.py")
     locations = [line.split(": ")[0] for line in run.stdout.splitlines()]
     assert locations == [
-        "a.py:4:10", "a.py:8:9", "b.py:4:10", "b.py:8:9",
-        f"sub{os.sep}c.py:4:10", f"sub{os.sep}c.py:8:9",
+        "a.py:4:10",
+        "a.py:8:9",
+        "b.py:4:10",
+        "b.py:8:9",
+        f"sub{os.sep}c.py:4:10",
+        f"sub{os.sep}c.py:8:9",
     ]
 
 
@@ -161,8 +167,9 @@ def test_diff_writes_nothing_and_exits_one(cli, tmp_path):
     assert path.read_text() == SCRIPT
     assert run.stdout.startswith("--- train.py\n+++ train.py\n")
     assert "-loader = DataLoader(dataset, batch_size=32)\n" in run.stdout
-    assert "+loader = DataLoader(dataset, batch_size=32, pin_memory=torch.cuda.is_available())\n" in (
-        run.stdout
+    assert (
+        "+loader = DataLoader(dataset, batch_size=32, pin_memory=torch.cuda.is_available())\n"
+        in (run.stdout)
     )
     assert run.stderr == "Would fix 1 error.\n"
 
@@ -209,7 +216,9 @@ def test_file_without_torch_is_not_parsed(cli, tmp_path, monkeypatch):
 @pytest.mark.parametrize("mode", [Mode.CHECK, Mode.DIFF])
 def test_parallel_results_equal_sequential(tmp_path, monkeypatch, mode):
     variants = [
-        SCRIPT, CLEAN, SCRIPT + "x = DataLoader(ds, num_workers=0)\nfor b in x:\n    b.backward()\n",
+        SCRIPT,
+        CLEAN,
+        SCRIPT + "x = DataLoader(ds, num_workers=0)\nfor b in x:\n    b.backward()\n",
         "print('hi')\n",
     ]
     paths = []
@@ -310,7 +319,11 @@ def test_short_help(cli, args):
     ("option", "value", "message"),
     [
         ("--select", "FOO", "error: --select: unknown rule selector `FOO`\n"),
-        ("--ignore", "ACC1O1", "error: --ignore: unknown rule selector `ACC1O1`, did you mean `ACC101`"),
+        (
+            "--ignore",
+            "ACC1O1",
+            "error: --ignore: unknown rule selector `ACC1O1`, did you mean `ACC101`",
+        ),
         ("--extend-select", "ACC9", "error: --extend-select: unknown rule selector `ACC9`\n"),
     ],
 )
@@ -337,7 +350,10 @@ def test_text_colour_follows_force_color_and_no_color(tmp_path, env, coloured):
     clean = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR")}
     run = subprocess.run(
         [sys.executable, "-m", "autoaccel", "lint", *SELECT, "train.py"],
-        cwd=tmp_path, capture_output=True, text=True, env={**clean, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
     )
     plain = f"train.py:4:10: {ACC101}\ntrain.py:4:10: {ACC102}\n"
     if coloured:
@@ -423,7 +439,9 @@ def test_other_calls_are_left_to_typer(args):
     assert run_plain_call(args) is None
 
 
-@pytest.mark.parametrize("text", [SCRIPT, "import torch\ndef broken(:\n"], ids=["clean parse", "syntax error"])
+@pytest.mark.parametrize(
+    "text", [SCRIPT, "import torch\ndef broken(:\n"], ids=["clean parse", "syntax error"]
+)
 def test_the_cycle_collector_is_paused_while_a_text_is_analysed(monkeypatch, text):
     analysed_with_collector = []
     real_analyse = runner.analyse

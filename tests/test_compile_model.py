@@ -9,8 +9,7 @@ from autoaccel.convert.pipeline import convert_source
 
 COMPILE = ConvertOptions(amp="off", compile=True, workers="keep")
 
-SCRIPT = textwrap.dedent(
-    """\
+SCRIPT = textwrap.dedent("""\
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -35,8 +34,7 @@ SCRIPT = textwrap.dedent(
         loss = criterion(outputs, y)
         loss.backward()
         optimizer.step()
-    """
-)
+    """)
 
 
 def compile_lines(code: str) -> list[str]:

@@ -79,8 +79,13 @@ def test_per_file_ignores_with_globs(cli, tmp_path):
         "checks/**" = ["ACC102"]
         """,
     )
-    for name in ("train.py", "experiments/run.py", "legacy_old.py", "lib/legacy_x.py",
-                 "checks/deep/t.py"):
+    for name in (
+        "train.py",
+        "experiments/run.py",
+        "legacy_old.py",
+        "lib/legacy_x.py",
+        "checks/deep/t.py",
+    ):
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(SCRIPT)
@@ -122,8 +127,11 @@ def test_no_config_gives_defaults(tmp_path):
 
 @pytest.mark.parametrize(
     "body",
-    ['[tool.autoaccel]\nselect = "ACC101"\n', "[tool.autoaccel\n",
-     '[tool.autoaccel]\nper-file-ignores = ["x"]\n'],
+    [
+        '[tool.autoaccel]\nselect = "ACC101"\n',
+        "[tool.autoaccel\n",
+        '[tool.autoaccel]\nper-file-ignores = ["x"]\n',
+    ],
 )
 def test_bad_config_is_an_error_naming_the_file(cli, tmp_path, body):
     write_config(tmp_path, body)
@@ -138,7 +146,10 @@ def test_bad_config_is_an_error_naming_the_file(cli, tmp_path, body):
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ('ignor = ["ACC101"]', "tool.autoaccel.ignor: unknown key, did you mean `ignore`? (known: "),
+        (
+            'ignor = ["ACC101"]',
+            "tool.autoaccel.ignor: unknown key, did you mean `ignore`? (known: ",
+        ),
         (
             'extend_select = ["ACC1"]',
             "tool.autoaccel.extend_select: unknown key, did you mean `extend-select`?",
@@ -159,7 +170,6 @@ def test_unknown_key_or_code_in_the_table_is_an_error(cli, tmp_path, body, messa
     assert run.stderr.startswith(f"error: {tmp_path / 'pyproject.toml'}: {message}")
     assert run.stderr.count("\n") == 1  # said once, not once per file
     assert cli("convert", "train.py").exit_code == 2  # every command reads the table
-
 
 
 @pytest.mark.parametrize("nesting", ["select = {}", "convert = {{ target = {} }}"])
@@ -191,6 +201,7 @@ def test_a_pyproject_that_is_not_a_regular_file_is_passed_over_with_a_warning(
     assert codes(run.stdout) == ["ACC101"]  # the settings of the folder above
     warning = f"warning: {tmp_path / 'sub' / 'pyproject.toml'}: {kind}; its settings are not read"
     assert run.stderr.splitlines()[0] == warning
+
 
 def test_enabled_matches_prefixes():
     settings = LintSettings(select=("ACC1", "ACC301"), ignore=("ACC10",))

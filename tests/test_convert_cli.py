@@ -45,7 +45,9 @@ def convert(*args: str, cwd: Path) -> Result:
     previous = Path.cwd()
     os.chdir(cwd)
     try:
-        run = CliRunner().invoke(app, ["convert", *args], env={"NO_COLOR": "1"}, catch_exceptions=False)
+        run = CliRunner().invoke(
+            app, ["convert", *args], env={"NO_COLOR": "1"}, catch_exceptions=False
+        )
     finally:
         os.chdir(previous)
     return Result(run.exit_code, run.stdout, run.stderr)
@@ -213,7 +215,16 @@ def test_cudnn_benchmark_is_skipped_with_a_note_when_determinism_is_asked_for(de
 
 def test_ddp_launch_commands_name_the_written_script(script, tmp_path):
     # `model` is never trained by an optimizer here: ddp refuses unless told to write
-    run = convert("train.py", "--to", "ddp", "--allow-partial", "-o", "train_ddp.py", "--no-verify", cwd=tmp_path)
+    run = convert(
+        "train.py",
+        "--to",
+        "ddp",
+        "--allow-partial",
+        "-o",
+        "train_ddp.py",
+        "--no-verify",
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     assert "torchrun --standalone --nproc_per_node=2 train_ddp.py" in run.stdout
 

@@ -79,7 +79,9 @@ def test_an_already_distributed_script_of_a_project_has_nothing_to_do(cli, tmp_p
     script = (FIXTURES / "ddp/already_distributed.py").read_text()
     model = "import torch.nn as nn\n\n\ndef make_model():\n    return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))\n"
     (tmp_path / "model.py").write_text(model)
-    script = script.replace("import torch.nn as nn\n", "import torch.nn as nn\nfrom model import make_model\n")
+    script = script.replace(
+        "import torch.nn as nn\n", "import torch.nn as nn\nfrom model import make_model\n"
+    )
     (tmp_path / "train.py").write_text(script.replace(
         "model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))", "model = make_model()"
     ))  # fmt: skip
@@ -94,7 +96,10 @@ def test_fsdp_of_a_ddp_script_is_still_refused(cli, tmp_path):
     shutil.copy(FIXTURES / "ddp/already_distributed.py", tmp_path / "train.py")
     run = cli("convert", "train.py", "--to", "fsdp")
     assert run.exit_code == 1
-    assert "train.py:12:1: error: --to ddp not applied: the script already sets up torch.distributed" in run.stderr
+    assert (
+        "train.py:12:1: error: --to ddp not applied: the script already sets up torch.distributed"
+        in run.stderr
+    )
 
 
 # -- b. a model reached by two paths ------------------------------------------------------
@@ -105,7 +110,10 @@ def test_a_critic_called_in_the_step_and_in_its_gradient_penalty_is_wrapped_once
     assert code.count("DDP(\n        discriminator,") == 1
     assert "ddp_discriminator2" not in code
     # the penalty's forward goes through the one wrapper, as the step's do
-    assert "compute_gradient_penalty(\n            ddp_discriminator, real, fake.detach()\n        )" in code
+    assert (
+        "compute_gradient_penalty(\n            ddp_discriminator, real, fake.detach()\n        )"
+        in code
+    )
     assert "g_loss = -ddp_discriminator(ddp_generator(z)).mean()" in code
 
 
@@ -208,7 +216,9 @@ def test_a_draw_through_a_function_of_the_script_counts():
         "W_target = torch.randn(POLY_DEGREE, 1) * 2\nb_target = torch.randn(1) * 2\n",
         "def draw(*shape):\n    return torch.randn(*shape) * 2\n\n\nW_target = draw(POLY_DEGREE, 1)\nb_target = draw(1)\n",
     )
-    assert "shared_seed = [torch.initial_seed()]" in convert_source(source, DDP, "train.py").converted
+    assert (
+        "shared_seed = [torch.initial_seed()]" in convert_source(source, DDP, "train.py").converted
+    )
 
 
 # -- e. every side effect of rank 1 ----------------------------------------------------
@@ -239,7 +249,9 @@ def _effects(source: str) -> list[tuple[EffectKind, str]]:
     ("source", "found"),
     [
         pytest.param(
-            "import sys\nsys.stderr.write('x')\n", [(EffectKind.PRINT, "sys.stderr.write('x')")], id="stderr"
+            "import sys\nsys.stderr.write('x')\n",
+            [(EffectKind.PRINT, "sys.stderr.write('x')")],
+            id="stderr",
         ),
         pytest.param(
             "from matplotlib import animation\nanim = animation.FuncAnimation(fig, f)\nanim.save('a.gif')\n",
@@ -251,7 +263,11 @@ def _effects(source: str) -> list[tuple[EffectKind, str]]:
             [(EffectKind.FILE_WRITE, "fig.savefig('a.png')")],
             id="figure-of-subplots",
         ),
-        pytest.param("import imageio\nimageio.mimsave('a.gif', frames)\n", [(EffectKind.FILE_WRITE, "imageio.mimsave('a.gif', frames)")], id="imageio"),
+        pytest.param(
+            "import imageio\nimageio.mimsave('a.gif', frames)\n",
+            [(EffectKind.FILE_WRITE, "imageio.mimsave('a.gif', frames)")],
+            id="imageio",
+        ),
         pytest.param("trainer.save('last')\nmodel.save(path)\n", [], id="save-of-another-object"),
     ],
 )

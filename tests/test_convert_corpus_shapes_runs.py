@@ -39,7 +39,9 @@ def test_a_wgan_gp_critic_trains_on_two_processes(target, tmp_path):
 
 def test_a_sharded_vae_decodes_in_its_evaluation(tmp_path):
     proc = run_converted("fsdp/vae_methods.py", "fsdp", tmp_path)
-    samples = re.findall(r"^epoch \d: loss [\d.]+, code [\d.]+, sample ([\d.]+)$", proc.stdout, re.M)
+    samples = re.findall(
+        r"^epoch \d: loss [\d.]+, code [\d.]+, sample ([\d.]+)$", proc.stdout, re.M
+    )
     assert len(samples) == 3
 
 

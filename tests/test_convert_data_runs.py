@@ -35,7 +35,9 @@ def test_two_processes_read_one_weighted_draw(session_runs):
 
 
 @pytest.mark.parametrize("target", ["dp", "ddp"])
-def test_checkpoint_saved_under_data_parallel_loads_after_conversion(tmp_path, session_runs, target):
+def test_checkpoint_saved_under_data_parallel_loads_after_conversion(
+    tmp_path, session_runs, target
+):
     original = session_runs.run(FIXTURES_DIR / NAME, ()).check()
     checkpoint = original.cwd / "imbalanced.pt"
     converted = session_runs.convert(NAME, "--to", target, "--amp", "off")

@@ -84,8 +84,7 @@ for epoch in range(3):
         loss.backward()
         optimizer.step()
 """
-TOP_LEVEL = dedent(
-    """\
+TOP_LEVEL = dedent("""\
     import torch
     import torch.nn as nn
     from torch.utils.data import DataLoader
@@ -94,8 +93,7 @@ TOP_LEVEL = dedent(
     model = nn.Linear(4, 2)
     criterion = nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    """
-) + TRAIN_LOOP
+    """) + TRAIN_LOOP
 
 
 # -- the set-up block ---------------------------------------------------------------------
@@ -148,7 +146,9 @@ def test_setup_keeps_future_imports_first(imports, expected):
             "already sets up torch.distributed",
             id="already-distributed",
         ),
-        pytest.param("import torch\nmodel.eval()\nprint(model(x))\n", "no training loop", id="no-training"),
+        pytest.param(
+            "import torch\nmodel.eval()\nprint(model(x))\n", "no training loop", id="no-training"
+        ),
     ],
 )
 def test_setup_does_nothing_when(source, reason):
@@ -227,35 +227,33 @@ def test_data_parallel_and_its_device_count_test_go():
             state = model.module.state_dict()
         """,
     )
-    assert code == dedent(
-        """\
+    assert code == dedent("""\
         import torch.nn as nn
         model = Net()
         model.to(device)
         torch.save(model.state_dict(), "m.pt")
         if isinstance(model, nn.DataParallel):
             state = model.module.state_dict()
-        """
-    )
+        """)
     assert {c.code for c in log.changes} == {"ACC401"}
 
 
 def test_data_parallel_under_another_name_becomes_an_alias():
-    code, _ = run_step(ReplaceDataParallel, "net = torch.nn.DataParallel(model, device_ids=[0, 1])\n")
+    code, _ = run_step(
+        ReplaceDataParallel, "net = torch.nn.DataParallel(model, device_ids=[0, 1])\n"
+    )
     assert code == "net = model\n"
 
 
 # -- DDP wrapper -----------------------------------------------------------------------------
-WRAPPED = dedent(
-    """\
+WRAPPED = dedent("""\
     # trained through DDP when distributed: gradients are averaged in backward()
     ddp_model = model
     if DISTRIBUTED:
         ddp_model = DDP(
             model, device_ids=[LOCAL_RANK] if next(model.parameters()).is_cuda else None
         )
-    """
-)
+    """)
 
 
 def test_top_level_model_is_trained_through_its_wrapper():
@@ -281,8 +279,7 @@ def test_top_level_model_is_trained_through_its_wrapper():
 def test_a_variable_of_the_models_name_in_forward_is_not_where_the_model_is_built():
     # `model = self.fc(x)` in forward() comes first in the file; the model the loop
     # calls is the one `model = Net()` builds, and it is wrapped there.
-    source = dedent(
-        """\
+    source = dedent("""\
         import torch
         import torch.nn as nn
         from torch.utils.data import DataLoader
@@ -306,8 +303,7 @@ def test_a_variable_of_the_models_name_in_forward_is_not_where_the_model_is_buil
                 loss = nn.functional.cross_entropy(model(x), y)
                 loss.backward()
                 optimizer.step()
-        """
-    )
+        """)
     conversion = convert_source(source, DDP, "train.py")
     assert not [item for item in conversion.log.skipped if item.wrong]
     assert "    model = Net()\n    # trained through DDP" in conversion.converted
@@ -338,7 +334,9 @@ def test_a_model_no_optimizer_trains_is_wrapped_only_with_trainable_parameters()
 def test_a_function_whose_result_is_only_printed_keeps_the_bare_model(shown, refused):
     """fixtures/ddp/printed_samples.py (hunkim's char-RNN): `generate()` calls
     `decoder.init_hidden()`, which a DDP wrapper lacks, so it cannot receive one."""
-    source = (Path(__file__).resolve().parent.parent / "fixtures/ddp/printed_samples.py").read_text()
+    source = (
+        Path(__file__).resolve().parent.parent / "fixtures/ddp/printed_samples.py"
+    ).read_text()
     source = source.replace("print(generate(decoder, 3, 8))", shown.replace("3)", "3, 8)"))
     conversion = convert_source(source, DDP, "printed_samples.py")
     wrong = [item.what for item in conversion.log.skipped if item.wrong]
@@ -539,7 +537,10 @@ def test_training_function_that_uses_other_model_attributes_is_left_alone():
 
 # -- sampler, batch, set_epoch ---------------------------------------------------------------
 def test_train_loader_gets_a_distributed_sampler_and_a_per_process_batch():
-    code, log = run_step(ShardTrainLoader, "from torch.utils.data import DataLoader\n" + TOP_LEVEL.split("DataLoader\n", 1)[1])
+    code, log = run_step(
+        ShardTrainLoader,
+        "from torch.utils.data import DataLoader\n" + TOP_LEVEL.split("DataLoader\n", 1)[1],
+    )
     assert (
         "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None\n"
         "loader = DataLoader(\n"
@@ -561,9 +562,7 @@ def test_per_process_batch_option_keeps_the_batch_size():
 
 
 def test_unshuffled_loader_gets_an_unshuffled_sampler():
-    code, _ = run_step(
-        ShardTrainLoader, TOP_LEVEL.replace("shuffle=True", "shuffle=False")
-    )
+    code, _ = run_step(ShardTrainLoader, TOP_LEVEL.replace("shuffle=True", "shuffle=False"))
     assert "DistributedSampler(dataset, shuffle=False)" in code
     assert "shuffle=False" in code.split("loader = DataLoader(")[1]
 
@@ -591,8 +590,7 @@ def test_loader_keywords_from_a_dict_get_the_sampler_in_the_dict():
                 optimizer.step()
         """,
     )
-    assert dedent(
-        """\
+    assert dedent("""\
         if DISTRIBUTED:
             train_kwargs["sampler"] = DistributedSampler(
                 dataset1, shuffle=train_kwargs.pop("shuffle", False)
@@ -600,8 +598,7 @@ def test_loader_keywords_from_a_dict_get_the_sampler_in_the_dict():
             train_kwargs["batch_size"] = per_process_batch_size(train_kwargs["batch_size"])
         train_loader = DataLoader(dataset1, **train_kwargs)
         test_loader = DataLoader(dataset2, batch_size=64)
-        """
-    ) in code
+        """) in code
 
 
 def test_loader_with_its_own_sampler_is_reported():
@@ -615,19 +612,16 @@ def test_set_epoch_starts_the_epoch_loop_around_the_step_loop():
     source = "sampler = DistributedSampler(dataset) if DISTRIBUTED else None\n" + source
     source = "from torch.utils.data import DistributedSampler\n" + source
     code, log = run_step(SetSamplerEpoch, source)
-    assert dedent(
-        """\
+    assert dedent("""\
         for epoch in range(3):
             if DISTRIBUTED:
                 loader.sampler.set_epoch(epoch)
             for x, y in loader:
-        """
-    ) in code
+        """) in code
     assert log.changes[0].code == "ACC105"
 
 
-TRAIN_FUNCTION = dedent(
-    """\
+TRAIN_FUNCTION = dedent("""\
     from torch.utils.data import DataLoader, DistributedSampler
     def train(epoch, model, train_loader):
         pass
@@ -640,8 +634,7 @@ TRAIN_FUNCTION = dedent(
     loader = DataLoader(ds, sampler=train_sampler)
     for epoch in range(1, 4):
         train(epoch, model, loader)
-    """
-)
+    """)
 
 
 def test_set_epoch_goes_where_the_training_function_is_called():
@@ -660,8 +653,7 @@ def test_set_epoch_is_not_added_where_the_training_function_sets_it():
 
 
 # -- gradient accumulation -------------------------------------------------------------------
-ACCUMULATION = dedent(
-    """\
+ACCUMULATION = dedent("""\
     optimizer = torch.optim.AdamW(model.parameters())
     ddp_model = DDP(model) if DISTRIBUTED else model
     for epoch in range(3):
@@ -673,14 +665,17 @@ ACCUMULATION = dedent(
             if (step + 1) % accum_steps == 0:
                 optimizer.step()
                 optimizer.zero_grad()
-    """
-)
+    """)
 
 
 def test_accumulation_micro_steps_skip_the_all_reduce():
-    code, log = run_step(NoSyncAccumulation, "from torch.nn.parallel import DistributedDataParallel as DDP\n" + ACCUMULATION)
-    assert textwrap.indent(dedent(
-        """\
+    code, log = run_step(
+        NoSyncAccumulation,
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n" + ACCUMULATION,
+    )
+    assert (
+        textwrap.indent(
+            dedent("""\
             for step, (x, y) in enumerate(loader):
                 # all-reduce the gradients only on the micro-step that updates the weights
                 sync_gradients = (step + 1) % accum_steps == 0
@@ -692,8 +687,11 @@ def test_accumulation_micro_steps_skip_the_all_reduce():
                 total += loss.item()
                 if sync_gradients:
                     optimizer.step()
-        """
-    ), "    ") in code
+        """),
+            "    ",
+        )
+        in code
+    )
     assert log.changes[0].code == "ACC404"
 
 
@@ -712,7 +710,9 @@ def test_an_update_in_either_branch_is_no_accumulation():
         "            optimizer.zero_grad()\n",
         "            optimizer.zero_grad()\n        else:\n            for p in model.parameters():\n"
         "                p.data.add_(p.grad, alpha=-0.1)\n",
-    ).replace("(step + 1) % accum_steps == 0", "use_optimizer")
+    ).replace(
+        "(step + 1) % accum_steps == 0", "use_optimizer"
+    )
     code, log = run_step(NoSyncAccumulation, source)
     assert "else:" in code and "no_sync" not in code and not log.changes
 
@@ -728,16 +728,14 @@ def test_adjacent_prints_and_saves_share_one_rank_zero_guard():
         torch.save(model.state_dict(), 'm.pt')
         """,
     )
-    assert code == dedent(
-        """\
+    assert code == dedent("""\
         if RANK == 0:
             print('-' * 89)
             print('| end of epoch')  # summary
         x = 1
         if RANK == 0:
             torch.save(model.state_dict(), 'm.pt')
-        """
-    )
+        """)
     assert [c.code for c in log.changes] == ["ddp", "ACC403"]
 
 
@@ -760,14 +758,12 @@ def test_a_print_that_runs_the_ddp_model_computes_it_on_every_rank_first():
             print(evaluate(ddp_model, x, y), ddp_model(x).sum().item())
         """,
     )
-    assert dedent(
-        """\
+    assert dedent("""\
         for x, y in loader:
             evaluate_result = evaluate(ddp_model, x, y)
             ddp_model_result = ddp_model(x)
             print(evaluate_result, ddp_model_result.sum().item())
-        """
-    ) in code
+        """) in code
     assert [c.description for c in log.changes] == [
         "`evaluate_result` computed on every process before the rank-0 print",
         "`ddp_model_result` computed on every process before the rank-0 print",
@@ -784,15 +780,13 @@ def test_file_opened_for_writing_is_written_on_rank_zero():
             best = val_loss
         """,
     )
-    assert code == dedent(
-        """\
+    assert code == dedent("""\
         if val_loss < best:
             if RANK == 0:
                 with open(args.save, 'wb') as f:
                     torch.save(model.state_dict(), f)
             best = val_loss
-        """
-    )
+        """)
 
 
 def test_function_that_only_writes_returns_early_on_other_ranks():
@@ -805,7 +799,10 @@ def test_function_that_only_writes_returns_early_on_other_ranks():
             torch.save({"epoch": epoch}, "ckpt/last.pt")
         """,
     )
-    assert '    """Save."""\n    if RANK != 0:\n        return  # only rank 0 writes\n    os.makedirs' in code
+    assert (
+        '    """Save."""\n    if RANK != 0:\n        return  # only rank 0 writes\n    os.makedirs'
+        in code
+    )
 
 
 def test_a_weights_and_biases_run_is_logged_from_rank_zero_only():
@@ -823,7 +820,9 @@ def test_a_weights_and_biases_run_is_logged_from_rank_zero_only():
         wandb.finish()
         """,
     )
-    assert 'if RANK == 0:\n    wandb.init(project="demo")\n    wandb.run.name = "baseline"\n' in code
+    assert (
+        'if RANK == 0:\n    wandb.init(project="demo")\n    wandb.run.name = "baseline"\n' in code
+    )
     assert '    if RANK == 0:\n        wandb.log({"loss": loss.item()})\n' in code
     assert "if RANK == 0:\n    wandb.finish()\n" in code
     assert [c.description for c in log.changes] == ["experiment log on rank 0 only"] * 3
@@ -868,7 +867,10 @@ def test_a_logger_class_of_the_project_is_made_on_rank_zero_only(extra, replaced
 @pytest.mark.parametrize(
     "start, made",
     [
-        ('run = wandb.init(project="demo")', 'run = wandb.init(project="demo") if RANK == 0 else NoWriter()'),
+        (
+            'run = wandb.init(project="demo")',
+            'run = wandb.init(project="demo") if RANK == 0 else NoWriter()',
+        ),
         (
             'with wandb.init(project="demo") as run:\n    train()',
             'with (wandb.init(project="demo") if RANK == 0 else NoWriter()) as run:\n    train()',
@@ -890,9 +892,18 @@ def test_a_weights_and_biases_run_the_script_keeps_is_made_on_rank_zero(start, m
     "bar, drawn",
     [
         ("for x, y in tqdm(loader):", "for x, y in tqdm(loader, disable=RANK != 0):"),
-        ("for i in trange(10, desc='epochs'):", "for i in trange(10, desc='epochs', disable=RANK != 0):"),
-        ("for x, y in tqdm(loader, disable=args.quiet):", "for x, y in tqdm(loader, disable=args.quiet):"),
-        ("for x, y in tqdm(loader) if RANK == 0 else loader:", "for x, y in tqdm(loader) if RANK == 0 else loader:"),
+        (
+            "for i in trange(10, desc='epochs'):",
+            "for i in trange(10, desc='epochs', disable=RANK != 0):",
+        ),
+        (
+            "for x, y in tqdm(loader, disable=args.quiet):",
+            "for x, y in tqdm(loader, disable=args.quiet):",
+        ),
+        (
+            "for x, y in tqdm(loader) if RANK == 0 else loader:",
+            "for x, y in tqdm(loader) if RANK == 0 else loader:",
+        ),
     ],
     ids=["tqdm", "trange", "own-disable", "rank-guarded"],
 )
@@ -947,7 +958,9 @@ def test_a_file_opened_for_loading_is_opened_after_the_barrier():
 
 
 def test_process_group_is_destroyed_at_the_end_of_main():
-    code, _ = run_step(DestroyProcessGroup, "def main():\n    pass\n\n\nif __name__ == '__main__':\n    main()\n")
+    code, _ = run_step(
+        DestroyProcessGroup, "def main():\n    pass\n\n\nif __name__ == '__main__':\n    main()\n"
+    )
     assert code.endswith(
         "    main()\n\n    if DISTRIBUTED:\n"
         "        # free the models first: left to the exit, they can abort the process\n"
@@ -993,8 +1006,7 @@ def test_ddp_model_bound_in_a_block_or_a_function_is_not_deleted():
 
 def test_ddp_wrappers_are_the_names_a_ddp_model_is_assigned_or_passed_to():
     # Found from the DDP calls of the module's node list and the assignment around each.
-    source = SETUP + dedent(
-        """\
+    source = SETUP + dedent("""\
         from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -1008,8 +1020,7 @@ def test_ddp_wrappers_are_the_names_a_ddp_model_is_assigned_or_passed_to():
         annotated: DDP = DDP(m)
         train(model, 3)
         print(DDP(m))
-        """
-    )
+        """)
     tree = cst.parse_module(source)
     step = DestroyProcessGroup(new_context(DDP, ConversionLog()))
     step.transform_module(tree)
@@ -1017,7 +1028,9 @@ def test_ddp_wrappers_are_the_names_a_ddp_model_is_assigned_or_passed_to():
 
 
 def test_sync_batchnorm_only_when_asked():
-    assert run_step(ConvertSyncBatchNorm, TOP_LEVEL)[0].count("SyncBatchNorm") == 0 or not ConvertSyncBatchNorm.enabled(DDP)
+    assert run_step(ConvertSyncBatchNorm, TOP_LEVEL)[0].count(
+        "SyncBatchNorm"
+    ) == 0 or not ConvertSyncBatchNorm.enabled(DDP)
     options = ConvertOptions(target="ddp", amp="off", sync_bn=True)
     code, _ = run_step(ConvertSyncBatchNorm, TOP_LEVEL, options)
     assert (
@@ -1035,7 +1048,7 @@ def test_torchrun_is_the_default_launcher():
 
 
 def test_slurm_launcher_writes_an_sbatch_script():
-    (name, text), = companion_files("exp/train.py", "slurm").items()
+    ((name, text),) = companion_files("exp/train.py", "slurm").items()
     assert name == "train.sbatch"
     assert "srun torchrun" in text and '--rdzv_endpoint="$head_node:29500"' in text
     assert text.rstrip().endswith('train.py "$@"')
@@ -1043,7 +1056,7 @@ def test_slurm_launcher_writes_an_sbatch_script():
 
 
 def test_spawn_launcher_writes_a_launcher_that_compiles():
-    (name, text), = companion_files("train.py", "spawn").items()
+    ((name, text),) = companion_files("train.py", "spawn").items()
     assert name == "spawn_train.py"
     compile(text, name, "exec")
     assert "mp.spawn(run" in text
@@ -1070,8 +1083,7 @@ def test_whole_target_on_a_top_level_script():
 def test_report_lines_are_lines_of_the_original():
     """Steps log lines of the text they get; the report maps each back once. (An item
     logged early used to be mapped again by every later step that logged a change.)"""
-    source = textwrap.dedent(
-        """\
+    source = textwrap.dedent("""\
         import torch
         import torch.nn as nn
 
@@ -1087,8 +1099,7 @@ def test_report_lines_are_lines_of_the_original():
                 optimizer.step()
                 print(loss.item())
         torch.save(model.state_dict(), "model.pt")
-        """
-    )
+        """)
     log = convert_source(source, DDP).log
     lines = source.splitlines()
     (sampler,) = [s for s in log.skipped if s.what == "DistributedSampler"]
@@ -1100,8 +1111,7 @@ def test_report_lines_are_lines_of_the_original():
 def test_a_loop_whose_model_is_not_recognised_is_reported():
     """A model from the user's own package, updated by hand (no optimizer): nothing
     says it is a model, so it stays unwrapped, and the report must say so."""
-    source = textwrap.dedent(
-        """\
+    source = textwrap.dedent("""\
         import torch
         import mymodels
 
@@ -1114,8 +1124,7 @@ def test_a_loop_whose_model_is_not_recognised_is_reported():
                 loss.backward()
                 for p in model.parameters():
                     p.data.add_(p.grad, alpha=-0.1)
-        """
-    )
+        """)
     result = convert_source(source, DDP)
     assert "DDP(" not in result.converted
     (skip,) = [s for s in result.log.skipped if s.what == "DistributedDataParallel"]
@@ -1147,7 +1156,10 @@ def test_a_loop_that_stops_on_its_own_loss_stops_on_every_process_at_once(test):
     assert "def on_any_rank(condition):" in helper and "dist.ReduceOp.MAX" in helper
     assert code.endswith(STOP_BODY.format(test=f"on_any_rank({test})"))
     (change,) = log.changes
-    assert change.line == SETUP.count("\n") + 9 and "every process stops at the same step" in change.description
+    assert (
+        change.line == SETUP.count("\n") + 9
+        and "every process stops at the same step" in change.description
+    )
     assert log.skipped == []
 
 
@@ -1213,14 +1225,19 @@ def test_a_printed_average_of_a_training_sum_divides_by_this_processs_counts():
     not `steps` (never summed there), not the evaluation's sum, not a shown count."""
     body = AVERAGES
     code, log = run_step(PrintShardSizes, body)
-    assert code == body.replace("running_loss / len(train_set)", "running_loss / len(train_loader.sampler)")
+    assert code == body.replace(
+        "running_loss / len(train_set)", "running_loss / len(train_loader.sampler)"
+    )
     assert [c.description for c in log.changes] == [
         "divides a sum over this process's shard by its size: `len(train_loader.sampler)`"
     ]
     code, log = run_step(FollowPerProcessBatch, body)
     assert code == body.replace(
         "running_loss / (batch_size * i)", "running_loss / (per_process_batch_size(batch_size) * i)"
-    ).replace("print(running_loss / batch_size)", "print(running_loss / per_process_batch_size(batch_size))")
+    ).replace(
+        "print(running_loss / batch_size)",
+        "print(running_loss / per_process_batch_size(batch_size))",
+    )
     assert len(log.changes) == 2 and log.skipped == []
 
 
@@ -1252,9 +1269,7 @@ def test_functions_that_run_the_global_model_are_found_through_their_calls():
     those whose own parameter or variable has the name."""
     from autoaccel.convert.transforms.distributed.compute_before_printing import model_runners
 
-    module = cst.parse_module(
-        dedent(
-            """\
+    module = cst.parse_module(dedent("""\
             def translate(x):
                 return model(x).argmax()
 
@@ -1274,9 +1289,7 @@ def test_functions_that_run_the_global_model_are_found_through_their_calls():
 
             def count(x):
                 return len(x)
-            """
-        )
-    )
+            """))
     assert model_runners(module, {"model"}) == {"translate", "report"}
 
 
@@ -1340,7 +1353,9 @@ def test_each_process_is_reseeded_with_its_rank_before_training():
         "if DISTRIBUTED:\n"
         "    torch.manual_seed(torch.initial_seed() + RANK)\n",
     )
-    assert [c.description for c in log.changes] == ["each process re-seeded with seed + RANK before training"]
+    assert [c.description for c in log.changes] == [
+        "each process re-seeded with seed + RANK before training"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -1378,7 +1393,11 @@ def test_a_summed_training_loss_is_multiplied_by_world_size():
 
 @pytest.mark.parametrize(
     "reduction, options",
-    [("", DDP), ('reduction="mean"', DDP), ('reduction="sum"', ConvertOptions(target="ddp", amp="off", per_process_batch=True))],
+    [
+        ("", DDP),
+        ('reduction="mean"', DDP),
+        ('reduction="sum"', ConvertOptions(target="ddp", amp="off", per_process_batch=True)),
+    ],
     ids=["default-mean", "mean", "sum-per-process-batch"],
 )
 def test_averaged_losses_keep_their_scale(reduction, options):
@@ -1474,15 +1493,19 @@ def test_trainer_methods_gets_what_the_tutorials_own_ddp_version_has():
     Beyond theirs: prints on rank 0 only, each rank re-seeded with seed + RANK before training.
     """
     code = (SNAPSHOTS / "trainer_methods.ddp.py").read_text(encoding="utf-8")
-    init = code[code.index("    def __init__(self, model, train_data"):code.index("    def _run_batch")]
+    init = code[
+        code.index("    def __init__(self, model, train_data") : code.index("    def _run_batch")
+    ]
     assert "self.ddp_model = DDP(\n                self.model," in init
     assert "output = self.ddp_model(source)" in code
-    loader = code[code.index("def prepare_dataloader"):code.index("def main")]
+    loader = code[code.index("def prepare_dataloader") : code.index("def main")]
     assert "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None" in loader
     assert "shuffle=sampler is None," in loader and "sampler=sampler," in loader
-    train = code[code.index("    def train(self, max_epochs)"):code.index("def load_train_objs")]
-    assert train.index("self.train_data.sampler.set_epoch(epoch)") < train.index("self._run_epoch(epoch)")
-    save = code[code.index("    def _save_checkpoint"):code.index("    def train(")]
+    train = code[code.index("    def train(self, max_epochs)") : code.index("def load_train_objs")]
+    assert train.index("self.train_data.sampler.set_epoch(epoch)") < train.index(
+        "self._run_epoch(epoch)"
+    )
+    save = code[code.index("    def _save_checkpoint") : code.index("    def train(")]
     assert save.index("if RANK != 0:") < save.index("torch.save(self.model.state_dict()")
     assert code.rstrip().endswith("        gc.collect()\n        dist.destroy_process_group()")
 
@@ -1506,15 +1529,19 @@ def test_shapes_built_from_the_batch_size_follow_the_per_process_batch():
     """yunjey's GAN shaped images, labels and noise by the global `batch_size`: a shape
     error on every process once the loader loads its share. Prints keep the variable."""
     code, log = run_step(FollowPerProcessBatch, BATCH_SHAPES)
-    assert code == BATCH_SHAPES.replace("(batch_size, -1)", "(per_process_batch_size(batch_size), -1)").replace(
-        "(batch_size, 1)", "(per_process_batch_size(batch_size), 1)"
-    ).replace("((batch_size, 8))", "((per_process_batch_size(batch_size), 8))")
+    assert code == BATCH_SHAPES.replace(
+        "(batch_size, -1)", "(per_process_batch_size(batch_size), -1)"
+    ).replace("(batch_size, 1)", "(per_process_batch_size(batch_size), 1)").replace(
+        "((batch_size, 8))", "((per_process_batch_size(batch_size), 8))"
+    )
     assert [c.line - SETUP.count("\n") for c in log.changes] == [4, 5, 6]
     assert log.skipped == []
 
 
 def test_another_use_of_the_batch_size_in_the_step_is_refused():
-    body = BATCH_SHAPES.replace("    loss.backward()\n", "    loss = loss * 256 / batch_size\n    loss.backward()\n")
+    body = BATCH_SHAPES.replace(
+        "    loss.backward()\n", "    loss = loss * 256 / batch_size\n    loss.backward()\n"
+    )
     code, log = run_step(FollowPerProcessBatch, body)
     (skip,) = log.skipped
     assert skip.wrong and skip.what == "per-process batch" and skip.line == SETUP.count("\n") + 8
@@ -1523,7 +1550,9 @@ def test_another_use_of_the_batch_size_in_the_step_is_refused():
 
 def test_per_process_batch_keeps_the_batch_size():
     body = BATCH_SHAPES.replace("per_process_batch_size(batch_size)", "batch_size")
-    code, log = run_step(FollowPerProcessBatch, body, ConvertOptions(target="ddp", amp="off", per_process_batch=True))
+    code, log = run_step(
+        FollowPerProcessBatch, body, ConvertOptions(target="ddp", amp="off", per_process_batch=True)
+    )
     assert (code, log.changes, log.skipped) == (body, [], [])
 
 
@@ -1566,7 +1595,10 @@ def test_fresh_random_batches_need_no_sampler_when_each_process_draws_its_own(se
 
 
 def test_a_loop_slicing_fixed_data_is_not_fresh_data():
-    body = FRESH.replace("    x, y = get_batch()\n", "    x, y = data[step:step + 8], targets[step:step + 8]\n    x = x + 0.1 * torch.randn_like(x)\n")
+    body = FRESH.replace(
+        "    x, y = get_batch()\n",
+        "    x, y = data[step:step + 8], targets[step:step + 8]\n    x = x + 0.1 * torch.randn_like(x)\n",
+    )
     _, log = run_step(ShardTrainLoader, body.replace("torch.manual_seed(0)", "seed = None"))
     (skip,) = log.skipped
     assert skip.wrong and "does not read a DataLoader" in skip.reason
@@ -1602,7 +1634,10 @@ def test_an_evaluation_of_sums_runs_on_a_share_per_process_and_adds_up():
     WORLD_SIZE-th sample (no padding: none counts twice) and the sums are all-reduced."""
     code, log = run_step(ShardEvaluation, EVALUATE)
     assert "def all_reduce_sums(*sums):" in code
-    assert "DataLoader(\n    test_set,\n    batch_size=64,\n    sampler=range(RANK, len(test_set), WORLD_SIZE) if DISTRIBUTED else None,\n)" in code
+    assert (
+        "DataLoader(\n    test_set,\n    batch_size=64,\n    sampler=range(RANK, len(test_set), WORLD_SIZE) if DISTRIBUTED else None,\n)"
+        in code
+    )
     assert (
         "            correct += output.argmax(1).eq(target).sum().item()\n"
         "        if DISTRIBUTED:  # each process evaluated its share: add up\n"
@@ -1615,11 +1650,20 @@ def test_an_evaluation_of_sums_runs_on_a_share_per_process_and_adds_up():
 @pytest.mark.parametrize(
     "edit",
     [
-        ("reduction=\"sum\").item()", ").item()"),  # a mean of batch means
-        ("            correct +=", "            predictions.append(output)\n            correct +="),
+        ('reduction="sum").item()', ").item()"),  # a mean of batch means
+        (
+            "            correct +=",
+            "            predictions.append(output)\n            correct +=",
+        ),
         ("test_loss, correct = test(model, test_loader)", "print(test(model, test_loader))"),
-        ("DataLoader(test_set, batch_size=64)", "DataLoader(test_set, batch_size=64, shuffle=True)"),
-        ("            output = model(data)\n", "            output = model(data)\n            if correct > 100:\n                break\n"),
+        (
+            "DataLoader(test_set, batch_size=64)",
+            "DataLoader(test_set, batch_size=64, shuffle=True)",
+        ),
+        (
+            "            output = model(data)\n",
+            "            output = model(data)\n            if correct > 100:\n                break\n",
+        ),
     ],
     ids=["mean-of-means", "kept-predictions", "called-in-a-print", "shuffled", "break"],
 )
@@ -1650,7 +1694,9 @@ def test_one_evaluation_of_two_sets_adds_up_once():
 def test_an_evaluation_of_a_set_that_cannot_be_shared_adds_up_none():
     """The shuffled dev set keeps its whole set: the sums of `test()` over it must not be
     added up over the processes, so the test set stays whole too."""
-    body = TWO_SETS.replace("DataLoader(dev_set, batch_size=64)", "DataLoader(dev_set, batch_size=64, shuffle=True)")
+    body = TWO_SETS.replace(
+        "DataLoader(dev_set, batch_size=64)", "DataLoader(dev_set, batch_size=64, shuffle=True)"
+    )
     code, log = run_step(ShardEvaluation, body)
     assert (code, log.changes) == (body, [])
 
@@ -1677,7 +1723,9 @@ def test_a_printed_size_follows_the_loader_it_reads_not_its_spelling():
         evaluate(DataLoader(test_set))
         """
     code, log = run_step(PrintShardSizes, body)
-    assert code == dedent(body).replace("print(total / len(loader.dataset))", "print(total / len(loader.sampler))")
+    assert code == dedent(body).replace(
+        "print(total / len(loader.dataset))", "print(total / len(loader.sampler))"
+    )
     assert len(log.changes) == 1
 
 
@@ -1724,8 +1772,12 @@ def test_a_barrier_in_a_module_the_script_imports_brings_its_import():
     from autoaccel.convert.transforms.distributed.init_process_group import MODULE_NAMES
 
     body = 'if RANK == 0:\n    torch.save(model.state_dict(), "m.pt")\nmodel.load_state_dict(torch.load("m.pt"))\n'
-    code = apply(LoadOnEveryRank, "import os\n\nimport torch\n" + MODULE_NAMES + body, DDP, ConversionLog())
-    assert "import torch\nimport torch.distributed as dist\n" in code and "    dist.barrier()" in code
+    code = apply(
+        LoadOnEveryRank, "import os\n\nimport torch\n" + MODULE_NAMES + body, DDP, ConversionLog()
+    )
+    assert (
+        "import torch\nimport torch.distributed as dist\n" in code and "    dist.barrier()" in code
+    )
 
 
 def test_a_folder_is_made_on_every_process():
@@ -1746,4 +1798,7 @@ def test_a_folder_is_made_on_every_process():
         'os.makedirs(os.path.join(log_dir, "ckpt"), exist_ok=True)\n'
         "run_num = len(next(os.walk(log_dir))[2])\nif RANK == 0:\n"
     )
-    assert len([c for c in log.changes if c.description.startswith("folder made on every process")]) == 1
+    assert (
+        len([c for c in log.changes if c.description.startswith("folder made on every process")])
+        == 1
+    )

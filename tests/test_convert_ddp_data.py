@@ -7,7 +7,11 @@ from test_convert_ddp import DDP, TOP_LEVEL, dedent, run_step
 
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
-from autoaccel.convert.transforms.distributed import ReplaceDataParallel, ShardTrainLoader, ShareNodeCpus
+from autoaccel.convert.transforms.distributed import (
+    ReplaceDataParallel,
+    ShardTrainLoader,
+    ShareNodeCpus,
+)
 
 WHOLE_NODE = "min(8, os.cpu_count() or 1)"
 LOADER_WITH_WORKERS = TOP_LEVEL.replace(
@@ -18,15 +22,11 @@ LOADER_WITH_WORKERS = TOP_LEVEL.replace(
 # -- workers per process ------------------------------------------------------------------
 def test_workers_share_the_node_cpus_among_its_processes():
     code, log = run_step(ShareNodeCpus, LOADER_WITH_WORKERS)
-    assert code.startswith(
-        dedent(
-            """\
+    assert code.startswith(dedent("""\
             # DataLoader workers: the processes on this node share its CPUs.
             LOCAL_WORLD_SIZE = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
             CPUS_PER_PROCESS = max(1, (os.cpu_count() or 1) // LOCAL_WORLD_SIZE)
-            """
-        )
-    )
+            """))
     assert "num_workers=min(8, CPUS_PER_PROCESS)" in code
     assert WHOLE_NODE not in code
     assert "LOCAL_WORLD_SIZE" in log.changes[0].description
@@ -56,7 +56,12 @@ def test_converted_loader_gets_the_per_process_share_of_workers():
     ).replace("DataLoader(dataset,", "DataLoader(Images(),")
     code = convert_source(source, DDP).converted
     assert "num_workers=min(8, CPUS_PER_PROCESS)" in code
-    assert convert_source(source, ConvertOptions(target="single", amp="off")).converted.count(WHOLE_NODE) == 1
+    assert (
+        convert_source(source, ConvertOptions(target="single", amp="off")).converted.count(
+            WHOLE_NODE
+        )
+        == 1
+    )
 
 
 # -- weighted samplers ----------------------------------------------------------------------
@@ -128,15 +133,13 @@ def test_loading_into_an_unwrapped_model_strips_the_data_parallel_prefix():
         "model.load_state_dict(torch.load(path))\n",
     )
     code, log = run_step(ReplaceDataParallel, source)
-    assert dedent(
-        """\
+    assert dedent("""\
         model = nn.Linear(4, 2)
         state_dict = torch.load(path)
         # a checkpoint saved under nn.DataParallel names its keys `module.*`
         torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state_dict, "module.")
         model.load_state_dict(state_dict)
-        """
-    ) in code
+        """) in code
     assert any("prefix stripped" in c.description for c in log.changes)
 
 

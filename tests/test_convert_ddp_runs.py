@@ -66,8 +66,7 @@ DDP_TOL.update(
     {"mnist_main.py": 0.3, "step_functions.py": 0.3, "linear_exact.py": 1e-4, "lstm_lm.py": 1e-4}
 )
 
-PROBE = textwrap.dedent(
-    """\
+PROBE = textwrap.dedent("""\
     # Run a script under `python -m autoaccel.harness` (losses-<rank>.json) and write
     # probe-<rank>.json: the indices every DistributedSampler pass yielded and the files
     # torch.save wrote.
@@ -101,8 +100,7 @@ PROBE = textwrap.dedent(
     with open(f"probe-{os.environ['RANK']}.json", "w") as out:
         json.dump(probe, out)
     sys.exit(status)
-    """
-)
+    """)
 
 
 def run_torchrun(script: Path, args: tuple[str, ...], cwd: Path) -> list[dict]:
@@ -189,8 +187,17 @@ def test_only_rank_zero_saves(name, ddp_runs):
 def run_spawn_launcher(script: Path, args: tuple[str, ...], cwd: Path) -> None:
     """`python spawn_SCRIPT --nproc 2 args`: the file `--launcher spawn` writes beside it."""
     proc = subprocess.run(
-        [sys.executable, str(script.with_name(f"spawn_{script.name}")), "--nproc", str(WORLD_SIZE), *args],
-        cwd=cwd, env=_env({"MASTER_PORT": str(free_port())}), capture_output=True, text=True,
+        [
+            sys.executable,
+            str(script.with_name(f"spawn_{script.name}")),
+            "--nproc",
+            str(WORLD_SIZE),
+            *args,
+        ],
+        cwd=cwd,
+        env=_env({"MASTER_PORT": str(free_port())}),
+        capture_output=True,
+        text=True,
         timeout=TIMEOUT_S,
     )
     _check(proc, f"spawn_{script.name}")
@@ -254,8 +261,12 @@ def test_sbatch_file_runs_on_a_one_node_allocation(tmp_path, session_runs):
         "SLURM_JOB_NODELIST": "node001", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242",
     }  # fmt: skip
     proc = subprocess.run(
-        ["bash", str(sbatch), *args], cwd=tmp_path, env=_env(allocation),
-        capture_output=True, text=True, timeout=TIMEOUT_S,
+        ["bash", str(sbatch), *args],
+        cwd=tmp_path,
+        env=_env(allocation),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
     _check(proc, sbatch.name)
     expected = torch.load(original.cwd / "params.pt")

@@ -209,7 +209,9 @@ class RenameLastA(Transform):
     """Plans in `visit_Module` to rename the last `a` only, and says so (`edited`)."""
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.planned = [n for n in descendants(node) if isinstance(n, cst.Name) and n.value == "a"][-1:]
+        self.planned = [n for n in descendants(node) if isinstance(n, cst.Name) and n.value == "a"][
+            -1:
+        ]
         self.left: list[cst.Name] = []
 
     def edited(self) -> list[cst.CSTNode]:
@@ -217,7 +219,9 @@ class RenameLastA(Transform):
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
         self.left.append(original_node)
-        return updated_node.with_changes(value="b") if original_node in self.planned else updated_node
+        return (
+            updated_node.with_changes(value="b") if original_node in self.planned else updated_node
+        )
 
 
 def test_a_step_that_plans_its_edits_visits_only_the_way_to_them() -> None:

@@ -100,9 +100,7 @@ torch.save(model.state_dict(), "model.pt")
 def test_toplevel_loss_moves_into_forward() -> None:
     log = check(
         TOPLEVEL,
-        IMPORTS
-        + wrapper()
-        + """
+        IMPORTS + wrapper() + """
 model = nn.Linear(4, 2)
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -127,8 +125,7 @@ torch.save(model.state_dict(), "model.pt")
 
 def test_function_with_model_and_functional_loss_as_arguments() -> None:
     check(
-        IMPORTS
-        + """
+        IMPORTS + """
 
 def train(model, loader, optimizer):
     model.train()
@@ -143,9 +140,7 @@ def train(model, loader, optimizer):
 net = nn.Linear(4, 2)
 train(net, loader, torch.optim.SGD(net.parameters(), lr=0.1))
 """,
-        IMPORTS
-        + wrapper()
-        + """
+        IMPORTS + wrapper() + """
 def train(model, loader, optimizer):
     model.train()
     model_with_loss = ModelWithLoss(model, F.nll_loss)
@@ -166,8 +161,7 @@ train(net, loader, torch.optim.SGD(net.parameters(), lr=0.1))
 
 def test_class_attributes_and_outputs_read_later() -> None:
     check(
-        IMPORTS
-        + """
+        IMPORTS + """
 
 class Trainer:
     def __init__(self, net):
@@ -186,9 +180,7 @@ class Trainer:
             correct += (logits.argmax(1) == y).sum()
         return correct
 """,
-        IMPORTS
-        + wrapper(returned="loss.unsqueeze(0), outputs")
-        + """
+        IMPORTS + wrapper(returned="loss.unsqueeze(0), outputs") + """
 class Trainer:
     def __init__(self, net):
         self.net = net
@@ -222,9 +214,7 @@ for x, y in loader:
     loss = criterion(model(x), y)
     loss.backward()
 """,
-        "import torch\n"
-        + wrapper(nn="torch.nn")
-        + """
+        "import torch\n" + wrapper(nn="torch.nn") + """
 criterion = torch.nn.MSELoss(reduction="sum")
 model = torch.nn.Linear(4, 1)
 model_with_loss = ModelWithLoss(model, criterion)
@@ -259,9 +249,7 @@ model.module.predict(x)
 def test_existing_data_parallel_is_rewritten_around_the_loss() -> None:
     log = check(
         EXISTING,
-        IMPORTS
-        + wrapper()
-        + """
+        IMPORTS + wrapper() + """
 model = Net()
 model.to(device)
 criterion = nn.CrossEntropyLoss()
@@ -293,8 +281,7 @@ for x, y in loader:
 
 def test_does_nothing_when_data_parallel_has_its_own_settings() -> None:
     check_unchanged(
-        IMPORTS
-        + """
+        IMPORTS + """
 model = nn.DataParallel(Net(), device_ids=[0, 1])
 for x, y in loader:
     loss = F.cross_entropy(model(x), y)
@@ -308,8 +295,7 @@ def test_does_nothing_in_a_script_that_also_trains_with_ddp() -> None:
     """pytorch/examples' imagenet picks DDP, one GPU or DataParallel from its flags;
     `--to dp` turned its DataParallel branch into one that wrapped the DDP model too."""
     check_unchanged(
-        IMPORTS
-        + """
+        IMPORTS + """
 from torch.nn.parallel import DistributedDataParallel
 
 model = Net().cuda()
@@ -333,7 +319,11 @@ for x, y in loader:
             "(a recurrent state)",
             id="recurrent-state",
         ),
-        pytest.param("loss = compute_loss(batch)", "`compute_loss(...)` computes `loss`, but the code does not show it to be a model", id="loss-in-helper"),
+        pytest.param(
+            "loss = compute_loss(batch)",
+            "`compute_loss(...)` computes `loss`, but the code does not show it to be a model",
+            id="loss-in-helper",
+        ),
         pytest.param(
             "if flag:\n        out = model(x)\n    elif other:\n        out = model(2 * x)\n    loss = criterion(out, y)",
             "the forward pass is in an `if` block",
@@ -463,7 +453,9 @@ def train(epoch):
 for epoch in range(5):
     train(epoch)
 """
-    check_unchanged(source, "the forward pass reads no tensor of the step's batch (the same tensors every step")
+    check_unchanged(
+        source, "the forward pass reads no tensor of the step's batch (the same tensors every step"
+    )
     assert run(source)[1].skipped[0].line == 13
 
 
@@ -482,7 +474,10 @@ for x, y in loader:
     loss = criterion(first + model(x, z), y)
     loss.backward()
 """)
-    assert "    z = torch.randn(n, 2)\n    z = z * 0.5\n    loss = loss_on_gpus(x, z, y).mean()" in code
+    assert (
+        "    z = torch.randn(n, 2)\n    z = z * 0.5\n    loss = loss_on_gpus(x, z, y).mean()"
+        in code
+    )
     assert not log.skipped
 
 
@@ -539,8 +534,7 @@ for x, lengths, y in loader:
 
 def test_unreduced_criterion_is_left_alone() -> None:
     check_unchanged(
-        IMPORTS
-        + """
+        IMPORTS + """
 model = nn.Linear(4, 2)
 criterion = nn.CrossEntropyLoss(reduction="none")
 for x, y in loader:
@@ -564,7 +558,9 @@ with torch.no_grad():
     assert code == dedent(source)
     assert not log.changes
     # --to dp adds no DataParallel here: refused, so the command exits 1
-    assert [(s.reason.startswith("no training step"), s.wrong) for s in log.skipped] == [(True, True)]
+    assert [(s.reason.startswith("no training step"), s.wrong) for s in log.skipped] == [
+        (True, True)
+    ]
 
 
 # -- proof by running ------------------------------------------------------------------
@@ -574,8 +570,19 @@ with torch.no_grad():
 # is compared, with the tolerances measured there.
 DP_CHANGES = {  # fixtures whose training step the dp target rewrites; lstm_lm.py (a
     # recurrent state as a second input) is refused with a reason
-    "gan.py", "transformer_lm.py", "trainer_methods.py", "step_functions.py", "cnn_toplevel.py", "dataparallel_existing.py", "imbalanced_resume.py", "linear_exact.py",
-    "mnist_main.py", "resnet_cifar.py", "trainer_class.py", "transformer_accum.py", LEGACY,
+    "gan.py",
+    "transformer_lm.py",
+    "trainer_methods.py",
+    "step_functions.py",
+    "cnn_toplevel.py",
+    "dataparallel_existing.py",
+    "imbalanced_resume.py",
+    "linear_exact.py",
+    "mnist_main.py",
+    "resnet_cifar.py",
+    "trainer_class.py",
+    "transformer_accum.py",
+    LEGACY,
 }
 
 
@@ -619,8 +626,9 @@ def test_dp_conversion_trains_like_the_original(name, dp_runs) -> None:
         assert b == pytest.approx(a, rel=EXACT_REL), f"step {step}: original {a}, dp {b}"
     if case is not None and case.rng_shifts:
         gap = rel_gap(final_loss(reference, case), final_loss(dp, case))
-        assert gap <= case.off_tol, f"final loss differs by {gap:.2%} (tolerance {case.off_tol:.0%})"
-
+        assert (
+            gap <= case.off_tol
+        ), f"final loss differs by {gap:.2%} (tolerance {case.off_tol:.0%})"
 
 
 @pytest.mark.runs

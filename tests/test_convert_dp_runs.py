@@ -21,8 +21,16 @@ from test_convert_runs import EXACT_REL
 pytestmark = pytest.mark.runs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dp"
-CONVERTED = ["two_inputs.py", "trainer_attribute.py", "gan_two_steps.py", "distill_frozen.py", "existing_dp_step.py",
-             "loss_function.py", "summed_vae.py", "gan_batch_size_labels.py"]
+CONVERTED = [
+    "two_inputs.py",
+    "trainer_attribute.py",
+    "gan_two_steps.py",
+    "distill_frozen.py",
+    "existing_dp_step.py",
+    "loss_function.py",
+    "summed_vae.py",
+    "gan_batch_size_labels.py",
+]
 # converted with the default mixed precision (its autocast is off on a CPU)
 WITH_AMP = ["gan_amp_real_loss.py", "loss_in_model_amp.py", "semicolon_step.py"]
 # the split of two halves adds in another order than the whole batch
@@ -57,15 +65,22 @@ _torch.nn.DataParallel = SplitInTwo
 
 @pytest.mark.parametrize(
     ("name", "amp"),
-    [*(pytest.param(n, "off", id=n) for n in CONVERTED), *(pytest.param(n, "bf16", id=n) for n in WITH_AMP)],
+    [
+        *(pytest.param(n, "off", id=n) for n in CONVERTED),
+        *(pytest.param(n, "bf16", id=n) for n in WITH_AMP),
+    ],
 )
 def test_dp_shape_trains_like_the_original(name: str, amp: Amp, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     fixture = FIXTURES / name
     # converted in this process: a `convert` command would import and parse it all again
-    code = convert_source(fixture.read_text(encoding="utf-8"), ConvertOptions(target="dp", amp=amp), str(fixture)).converted
+    code = convert_source(
+        fixture.read_text(encoding="utf-8"), ConvertOptions(target="dp", amp=amp), str(fixture)
+    ).converted
     assert "LossInForward(" in code
-    assert_trains_like_the_original(fixture, split_in_two(code, tmp_path / name), tmp_path, SPLIT_REL)
+    assert_trains_like_the_original(
+        fixture, split_in_two(code, tmp_path / name), tmp_path, SPLIT_REL
+    )
 
 
 def split_in_two(code: str, path: Path) -> Path:
@@ -75,9 +90,18 @@ def split_in_two(code: str, path: Path) -> Path:
     assert gate in code
     code = code.replace(gate, ".is_cuda or True:")
     # after `from __future__` imports, which must come first
-    after = max((s.end_lineno for s in ast.parse(code).body if isinstance(s, ast.ImportFrom) and s.module == "__future__"), default=0)
+    after = max(
+        (
+            s.end_lineno
+            for s in ast.parse(code).body
+            if isinstance(s, ast.ImportFrom) and s.module == "__future__"
+        ),
+        default=0,
+    )
     lines = code.splitlines(keepends=True)
-    path.write_text("".join(lines[:after]) + SPLIT_IN_TWO + "".join(lines[after:]), encoding="utf-8")
+    path.write_text(
+        "".join(lines[:after]) + SPLIT_IN_TWO + "".join(lines[after:]), encoding="utf-8"
+    )
     return path
 
 
@@ -87,15 +111,22 @@ def test_flattened_input_converts_with_what_a_short_run_showed(cli, tmp_path: Pa
     runs the script for 5 steps, which show `x` as `[10, 16]` in steps of 10 samples."""
     pytest.importorskip("torch")
     out = tmp_path / "flattened_vae.dp.py"
-    result = cli("convert", str(FIXTURES / "flattened_vae.py"), "--to", "dp", "--amp", "off", "-o", str(out))
+    result = cli(
+        "convert", str(FIXTURES / "flattened_vae.py"), "--to", "dp", "--amp", "off", "-o", str(out)
+    )
     assert result.exit_code == 0, result.stderr
-    assert "batch-first is not clear from the code alone: running the script for 5 training steps" in result.stderr
+    assert (
+        "batch-first is not clear from the code alone: running the script for 5 training steps"
+        in result.stderr
+    )
     assert "batch-first as a short run of the script showed: `x`" in result.stdout
     assert "loss, kl_div, reconst_loss = loss_on_gpus(x)\n" in out.read_text(encoding="utf-8")
     assert_trains_like_the_original(FIXTURES / "flattened_vae.py", out, tmp_path)
 
 
-def assert_trains_like_the_original(original: Path, converted: Path, tmp_path: Path, rel: float = EXACT_REL) -> None:
+def assert_trains_like_the_original(
+    original: Path, converted: Path, tmp_path: Path, rel: float = EXACT_REL
+) -> None:
     """Every loss the harness records for `converted` equals the original's."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -30,49 +30,83 @@ def converted(name: str):
 @pytest.mark.parametrize(
     ("name", "excerpts"),
     [
-        pytest.param("two_inputs.py", ["def compute_loss(model, x_noisy, t, noise):",
-                                       "loss = loss_on_gpus(x_noisy, t, noise).mean()"], id="two-inputs"),
-        pytest.param("trainer_attribute.py", [
-            "def compute_loss(model, criterion, tokens, lengths, y):",
-            "            logits = model(tokens, lengths)[0]\n            logits = logits.squeeze(1)\n",
-            "loss_on_gpus = LossInForward(compute_loss, self.model, self.criterion)",
-            # the timer stays outside, after the call
-            "loss, logits = loss_on_gpus(tokens, lengths, y)\n",
-        ], id="trainer-attribute"),
-        pytest.param("gan_two_steps.py", [
-            "def compute_g_loss(generator, discriminator, adversarial_loss, z, valid):",
-            "d_loss_on_gpus = LossInForward(compute_d_loss, discriminator, adversarial_loss)",
-            "g_loss, gen_imgs = g_loss_on_gpus(z, valid)",
-        ], id="gan"),
-        pytest.param("distill_frozen.py", [
-            "loss_on_gpus = LossInForward(compute_loss, student)\n",
-            "loss, distill = loss_on_gpus(x, soft, y)",
-        ], id="frozen-teacher"),
-        pytest.param("existing_dp_step.py", [
-            "loss_on_gpus = LossInForward(compute_loss, model, criterion)",
-            "torch.save(model.state_dict()",
-        ], id="existing-data-parallel"),
-        pytest.param("loss_function.py", [
-            # the project's loss function, reached through the parameter `loss_fn`
-            "        loss = loss_fn(output, y, teacher_output, T=4.0, alpha=0.7)\n        return loss\n",
-            "loss = loss_on_gpus(x, y, teacher_output).mean()  # mean of the per-GPU losses",
-        ], id="project-loss-function"),
-        pytest.param("summed_vae.py", [
-            "        kl_div = -0.5 * torch.sum(1 + log_var - mu.pow(2) - log_var.exp())\n",
-            "loss, kl_div, reconst_loss = loss_on_gpus(x)\n",
-            "loss = loss.sum()  # sum of the per-GPU losses\n",
-            "kl_div = kl_div.sum()\n",
-        ], id="summed-loss"),
-        pytest.param("gan_batch_size_labels.py", [
-            # labels made with the loader's `batch_size` are split with the batch
-            "def compute_d_loss(discriminator, criterion, generator, real, real_labels, z, fake_labels):",
-            # `real_score = outputs` keeps the first `outputs`: it moves in with the chain
-            "        real_score = outputs\n        fake_images = generator(z)\n",
-            "return d_loss, fake_images, real_score\n",
-            # the step under `if i % n_critic == 0:` reads the `z` drawn above it; the
-            # in-place refill of its target runs before the call
-            "                target.fill_(1.0)\n                g_loss, fake_images = g_loss_on_gpus(z, target)\n",
-        ], id="batch-size-labels"),
+        pytest.param(
+            "two_inputs.py",
+            [
+                "def compute_loss(model, x_noisy, t, noise):",
+                "loss = loss_on_gpus(x_noisy, t, noise).mean()",
+            ],
+            id="two-inputs",
+        ),
+        pytest.param(
+            "trainer_attribute.py",
+            [
+                "def compute_loss(model, criterion, tokens, lengths, y):",
+                "            logits = model(tokens, lengths)[0]\n            logits = logits.squeeze(1)\n",
+                "loss_on_gpus = LossInForward(compute_loss, self.model, self.criterion)",
+                # the timer stays outside, after the call
+                "loss, logits = loss_on_gpus(tokens, lengths, y)\n",
+            ],
+            id="trainer-attribute",
+        ),
+        pytest.param(
+            "gan_two_steps.py",
+            [
+                "def compute_g_loss(generator, discriminator, adversarial_loss, z, valid):",
+                "d_loss_on_gpus = LossInForward(compute_d_loss, discriminator, adversarial_loss)",
+                "g_loss, gen_imgs = g_loss_on_gpus(z, valid)",
+            ],
+            id="gan",
+        ),
+        pytest.param(
+            "distill_frozen.py",
+            [
+                "loss_on_gpus = LossInForward(compute_loss, student)\n",
+                "loss, distill = loss_on_gpus(x, soft, y)",
+            ],
+            id="frozen-teacher",
+        ),
+        pytest.param(
+            "existing_dp_step.py",
+            [
+                "loss_on_gpus = LossInForward(compute_loss, model, criterion)",
+                "torch.save(model.state_dict()",
+            ],
+            id="existing-data-parallel",
+        ),
+        pytest.param(
+            "loss_function.py",
+            [
+                # the project's loss function, reached through the parameter `loss_fn`
+                "        loss = loss_fn(output, y, teacher_output, T=4.0, alpha=0.7)\n        return loss\n",
+                "loss = loss_on_gpus(x, y, teacher_output).mean()  # mean of the per-GPU losses",
+            ],
+            id="project-loss-function",
+        ),
+        pytest.param(
+            "summed_vae.py",
+            [
+                "        kl_div = -0.5 * torch.sum(1 + log_var - mu.pow(2) - log_var.exp())\n",
+                "loss, kl_div, reconst_loss = loss_on_gpus(x)\n",
+                "loss = loss.sum()  # sum of the per-GPU losses\n",
+                "kl_div = kl_div.sum()\n",
+            ],
+            id="summed-loss",
+        ),
+        pytest.param(
+            "gan_batch_size_labels.py",
+            [
+                # labels made with the loader's `batch_size` are split with the batch
+                "def compute_d_loss(discriminator, criterion, generator, real, real_labels, z, fake_labels):",
+                # `real_score = outputs` keeps the first `outputs`: it moves in with the chain
+                "        real_score = outputs\n        fake_images = generator(z)\n",
+                "return d_loss, fake_images, real_score\n",
+                # the step under `if i % n_critic == 0:` reads the `z` drawn above it; the
+                # in-place refill of its target runs before the call
+                "                target.fill_(1.0)\n                g_loss, fake_images = g_loss_on_gpus(z, target)\n",
+            ],
+            id="batch-size-labels",
+        ),
     ],
 )
 def test_step_moves_into_loss_in_forward(name: str, excerpts: list[str]) -> None:
@@ -86,14 +120,14 @@ def test_step_moves_into_loss_in_forward(name: str, excerpts: list[str]) -> None
 
 def test_timer_stays_outside_the_wrapper() -> None:
     code = converted("trainer_attribute.py").converted
-    function = code[code.index("def compute_loss"): code.index("return loss, logits")]
+    function = code[code.index("def compute_loss") : code.index("return loss, logits")]
     assert "perf_counter" not in function
     assert code.index("loss_on_gpus(tokens") < code.index("elapsed = time.perf_counter() - start")
 
 
 def test_frozen_teacher_gets_no_wrapper() -> None:
     code = converted("distill_frozen.py").converted
-    assert "teacher" not in code[code.index("def compute_loss"): code.index("loss_on_gpus = ")]
+    assert "teacher" not in code[code.index("def compute_loss") : code.index("loss_on_gpus = ")]
     assert "nn.DataParallel(model)" not in code and "DataParallel(teacher" not in code
 
 
@@ -107,7 +141,9 @@ def test_existing_data_parallel_is_upgraded() -> None:
     ("name", "line", "reason"),
     [
         pytest.param("recurrent_state.py", 28, "(a recurrent state)", id="recurrent-state"),
-        pytest.param("forward_attribute.py", 29, "sets `self.aux` (line 17)", id="forward-attribute"),
+        pytest.param(
+            "forward_attribute.py", 29, "sets `self.aux` (line 17)", id="forward-attribute"
+        ),
     ],
 )
 def test_refused_naming_the_line(name: str, line: int, reason: str) -> None:
@@ -124,7 +160,9 @@ def wrapper_calls(code: str) -> dict[str, list[str]]:
     return {
         node.func.id: [ast.unparse(a) for a in node.args]
         for node in ast.walk(ast.parse(code))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.endswith("_on_gpus")
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id.endswith("_on_gpus")
     }
 
 
@@ -133,23 +171,31 @@ def test_loss_of_an_earlier_forward_pass_is_no_wrapper_argument() -> None:
     its forward pass under autocast): it was passed to `nn.DataParallel`, which cannot
     split a 0-dim tensor (a crash at the first step on any GPU). Now both move into the
     function, and every argument is a batch-first tensor."""
-    code = convert_source((FIXTURES / "gan_amp_real_loss.py").read_text(encoding="utf-8"), AMP, "gan.py").converted
+    code = convert_source(
+        (FIXTURES / "gan_amp_real_loss.py").read_text(encoding="utf-8"), AMP, "gan.py"
+    ).converted
     assert wrapper_calls(code) == {
         "loss_d_on_gpus": ["real", "ones", "noise", "zeros"],
         "loss_g_on_gpus": ["fake", "ones"],
     }
-    function = code[code.index("def compute_loss_d("): code.index("return loss_d, fake")]
-    assert "with torch.autocast(" in function and "loss_real = bce(scores.float(), ones)" in function
+    function = code[code.index("def compute_loss_d(") : code.index("return loss_d, fake")]
+    assert (
+        "with torch.autocast(" in function and "loss_real = bce(scores.float(), ones)" in function
+    )
 
 
 def test_autocast_block_moves_into_the_function() -> None:
     """`loss = model(x, noise)` under the mixed precision rewrite's autocast: `--to dp` refused
     ("not one plain assignment"); the block now runs in the function on each GPU (where
     `nn.DataParallel` would not carry its dtype), and the call is not autocast again."""
-    code = convert_source((FIXTURES / "loss_in_model_amp.py").read_text(encoding="utf-8"), AMP, "model.py").converted
-    function = code[code.index("def compute_loss("): code.index("return loss")]
+    code = convert_source(
+        (FIXTURES / "loss_in_model_amp.py").read_text(encoding="utf-8"), AMP, "model.py"
+    ).converted
+    function = code[code.index("def compute_loss(") : code.index("return loss")]
     assert "with torch.autocast(" in function and "loss = model(x, noise)" in function
-    assert "            loss = loss_on_gpus(x, noise).mean()  # mean of the per-GPU losses\n" in code
+    assert (
+        "            loss = loss_on_gpus(x, noise).mean()  # mean of the per-GPU losses\n" in code
+    )
     assert code.count("torch.autocast(") == 1
 
 
@@ -183,9 +229,15 @@ def test_line_of_several_statements_converts() -> None:
     """`x = ...; y = ...; w = torch.ones(x.size(0)).to(device)`: the fix made the line
     too long, black split it into three statements, and the conversion ended in an
     internal error (ParserSyntaxError); the line now stays one line."""
-    conversion = convert_source((FIXTURES / "semicolon_step.py").read_text(encoding="utf-8"), AMP, "step.py")
-    assert "; weight_of_each_sample = torch.ones(x.size(0), device=device)\n" in conversion.converted
-    assert wrapper_calls(conversion.converted) == {"loss_on_gpus": ["x", "weight_of_each_sample", "y"]}
+    conversion = convert_source(
+        (FIXTURES / "semicolon_step.py").read_text(encoding="utf-8"), AMP, "step.py"
+    )
+    assert (
+        "; weight_of_each_sample = torch.ones(x.size(0), device=device)\n" in conversion.converted
+    )
+    assert wrapper_calls(conversion.converted) == {
+        "loss_on_gpus": ["x", "weight_of_each_sample", "y"]
+    }
 
 
 def test_module_without_a_training_step_does_not_veto_the_project(tmp_path: Path, capsys) -> None:
@@ -196,20 +248,39 @@ def test_module_without_a_training_step_does_not_veto_the_project(tmp_path: Path
     for name in ("helper_loaders.py", "batch_loaders.py"):
         (tmp_path / name).write_bytes((FIXTURES / name).read_bytes())
     assert command.run_convert(tmp_path / "helper_loaders.py", DP, write=True) == 0
-    assert "model_with_loss = ModelWithLoss(model, criterion)" in (tmp_path / "helper_loaders.py").read_text()
-    assert (tmp_path / "batch_loaders.py").read_bytes() == (FIXTURES / "batch_loaders.py").read_bytes()
+    assert (
+        "model_with_loss = ModelWithLoss(model, criterion)"
+        in (tmp_path / "helper_loaders.py").read_text()
+    )
+    assert (tmp_path / "batch_loaders.py").read_bytes() == (
+        FIXTURES / "batch_loaders.py"
+    ).read_bytes()
     assert "no training step" not in capsys.readouterr().err
 
 
 def test_dp_that_adds_no_data_parallel_exits_1(tmp_path: Path) -> None:
     out = tmp_path / "out.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "convert", str(FIXTURES / "recurrent_state.py"),
-         "--to", "dp", "-o", str(out)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "autoaccel",
+            "convert",
+            str(FIXTURES / "recurrent_state.py"),
+            "--to",
+            "dp",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 1, proc.stderr
-    assert "--to dp refused: no DataParallel was added" in proc.stderr and "recurrent state" in proc.stderr
+    assert (
+        "--to dp refused: no DataParallel was added" in proc.stderr
+        and "recurrent state" in proc.stderr
+    )
     assert not out.exists()
 
 
@@ -231,12 +302,27 @@ for x, y in loader:
     ("helper", "loss", "combined"),
     [
         pytest.param("", "loss = ((out - y) ** 2).sum()", "sum", id="sum-method"),
-        pytest.param("", "loss = F.mse_loss(out, y, reduction='sum') + 0.1 * torch.sum(out ** 2)", "sum", id="sums-added"),
-        pytest.param("", "loss = F.mse_loss(out, y, size_average=False)", "sum", id="legacy-size-average"),
-        pytest.param("def my_loss(a, b):\n    return F.l1_loss(a, b) + (a - b).pow(2).mean()\n",
-                     "loss = my_loss(out, y)", "mean", id="project-function-of-means"),
-        pytest.param("def my_loss(a, b):\n    bce = F.mse_loss(a, b, reduction='sum')\n    return (bce + a.pow(2).sum()) / a.size(0)\n",
-                     "loss = my_loss(out, y)", "mean", id="sums-divided-by-the-batch-size"),
+        pytest.param(
+            "",
+            "loss = F.mse_loss(out, y, reduction='sum') + 0.1 * torch.sum(out ** 2)",
+            "sum",
+            id="sums-added",
+        ),
+        pytest.param(
+            "", "loss = F.mse_loss(out, y, size_average=False)", "sum", id="legacy-size-average"
+        ),
+        pytest.param(
+            "def my_loss(a, b):\n    return F.l1_loss(a, b) + (a - b).pow(2).mean()\n",
+            "loss = my_loss(out, y)",
+            "mean",
+            id="project-function-of-means",
+        ),
+        pytest.param(
+            "def my_loss(a, b):\n    bce = F.mse_loss(a, b, reduction='sum')\n    return (bce + a.pow(2).sum()) / a.size(0)\n",
+            "loss = my_loss(out, y)",
+            "mean",
+            id="sums-divided-by-the-batch-size",
+        ),
     ],
 )
 def test_per_gpu_losses_combine_as_the_loss_reduces(helper: str, loss: str, combined: str) -> None:
@@ -247,20 +333,38 @@ def test_per_gpu_losses_combine_as_the_loss_reduces(helper: str, loss: str, comb
 @pytest.mark.parametrize(
     ("helper", "loss", "reason"),
     [
-        pytest.param("def my_loss(a, b):\n    return (a - b).abs()\n", "loss = my_loss(out, y).max()",
-                     "not computed by a loss function autoaccel knows", id="project-function-not-reducing"),
-        pytest.param("def my_loss(a, b):\n    d = (a - b).abs()\n    return d.sum() / d.numel() ** 0.5\n",
-                     "loss = my_loss(out, y)", "does not average or sum", id="project-function-odd-scale"),
-        pytest.param("", "loss = F.mse_loss(out, y) * F.l1_loss(out, y)", "does not average or sum",
-                     id="product-of-losses"),
-        pytest.param("", "loss = F.mse_loss(out, y, reduction='none').sum() + F.l1_loss(out, y)",
-                     "mixes summed and averaged", id="sum-and-mean"),
+        pytest.param(
+            "def my_loss(a, b):\n    return (a - b).abs()\n",
+            "loss = my_loss(out, y).max()",
+            "not computed by a loss function autoaccel knows",
+            id="project-function-not-reducing",
+        ),
+        pytest.param(
+            "def my_loss(a, b):\n    d = (a - b).abs()\n    return d.sum() / d.numel() ** 0.5\n",
+            "loss = my_loss(out, y)",
+            "does not average or sum",
+            id="project-function-odd-scale",
+        ),
+        pytest.param(
+            "",
+            "loss = F.mse_loss(out, y) * F.l1_loss(out, y)",
+            "does not average or sum",
+            id="product-of-losses",
+        ),
+        pytest.param(
+            "",
+            "loss = F.mse_loss(out, y, reduction='none').sum() + F.l1_loss(out, y)",
+            "mixes summed and averaged",
+            id="sum-and-mean",
+        ),
     ],
 )
 def test_losses_that_do_not_combine_are_refused(helper: str, loss: str, reason: str) -> None:
     conversion = convert_source(STEP.format(helper=helper, loss=loss), DP, "step.py")
     assert "LossInForward(" not in conversion.converted
-    assert any(reason in s.reason for s in conversion.log.skipped), [s.reason for s in conversion.log.skipped]
+    assert any(reason in s.reason for s in conversion.log.skipped), [
+        s.reason for s in conversion.log.skipped
+    ]
 
 
 def test_method_step_builds_its_wrapper_once_in_init() -> None:
@@ -285,10 +389,10 @@ class Trainer:
             self.step(x, y)
 """
     code = convert_source(source, DP, "trainer.py").converted
-    init = code[code.index("    def __init__(self, model, device)"): code.index("    def step(")]
+    init = code[code.index("    def __init__(self, model, device)") : code.index("    def step(")]
     assert "        self.loss_on_gpus = LossInForward(compute_loss, self.model)\n" in init
     assert code.index("\ndef compute_loss(model, x, y):") < code.index("class Trainer:")
-    step = code[code.index("    def step("): code.index("    def fit(")]
+    step = code[code.index("    def step(") : code.index("    def fit(")]
     assert "LossInForward" not in step and "DataParallel" not in step
     assert "loss = self.loss_on_gpus(x, y).mean()" in step
     assert convert_source(code, DP, "trainer.py").converted == code
@@ -300,13 +404,18 @@ def converted_with_facts(path: Path, call: str, *seen: Seen):
     code) saw `seen`."""
     source = path.read_text(encoding="utf-8")
     node = next(
-        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.get_source_segment(source, n) == call
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Call) and ast.get_source_segment(source, n) == call
     )
     real = os.path.realpath(path)
     site = Site(real, node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
     count = sum(s.count for s in seen)
     facts = RunFacts(
-        script=real, exit="max-steps", steps=count, files={real: hashlib.sha256(source.encode()).hexdigest()},
+        script=real,
+        exit="max-steps",
+        steps=count,
+        files={real: hashlib.sha256(source.encode()).hexdigest()},
         forwards=[Forward(1, site, count, seen[0].args, seen)],
     )
     return convert_source(source, DP, str(path), ConversionFacts(facts, path, source))
@@ -334,20 +443,25 @@ def test_no_run_keeps_the_refusal(cli) -> None:
 
 def test_a_flattened_target_asks_no_run() -> None:
     # `y` never reaches a model: the run records nothing that could tell
-    source = STEP.format(helper="criterion = nn.CrossEntropyLoss()", loss="loss = criterion(out.view(-1, 2), y)").replace(
-        "    out = model(x)\n", "    y = y.view(-1)\n    out = model(x)\n"
-    )
+    source = STEP.format(
+        helper="criterion = nn.CrossEntropyLoss()", loss="loss = criterion(out.view(-1, 2), y)"
+    ).replace("    out = model(x)\n", "    y = y.view(-1)\n    out = model(x)\n")
     conversion = convert_source(source, DP)
     assert any("may merge the batch dimension" in r for r in refusals(conversion))
     assert not needs_facts(conversion, DP)
 
 
 def test_run_showing_the_flattened_input_batch_first_converts() -> None:
-    conversion = converted_with_facts(FIXTURES / "flattened_vae.py", "model(x)", Seen(10, ((10, 16),), VAE_OUTPUTS, 5))
+    conversion = converted_with_facts(
+        FIXTURES / "flattened_vae.py", "model(x)", Seen(10, ((10, 16),), VAE_OUTPUTS, 5)
+    )
     assert refusals(conversion) == []
     assert "loss, kl_div, reconst_loss = loss_on_gpus(x)\n" in conversion.converted
     [change] = [c for c in conversion.log.changes if c.code == "ACC402"]
-    assert "batch-first as a short run of the script showed: `x`: dimension 0 is the batch on all 5 calls" in change.description
+    assert (
+        "batch-first as a short run of the script showed: `x`: dimension 0 is the batch on all 5 calls"
+        in change.description
+    )
 
 
 @pytest.mark.parametrize(
@@ -357,19 +471,31 @@ def test_run_showing_the_flattened_input_batch_first_converts() -> None:
         pytest.param((20, 16), "shape [20, 16] in a step of 10 samples", id="batch-merged"),
     ],
 )
-def test_run_that_does_not_show_the_flattened_input_batch_first_keeps_the_refusal(shape, why) -> None:
+def test_run_that_does_not_show_the_flattened_input_batch_first_keeps_the_refusal(
+    shape, why
+) -> None:
     batch = 16 if shape == (16, 16) else 10
-    conversion = converted_with_facts(FIXTURES / "flattened_vae.py", "model(x)", Seen(batch, (shape,), VAE_OUTPUTS, 5))
+    conversion = converted_with_facts(
+        FIXTURES / "flattened_vae.py", "model(x)", Seen(batch, (shape,), VAE_OUTPUTS, 5)
+    )
     [reason] = refusals(conversion)
-    assert "`x` is reshaped with `-1` first" in reason and "; the run does not show it batch-first: " in reason
+    assert (
+        "`x` is reshaped with `-1` first" in reason
+        and "; the run does not show it batch-first: " in reason
+    )
     assert why in reason
 
 
 def test_run_disagreeing_with_the_code_refuses_showing_both() -> None:
     # the code reads `x` from the batch; the run saw `model(x)` get 8 rows in steps of 16
-    conversion = converted_with_facts(FIXTURES / "summed_vae.py", "model(x)", Seen(16, ((8, 16),), VAE_OUTPUTS, 5))
+    conversion = converted_with_facts(
+        FIXTURES / "summed_vae.py", "model(x)", Seen(16, ((8, 16),), VAE_OUTPUTS, 5)
+    )
     [reason] = refusals(conversion)
-    assert "the code takes it as batch-first, but the run shows `model(x)` getting it with shape [8, 16] in a step of 16 samples" in reason
+    assert (
+        "the code takes it as batch-first, but the run shows `model(x)` getting it with shape [8, 16] in a step of 16 samples"
+        in reason
+    )
 
 
 KEPT_OUTPUT = """import torch
@@ -403,7 +529,9 @@ def test_run_showing_a_returned_element_batch_first_gathers_it(tmp_path: Path) -
     script = tmp_path / "kept.py"
     script.write_text(KEPT_OUTPUT)
     static = convert_source(KEPT_OUTPUT, DP)
-    assert any("`features` comes from a model returning several values" in r for r in refusals(static))
+    assert any(
+        "`features` comes from a model returning several values" in r for r in refusals(static)
+    )
     assert needs_facts(static, DP)
     conversion = converted_with_facts(script, "model(x)", Seen(4, ((4, 4),), ((4, 2), (4, 2)), 5))
     assert refusals(conversion) == []

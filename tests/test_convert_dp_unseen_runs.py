@@ -27,7 +27,9 @@ def test_unseen_shape_trains_like_the_original(name: str, tmp_path: Path) -> Non
     fixture = FIXTURES / name
     code = convert_source(fixture.read_text(encoding="utf-8"), DP, str(fixture)).converted
     assert "LossInForward(" in code
-    assert_trains_like_the_original(fixture, split_in_two(code, tmp_path / name), tmp_path, SPLIT_REL)
+    assert_trains_like_the_original(
+        fixture, split_in_two(code, tmp_path / name), tmp_path, SPLIT_REL
+    )
 
 
 def test_distillation_project_trains_like_the_original(tmp_path: Path) -> None:

@@ -52,7 +52,9 @@ def test_a_second_conversion_agrees_once():
 def test_every_process_is_the_condition_itself_in_one_process(distributed):
     """Under plain `python` nothing is all-reduced: the condition comes back as it was."""
     reduced = []
-    dist = SimpleNamespace(ReduceOp=SimpleNamespace(MIN="min"), all_reduce=lambda flag, op: reduced.append(op))
+    dist = SimpleNamespace(
+        ReduceOp=SimpleNamespace(MIN="min"), all_reduce=lambda flag, op: reduced.append(op)
+    )
     namespace = {"DISTRIBUTED": distributed, "torch": pytest.importorskip("torch"), "dist": dist}
     code = convert(FIXTURE.read_text()).converted
     exec(code[code.index("def every_process(") :].split("\n\n\n")[0], namespace)
@@ -72,14 +74,17 @@ def test_every_process_is_the_condition_itself_in_one_process(distributed):
             "    while not done:\n        if memory.size() > 40:\n            learn(q, q_target, memory, optimizer)\n",
         ),
         ("for episode in range(12):\n", "while memory.size() < 90:\n"),
-        ("        state = next_state\n", "        state = next_state\n    if reward < 0:\n        continue\n"),
+        (
+            "        state = next_state\n",
+            "        state = next_state\n    if reward < 0:\n        continue\n",
+        ),
     ],
     ids=["in-the-episode", "while-loop", "continue"],
 )
 def test_a_condition_the_processes_do_not_all_reach_as_often_is_refused(before, after):
     source = FIXTURE.read_text().replace(before, after, 1)
     assert source != FIXTURE.read_text()
-    (skip, *_) = wrong(convert(source).log)
+    skip, *_ = wrong(convert(source).log)
     assert skip.reason.startswith(REFUSED) and "they do not all reach it as often" in skip.reason
 
 
@@ -87,12 +92,14 @@ def test_a_condition_in_a_function_called_once_an_episode_is_agreed():
     """The check in a function of its own, called from the episode loop: every process
     calls it as often."""
     source = FIXTURE.read_text()
-    block = source[source.index("    if memory.size() > 40:\n"):]  # the script's last lines
+    block = source[source.index("    if memory.size() > 40:\n") :]  # the script's last lines
     source = source.replace(block, "    after_episode(episode)\n").replace(
         "torch.manual_seed(0)\n", f"def after_episode(episode):\n{block}\n\ntorch.manual_seed(0)\n"
     )
     conversion = convert(source)
     assert not wrong(conversion.log)
     assert "    if every_process(memory.size() > 40):\n" in conversion.converted
-    refused = convert(source.replace("for episode in range(12):\n", "while memory.size() < 90:\n", 1))
+    refused = convert(
+        source.replace("for episode in range(12):\n", "while memory.size() < 90:\n", 1)
+    )
     assert REFUSED in wrong(refused.log)[0].reason

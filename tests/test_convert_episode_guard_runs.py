@@ -15,8 +15,7 @@ from autoaccel.convert.pipeline import convert_source
 
 pytestmark = pytest.mark.runs
 
-PROBE = textwrap.dedent(
-    """\
+PROBE = textwrap.dedent("""\
     # Run a script and write probe-<RANK>.json: the sums of the parameters after each
     # optimizer step, and the states in the script's replay buffer `memory` at the end.
     import json
@@ -36,17 +35,21 @@ PROBE = textwrap.dedent(
     names = runpy.run_path(script, run_name="__main__")
     with open(f"probe-{os.environ.get('RANK', 0)}.json", "w") as f:
         json.dump({"steps": steps, "buffer": [t[0].tolist() for t in names["memory"].transitions]}, f)
-    """
-)
+    """)
 
 
 def test_ranks_with_their_own_buffers_learn_together(tmp_path):
     name = "ddp/episode_guard.py"
-    conversion = convert_source((FIXTURES_DIR / name).read_text(), ConvertOptions(target="ddp", amp="off"), name)
+    conversion = convert_source(
+        (FIXTURES_DIR / name).read_text(), ConvertOptions(target="ddp", amp="off"), name
+    )
     assert not [s for s in conversion.log.skipped if s.wrong]
     (tmp_path / "episode_guard.py").write_text(conversion.converted)
     (tmp_path / "probe.py").write_text(PROBE)
-    _check(run_ranks(tmp_path / "probe.py", [tmp_path / "episode_guard.py"], tmp_path), "two ranks of episode_guard.py")
+    _check(
+        run_ranks(tmp_path / "probe.py", [tmp_path / "episode_guard.py"], tmp_path),
+        "two ranks of episode_guard.py",
+    )
     rank0, rank1 = (json.loads((tmp_path / f"probe-{rank}.json").read_text()) for rank in (0, 1))
     assert rank0["buffer"] != rank1["buffer"]  # each its own environment and exploration
     assert len(rank0["steps"]) == len(rank1["steps"]) > 0

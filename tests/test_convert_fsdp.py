@@ -92,8 +92,7 @@ def test_shards_after_the_model_is_on_its_device():
 
 
 def test_two_models_share_one_helper():
-    source = textwrap.dedent(
-        """\
+    source = textwrap.dedent("""\
         import torch
         from torch.utils.data import DataLoader
 
@@ -106,8 +105,7 @@ def test_two_models_share_one_helper():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        """
-    )
+        """)
     converted = convert_source(source, FSDP, "train.py").converted
     assert converted.count("def shard_model(") == 1
     assert "shard_model(encoder)" in converted and "shard_model(decoder)" in converted
@@ -138,7 +136,9 @@ def test_moves_an_optimizer_a_method_of_the_model_builds():
         after="",
     )
     main = body_of_main(convert_source(source, FSDP, "train.py"))
-    assert main.index("shard_model(model)") < main.index("optimizer = model.configure_optimizers(0.1)")
+    assert main.index("shard_model(model)") < main.index(
+        "optimizer = model.configure_optimizers(0.1)"
+    )
 
 
 def test_shards_before_an_optimizer_that_only_a_state_load_follows():
@@ -334,7 +334,9 @@ def test_legacy_distributed_scripts_are_migrated_by_ddp_only(name):
     source = (FIXTURES.parent / "legacy_distributed" / name).read_text()
     conversion = convert_source(source, FSDP, name)
     found = refusals(conversion)
-    assert any("already sets up torch.distributed" in r or "does not migrate Horovod" in r for r in found), found
+    assert any(
+        "already sets up torch.distributed" in r or "does not migrate Horovod" in r for r in found
+    ), found
 
 
 def test_sharded_models_are_freed_before_the_process_group():
@@ -463,7 +465,10 @@ def test_a_gathering_under_a_compared_result_goes_where_rank_zero_decides():
     differ and one would wait forever in the gathering. A counter's test is the same
     everywhere: left as it is."""
     conversion = convert_source(DECIDED, FSDP, "train.py")
-    assert "    if first_process_decides(acc > best_acc):\n        best_acc = acc\n" in conversion.converted
+    assert (
+        "    if first_process_decides(acc > best_acc):\n        best_acc = acc\n"
+        in conversion.converted
+    )
     assert "    if epoch % 2 == 0:\n" in conversion.converted
     assert "    dist.broadcast(flag, src=0)\n" in conversion.converted
     assert convert_source(conversion.converted, FSDP, "train.py").converted == conversion.converted

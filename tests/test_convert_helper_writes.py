@@ -40,7 +40,10 @@ def test_ddp_runs_a_helper_that_only_writes_on_rank_zero(tmp_path, capsys):
     folder = copy_project(tmp_path)
     assert command.run_convert(folder / "train.py", DDP, output=tmp_path / "out") == 0
     converted = (tmp_path / "out" / "train.py").read_text()
-    assert "    if RANK == 0:\n        store_run(\"runs/regression\", settings, net, history)\n" in converted
+    assert (
+        '    if RANK == 0:\n        store_run("runs/regression", settings, net, history)\n'
+        in converted
+    )
     assert converted.count("if RANK == 0:\n") == 1
     # the helper's module is not rewritten: its writes stay as they were
     assert (tmp_path / "out" / "records.py").read_text() == (PROJECT / "records.py").read_text()
@@ -53,7 +56,10 @@ def test_ddp_refuses_a_writing_helper_that_waits_for_every_process(tmp_path, cap
     records.write_text(
         records.read_text()
         .replace("import torch\n", "import torch\nimport torch.distributed as dist\n")
-        .replace("    torch.save(", "    if dist.is_initialized():\n        dist.barrier()\n    torch.save(")
+        .replace(
+            "    torch.save(",
+            "    if dist.is_initialized():\n        dist.barrier()\n    torch.save(",
+        )
     )
     assert command.run_convert(folder / "train.py", DDP, output=tmp_path / "out") == 1
     err = capsys.readouterr().err
@@ -78,9 +84,7 @@ def test_fsdp_refuses_a_writing_helper_given_the_sharded_model(tmp_path, capsys)
 
 def test_a_writing_helper_of_a_module_that_trains_returns_early_there(tmp_path):
     """A module the conversion rewrites guards its own writers: the call stays as it is."""
-    (tmp_path / "loop.py").write_text(
-        textwrap.dedent(
-            """\
+    (tmp_path / "loop.py").write_text(textwrap.dedent("""\
             import torch
             from torch.utils.data import DataLoader, TensorDataset
 
@@ -97,14 +101,15 @@ def test_a_writing_helper_of_a_module_that_trains_returns_early_there(tmp_path):
 
             def keep(model):
                 torch.save(model.state_dict(), "model.pt")
-            """
-        )
-    )
+            """))
     (tmp_path / "train.py").write_text(
         "import torch\nfrom loop import fit, keep\n\nmodel = torch.nn.Linear(4, 1)\nfit(model)\nkeep(model)\n"
     )
     assert command.run_convert(tmp_path / "train.py", DDP, output=tmp_path / "out") == 0
-    assert "if RANK != 0:\n        return  # only rank 0 writes\n" in (tmp_path / "out" / "loop.py").read_text()
+    assert (
+        "if RANK != 0:\n        return  # only rank 0 writes\n"
+        in (tmp_path / "out" / "loop.py").read_text()
+    )
     assert "\nkeep(model)\n" in (tmp_path / "out" / "train.py").read_text()
 
 
@@ -167,14 +172,17 @@ def test_a_helper_that_writes_through_another_helper_runs_on_rank_zero(tmp_path)
     records.write_text(
         records.read_text().replace(
             '    torch.save(net.state_dict(), os.path.join(folder, "weights.pt"))\n',
-            '    store_weights(folder, net)\n\n\ndef store_weights(folder, net):\n'
-            '    os.makedirs(folder, exist_ok=True)\n'
+            "    store_weights(folder, net)\n\n\ndef store_weights(folder, net):\n"
+            "    os.makedirs(folder, exist_ok=True)\n"
             '    torch.save(net.state_dict(), os.path.join(folder, "weights.pt"))\n',
         )
     )
     assert command.run_convert(folder / "train.py", DDP, output=tmp_path / "out") == 0
     converted = (tmp_path / "out" / "train.py").read_text()
-    assert "    if RANK == 0:\n        store_run(\"runs/regression\", settings, net, history)\n" in converted
+    assert (
+        '    if RANK == 0:\n        store_run("runs/regression", settings, net, history)\n'
+        in converted
+    )
 
 
 def test_an_epoch_average_over_a_loader_of_another_module_divides_by_its_share(tmp_path):
@@ -188,7 +196,8 @@ def test_an_epoch_average_over_a_loader_of_another_module_divides_by_its_share(t
     )
     script = textwrap.dedent(PASSED_LOADER)
     script = script.replace(
-        "from torch.utils.data import DataLoader, TensorDataset\n", "\nfrom loaders import prepare_data\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n",
+        "\nfrom loaders import prepare_data\n",
     ).replace(
         "    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
         "    trainloader = DataLoader(data, batch_size=8, shuffle=True)\n",

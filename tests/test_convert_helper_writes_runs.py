@@ -21,8 +21,7 @@ from running import DDP_OPTIONS, FIXTURES_DIR, _check, convert, run_autoaccel, r
 pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
-PROBE = textwrap.dedent(
-    """\
+PROBE = textwrap.dedent("""\
     # Run the script given as the first argument; write writes-<RANK>.json: the files
     # it opened for writing or saved with torch.save.
     import builtins
@@ -56,14 +55,15 @@ PROBE = textwrap.dedent(
     finally:
         with real_open(f"writes-{os.environ.get('RANK', 0)}.json", "w") as out:
             json.dump(sorted(set(written)), out)
-    """
-)
+    """)
 
 
 def test_only_rank_zero_writes_what_the_helper_writes(tmp_path):
     shutil.copytree(FIXTURES_DIR / "projects" / "helper_writes", tmp_path / "project")
     out = tmp_path / "out"
-    proc = run_autoaccel("convert", "project/train.py", *DDP_OPTIONS, "-o", out, "--no-verify", cwd=tmp_path)
+    proc = run_autoaccel(
+        "convert", "project/train.py", *DDP_OPTIONS, "-o", out, "--no-verify", cwd=tmp_path
+    )
     _check(proc, "autoaccel convert helper_writes")
     (out / "probe.py").write_text(PROBE)
     _check(run_ranks(out / "probe.py", ["train.py"], out), "torchrun helper_writes")

@@ -38,7 +38,9 @@ def proofs(monkeypatch, tmp_path) -> list[Path]:
 
     def prove(script, write_conversion, request, import_roots, on_status, original):
         asked.append(script)
-        return [Check(DIFFERENT_DATA, True, "no DataLoader indices; the processes' losses differ")], ""
+        return [
+            Check(DIFFERENT_DATA, True, "no DataLoader indices; the processes' losses differ")
+        ], ""
 
     monkeypatch.setattr(command, "verify_ddp", prove)
     return asked
@@ -48,7 +50,9 @@ def test_the_refusal_names_the_check_that_decides_it():
     log = convert_source(SCRIPT, ConvertOptions(target="ddp", amp="off"), "train.py").log
     (skip,) = [s for s in log.skipped if s.wrong]
     assert (skip.line, skip.proof) == (LOOP_LINE, DIFFERENT_DATA) and DECIDED in skip.reason
-    assert refusals(log.skipped, proof_ahead=False) == [skip] and left_to_proof(log.skipped, True) == [skip]
+    assert refusals(log.skipped, proof_ahead=False) == [skip] and left_to_proof(
+        log.skipped, True
+    ) == [skip]
     assert refusals(log.skipped, proof_ahead=True) == []
 
 
@@ -81,8 +85,13 @@ def test_the_proof_writes_it_when_each_process_collects_its_own(cli, tmp_path):
     processes' losses differ, and the result is written, proven."""
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / "sensors.py").write_text("import torch\n\n\ndef read(n):\n    return torch.randn(n, 4)\n")
+    (tmp_path / "lib" / "sensors.py").write_text(
+        "import torch\n\n\ndef read(n):\n    return torch.randn(n, 4)\n"
+    )
     run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "ddp.py")
     assert run.exit_code == 0, run.stderr
-    assert f"Proven by a run on 2 CPU processes:\n  every process finishes\n  {DIFFERENT_DATA}\n" in run.stdout
+    assert (
+        f"Proven by a run on 2 CPU processes:\n  every process finishes\n  {DIFFERENT_DATA}\n"
+        in run.stdout
+    )
     assert (tmp_path / "ddp.py").exists()

@@ -57,7 +57,9 @@ def test_conversion_matches_snapshot(name, runs):
         snapshot.parent.mkdir(exist_ok=True)
         snapshot.write_text(actual, encoding="utf-8", newline="")
         return
-    assert snapshot.is_file(), f"no snapshot {snapshot.name}; create it with AUTOACCEL_UPDATE_SNAPSHOTS=1"
+    assert (
+        snapshot.is_file()
+    ), f"no snapshot {snapshot.name}; create it with AUTOACCEL_UPDATE_SNAPSHOTS=1"
     assert actual == snapshot.read_text(
         encoding="utf-8"
     ), f"{name} differs from {snapshot.name}; if intended, regenerate and review the diff"

@@ -18,7 +18,7 @@ from autoaccel.convert.pipeline import convert_source
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "ddp" / "method_trained_agent.py"
 DDP = ConvertOptions(target="ddp", amp="off")
 FSDP = ConvertOptions(target="fsdp", amp="off")
-WRAPPED = '''\
+WRAPPED = """\
         self.net = ActorCritic()
         # `evaluate()` trains `self.net`: when distributed, a DDP wrapper runs it as its
         # forward(), which averages the gradients in backward()
@@ -31,7 +31,7 @@ WRAPPED = '''\
                 ),
             )
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=0.01)
-'''
+"""
 
 
 def convert(options=DDP, source: str | None = None):
@@ -77,10 +77,14 @@ def test_ddp_logs_the_method_wrapper_and_the_rerouted_call():
 def test_ddp_finds_unused_parameters_when_the_method_leaves_a_layer_out():
     """A layer only `act()` uses gets no gradient from `evaluate()`: DDP would wait for it
     and fail at the next step, unless told."""
-    source = FIXTURE.read_text(encoding="utf-8").replace(
-        "        self.critic = nn.Linear(16, 1)\n",
-        "        self.critic = nn.Linear(16, 1)\n        self.explore = nn.Linear(16, n_actions)\n",
-    ).replace("logits=self.actor(self.body(obs))", "logits=self.explore(self.body(obs))")
+    source = (
+        FIXTURE.read_text(encoding="utf-8")
+        .replace(
+            "        self.critic = nn.Linear(16, 1)\n",
+            "        self.critic = nn.Linear(16, 1)\n        self.explore = nn.Linear(16, n_actions)\n",
+        )
+        .replace("logits=self.actor(self.body(obs))", "logits=self.explore(self.body(obs))")
+    )
     code = convert(source=source).converted
     assert (
         "        # (it leaves out the parameters of `explore`: DDP must not wait for their gradients)\n"
@@ -99,20 +103,26 @@ def test_ddp_routes_only_the_call_that_trains():
     )
     conversion = convert(source=source)
     assert wrong(conversion) == []
-    assert "log_probs, values, entropy = self.ddp_net_evaluate(obs, actions)" in conversion.converted
+    assert (
+        "log_probs, values, entropy = self.ddp_net_evaluate(obs, actions)" in conversion.converted
+    )
     assert "_, baseline, _ = self.net.evaluate(obs, actions)" in conversion.converted
 
 
 def test_ddp_refuses_a_model_trained_through_two_methods_at_the_second():
     """Two DDP wrappers of one model would each average its gradients."""
-    source = FIXTURE.read_text(encoding="utf-8").replace(
-        "            advantages = rewards - values.detach()\n",
-        "            advantages = rewards - values.detach()\n"
-        "            values = self.net.value(obs)\n",
-    ).replace(
-        "    def forward(self):\n",
-        "    def value(self, obs):\n        return self.critic(self.body(obs)).squeeze(-1)\n\n"
-        "    def forward(self):\n",
+    source = (
+        FIXTURE.read_text(encoding="utf-8")
+        .replace(
+            "            advantages = rewards - values.detach()\n",
+            "            advantages = rewards - values.detach()\n"
+            "            values = self.net.value(obs)\n",
+        )
+        .replace(
+            "    def forward(self):\n",
+            "    def value(self, obs):\n        return self.critic(self.body(obs)).squeeze(-1)\n\n"
+            "    def forward(self):\n",
+        )
     )
     conversion = convert(source=source)
     (refusal,) = wrong(conversion)
@@ -144,7 +154,8 @@ def test_fsdp_registers_the_training_method_after_sharding():
 def test_without_an_optimizer_of_the_model_nothing_is_routed(options):
     """A method call of a model no optimizer trains is not a training forward pass."""
     source = FIXTURE.read_text(encoding="utf-8").replace(
-        "torch.optim.Adam(self.net.parameters(), lr=0.01)", "torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=0.01)"
+        "torch.optim.Adam(self.net.parameters(), lr=0.01)",
+        "torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=0.01)",
     )
     code = convert(options, source).converted
     assert "MethodAsForward" not in code and "register_fsdp_forward_method" not in code
@@ -153,7 +164,9 @@ def test_without_an_optimizer_of_the_model_nothing_is_routed(options):
 def test_fsdp_registers_a_method_called_under_another_name_too():
     """`agent.net.act(obs)` at top level computes with the sharded layers: registered
     after the training method (before, only calls under the model's own name counted)."""
-    source = FIXTURE.read_text(encoding="utf-8").replace("agent.old_net.act(obs)", "agent.net.act(obs)")
+    source = FIXTURE.read_text(encoding="utf-8").replace(
+        "agent.old_net.act(obs)", "agent.net.act(obs)"
+    )
     code = convert(FSDP, source).converted
     assert (
         "            # evaluate() and act() gather the parameters too, as forward() does\n"
@@ -162,7 +175,7 @@ def test_fsdp_registers_a_method_called_under_another_name_too():
     ) in code
 
 
-SAMPLES_EVERY_EPOCH = '''\
+SAMPLES_EVERY_EPOCH = """\
 import torch
 import torch.nn as nn
 
@@ -191,7 +204,7 @@ for epoch in range(2):
         loss.backward()
         optimizer.step()
     samples = vae.inference(torch.randn(4, 2))
-'''
+"""
 
 
 def test_a_model_trained_through_forward_keeps_its_other_methods_on_the_bare_model():

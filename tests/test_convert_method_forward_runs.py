@@ -41,7 +41,11 @@ ranks = runs_fixture(start_runs)
 def test_both_ranks_end_with_the_same_trained_parameters(target, ranks):
     first, second = ranks[target].result()
     assert first["param_digest"], "no optimizer's parameters recorded"
-    assert second["param_digest"] == [pytest.approx(d, rel=PARAMETER_TOLERANCE) for d in first["param_digest"]]
-    assert first["param_digest"] != first["first_param_digest"], "the optimizer did not update the model"
+    assert second["param_digest"] == [
+        pytest.approx(d, rel=PARAMETER_TOLERANCE) for d in first["param_digest"]
+    ]
+    assert (
+        first["param_digest"] != first["first_param_digest"]
+    ), "the optimizer did not update the model"
     assert len(first["losses"]) == len(second["losses"]) == 12  # 4 rounds of 3 steps
     assert first["losses"] != second["losses"]  # each rank trains on its own rollouts

@@ -20,8 +20,7 @@ FSDP = ConvertOptions(target="fsdp", amp="off")
 DP = ConvertOptions(target="dp", amp="off")
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
-TRAINS = dedent(
-    """\
+TRAINS = dedent("""\
     import torch
     from torch.utils.data import DataLoader
     {extra}
@@ -34,8 +33,7 @@ TRAINS = dedent(
         loss.backward()
         optimizer.step()
     torch.save(model.state_dict(), "model.pt")
-    """
-)
+    """)
 
 
 def converted(extra: str, options: ConvertOptions = DDP, path: str = "<string>") -> str:
@@ -60,7 +58,11 @@ def binds(code: str, name: str) -> bool:
         ("import torch.distributions as dist", "dist", "torch_dist"),
         ("for dist in range(2):\n    pass", "dist", "torch_dist"),
         ("try:\n    pass\nexcept ValueError as dist:\n    pass", "dist", "torch_dist"),
-        ("import contextlib\nwith contextlib.nullcontext() as dist:\n    pass", "dist", "torch_dist"),
+        (
+            "import contextlib\nwith contextlib.nullcontext() as dist:\n    pass",
+            "dist",
+            "torch_dist",
+        ),
         ("def dist(a, b):\n    return a - b", "dist", "torch_dist"),
         ("warnings = []", "warnings", "warnings2"),
         ("gc = 'garbage'", "gc", "gc2"),
@@ -187,5 +189,7 @@ def test_a_converted_script_with_renames_converts_to_itself():
 )
 def test_each_target_s_steps_import_first_in_a_fresh_process(module):
     """`--to dp` imports inserted_names before the ddp steps that import it: no cycle."""
-    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]

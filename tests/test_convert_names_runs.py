@@ -12,8 +12,7 @@ from running import _check, run_autoaccel, run_ranks
 pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
-TRAINS = dedent(
-    """\
+TRAINS = dedent("""\
     import torch
     from torch.utils.data import DataLoader
     {extra}
@@ -27,15 +26,23 @@ TRAINS = dedent(
         loss.backward()
         optimizer.step()
     {after}
-    """
-)
+    """)
 
 
 def convert_and_run(tmp_path, extra: str, after: str) -> str:
     """Convert the script to ddp and run it on two processes; rank 0's output."""
     (tmp_path / "train.py").write_text(TRAINS.format(extra=extra, after=after))
     conversion = run_autoaccel(
-        "convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--no-verify", cwd=tmp_path
+        "convert",
+        "train.py",
+        "--to",
+        "ddp",
+        "--amp",
+        "off",
+        "-o",
+        "ddp.py",
+        "--no-verify",
+        cwd=tmp_path,
     )
     _check(conversion, "autoaccel convert train.py --to ddp")
     run = run_ranks(tmp_path / "ddp.py", (), tmp_path)
@@ -52,7 +59,9 @@ def test_names_from_a_star_import_keep_their_values(tmp_path):
 def test_the_scripts_own_nowriter_is_left_alone(tmp_path):
     """Rank 1 gets the conversion's `NoWriter()` in place of the run, while the
     script's own `NoWriter` (which takes an argument) stays the script's."""
-    (tmp_path / "wandb.py").write_text("class Run:\n    def log(self, data):\n        pass\n\n\ndef init(**kwargs):\n    return Run()\n")
+    (tmp_path / "wandb.py").write_text(
+        "class Run:\n    def log(self, data):\n        pass\n\n\ndef init(**kwargs):\n    return Run()\n"
+    )
     extra = "import wandb\n\n\nclass NoWriter:\n    def __init__(self, path):\n        self.path = path\n"
     after = "run = wandb.init(project='demo')\nrun.log({'loss': loss.item()})\nprint('mine', NoWriter('p').path)"
     out = convert_and_run(tmp_path, extra, after)
@@ -62,6 +71,8 @@ def test_the_scripts_own_nowriter_is_left_alone(tmp_path):
 
 def test_torch_distributions_as_dist_keeps_working(tmp_path):
     out = convert_and_run(
-        tmp_path, "import torch.distributions as dist", "print('mean', dist.Normal(3.0, 1.0).mean.item())"
+        tmp_path,
+        "import torch.distributions as dist",
+        "print('mean', dist.Normal(3.0, 1.0).mean.item())",
     )
     assert "mean 3.0" in out

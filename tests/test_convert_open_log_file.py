@@ -20,17 +20,24 @@ DDP = ConvertOptions(target="ddp", amp="off")
 def test_the_file_is_opened_on_rank_zero_only():
     conversion = convert_source(FIXTURE.read_text(), DDP, str(FIXTURE))
     assert not [s for s in conversion.log.skipped if s.wrong]
-    assert '    log_f = open("training_log.csv","w+") if RANK == 0 else open(os.devnull, "w+")\n' in conversion.converted
+    assert (
+        '    log_f = open("training_log.csv","w+") if RANK == 0 else open(os.devnull, "w+")\n'
+        in conversion.converted
+    )
     assert '    log_f.write("epoch,loss\\n")\n' in conversion.converted  # the handle's uses stay
-    assert (17, "file opened for writing on rank 0 only: the other processes write to os.devnull") in {
-        (c.line, c.description) for c in conversion.log.changes
-    }
+    assert (
+        17,
+        "file opened for writing on rank 0 only: the other processes write to os.devnull",
+    ) in {(c.line, c.description) for c in conversion.log.changes}
     assert convert_source(conversion.converted, DDP, str(FIXTURE)).converted == conversion.converted
 
 
 @pytest.mark.parametrize(
     "opened, devnull",
-    [('open("training_log.csv")', "open(os.devnull)"), ('open("training_log.csv", mode="a")', 'open(os.devnull, "a")')],
+    [
+        ('open("training_log.csv")', "open(os.devnull)"),
+        ('open("training_log.csv", mode="a")', 'open(os.devnull, "a")'),
+    ],
     ids=["no-mode", "mode-keyword"],
 )
 def test_the_null_file_takes_the_same_mode(opened, devnull):
@@ -45,7 +52,9 @@ def test_one_process_writes_the_log(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(FIXTURE.read_text())
     converted = convert_source(script.read_text(), DDP, str(script)).converted
-    found, log = verify_ddp(script, write_one(script, converted), VerifyRequest([], steps=12), [tmp_path])
+    found, log = verify_ddp(
+        script, write_one(script, converted), VerifyRequest([], steps=12), [tmp_path]
+    )
     assert all(check.passed for check in found), log
     writes = next(check for check in found if check.name == "one process writes each file")
     assert "training_log.csv" in writes.detail or "1 file(s)" in writes.detail, writes.detail

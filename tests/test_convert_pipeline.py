@@ -80,7 +80,7 @@ def test_names_a_step_imports_get_their_rule_fixes_in_the_same_conversion() -> N
     its output would change it again (refused as not idempotent)."""
     for target in ("ddp", "fsdp"):
         result = convert_source(STAR_IMPORTED_TORCH, ConvertOptions(target=target))
-        assert "with torch.autocast(\"cuda\"):" in result.converted
+        assert 'with torch.autocast("cuda"):' in result.converted
         assert [c.code for c in result.log.changes].count("ACC302") == 1
         # the first run of the fixes logged what it left; the second logs no copy of it
         skipped = [(s.what, s.line) for s in result.log.skipped]

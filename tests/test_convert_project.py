@@ -43,7 +43,9 @@ def test_ddp_diff_of_every_file_matches_snapshot(project, capsys):
     assert code == 0
     if UPDATE:
         SNAPSHOT.write_text(out, encoding="utf-8")
-    assert out == SNAPSHOT.read_text(encoding="utf-8"), "regenerate with AUTOACCEL_UPDATE_SNAPSHOTS=1"
+    assert out == SNAPSHOT.read_text(
+        encoding="utf-8"
+    ), "regenerate with AUTOACCEL_UPDATE_SNAPSHOTS=1"
 
 
 def test_preview_names_each_file_with_its_own_lines(project, capsys):
@@ -102,7 +104,10 @@ def test_output_folder_receives_a_copy_that_imports(project, tmp_path, capsys):
     out = tmp_path / "out"
     assert command.run_convert(Path("train.py"), DDP, output=out) == 0
     written = contents(out)
-    assert set(written) == {"train.py", *(f"toygpt/{n}.py" for n in ("__init__", "data", "model", "trainer"))}
+    assert set(written) == {
+        "train.py",
+        *(f"toygpt/{n}.py" for n in ("__init__", "data", "model", "trainer")),
+    }
     assert written["toygpt/model.py"] == (project / "toygpt" / "model.py").read_bytes()
     assert written["toygpt/trainer.py"] != (project / "toygpt" / "trainer.py").read_bytes()
     assert "torchrun --standalone --nproc_per_node=2 train.py" in capsys.readouterr().out
@@ -112,7 +117,10 @@ def test_output_file_is_refused_when_modules_change(project, capsys):
     before = contents(project)
     assert command.run_convert(Path("train.py"), DDP, output=Path("out.py")) == 2
     err = capsys.readouterr().err
-    assert "out.py: error: the conversion changes 3 files (train.py, toygpt/data.py, toygpt/trainer.py)" in err
+    assert (
+        "out.py: error: the conversion changes 3 files (train.py, toygpt/data.py, toygpt/trainer.py)"
+        in err
+    )
     assert not Path("out.py").exists() and contents(project) == before
 
 
@@ -177,7 +185,10 @@ def test_same_folder_module_is_converted_with_the_script(tmp_path, capsys):
     assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 0
     converted = (tmp_path / "trainlib.py").read_text()
     assert "ddp_model = DDP(" in converted and "loader.sampler.set_epoch(epoch)" in converted
-    assert 'if RANK == 0:\n    torch.save(model.state_dict(), "model.pt")' in (tmp_path / "train.py").read_text()
+    assert (
+        'if RANK == 0:\n    torch.save(model.state_dict(), "model.pt")'
+        in (tmp_path / "train.py").read_text()
+    )
 
 
 def test_a_module_that_only_defines_the_model_is_read_not_rewritten(tmp_path, capsys):
@@ -264,12 +275,16 @@ def test_lint_of_each_converted_file_finds_nothing_the_conversion_fixed(project)
     from autoaccel.config import LintSettings
     from autoaccel.lint.runner import Mode, lint_text
 
-    found = project_conversion.find_project(Path("train.py"), project_conversion.read_source(Path("train.py")))
+    found = project_conversion.find_project(
+        Path("train.py"), project_conversion.read_source(Path("train.py"))
+    )
     assert found is not None
     result = project_conversion.convert_project(found, DDP, "train.py")
     for file in result.changed:
         fixed = {c.code for c in file.conversion.log.changes if c.code.startswith("ACC")}
-        linted = lint_text(file.conversion.converted, str(file.file.path), LintSettings(), Mode.CHECK)
+        linted = lint_text(
+            file.conversion.converted, str(file.file.path), LintSettings(), Mode.CHECK
+        )
         assert linted.error is None
         assert not {d.code for d in linted.diagnostics} & fixed, file.file.path
     assert {c.code for f in result.files for c in f.conversion.log.changes} >= {"ACC105", "ACC403"}
@@ -279,7 +294,10 @@ def test_a_seed_set_through_a_helper_of_the_project_is_made_per_rank(tmp_path, c
     """minGPT's `set_seed(config.system.seed)` from `mingpt/utils.py`: every process
     would draw the same numbers; each is re-seeded with its rank before training."""
     helper = "import torch\n\n\ndef set_seed(seed):\n    torch.manual_seed(seed)\n"
-    seeded = SCRIPT.replace("from trainlib import fit\n", "from trainlib import fit\n    from utils import set_seed\n\n    set_seed(0)\n")
+    seeded = SCRIPT.replace(
+        "from trainlib import fit\n",
+        "from trainlib import fit\n    from utils import set_seed\n\n    set_seed(0)\n",
+    )
     write_project(tmp_path, {"trainlib.py": TRAIN_LOOP, "utils.py": helper, "train.py": seeded})
     assert command.run_convert(tmp_path / "train.py", DDP, write=True) == 0
     script = (tmp_path / "train.py").read_text()
@@ -367,8 +385,14 @@ def test_ddp_tutorial_split_over_two_files(tmp_path, capsys):
     trainer, script = (tmp_path / "trainer.py").read_text(), (tmp_path / "train.py").read_text()
     assert "        self.model = model\n        # trained through DDP" in trainer
     assert "output = self.ddp_model(source)" in trainer
-    assert "            if DISTRIBUTED:\n                self.train_data.sampler.set_epoch(epoch)\n" in trainer
-    assert '                if RANK == 0:\n                    torch.save(self.model.state_dict(), "checkpoint.pt")' in trainer
+    assert (
+        "            if DISTRIBUTED:\n                self.train_data.sampler.set_epoch(epoch)\n"
+        in trainer
+    )
+    assert (
+        '                if RANK == 0:\n                    torch.save(self.model.state_dict(), "checkpoint.pt")'
+        in trainer
+    )
     assert "init_process_group" not in trainer and "dist.init_process_group" in script
     assert "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None" in script
     assert "dist.destroy_process_group()" in script
@@ -387,9 +411,15 @@ def test_fsdp_gathers_the_state_of_a_model_sharded_in_another_module(project, tm
     gathers its state there, rank 0 writes it (minGPT's chargpt saved `model.state_dict()`
     on rank 0 alone and gloo aborted)."""
     out = tmp_path / "out"
-    assert command.run_convert(Path("train.py"), ConvertOptions(target="fsdp", amp="off"), output=out) == 0
+    assert (
+        command.run_convert(Path("train.py"), ConvertOptions(target="fsdp", amp="off"), output=out)
+        == 0
+    )
     script = (out / "train.py").read_text()
-    assert "    model_state = full_state_dict(model)\n    if RANK == 0:\n        torch.save(model_state," in script
+    assert (
+        "    model_state = full_state_dict(model)\n    if RANK == 0:\n        torch.save(model_state,"
+        in script
+    )
     assert "shard_model(model)" in (out / "toygpt" / "trainer.py").read_text()
 
 
@@ -404,7 +434,10 @@ def test_fsdp_computes_a_printed_forward_of_a_model_sharded_in_another_module(pr
         )
     )
     out = tmp_path / "out"
-    assert command.run_convert(Path("train.py"), ConvertOptions(target="fsdp", amp="off"), output=out) == 0
+    assert (
+        command.run_convert(Path("train.py"), ConvertOptions(target="fsdp", amp="off"), output=out)
+        == 0
+    )
     converted = (out / "train.py").read_text()
     computed = converted.index("= model(dataset[0][0][None])")
     assert computed < converted.index("if RANK == 0:\n        print(", computed)

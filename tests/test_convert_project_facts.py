@@ -25,7 +25,9 @@ from autoaccel.fileio import read_source
 STEP_MODULE = "step_module/train"
 
 
-def converted(options, with_facts=True, script=FACTS_FIXTURES / "step_module" / "train.py", facts=None):
+def converted(
+    options, with_facts=True, script=FACTS_FIXTURES / "step_module" / "train.py", facts=None
+):
     """The project conversion of `script` (the step_module fixture by default), with the
     fixture's facts (or `facts`) unless `with_facts` is False."""
     project = find_project(script, read_source(script))
@@ -49,11 +51,16 @@ def test_facts_wrap_the_model_passed_to_the_step_of_another_module():
     assert wrong(conversion) == []
     assert changed == ["train.py"]  # mylib.py runs the wrapper as it is
     text = conversion.converted
-    assert "nn.Linear(16, 1))\n# trained through DDP when distributed" in text  # after `model = ...`
+    assert (
+        "nn.Linear(16, 1))\n# trained through DDP when distributed" in text
+    )  # after `model = ...`
     assert "        total += mylib.train_step(ddp_model, opt, x, y)\n" in text
     assert "sampler = DistributedSampler(dataset, shuffle=False) if DISTRIBUTED else None" in text
     assert "    if RANK == 0:\n        torch.save(" in text
-    assert any("the training function receives `ddp_model`" in c.description for c in conversion.log.changes)
+    assert any(
+        "the training function receives `ddp_model`" in c.description
+        for c in conversion.log.changes
+    )
 
 
 def test_facts_shard_the_model_passed_to_the_step_of_another_module():
@@ -87,9 +94,12 @@ def test_a_model_in_a_dict_is_wrapped_by_its_item():
     assert wrong(conversion) == []
     text = conversion.converted
     assert 'models = {"net": Net()}\n# trained through DDP when distributed' in text
-    assert 'ddp_net = models["net"]\nif DISTRIBUTED:\n    ddp_net = DDP(\n        models["net"],' in text
+    assert (
+        'ddp_net = models["net"]\nif DISTRIBUTED:\n    ddp_net = DDP(\n        models["net"],'
+        in text
+    )
     assert "loss = nn.functional.mse_loss(ddp_net(x), y)" in text
-    assert "optimizer = torch.optim.SGD(models[\"net\"].parameters(), lr=0.05)" in text
+    assert 'optimizer = torch.optim.SGD(models["net"].parameters(), lr=0.05)' in text
 
 
 def test_a_model_in_a_dict_is_still_refused_by_fsdp():
@@ -100,7 +110,8 @@ def test_a_model_in_a_dict_is_still_refused_by_fsdp():
 
 
 @pytest.mark.parametrize(
-    "key, wrapper", [("model", "ddp_model"), ("self.net", "self.ddp_net"), ('models["net"]', "ddp_net")]
+    "key, wrapper",
+    [("model", "ddp_model"), ("self.net", "self.ddp_net"), ('models["net"]', "ddp_net")],
 )
 def test_ddp_names(key, wrapper):
     assert ddp_name(key) == wrapper

@@ -30,7 +30,10 @@ def project(tmp_path, monkeypatch) -> Path:
 
 def converted(target: str, tmp_path: Path) -> dict[str, str]:
     out = tmp_path / target
-    assert command.run_convert(Path("train.py"), ConvertOptions(target=target, amp="off"), output=out) == 0
+    assert (
+        command.run_convert(Path("train.py"), ConvertOptions(target=target, amp="off"), output=out)
+        == 0
+    )
     return {name: (out / name).read_text() for name in ("train.py", "loops.py", "data.py")}
 
 
@@ -41,9 +44,15 @@ def test_ddp_wraps_once_where_main_builds_the_model(project, tmp_path):
     files = converted("ddp", tmp_path)
     train = files["train.py"]
     built = train.index("    net = nn.Sequential(")
-    assert built < train.index("    ddp_net = net\n    if DISTRIBUTED:\n        ddp_net = DDP(") < train.index("    optimizer =")
+    assert (
+        built
+        < train.index("    ddp_net = net\n    if DISTRIBUTED:\n        ddp_net = DDP(")
+        < train.index("    optimizer =")
+    )
     assert SET_EPOCH + "        run_epoch(ddp_net, loader, optimizer, epoch)\n" in train
-    assert '{"net": net.state_dict(), "optimizer": optimizer.state_dict()}' in train  # the bare model's keys
+    assert (
+        '{"net": net.state_dict(), "optimizer": optimizer.state_dict()}' in train
+    )  # the bare model's keys
     assert "DDP" not in files["loops.py"] and "set_epoch" not in files["loops.py"]
 
 
@@ -51,9 +60,16 @@ def test_fsdp_shards_once_before_main_builds_the_optimizer(project, tmp_path):
     files = converted("fsdp", tmp_path)
     train = files["train.py"]
     shard = train.index("    if DISTRIBUTED:\n        shard_model(net)\n")
-    assert train.index("    net = nn.Sequential(") < shard < train.index("    optimizer = torch.optim.SGD(")
+    assert (
+        train.index("    net = nn.Sequential(")
+        < shard
+        < train.index("    optimizer = torch.optim.SGD(")
+    )
     assert SET_EPOCH + "        run_epoch(net, loader, optimizer, epoch)\n" in train
-    assert "    net_state = full_state_dict(net)\n    optimizer_state = full_optimizer_state_dict(net, optimizer)\n" in train
+    assert (
+        "    net_state = full_state_dict(net)\n    optimizer_state = full_optimizer_state_dict(net, optimizer)\n"
+        in train
+    )
     assert "shard_model" not in files["loops.py"]
 
 
@@ -65,7 +81,12 @@ def test_converting_the_result_again_changes_nothing(project, tmp_path, capsys):
         for name, text in files.items():
             assert (again / name).read_text() == text
         capsys.readouterr()
-        assert command.run_convert(again / "train.py", ConvertOptions(target=target, amp="off"), check=True) == 0
+        assert (
+            command.run_convert(
+                again / "train.py", ConvertOptions(target=target, amp="off"), check=True
+            )
+            == 0
+        )
 
 
 def test_fsdp_imports_torch_in_a_module_that_shards_without_it(tmp_path, monkeypatch):
@@ -102,7 +123,10 @@ def test_fsdp_imports_torch_in_a_module_that_shards_without_it(tmp_path, monkeyp
         """))
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
-    assert command.run_convert(Path("train.py"), ConvertOptions(target="fsdp", amp="off"), output=out) == 0
+    assert (
+        command.run_convert(Path("train.py"), ConvertOptions(target="fsdp", amp="off"), output=out)
+        == 0
+    )
     files = (out / "trainer.py").read_text()
     assert "        shard_model(self.model)\n" in files
     assert files.startswith("import os\n\nimport torch\nimport torch.nn.functional as F\n")

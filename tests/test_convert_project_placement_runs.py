@@ -22,7 +22,9 @@ SAVED = "epoch_helper_loop.pt"
 @pytest.mark.parametrize("target", ["ddp", "fsdp"])
 def test_epoch_helper_project_trains_on_two_processes(target, tmp_path):
     out = tmp_path / target
-    proc = run_autoaccel("convert", SCRIPT, "--to", target, "--amp", "off", "-o", out, "--no-verify", cwd=tmp_path)
+    proc = run_autoaccel(
+        "convert", SCRIPT, "--to", target, "--amp", "off", "-o", out, "--no-verify", cwd=tmp_path
+    )
     _check(proc, f"autoaccel convert epoch_helper_loop/train.py --to {target} -o DIR")
     ranks = run_torchrun(out / "train.py", (), out)
     assert [r["exit"] for r in ranks] == ["ok", "ok"]

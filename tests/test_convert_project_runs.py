@@ -44,12 +44,16 @@ def last_epoch(losses: list[float]) -> float:
 def converted_project(script: Path, tmp_path: Path) -> Path:
     """`autoaccel convert SCRIPT --to ddp -o DIR`: the folder of the converted project."""
     out = tmp_path / "ddp"
-    proc = run_autoaccel("convert", script, "--to", "ddp", "--amp", "off", "-o", out, "--no-verify", cwd=tmp_path)
+    proc = run_autoaccel(
+        "convert", script, "--to", "ddp", "--amp", "off", "-o", out, "--no-verify", cwd=tmp_path
+    )
     _check(proc, f"autoaccel convert {script.parent.name}/{script.name} --to ddp -o DIR")
     return out
 
 
-def check_two_ranks(script: Path, tmp_path: Path, original: list[float], train_size: int, saved: str) -> None:
+def check_two_ranks(
+    script: Path, tmp_path: Path, original: list[float], train_size: int, saved: str
+) -> None:
     """Two processes: the training set's shards disjoint and complete every epoch, a new
     shuffle each epoch, only rank 0 saving `saved`, the final loss near the original's."""
     (tmp_path / "ranks").mkdir()

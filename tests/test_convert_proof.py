@@ -20,7 +20,10 @@ from autoaccel.convert.verify import Check, VerifyRequest
 from running import run_autoaccel
 
 SCRIPT = Path(__file__).resolve().parent.parent / "fixtures" / "ddp" / "summed_loss.py"
-PASSED = [Check("every process finishes", True, "2 processes, 18 steps each"), Check("loss close", True, "1% apart")]
+PASSED = [
+    Check("every process finishes", True, "2 processes, 18 steps each"),
+    Check("loss close", True, "1% apart"),
+]
 
 
 @pytest.fixture
@@ -38,10 +41,15 @@ def proofs(monkeypatch, tmp_path) -> list[VerifyRequest]:
 
 
 def test_writing_proves_first_and_the_report_lists_the_checks_passed(cli, proofs, tmp_path):
-    run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--", "--epochs", "1")
+    run = cli(
+        "convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--", "--epochs", "1"
+    )
     assert run.exit_code == 0, run.stderr
     assert [request.script_args for request in proofs] == [["--epochs", "1"]]
-    assert "Proven by a run on 2 CPU processes:\n  every process finishes\n  loss close\nRun it:" in run.stdout
+    assert (
+        "Proven by a run on 2 CPU processes:\n  every process finishes\n  loss close\nRun it:"
+        in run.stdout
+    )
     assert (tmp_path / "ddp.py").exists()
 
 
@@ -107,12 +115,18 @@ def test_an_original_that_cannot_run_here_writes_nothing(tmp_path):
     """It stops before its first step (its data argument is missing): exit 1, its error
     line, what to do, and the script as it was."""
     script = tmp_path / "train.py"
-    script.write_text('import sys\nif len(sys.argv) < 2:\n    sys.exit("usage: train.py DATA")\n' + SCRIPT.read_text())
+    script.write_text(
+        'import sys\nif len(sys.argv) < 2:\n    sys.exit("usage: train.py DATA")\n'
+        + SCRIPT.read_text()
+    )
     before = script.read_text()
     proc = run_autoaccel(
         "convert", "train.py", "--to", "ddp", "--amp", "off", "--write", cwd=tmp_path, timeout=300
     )
     assert proc.returncode == 1, proc.stderr
-    assert "train.py: error: the original script fails here (SystemExit('usage: train.py DATA'))" in proc.stderr
+    assert (
+        "train.py: error: the original script fails here (SystemExit('usage: train.py DATA'))"
+        in proc.stderr
+    )
     assert "after `--`" in proc.stderr and "--no-verify" in proc.stderr
     assert script.read_text() == before

@@ -65,19 +65,26 @@ def _record(rank: int, exit: str) -> dict:
 
 def _finished(log: str, *ranks: dict) -> str:
     """The detail of the failed `every process finishes` check."""
-    (check,) = checks(ORIGINAL, Run({"losses": [], "exit": ranks[0]["exit"] if ranks else "ok"}, 1, log, list(ranks)))
+    (check,) = checks(
+        ORIGINAL,
+        Run({"losses": [], "exit": ranks[0]["exit"] if ranks else "ok"}, 1, log, list(ranks)),
+    )
     assert check.name == "every process finishes" and not check.passed
     return check.detail
 
 
 @pytest.mark.parametrize(
-    "log", [RANK_0 + RANK_1 + TORCHRUN, RANK_1 + RANK_0 + TORCHRUN], ids=["root-first", "consequence-first"]
+    "log",
+    [RANK_0 + RANK_1 + TORCHRUN, RANK_1 + RANK_0 + TORCHRUN],
+    ids=["root-first", "consequence-first"],
 )
 def test_a_crash_names_the_process_that_failed_first_and_its_line(log):
     """Before: rank 1's record came first when rank 0's was lost, and the output's tail
     was rank 1's "Connection reset by peer" and torchrun's summary."""
     detail = _finished(log, _record(0, ASSERTION), _record(1, RESET))
-    assert detail == "/home/me/project/loops.py:12: AssertionError: unexpected batch of 4 (process 0)"
+    assert (
+        detail == "/home/me/project/loops.py:12: AssertionError: unexpected batch of 4 (process 0)"
+    )
 
 
 def test_a_process_killed_before_its_record_is_named_from_its_traceback():
@@ -147,14 +154,22 @@ def test_a_graph_traced_from_the_sharded_model_on_rank_zero_is_refused_at_its_li
     failed with no line named."""
     conversion = convert(GRAPH)
     (skip,) = refusals(conversion)
-    assert skip.line == conversion.original.splitlines().index("    writer.add_graph(model, torch.randn(1, 4))") + 1
-    assert skip.reason.startswith("`writer.add_graph(model, ...)` runs the sharded model on rank 0 only")
+    assert (
+        skip.line
+        == conversion.original.splitlines().index("    writer.add_graph(model, torch.randn(1, 4))")
+        + 1
+    )
+    assert skip.reason.startswith(
+        "`writer.add_graph(model, ...)` runs the sharded model on rank 0 only"
+    )
     assert "run it before the model is sharded" in skip.reason
 
 
 def test_a_traced_export_under_a_rank_test_is_refused():
     after = 'if torch.distributed.get_rank() == 0:\n    torch.onnx.export(model, torch.randn(1, 4), "m.onnx")\n'
-    found = refusals(convert("model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n", after))
+    found = refusals(
+        convert("model = Net()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n", after)
+    )
     assert [item.reason.split(" runs ")[0] for item in found] == ["`torch.onnx.export(model, ...)`"]
 
 
@@ -165,8 +180,7 @@ def test_a_graph_of_another_model_or_under_ddp_is_kept():
 
 
 def test_the_global_batch_size_in_the_step_points_at_per_process_batch():
-    source = textwrap.dedent(
-        """\
+    source = textwrap.dedent("""\
         import torch
         from torch.utils.data import DataLoader
 
@@ -180,10 +194,14 @@ def test_the_global_batch_size_in_the_step_points_at_per_process_batch():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        """
-    )
+        """)
     (skip,) = refusals(convert_source(source, ConvertOptions(target="ddp", amp="off"), "train.py"))
     assert skip.line == 9
-    assert "convert with `--per-process-batch` (each process then loads `batch_size` samples" in skip.reason
-    kept = convert_source(source, ConvertOptions(target="ddp", amp="off", per_process_batch=True), "train.py")
+    assert (
+        "convert with `--per-process-batch` (each process then loads `batch_size` samples"
+        in skip.reason
+    )
+    kept = convert_source(
+        source, ConvertOptions(target="ddp", amp="off", per_process_batch=True), "train.py"
+    )
     assert not refusals(kept)

@@ -13,8 +13,7 @@ from autoaccel.convert.verify import VerifyRequest, verify_ddp, write_one
 
 pytestmark = pytest.mark.runs
 
-ORIGINAL = textwrap.dedent(
-    """\
+ORIGINAL = textwrap.dedent("""\
     import torch
 
     model = torch.nn.Linear(4, 1)
@@ -26,20 +25,29 @@ ORIGINAL = textwrap.dedent(
         assert len(x) == 8, "a batch of 8"
         loss.backward()
         optimizer.step()
-    """
+    """)
+BROKEN = (
+    ORIGINAL.replace(
+        "import torch\n",
+        "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\nRANK = dist.get_rank()\n",
+    )
+    .replace(
+        "model = torch.nn.Linear(4, 1)\n",
+        "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n",
+    )
+    .replace("batch_size=8", "batch_size=4")
+    .replace("        assert", "        if RANK == 0:\n            assert")
 )
-BROKEN = ORIGINAL.replace(
-    "import torch\n",
-    "import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\nRANK = dist.get_rank()\n",
-).replace(
-    "model = torch.nn.Linear(4, 1)\n", "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
-).replace("batch_size=8", "batch_size=4").replace("        assert", "        if RANK == 0:\n            assert")
 
 
 def test_the_failing_process_is_named_at_the_users_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text(ORIGINAL)
-    found, log = verify_ddp(tmp_path / "train.py", write_one(tmp_path / "train.py", BROKEN), VerifyRequest([], 4), [])
+    found, log = verify_ddp(
+        tmp_path / "train.py", write_one(tmp_path / "train.py", BROKEN), VerifyRequest([], 4), []
+    )
     (finished,) = found
     assert finished.detail == "train.py:9: AssertionError: a batch of 8 (process 0)"
-    assert log.rstrip().endswith("AssertionError: a batch of 8"), log  # the output up to the failure
+    assert log.rstrip().endswith(
+        "AssertionError: a batch of 8"
+    ), log  # the output up to the failure

@@ -8,8 +8,7 @@ import pytest
 
 from test_convert_names import TRAINS
 
-NO_LOADER = dedent(
-    """\
+NO_LOADER = dedent("""\
     import torch
 
     model = torch.nn.Linear(4, 2)
@@ -20,22 +19,26 @@ NO_LOADER = dedent(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    """
-)
+    """)
 
 
 def test_unsharded_training_data_is_refused_and_nothing_written(cli, tmp_path):
     (tmp_path / "train.py").write_text(NO_LOADER)
     run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
     assert run.exit_code == 1
-    assert "train.py:6:1: error: DistributedSampler not applied: this training loop does not read" in run.stderr
+    assert (
+        "train.py:6:1: error: DistributedSampler not applied: this training loop does not read"
+        in run.stderr
+    )
     assert "--to ddp refused" in run.stderr and "--allow-partial" in run.stderr
     assert not (tmp_path / "ddp.py").exists()
 
 
 def test_allow_partial_writes_with_warnings(cli, tmp_path):
     (tmp_path / "train.py").write_text(NO_LOADER)
-    run = cli("convert", "train.py", "--to", "ddp", "--allow-partial", "-o", "ddp.py", "--no-verify")
+    run = cli(
+        "convert", "train.py", "--to", "ddp", "--allow-partial", "-o", "ddp.py", "--no-verify"
+    )
     assert run.exit_code == 0, run.stderr
     assert "train.py:6:1: warning: DistributedSampler not applied" in run.stderr
     assert "DISTRIBUTED" in (tmp_path / "ddp.py").read_text()
@@ -54,9 +57,7 @@ def test_training_loop_in_a_local_module_is_named_with_its_line(cli, tmp_path):
     a sampler: refused with that file's line, and no file written."""
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "__init__.py").write_text("")
-    (tmp_path / "lib" / "trainer.py").write_text(
-        dedent(
-            """\
+    (tmp_path / "lib" / "trainer.py").write_text(dedent("""\
             from torch.utils.data import DataLoader
 
 
@@ -70,12 +71,8 @@ def test_training_loop_in_a_local_module_is_named_with_its_line(cli, tmp_path):
                         self.optimizer.zero_grad()
                         loss.backward()
                         self.optimizer.step()
-            """
-        )
-    )
-    (tmp_path / "train.py").write_text(
-        dedent(
-            """\
+            """))
+    (tmp_path / "train.py").write_text(dedent("""\
             import torch
             from lib.trainer import Trainer
 
@@ -83,16 +80,12 @@ def test_training_loop_in_a_local_module_is_named_with_its_line(cli, tmp_path):
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             dataset = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
             Trainer(model, optimizer, dataset).run()
-            """
-        )
-    )
+            """))
     run = cli("convert", "train.py", "--to", "ddp", "--write")
     assert run.exit_code == 1
     assert "lib/trainer.py:9:1: error: DistributedSampler not applied" in run.stderr
     assert "import os" not in (tmp_path / "train.py").read_text()
     assert "import os" not in (tmp_path / "lib" / "trainer.py").read_text()
-
-
 
 
 @pytest.mark.parametrize(
@@ -123,8 +116,7 @@ def test_the_sampler_gets_a_name_the_script_does_not_use(cli, tmp_path):
     assert "sampler = 'mine'" in code and "sampler=sampler2" in code
 
 
-STREAM = dedent(
-    """\
+STREAM = dedent("""\
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
@@ -142,8 +134,7 @@ STREAM = dedent(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    """
-)
+    """)
 
 
 def test_a_stream_gets_no_workers_and_no_sampler(cli, tmp_path):
@@ -157,7 +148,10 @@ def test_a_stream_gets_no_workers_and_no_sampler(cli, tmp_path):
     # --to ddp splits it by process and by worker instead (tests/test_convert_tensor_data.py)
     ddp = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py", "--no-verify")
     assert ddp.exit_code == 0, ddp.stderr
-    assert "DataLoader(ShardedStream(Stream()), batch_size=per_process_batch_size(4))" in (tmp_path / "ddp.py").read_text()
+    assert (
+        "DataLoader(ShardedStream(Stream()), batch_size=per_process_batch_size(4))"
+        in (tmp_path / "ddp.py").read_text()
+    )
 
 
 def test_check_fails_a_refused_conversion(cli, tmp_path):
@@ -176,8 +170,7 @@ def test_check_fails_a_refused_conversion(cli, tmp_path):
     ids=["sum-and-mean", "batch-size-in-the-loss"],
 )
 def test_what_ddp_cannot_fix_is_refused_with_its_line(cli, tmp_path, step, line, what):
-    script = dedent(
-        """\
+    script = dedent("""\
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
@@ -191,8 +184,7 @@ def test_what_ddp_cannot_fix_is_refused_with_its_line(cli, tmp_path, step, line,
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        """
-    ).replace("    STEP\n", step)
+        """).replace("    STEP\n", step)
     (tmp_path / "train.py").write_text(script)
     run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
     assert run.exit_code == 1

@@ -39,16 +39,21 @@ def test_rounds_of_new_rollouts_are_not_full_batch_training(options):
     conversion = convert_fixture("ddp/rollout_rounds.py", options)
     assert not wrong(conversion.log)
     (note,) = [s for s in conversion.log.skipped if s.what == "DistributedSampler"]
-    assert note.line == 26 and "each process draws its own from its own random stream" in note.reason
+    assert (
+        note.line == 26 and "each process draws its own from its own random stream" in note.reason
+    )
     assert "torch.manual_seed(torch.initial_seed() + RANK)" in conversion.converted
 
 
 def test_rounds_whose_draws_are_not_seen_are_refused_saying_what_decides():
     """States from an environment the analysis cannot read: whether each process collects
     its own rollouts depends on how it is seeded. Before, "full-batch training"."""
-    source = (FIXTURES / "ddp/rollout_rounds.py").read_text().replace(
-        "import torch\n", "import torch\nimport sensors\n", 1
-    ).replace("    states = torch.randn(32, 4)\n", "    states = sensors.read(32)\n")
+    source = (
+        (FIXTURES / "ddp/rollout_rounds.py")
+        .read_text()
+        .replace("import torch\n", "import torch\nimport sensors\n", 1)
+        .replace("    states = torch.randn(32, 4)\n", "    states = sensors.read(32)\n")
+    )
     conversion = convert_source(source, DDP, "train.py")
     (skip,) = wrong(conversion.log)
     assert skip.line == 27  # `for _ in range(3):` of `Agent.update()`
@@ -67,11 +72,15 @@ def test_the_proof_fails_processes_that_collect_the_same_rollouts(tmp_path):
     collect the same rollouts: that check fails, and only that one."""
     seeded = "for round in range(6):\n    torch.manual_seed(round)\n"
     script = tmp_path / "rollout_rounds.py"
-    script.write_text((FIXTURES / "ddp/rollout_rounds.py").read_text().replace("for round in range(6):\n", seeded))
+    script.write_text(
+        (FIXTURES / "ddp/rollout_rounds.py").read_text().replace("for round in range(6):\n", seeded)
+    )
     converted = convert_fixture("ddp/rollout_rounds.py").converted
     assert converted.count("for round in range(6):\n") == 1
     converted = converted.replace("for round in range(6):\n", seeded)
-    found, _ = verify_ddp(script, write_one(script, converted), VerifyRequest([], steps=6), [tmp_path])
+    found, _ = verify_ddp(
+        script, write_one(script, converted), VerifyRequest([], steps=6), [tmp_path]
+    )
     failed = {check.name: check.detail for check in found if not check.passed}
     assert failed == {
         "processes train on different data": "every process computed the same losses: they train on the same data"

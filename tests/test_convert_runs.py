@@ -104,7 +104,7 @@ loss_runs = runs_fixture(start_runs)
 
 
 def final_loss(losses: list[float], case: Case) -> float:
-    last = losses[-case.steps_per_epoch:]
+    last = losses[-case.steps_per_epoch :]
     return sum(last) / len(last)
 
 
@@ -128,7 +128,9 @@ def test_default_conversion_on_cpu_matches_original_exactly(name, loss_runs):
         assert b == a, f"step {step}: original {a}, converted {b}"
     if case.rng_shifts:
         gap = rel_gap(final_loss(orig, case), final_loss(cpu, case))
-        assert gap <= case.off_tol, f"final loss differs by {gap:.2%} (tolerance {case.off_tol:.0%})"
+        assert (
+            gap <= case.off_tol
+        ), f"final loss differs by {gap:.2%} (tolerance {case.off_tol:.0%})"
 
 
 @pytest.mark.runs

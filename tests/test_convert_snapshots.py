@@ -45,7 +45,9 @@ def _convert(shared: SessionRuns, name: str, variant: str) -> Path:
 def start_runs(shared: SessionRuns, tests: list) -> dict[tuple[str, str], Future]:
     """(fixture, variant) -> future of the converted file, for the selected tests, in the
     background (see running.py); those the run tests made already are done."""
-    pairs = {(t.callspec.params["name"], t.callspec.params.get("variant", "default")) for t in tests}
+    pairs = {
+        (t.callspec.params["name"], t.callspec.params.get("variant", "default")) for t in tests
+    }
     return {pair: shared.start(_convert, *pair) for pair in sorted(pairs)}
 
 
@@ -62,9 +64,9 @@ def test_convert_matches_snapshot(name, variant, converted):
         snapshot.write_text(actual, encoding="utf-8", newline="")
         print(f"wrote snapshot {snapshot}")
         return
-    assert snapshot.is_file(), (
-        f"no snapshot {snapshot.name}; create it with AUTOACCEL_UPDATE_SNAPSHOTS=1"
-    )
+    assert (
+        snapshot.is_file()
+    ), f"no snapshot {snapshot.name}; create it with AUTOACCEL_UPDATE_SNAPSHOTS=1"
     expected = snapshot.read_text(encoding="utf-8")
     assert actual == expected, (
         f"{name} ({variant}) differs from {snapshot.name}; if the change is intended, "

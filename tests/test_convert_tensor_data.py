@@ -69,11 +69,13 @@ def test_word_language_model_converts_and_keeps_its_evaluation_whole():
 def test_fsdp_splits_the_columns_too():
     conversion = convert_fixture("ddp/batchify_lm.py", FSDP)
     assert not wrong(conversion.log)
-    assert "train_data = train_data.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()" in conversion.converted
+    assert (
+        "train_data = train_data.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()"
+        in conversion.converted
+    )
 
 
-COLUMNS = dedent(
-    """\
+COLUMNS = dedent("""\
     import torch
 
     def batchify(data, bsz):
@@ -89,15 +91,16 @@ COLUMNS = dedent(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    """
-)
+    """)
 
 
 def test_batchify_without_transpose_is_recognised():
     """`view(-1, bsz)`: the streams are the columns as well."""
     conversion = convert(COLUMNS)
     assert not wrong(conversion.log)
-    assert "    stream = stream.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()\n" in conversion.converted
+    assert (
+        "    stream = stream.chunk(WORLD_SIZE, dim=1)[RANK].contiguous()\n" in conversion.converted
+    )
 
 
 def test_batchify_into_rows_is_not_taken_for_columns():
@@ -108,7 +111,11 @@ def test_batchify_into_rows_is_not_taken_for_columns():
 
 
 def test_batchify_with_a_literal_batch_is_refused_with_its_line():
-    conversion = convert(COLUMNS.replace("batchify(torch.arange(400) % 50, bsz)", "batchify(torch.arange(400) % 50, 4)"))
+    conversion = convert(
+        COLUMNS.replace(
+            "batchify(torch.arange(400) % 50, bsz)", "batchify(torch.arange(400) % 50, 4)"
+        )
+    )
     (skip,) = wrong(conversion.log)
     assert skip.line == 7 and "`4` is not a variable" in skip.reason
 
@@ -118,7 +125,9 @@ def test_randint_offsets_are_drawn_per_process_with_a_share_of_the_batch():
     conversion = convert_fixture("ddp/randint_lm.py")
     assert not wrong(conversion.log)
     code = conversion.converted
-    assert "ix = torch.randint(len(data) - block_size, (per_process_batch_size(batch_size),))" in code
+    assert (
+        "ix = torch.randint(len(data) - block_size, (per_process_batch_size(batch_size),))" in code
+    )
     assert "    torch.manual_seed(torch.initial_seed() + RANK)\n" in code  # seed_each_rank
     (change,) = [c for c in conversion.log.changes if "offsets" in c.description]
     assert change.line == 25 and "global batch // WORLD_SIZE" in change.description
@@ -133,8 +142,13 @@ def test_randint_offsets_keep_the_batch_with_per_process_batch():
 
 def test_randint_offsets_of_processes_seeded_alike_are_refused():
     """A seed that every process sets again inside the loop beats the rank re-seed."""
-    source = (FIXTURES / "ddp/randint_lm.py").read_text().replace(
-        "    xb, yb = get_batch(\"train\")\n", "    torch.manual_seed(it)\n    xb, yb = get_batch(\"train\")\n"
+    source = (
+        (FIXTURES / "ddp/randint_lm.py")
+        .read_text()
+        .replace(
+            '    xb, yb = get_batch("train")\n',
+            '    torch.manual_seed(it)\n    xb, yb = get_batch("train")\n',
+        )
     )
     conversion = convert(source)
     (skip,) = wrong(conversion.log)
@@ -159,10 +173,14 @@ def test_iterable_dataset_is_read_through_a_sharded_stream():
 
 
 def test_iterable_dataset_that_splits_itself_is_left_alone():
-    source = (FIXTURES / "ddp/iterable_stream.py").read_text().replace(
-        "        gen = torch.Generator().manual_seed(self.seed)\n",
-        "        gen = torch.Generator().manual_seed(self.seed)\n"
-        "        info = torch.utils.data.get_worker_info()\n",
+    source = (
+        (FIXTURES / "ddp/iterable_stream.py")
+        .read_text()
+        .replace(
+            "        gen = torch.Generator().manual_seed(self.seed)\n",
+            "        gen = torch.Generator().manual_seed(self.seed)\n"
+            "        info = torch.utils.data.get_worker_info()\n",
+        )
     )
     conversion = convert(source)
     assert "ShardedStream" not in conversion.converted
@@ -206,9 +224,16 @@ def test_a_training_loop_nothing_calls_is_left_alone(options):
     assert not wrong(conversion.log)
     (note,) = [s for s in conversion.log.skipped if s.what == "DistributedSampler"]
     assert note.line == 14 and not note.wrong
-    assert note.reason == "this training loop is in `train_plain()`, which nothing in the program calls: left as it is"
+    assert (
+        note.reason
+        == "this training loop is in `train_plain()`, which nothing in the program calls: left as it is"
+    )
     code = conversion.converted
-    plain = (FIXTURES / "ddp/unused_train_function.py").read_text().split("\n\n\ndef train_with_teacher")[0]
+    plain = (
+        (FIXTURES / "ddp/unused_train_function.py")
+        .read_text()
+        .split("\n\n\ndef train_with_teacher")[0]
+    )
     assert plain.split("def train_plain")[1] in code
     assert "sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None\n" in code
 
@@ -222,13 +247,17 @@ def test_batches_drawn_with_pythons_random_need_no_sampler(name):
     conversion = convert_fixture(name)
     assert not wrong(conversion.log)
     (note,) = [s for s in conversion.log.skipped if s.what == "DistributedSampler"]
-    assert "from Python's or NumPy's generator, unseeded, so each process draws its own" in note.reason
+    assert (
+        "from Python's or NumPy's generator, unseeded, so each process draws its own" in note.reason
+    )
     assert "DDP(" in conversion.converted
 
 
 def test_pythons_random_seeded_alike_is_refused_at_the_seed():
-    source = (FIXTURES / "ddp/replay_buffer.py").read_text().replace(
-        "    torch.manual_seed(0)\n", "    torch.manual_seed(0)\n    random.seed(0)\n"
+    source = (
+        (FIXTURES / "ddp/replay_buffer.py")
+        .read_text()
+        .replace("    torch.manual_seed(0)\n", "    torch.manual_seed(0)\n    random.seed(0)\n")
     )
     (skip,) = wrong(convert(source).log)
     assert skip.line == 49
@@ -236,8 +265,12 @@ def test_pythons_random_seeded_alike_is_refused_at_the_seed():
 
 
 def test_seeded_per_rank_draws_are_not_refused():
-    per_rank = "torch.manual_seed(0)\nrank = int(os.environ.get('RANK', 0))\nrandom.seed(1000 + rank)\n"
-    source = (FIXTURES / "ddp/random_chunks.py").read_text().replace("torch.manual_seed(0)\n", per_rank)
+    per_rank = (
+        "torch.manual_seed(0)\nrank = int(os.environ.get('RANK', 0))\nrandom.seed(1000 + rank)\n"
+    )
+    source = (
+        (FIXTURES / "ddp/random_chunks.py").read_text().replace("torch.manual_seed(0)\n", per_rank)
+    )
     source = source.replace("import random\n", "import os\nimport random\n")
     assert not wrong(convert(source).log)
 
@@ -245,7 +278,11 @@ def test_seeded_per_rank_draws_are_not_refused():
 def test_batches_made_by_draws_it_cannot_follow_are_refused_at_the_maker():
     """`random` from a star import (char-rnn's `from helpers import *`): the draws are not
     seen, but the batches come from `random_batch()`, never full-batch training."""
-    source = (FIXTURES / "ddp/random_chunks.py").read_text().replace("import random\n", "from textutil import *\n")
+    source = (
+        (FIXTURES / "ddp/random_chunks.py")
+        .read_text()
+        .replace("import random\n", "from textutil import *\n")
+    )
     (skip,) = wrong(convert(source).log)
     assert skip.line == 42  # `inputs, targets = random_batch(16, 8)`
     assert skip.reason.startswith(
@@ -258,9 +295,12 @@ def test_steps_under_a_condition_on_each_process_s_own_data_are_refused_at_the_c
     """DQN learns once the buffer holds enough transitions, in episodes that run until the
     buffer is full: the processes would learn at different episodes, and DDP would hang (in a
     `range()` loop they agree on it: tests/test_convert_episode_guard.py)."""
-    source = (FIXTURES / "ddp/replay_buffer.py").read_text().replace(
-        "        if episode >= 2:\n", "        if len(memory) >= 36:\n"
-    ).replace("    for episode in range(8):\n", "    while len(memory) < 96:\n")
+    source = (
+        (FIXTURES / "ddp/replay_buffer.py")
+        .read_text()
+        .replace("        if episode >= 2:\n", "        if len(memory) >= 36:\n")
+        .replace("    for episode in range(8):\n", "    while len(memory) < 96:\n")
+    )
     (skip,) = wrong(convert(source).log)
     assert skip.line == 62
     assert skip.reason.startswith(
@@ -278,7 +318,9 @@ def test_a_second_conversion_changes_nothing(name):
     assert convert(first, DDP, str(FIXTURES / name)).converted == first
 
 
-@pytest.mark.parametrize("name", ["ddp/batchify_lm.py", "ddp/randint_lm.py", "ddp/iterable_stream.py"])
+@pytest.mark.parametrize(
+    "name", ["ddp/batchify_lm.py", "ddp/randint_lm.py", "ddp/iterable_stream.py"]
+)
 def test_lines_of_the_original_stay_byte_identical(name):
     """Only the lines the steps rewrite change: every other line of the original (comments,
     quotes, blank lines) is in the result as it was, in order."""

@@ -16,8 +16,7 @@ from autoaccel.convert.pipeline import convert_source
 
 pytestmark = pytest.mark.runs
 
-PROBE = textwrap.dedent(
-    """\
+PROBE = textwrap.dedent("""\
     # Run a script and write probe-<RANK>.json: the token ids every training forward of an
     # Embedding read, the offsets every unseeded torch.randint drew, the samples every
     # DataLoader yielded, what Python's random.sample and random.randrange drew, and the
@@ -81,8 +80,7 @@ PROBE = textwrap.dedent(
     runpy.run_path(script, run_name="__main__")
     with open(f"probe-{os.environ.get('RANK', 0)}.json", "w") as f:
         json.dump(seen, f)
-    """
-)
+    """)
 
 
 def _converted(name: str, folder: Path, target: str = "ddp") -> Path:
@@ -131,7 +129,9 @@ def test_iterable_stream_ranks_and_workers_read_disjoint_shares_of_all(tmp_path)
     """Two ranks with two DataLoader workers each: every sample once per epoch, on one
     rank (a worker replaying the stream would read samples twice)."""
     (tmp_path / "one").mkdir()
-    everything = {tuple(s) for s in _original("ddp/iterable_stream.py", (), tmp_path / "one")["samples"]}
+    everything = {
+        tuple(s) for s in _original("ddp/iterable_stream.py", (), tmp_path / "one")["samples"]
+    }
     assert len(everything) == 96
     rank0, rank1 = (
         [tuple(s) for s in probe["samples"]]

@@ -19,7 +19,15 @@ import pytest
 
 from autoaccel.bench.runner import Run
 from autoaccel.convert.verify import Check, checks
-from running import DDP_OPTIONS, SessionRuns, run_autoaccel, run_ranks, run_script, runs_fixture, selected
+from running import (
+    DDP_OPTIONS,
+    SessionRuns,
+    run_autoaccel,
+    run_ranks,
+    run_script,
+    runs_fixture,
+    selected,
+)
 
 DDP_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ddp"
 
@@ -39,7 +47,10 @@ def _rank(rank: int, **fields) -> dict:
 
 
 def _run(*ranks: dict) -> Run:
-    merged = {**ranks[0], "losses": [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(4)]}
+    merged = {
+        **ranks[0],
+        "losses": [sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(4)],
+    }
     return Run(merged, 0, "", list(ranks))
 
 
@@ -96,20 +107,30 @@ def test_a_broken_property_fails_its_check(rank1, check, reason):
 def test_files_that_differ_in_their_numbers_only_are_one_file():
     """TensorBoard names its event files by process id and time: two processes writing
     `runs/events.<pid>` write one log twice."""
-    found = checks(ORIGINAL, _run(_rank(0, writes=["runs/events.41"]), _rank(1, writes=["runs/events.42"])))
-    assert _failed(found) == {"one process writes each file": "2 processes wrote runs/events.41 and runs/events.42"}
+    found = checks(
+        ORIGINAL, _run(_rank(0, writes=["runs/events.41"]), _rank(1, writes=["runs/events.42"]))
+    )
+    assert _failed(found) == {
+        "one process writes each file": "2 processes wrote runs/events.41 and runs/events.42"
+    }
 
 
 def _passes(*orders: list[int]) -> list:
     """Steps of two samples, pass by pass, in the given orders."""
-    return [[number, order[i:i + 2]] for number, order in enumerate(orders, 1) for i in range(0, len(order), 2)]
+    return [
+        [number, order[i : i + 2]]
+        for number, order in enumerate(orders, 1)
+        for i in range(0, len(order), 2)
+    ]
 
 
 def test_a_process_that_reads_the_same_order_every_epoch_fails_where_the_original_reshuffles():
     """A DistributedSampler never told `set_epoch` (the loader made in one module, the
     epochs counted in another): each process repeats its first epoch's order."""
     original = Run({**ORIGINAL.record, "sample_ids": _passes([3, 0, 2, 1], [1, 2, 0, 3])}, 0, "")
-    stale = _run(_rank(0, sample_ids=_passes([4, 0], [4, 0])), _rank(1, sample_ids=_passes([1, 5], [1, 5])))
+    stale = _run(
+        _rank(0, sample_ids=_passes([4, 0], [4, 0])), _rank(1, sample_ids=_passes([1, 5], [1, 5]))
+    )
     failed = _failed(checks(original, stale))["processes train on different data"]
     assert failed.startswith("process 0 trains on its samples in the same order in every epoch")
     unshuffled = Run({**ORIGINAL.record, "sample_ids": _passes([0, 1, 2, 3], [0, 1, 2, 3])}, 0, "")
@@ -118,8 +139,14 @@ def test_a_process_that_reads_the_same_order_every_epoch_fails_where_the_origina
 
 def test_a_file_two_processes_write_is_named_with_the_line_that_wrote_it():
     sites = {"write_sites": {"out/metrics.json": "utils_io.py:12"}}
-    found = checks(ORIGINAL, _run(_rank(0, writes=["out/metrics.json"], **sites), _rank(1, writes=["out/metrics.json"])))
-    assert _failed(found)["one process writes each file"] == "2 processes wrote out/metrics.json (written at utils_io.py:12)"
+    found = checks(
+        ORIGINAL,
+        _run(_rank(0, writes=["out/metrics.json"], **sites), _rank(1, writes=["out/metrics.json"])),
+    )
+    assert (
+        _failed(found)["one process writes each file"]
+        == "2 processes wrote out/metrics.json (written at utils_io.py:12)"
+    )
 
 
 def test_a_model_that_never_changes_fails_where_the_original_records_none():
@@ -145,11 +172,19 @@ def _printing(*lines: str) -> Run:
     ids=["halved", "halved-once", "noise", "unlabelled"],
 )
 def test_a_printed_average_off_by_the_processes_fails(printed, passes):
-    original = _printing("epoch 0: avg loss 1.2", "epoch 1: avg loss 0.6", "epoch 0: accuracy 1.2", "epoch 1: accuracy 0.6")
+    original = _printing(
+        "epoch 0: avg loss 1.2",
+        "epoch 1: avg loss 0.6",
+        "epoch 0: accuracy 1.2",
+        "epoch 1: accuracy 0.6",
+    )
     found = _failed(checks(original, _run(_rank(0, printed=printed), _rank(1))))
     assert (found == {}) is passes, found
     if not passes:
-        assert "`epoch #: avg loss #` prints 0.6 where the original prints 1.2" in found["printed averages and totals as the original's"]
+        assert (
+            "`epoch #: avg loss #` prints 0.6 where the original prints 1.2"
+            in found["printed averages and totals as the original's"]
+        )
 
 
 @pytest.mark.parametrize(
@@ -174,7 +209,9 @@ def test_a_printed_sum_is_compared_per_unit_of_the_losses_since_its_last_print(p
     found = _failed(checks(original, _run(rank0, rank1)))
     assert (found == {}) is passes, found
     if not passes:
-        assert "0.50 times per unit of loss" in found["printed averages and totals as the original's"]
+        assert (
+            "0.50 times per unit of loss" in found["printed averages and totals as the original's"]
+        )
 
 
 def test_draws_with_replacement_may_meet_on_two_processes():
@@ -191,7 +228,10 @@ def test_processes_without_loader_indices_must_not_compute_the_same_losses():
     assert "they train on the same data" in _failed(same)["processes train on different data"]
     differ = checks(
         ORIGINAL,
-        _run(_rank(0, sample_ids=[None] * 4), _rank(1, sample_ids=[None] * 4, losses=[1.1, 0.7, 0.6, 0.5])),
+        _run(
+            _rank(0, sample_ids=[None] * 4),
+            _rank(1, sample_ids=[None] * 4, losses=[1.1, 0.7, 0.6, 0.5]),
+        ),
     )
     assert _failed(differ) == {}
 
@@ -199,7 +239,10 @@ def test_processes_without_loader_indices_must_not_compute_the_same_losses():
 def test_a_summed_loss_left_unscaled_shows_as_half_the_loss():
     halves = [loss / 2 for loss in ORIGINAL.record["losses"]]
     failed = _failed(checks(ORIGINAL, _run(_rank(0, losses=halves), _rank(1, losses=halves))))
-    assert list(failed) == ["loss close to the original's"] and "50.0% apart" in failed["loss close to the original's"]
+    assert (
+        list(failed) == ["loss close to the original's"]
+        and "50.0% apart" in failed["loss close to the original's"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -211,14 +254,19 @@ def test_a_summed_loss_left_unscaled_shows_as_half_the_loss():
     ids=["hang", "stopped-apart"],
 )
 def test_a_run_that_does_not_finish_together_fails_first(rank1, reason):
-    found = checks(ORIGINAL, Run({"losses": [], "exit": "ok"}, 0, "", [_rank(0), _rank(1, **rank1)]))
+    found = checks(
+        ORIGINAL, Run({"losses": [], "exit": "ok"}, 0, "", [_rank(0), _rank(1, **rank1)])
+    )
     assert len(found) == 1 and not found[0].passed and reason in found[0].detail
 
 
 def test_verify_is_for_ddp_and_script_arguments_need_it(cli, tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     single = cli("convert", "train.py", "--verify")
-    assert single.exit_code == 2 and "--verify checks --to ddp and --to fsdp conversions" in single.stderr
+    assert (
+        single.exit_code == 2
+        and "--verify checks --to ddp and --to fsdp conversions" in single.stderr
+    )
     stray = cli("convert", "train.py", "other.py")
     assert stray.exit_code == 2 and "unexpected arguments 'other.py'" in stray.stderr
 
@@ -240,7 +288,9 @@ def _verify(shared: SessionRuns, name: str) -> tuple[subprocess.CompletedProcess
 
 def start_runs(shared: SessionRuns, tests: list) -> dict[str, Future]:
     """The selected fixtures' `--verify` runs, in the background (see running.py)."""
-    tests = [test for test in tests if test.originalname == "test_each_ddp_fixture_converts_and_verifies"]
+    tests = [
+        test for test in tests if test.originalname == "test_each_ddp_fixture_converts_and_verifies"
+    ]
     return {name: shared.start(_verify, name) for name in selected(tests)}
 
 
@@ -270,8 +320,14 @@ def test_each_ddp_fixture_converts_and_verifies(name, verified):
     proc, folder = verified[name].result()
     assert proc.returncode == 0, proc.stderr
     # the check lines, not the progress lines (`--verify: running ...`) printed off a terminal
-    verdicts = [line for line in proc.stderr.splitlines() if line.startswith(("--verify ok", "--verify FAIL"))]
-    assert len(verdicts) == 7 and all(line.startswith("--verify ok") for line in verdicts), proc.stderr
+    verdicts = [
+        line
+        for line in proc.stderr.splitlines()
+        if line.startswith(("--verify ok", "--verify FAIL"))
+    ]
+    assert len(verdicts) == 7 and all(
+        line.startswith("--verify ok") for line in verdicts
+    ), proc.stderr
     assert (folder / "ddp.py").exists()
     assert not list(folder.glob("*.pt")) and not list(folder.glob("*.ckpt")), "saves go to scratch"
 
@@ -282,7 +338,9 @@ def test_tensorboard_logs_come_from_rank_zero_only(tmp_path):
     original's lines (each sample is stored twice, so the shards hold the same samples).
     Before, each process wrote its own file into the folder."""
     fixture = DDP_FIXTURES / "tensorboard_logs.py"
-    proc = _convert(str(fixture), "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--no-verify", cwd=tmp_path)
+    proc = _convert(
+        str(fixture), "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--no-verify", cwd=tmp_path
+    )
     assert proc.returncode == 0 and "TensorBoard writer made on rank 0 only" in proc.stdout
     stubs = Path(__file__).resolve().parent / "stubs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(stubs)}
@@ -291,7 +349,17 @@ def test_tensorboard_logs_come_from_rank_zero_only(tmp_path):
         subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
         for command, cwd in (
             ([sys.executable, str(fixture)], tmp_path / "original"),
-            ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "ddp.py"], tmp_path),
+            (
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc_per_node=2",
+                    "ddp.py",
+                ],
+                tmp_path,
+            ),
         )
     ]
     assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
@@ -324,10 +392,20 @@ def test_a_printed_forward_of_a_sharded_model_runs_on_every_process(tmp_path):
             24,
         ),
         ("ddp_model = DDP(", "unused = DDP(", "gradients are not synchronised", 24),
-        ("(loss * WORLD_SIZE).backward()", "loss.backward()", "FAIL loss close to the original", 24),
+        (
+            "(loss * WORLD_SIZE).backward()",
+            "loss.backward()",
+            "FAIL loss close to the original",
+            24,
+        ),
         # 4 steps of a 6-step epoch: only an epoch cut short (after 1 step) shows the
         # epoch's printed average, halved when divided by the whole set's size
-        ("total / len(loader.sampler)", "total / len(loader.dataset)", "off by the number of processes", 4),
+        (
+            "total / len(loader.sampler)",
+            "total / len(loader.dataset)",
+            "off by the number of processes",
+            4,
+        ),
     ],
     ids=["unsharded", "unsynchronised", "unscaled-sum", "average-past-the-steps"],
 )
@@ -371,7 +449,11 @@ def _ddp_options():
     "name, change, printed",
     [
         ("summed_loss.py", "evaluation on a share of the set per process", ("held-out",)),
-        ("running_average.py", "divides a sum over this process's shard by its size", ("[", "epoch")),
+        (
+            "running_average.py",
+            "divides a sum over this process's shard by its size",
+            ("[", "epoch"),
+        ),
     ],
 )
 def test_the_converted_script_prints_the_originals_numbers(name, change, printed, tmp_path):
@@ -382,7 +464,10 @@ def test_the_converted_script_prints_the_originals_numbers(name, change, printed
     proc = _convert(str(DDP_FIXTURES / name), "--to", "ddp", "--amp", "off", "-o", "ddp.py", "--no-verify",
                     cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0 and change in proc.stdout
-    runs = [run_script(DDP_FIXTURES / name, cwd=tmp_path), run_ranks(tmp_path / "ddp.py", [], tmp_path)]
+    runs = [
+        run_script(DDP_FIXTURES / name, cwd=tmp_path),
+        run_ranks(tmp_path / "ddp.py", [], tmp_path),
+    ]
     assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
     lines = [[line for line in run.stdout.splitlines() if line.startswith(printed)] for run in runs]
     assert lines[0] and lines[0] == lines[1]
@@ -399,7 +484,9 @@ def test_verify_prints_a_line_per_run_when_stderr_is_no_terminal(monkeypatch, ca
         return [Check("every process finishes", True, "2 of 2")], ""
 
     monkeypatch.setattr(command, "verify_ddp", two_runs)
-    assert command.verified(tmp_path / "train.py", lambda folder: (folder, []), VerifyRequest([]), [])
+    assert command.verified(
+        tmp_path / "train.py", lambda folder: (folder, []), VerifyRequest([]), []
+    )
     assert capsys.readouterr().err.splitlines() == [
         "--verify: running the original script, 1 process ...",
         "--verify: running the converted script, 2 processes (gloo) ...",

@@ -16,8 +16,7 @@ COMPUTED_MNIST = MNIST.replace(
     "return self.data[index], int(self.targets[index])",
     "return self.data[index].clamp(-1, 3), int(self.targets[index])",
 )
-TENSORS = dedent(
-    """\
+TENSORS = dedent("""\
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -30,8 +29,7 @@ TENSORS = dedent(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    """
-)
+    """)
 
 
 def reasons(conversion: Conversion) -> list[str]:

@@ -20,8 +20,14 @@ from autoaccel.cst_edit import add_imports, leading_import_block
         ("import sys\nimport torch\n", "import os\nimport sys\nimport torch\n"),
         ("import argparse\nimport sys\n", "import argparse\nimport os\nimport sys\n"),
         # A new section after `from __future__` imports, as isort writes it.
-        ("from __future__ import annotations\n\nx = 1\n", "from __future__ import annotations\n\nimport os\n\nx = 1\n"),
-        ("from __future__ import annotations\nimport torch\n", "from __future__ import annotations\n\nimport os\n\nimport torch\n"),
+        (
+            "from __future__ import annotations\n\nx = 1\n",
+            "from __future__ import annotations\n\nimport os\n\nx = 1\n",
+        ),
+        (
+            "from __future__ import annotations\nimport torch\n",
+            "from __future__ import annotations\n\nimport os\n\nimport torch\n",
+        ),
         # Already imported: unchanged (`import os.path` binds `os` too).
         ("import os\nimport torch\n", "import os\nimport torch\n"),
         ("import os.path\n", "import os.path\n"),

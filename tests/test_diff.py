@@ -93,11 +93,17 @@ out = model(img)
         ),
         # A line below deleted lines is itself, not the first deleted line.
         pytest.param(
-            [("import a\nimport b\nimport c\n", "import a\nimport c\n")], 2, 3, id="line-after-a-deletion"
+            [("import a\nimport b\nimport c\n", "import a\nimport c\n")],
+            2,
+            3,
+            id="line-after-a-deletion",
         ),
         # Through two rewrites.
         pytest.param(
-            [(BRANCHES, UNWRAPPED), (UNWRAPPED, UNWRAPPED.replace(".cuda()", ".cuda(non_blocking=True)"))],
+            [
+                (BRANCHES, UNWRAPPED),
+                (UNWRAPPED, UNWRAPPED.replace(".cuda()", ".cuda(non_blocking=True)")),
+            ],
             3,
             3,
             id="chain",

@@ -27,7 +27,10 @@ def relative(paths: list[Path], root: Path) -> list[str]:
 def test_directories_are_walked_recursively_and_sorted(tmp_path):
     make(tmp_path, "b.py", "a.py", "pkg/sub/deep.py", "pkg/mod.py", "notes.txt", "data.pyc")
     assert relative(discover([str(tmp_path)]), tmp_path) == [
-        "a.py", "b.py", "pkg/mod.py", "pkg/sub/deep.py",
+        "a.py",
+        "b.py",
+        "pkg/mod.py",
+        "pkg/sub/deep.py",
     ]
 
 
@@ -89,9 +92,13 @@ def test_outside_a_git_work_tree_nothing_is_ignored(tmp_path):
     (tmp_path / ".gitignore").write_text("*.py\n")
     make(tmp_path, "train.py")
     # Not a work tree (tmp_path is not inside one), so .gitignore has no say.
-    inside = subprocess.run(
-        ["git", "rev-parse", "--is-inside-work-tree"], cwd=tmp_path, capture_output=True
-    ) if shutil.which("git") else None
+    inside = (
+        subprocess.run(
+            ["git", "rev-parse", "--is-inside-work-tree"], cwd=tmp_path, capture_output=True
+        )
+        if shutil.which("git")
+        else None
+    )
     if inside is not None and inside.returncode == 0:
         pytest.skip("the temporary folder is inside a git work tree")
     assert relative(discover([str(tmp_path)]), tmp_path) == ["train.py"]

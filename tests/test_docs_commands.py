@@ -80,8 +80,10 @@ class Command:
             return True
         if words[:4] == ["python", "-I", "-m", "autoaccel.ci.github"]:
             return True
-        return words[0] == ".venv/bin/python" and words[1:2] != [] and words[1].startswith(
-            "benchmarks/"
+        return (
+            words[0] == ".venv/bin/python"
+            and words[1:2] != []
+            and words[1].startswith("benchmarks/")
         )
 
     @property
@@ -171,7 +173,9 @@ def _git_workspace(work: Path) -> None:
     def git(*args: str) -> None:
         subprocess.run(
             ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
-            cwd=work, check=True, capture_output=True,
+            cwd=work,
+            check=True,
+            capture_output=True,
         )
 
     git("init", "-q", "-b", "main")
@@ -212,12 +216,24 @@ def test_documented_command_runs(command: Command, tmp_path: Path):
         "NO_COLOR": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    for name in ("FORCE_COLOR", "AUTOACCEL_FORCE_AUTOCAST", "RUNNER_TEMP", "GITHUB_OUTPUT",
-                 "GITHUB_STEP_SUMMARY", "GITHUB_EVENT_PATH", "GITHUB_BASE_REF"):
+    for name in (
+        "FORCE_COLOR",
+        "AUTOACCEL_FORCE_AUTOCAST",
+        "RUNNER_TEMP",
+        "GITHUB_OUTPUT",
+        "GITHUB_STEP_SUMMARY",
+        "GITHUB_EVENT_PATH",
+        "GITHUB_BASE_REF",
+    ):
         env.pop(name, None)
     result = subprocess.run(
-        ["bash", "-c", command.text], cwd=work, env=env, capture_output=True, text=True,
-        stdin=subprocess.DEVNULL, timeout=600,
+        ["bash", "-c", command.text],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
     )
     where = f"{command.id}: `{command.text}`"
     output = f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
@@ -266,6 +282,7 @@ def test_the_quick_start_commands_are_found():
 
 def test_comments_are_cut_outside_quotes_only():
     assert _split_comment("autoaccel lint '#x.py'  # exit 1: findings") == (
-        "autoaccel lint '#x.py'", "exit 1: findings",
+        "autoaccel lint '#x.py'",
+        "exit 1: findings",
     )
     assert _split_comment("a=b#c d") == ("a=b#c d", "")

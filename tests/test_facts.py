@@ -40,7 +40,10 @@ def absolute(data: dict, root: Path = ROOT) -> dict:
 
     def walk(value):
         if isinstance(value, dict):
-            return {k: str(root / v) if k == "path" and isinstance(v, str) else walk(v) for k, v in value.items()}
+            return {
+                k: str(root / v) if k == "path" and isinstance(v, str) else walk(v)
+                for k, v in value.items()
+            }
         if isinstance(value, list):
             return [walk(item) for item in value]
         return value
@@ -167,7 +170,15 @@ def test_a_site_after_non_ascii_text_resolves_by_characters(tmp_path):
     line = script.read_text(encoding="utf-8").splitlines()[0]
     start = len(line[: line.index("Net()")].encode("utf-8"))  # 20 bytes, 19 characters
     site = {"path": str(script), "line": 1, "col": start, "end_line": 1, "end_col": start + 5}
-    data = absolute({"version": 1, "exit": "ok", "steps": 1, "modules": [{"id": 1, "cls": "m.Net", "site": site}]}, tmp_path)
+    data = absolute(
+        {
+            "version": 1,
+            "exit": "ok",
+            "steps": 1,
+            "modules": [{"id": 1, "cls": "m.Net", "site": site}],
+        },
+        tmp_path,
+    )
     facts = FactsResolver(RunFacts.from_json(data), script, cst.parse_module(script.read_text()))
     assert start == 20 and facts.char_column(1, start) == 19
     assert code(facts.node_at(facts.facts.modules[0].site)) == "Net()"
@@ -182,7 +193,9 @@ def test_a_file_changed_since_the_run_resolves_nothing():
 
 def test_sites_in_another_file_resolve_to_nothing():
     facts, _, source = snapshot("kwargs_trainer")
-    elsewhere = FactsResolver(facts, FACTS_FIXTURES / "model_dict.py", cst.parse_module(source), source)
+    elsewhere = FactsResolver(
+        facts, FACTS_FIXTURES / "model_dict.py", cst.parse_module(source), source
+    )
     assert elsewhere.trained_model_calls() == []
 
 
@@ -215,7 +228,9 @@ def test_facts_let_the_wrap_step_wrap_the_trained_model(name, anchor, forward):
     assert anchor in conversion.converted and forward in conversion.converted
 
 
-@pytest.mark.parametrize("name, key", [("kwargs_trainer", "self.model"), ("model_factory", "model")])
+@pytest.mark.parametrize(
+    "name, key", [("kwargs_trainer", "self.model"), ("model_factory", "model")]
+)
 def test_facts_let_fsdp_shard_the_trained_model(name, key):
     conversion = converted(name, FSDP, True)
     assert wrong(conversion) == []
@@ -235,7 +250,10 @@ def test_no_run_keeps_the_static_refusal(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(FACTS_FIXTURES)
     result = cli("convert", "kwargs_trainer.py", "--to", "ddp", "--no-run")
     assert result.exit_code == 1
-    assert "no trained model was recognised" in result.stderr and "running the script" not in result.stderr
+    assert (
+        "no trained model was recognised" in result.stderr
+        and "running the script" not in result.stderr
+    )
 
 
 def test_script_arguments_still_need_a_target_that_runs(cli, tmp_path):
@@ -251,21 +269,19 @@ def test_the_pull_request_preview_never_runs_a_script():
 
 
 def test_facts_and_static_convert_import_without_torch():
-    code_ = textwrap.dedent(
-        """\
+    code_ = textwrap.dedent("""\
         import sys
         import autoaccel.facts, autoaccel.facts.resolve, autoaccel.facts.recorder
         import autoaccel.convert.command, autoaccel.convert.transforms.distributed._base
         print("torch" in sys.modules)
-        """
-    )
+        """)
     run = subprocess.run([sys.executable, "-c", code_], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "False\n"
 
 
 # -- the recorder (runs torch) ------------------------------------------------------------------
-TINY = '''\
+TINY = """\
 import torch
 import torch.nn as nn
 
@@ -296,7 +312,7 @@ for (x,) in loader:
 torch.save(net.state_dict(), OUT + ".pt")
 with open(OUT + ".txt", "w") as log:
     log.write("done")
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +329,9 @@ def tiny_facts(tmp_path_factory):
 
 def site_text(script: Path, site: Site) -> str:
     facts = RunFacts(script="", exit="ok", steps=0, files={})
-    return FactsResolver(facts, script, cst.parse_module(script.read_text()), script.read_text()).text_of(site)
+    return FactsResolver(
+        facts, script, cst.parse_module(script.read_text()), script.read_text()
+    ).text_of(site)
 
 
 @pytest.mark.runs
@@ -331,7 +349,9 @@ def test_recorder_notes_where_each_object_was_made(tiny_facts):
     assert site_text(script, optimizer.site) == "torch.optim.SGD(net.parameters(), lr=0.1)"
     assert [m.cls for m in facts.trained_modules()] == ["__main__.Net"]  # the root, not fc
     assert len(optimizer.modules) == 2 and optimizer.roots == (net.id,)
-    assert [site_text(script, s.site) for s in facts.schedulers] == ["torch.optim.lr_scheduler.StepLR(opt, 1)"]
+    assert [site_text(script, s.site) for s in facts.schedulers] == [
+        "torch.optim.lr_scheduler.StepLR(opt, 1)"
+    ]
     [loader] = facts.loaders
     assert loader.direct and all(not s.direct and s.site == loader.site for s in facts.samplers)
 
@@ -340,14 +360,28 @@ def test_recorder_notes_where_each_object_was_made(tiny_facts):
 def test_recorder_notes_calls_forwards_writes_and_prints(tiny_facts):
     facts, script, folder = tiny_facts
     texts = {(c.kind, site_text(script, c.site)): c.count for c in facts.calls}
-    assert texts == {("zero_grad", "opt.zero_grad()"): 4, ("backward", "loss.backward()"): 4, ("step", "opt.step()"): 4}
+    assert texts == {
+        ("zero_grad", "opt.zero_grad()"): 4,
+        ("backward", "loss.backward()"): 4,
+        ("step", "opt.step()"): 4,
+    }
     # top-level calls only: `net(...)` and `frozen(x)`, not `self.fc(x)` inside Net.forward
     forwards = {site_text(script, f.site): (f.count, f.args) for f in facts.forwards}
     assert forwards == {"net(frozen(x))": (4, ((4, 4),)), "frozen(x)": (4, ((4, 4),))}
     # each call with the samples of its step's batch (4 of the loader's 16) and its outputs
     seen = {site_text(script, f.site): f.seen for f in facts.forwards}
-    assert seen == {"net(frozen(x))": (Seen(4, ((4, 4),), ((4, 1),), 4),), "frozen(x)": (Seen(4, ((4, 4),), ((4, 4),), 4),)}
+    assert seen == {
+        "net(frozen(x))": (Seen(4, ((4, 4),), ((4, 1),), 4),),
+        "frozen(x)": (Seen(4, ((4, 4),), ((4, 4),), 4),),
+    }
     writes = {(w.kind, site_text(script, w.site)) for w in facts.writes}
-    assert writes == {("torch.save", "torch.save(net.state_dict(), OUT + \".pt\")"), ("open", 'open(OUT + ".txt", "w")')}
-    assert not (folder / "written.txt").exists() and not (folder / "written.pt").exists()  # the scratch got them
-    assert [(site_text(script, p.site), p.count) for p in facts.prints] == [('print("loss", float(loss))', 4)]
+    assert writes == {
+        ("torch.save", 'torch.save(net.state_dict(), OUT + ".pt")'),
+        ("open", 'open(OUT + ".txt", "w")'),
+    }
+    assert (
+        not (folder / "written.txt").exists() and not (folder / "written.pt").exists()
+    )  # the scratch got them
+    assert [(site_text(script, p.site), p.count) for p in facts.prints] == [
+        ('print("loss", float(loss))', 4)
+    ]

@@ -22,13 +22,11 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
 ARGS = ("--epochs", "2")
-PROBE = textwrap.dedent(
-    """\
+PROBE = textwrap.dedent("""\
     import sys
     from autoaccel import harness
     sys.exit(harness.main(["--losses-out", "record-{rank}.json", *sys.argv[1:]]))
-    """
-)
+    """)
 
 
 def digest(params: list) -> list[float]:
@@ -77,15 +75,24 @@ def test_converted_with_facts_trains_the_same_on_two_ranks(tmp_path, name, targe
 def test_fact_snapshots_are_current(tmp_path, name):
     """What the recorder writes for each fixture now is tests/snapshots/facts/NAME.json."""
     out = tmp_path / "facts.json"
-    run_under_harness(FIXTURES_DIR / "facts" / f"{name}.py", [], tmp_path, {"AUTOACCEL_FACTS_OUT": str(out)}, 5)
+    run_under_harness(
+        FIXTURES_DIR / "facts" / f"{name}.py", [], tmp_path, {"AUTOACCEL_FACTS_OUT": str(out)}, 5
+    )
     root = Path(__file__).resolve().parent.parent
 
     def relative(value):
         if isinstance(value, dict):
             return {
-                k: str(Path(v).relative_to(root)) if k == "path" and isinstance(v, str) and v.startswith(str(root)) else relative(v)
-                for k, v in value.items() if k not in ("seconds", "files", "script")
+                k: (
+                    str(Path(v).relative_to(root))
+                    if k == "path" and isinstance(v, str) and v.startswith(str(root))
+                    else relative(v)
+                )
+                for k, v in value.items()
+                if k not in ("seconds", "files", "script")
             }
         return [relative(v) for v in value] if isinstance(value, list) else value
 
-    assert relative(json.loads(out.read_text())) == json.loads((SNAPSHOTS / f"{name}.json").read_text())
+    assert relative(json.loads(out.read_text())) == json.loads(
+        (SNAPSHOTS / f"{name}.json").read_text()
+    )

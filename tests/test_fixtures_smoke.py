@@ -6,6 +6,7 @@ compare with, done once per session. All of them must train and exit 0, except
 legacy_pytorch03.py, which is written for PyTorch 0.3 and must crash on current PyTorch
 (``loss.data[0]`` on a 0-dim tensor) - converting it is what fixes it.
 """
+
 import ast
 from concurrent.futures import Future
 

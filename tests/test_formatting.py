@@ -76,7 +76,9 @@ def test_statements_parsed_alone_are_formatted_as_in_the_whole_module(newline):
     before = "# c\nimport torch\n\n\nclass A:\n    x = 1\n\n\ndef step(x):\n    # c\n    if x:\n        y = model(x)\n        z = 1\n"
     after = (
         before.replace("        y = model(x)\n", f"        {LONG_CALL}\n            y = model(x)\n")
-        .replace("z = 1", "z = data.to(device, non_blocking=True), target.to(device, non_blocking=True)")
+        .replace(
+            "z = 1", "z = data.to(device, non_blocking=True), target.to(device, non_blocking=True)"
+        )
         .replace("\n", newline)
     )
     before = before.replace("\n", newline)

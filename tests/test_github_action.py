@@ -328,7 +328,9 @@ def test_a_refused_ddp_preview_shows_as_a_failure_with_the_reason(tmp_path, monk
 
 def test_a_pyproject_linked_out_of_the_checkout_is_not_read(action, repo, tmp_path):
     secret = tmp_path / "runner-config.toml"
-    secret.write_text('[tool.autoaccel]\nSECRET-TOKEN-1234 = "x"\n')  # an unknown key: an error quoting it
+    secret.write_text(
+        '[tool.autoaccel]\nSECRET-TOKEN-1234 = "x"\n'
+    )  # an unknown key: an error quoting it
     (repo / "src" / "pyproject.toml").symlink_to(secret)
     commit(repo, {}, "a linked config")
     run = action.run()

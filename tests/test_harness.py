@@ -16,8 +16,7 @@ pytestmark = pytest.mark.runs
 from autoaccel import harness  # noqa: E402
 from autoaccel.tune.capture import capture_loaders  # noqa: E402
 
-TRAIN = textwrap.dedent(
-    """\
+TRAIN = textwrap.dedent("""\
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -31,8 +30,7 @@ TRAIN = textwrap.dedent(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    """
-)
+    """)
 
 
 def write(tmp_path, source: str, name: str = "train.py") -> str:
@@ -60,7 +58,9 @@ def test_max_steps_stops_the_script(tmp_path):
 
 
 def test_the_script_cannot_swallow_the_stop(tmp_path):
-    script = "try:\n" + textwrap.indent(TRAIN, "    ") + "except Exception:\n    raise SystemExit(1)\n"
+    script = (
+        "try:\n" + textwrap.indent(TRAIN, "    ") + "except Exception:\n    raise SystemExit(1)\n"
+    )
     record = harness.record_steps(write(tmp_path, script), [], max_steps=3)
     assert record.exit == "max-steps"
 
@@ -129,8 +129,7 @@ def test_seed_makes_unseeded_scripts_repeatable(tmp_path):
     assert first.losses == second.losses
 
 
-PERSISTENT = textwrap.dedent(
-    """\
+PERSISTENT = textwrap.dedent("""\
     import sys
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -142,8 +141,7 @@ PERSISTENT = textwrap.dedent(
             for (batch,) in loader:
                 pass
         print(torch.rand(1).item())
-    """
-)
+    """)
 
 
 def test_aligned_loader_rng_keeps_persistent_workers_in_step(tmp_path, capsys):
@@ -169,7 +167,9 @@ def test_a_distributed_rank_records_the_samples_of_each_step_by_pass(tmp_path, m
     """Passes are numbered in the order the script starts them (evaluation too), also
     when persistent workers are reused; indices drawn ahead go to their own batch."""
     monkeypatch.setenv("WORLD_SIZE", "2")
-    script = write(tmp_path, """\
+    script = write(
+        tmp_path,
+        """\
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
@@ -181,10 +181,14 @@ def test_a_distributed_rank_records_the_samples_of_each_step_by_pass(tmp_path, m
                 torch.nn.functional.mse_loss(model(x), y).backward()
             for x, y in DataLoader(data, batch_size=8):
                 pass
-        """)
+        """,
+    )
     record = harness.record_steps(script, [])
     assert record.sample_ids == [
-        [1, [0, 1, 2, 3]], [1, [4, 5, 6, 7]], [3, [0, 1, 2, 3]], [3, [4, 5, 6, 7]]
+        [1, [0, 1, 2, 3]],
+        [1, [4, 5, 6, 7]],
+        [3, [0, 1, 2, 3]],
+        [3, [4, 5, 6, 7]],
     ]
     monkeypatch.setenv("WORLD_SIZE", "1")  # one process too: the proof compares its orders
     one = harness.record_steps(write(tmp_path, TRAIN, "one.py"), []).sample_ids
@@ -195,7 +199,9 @@ def test_an_epoch_cut_short_ends_training_passes_and_leaves_evaluation_whole(tmp
     """`--epoch-steps`: each pass of the (persistent) training loader ends after 2 batches,
     so the script reaches its epoch ends; the evaluation loader, which feeds no backward,
     runs whole."""
-    script = write(tmp_path, """\
+    script = write(
+        tmp_path,
+        """\
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
@@ -206,7 +212,8 @@ def test_an_epoch_cut_short_ends_training_passes_and_leaves_evaluation_whole(tmp
             for x, y in train:
                 torch.nn.functional.mse_loss(model(x), y).backward()
             print("evaluated", sum(len(x) for x, _ in DataLoader(data, batch_size=6)))
-        """)
+        """,
+    )
     record = harness.record_steps(script, [], epoch_cut=harness.EpochCut(steps=2))
     assert record.exit == "ok" and len(record.losses) == 6
     assert record.epochs_cut == 3 and record.epoch_samples == 8
@@ -218,7 +225,9 @@ def test_a_process_epoch_ends_at_its_share_of_the_samples(tmp_path, monkeypatch)
     batches of 2, as 8 samples of the one process were the original's epoch."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     script = TRAIN.replace("batch_size=4", "batch_size=2")
-    record = harness.record_steps(write(tmp_path, script), [], epoch_cut=harness.EpochCut(samples=8))
+    record = harness.record_steps(
+        write(tmp_path, script), [], epoch_cut=harness.EpochCut(samples=8)
+    )
     assert len(record.losses) == 4 and record.samples[-1] == 8
     assert record.epochs_cut == 2 and record.epoch_samples == 4
 
@@ -226,7 +235,9 @@ def test_a_process_epoch_ends_at_its_share_of_the_samples(tmp_path, monkeypatch)
 def test_a_write_is_placed_at_the_line_of_the_scripts_code_that_made_it(tmp_path, monkeypatch):
     """A helper module of the project writes (through `json.dump` into a file it opened,
     and `torch.save`): the record names the helper's lines, not the library's."""
-    write(tmp_path, """\
+    write(
+        tmp_path,
+        """\
         import json
         import torch
 
@@ -234,8 +245,12 @@ def test_a_write_is_placed_at_the_line_of_the_scripts_code_that_made_it(tmp_path
             with open("metrics.json", "w") as f:
                 json.dump({"loss": 1.0}, f)
             torch.save(model.state_dict(), "model.pt")
-        """, "helpers.py")
-    script = write(tmp_path, "import torch\nfrom helpers import save_all\nsave_all(torch.nn.Linear(1, 1))\n")
+        """,
+        "helpers.py",
+    )
+    script = write(
+        tmp_path, "import torch\nfrom helpers import save_all\nsave_all(torch.nn.Linear(1, 1))\n"
+    )
     monkeypatch.chdir(tmp_path)
     (tmp_path / "scratch").mkdir()
     record = harness.record_steps(script, [], scratch=tmp_path / "scratch")
@@ -253,7 +268,9 @@ def test_main_writes_the_record_and_reports_errors(tmp_path):
 
 
 def test_capture_hands_over_the_loaders_before_training(tmp_path):
-    script = write(tmp_path, """\
+    script = write(
+        tmp_path,
+        """\
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
@@ -262,17 +279,24 @@ def test_capture_hands_over_the_loaders_before_training(tmp_path):
                            shuffle=True)
         for (x,) in train:
             raise SystemExit("the script must not train")
-        """)
+        """,
+    )
     seen = []
     assert capture_loaders(script, [], seen.extend) == "ok"
     [captured] = seen
     assert (captured.line, captured.column) == (5, 8)
-    assert captured.arguments == {"dataset": captured.loader.dataset, "batch_size": 8, "shuffle": True}
+    assert captured.arguments == {
+        "dataset": captured.loader.dataset,
+        "batch_size": 8,
+        "shuffle": True,
+    }
     assert captured.arguments_with({"num_workers": 0})["num_workers"] == 0
 
 
 def test_capture_without_loaders_hands_over_nothing(tmp_path):
-    script = write(tmp_path, "import torch\nx = torch.ones(1, requires_grad=True)\n(2 * x).sum().backward()\n")
+    script = write(
+        tmp_path, "import torch\nx = torch.ones(1, requires_grad=True)\n(2 * x).sum().backward()\n"
+    )
     seen = [None]
     assert capture_loaders(script, [], lambda loaders: seen.append(loaders)) == "ok"
     assert seen[-1] == []

@@ -22,17 +22,35 @@ TRAIN = "for x, y in loader:\n    model(x).sum().backward()\n"
 @pytest.mark.parametrize(
     "source",
     [
-        pytest.param("from torch.utils.data import DataLoader\nloader = DataLoader(ds)\n" + TRAIN, id="from-import"),
-        pytest.param("from torch.utils.data import DataLoader as DL\nloader = DL(ds)\n" + TRAIN, id="from-import-as"),
-        pytest.param("import torch\nloader = torch.utils.data.DataLoader(ds)\n" + TRAIN, id="import-torch"),
-        pytest.param("import torch.utils.data\nloader = torch.utils.data.DataLoader(ds)\n" + TRAIN, id="import-dotted"),
-        pytest.param("import torch.utils.data as tud\nloader = tud.DataLoader(ds)\n" + TRAIN, id="import-as"),
-        pytest.param("from torch.utils import data\nloader = data.DataLoader(ds)\n" + TRAIN, id="from-package"),
+        pytest.param(
+            "from torch.utils.data import DataLoader\nloader = DataLoader(ds)\n" + TRAIN,
+            id="from-import",
+        ),
+        pytest.param(
+            "from torch.utils.data import DataLoader as DL\nloader = DL(ds)\n" + TRAIN,
+            id="from-import-as",
+        ),
+        pytest.param(
+            "import torch\nloader = torch.utils.data.DataLoader(ds)\n" + TRAIN, id="import-torch"
+        ),
+        pytest.param(
+            "import torch.utils.data\nloader = torch.utils.data.DataLoader(ds)\n" + TRAIN,
+            id="import-dotted",
+        ),
+        pytest.param(
+            "import torch.utils.data as tud\nloader = tud.DataLoader(ds)\n" + TRAIN, id="import-as"
+        ),
+        pytest.param(
+            "from torch.utils import data\nloader = data.DataLoader(ds)\n" + TRAIN,
+            id="from-package",
+        ),
         pytest.param(
             "from torch.utils.data.dataloader import DataLoader\nloader = DataLoader(ds)\n" + TRAIN,
             id="defining-module",
         ),
-        pytest.param("import torch as th\nloader = th.utils.data.DataLoader(ds)\n" + TRAIN, id="torch-as"),
+        pytest.param(
+            "import torch as th\nloader = th.utils.data.DataLoader(ds)\n" + TRAIN, id="torch-as"
+        ),
         pytest.param(
             "def main():\n    from torch.utils.data import DataLoader\n    loader = DataLoader(ds)\n"
             "    for x, y in loader:\n        model(x).sum().backward()\n",
@@ -56,7 +74,9 @@ def test_dataloader_is_found_however_imported(source):
         pytest.param(
             "import torch\n\n\nclass DataLoader:\n    pass\n\n\nDataLoader(ds)\n", id="own-class"
         ),
-        pytest.param("import torch\nfrom mylib import DataLoader\nDataLoader(ds)\n", id="other-library"),
+        pytest.param(
+            "import torch\nfrom mylib import DataLoader\nDataLoader(ds)\n", id="other-library"
+        ),
         pytest.param(
             "import torch\nfrom mylib.torch.utils.data import DataLoader\nDataLoader(ds)\n",
             id="other-library-torch-in-path",

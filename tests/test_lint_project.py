@@ -99,7 +99,10 @@ def test_without_the_imported_module_no_step_is_found(cli, tmp_path):
     """`trainer` is not beside the script: a library, never read (the copies to the GPU
     in a loader loop are still reported)."""
     write(tmp_path, train=TRAIN, data=IN_MEMORY)
-    assert codes_by_line(cli, "train.py") == [("train.py", 12, "ACC103"), ("train.py", 12, "ACC103")]
+    assert codes_by_line(cli, "train.py") == [
+        ("train.py", 12, "ACC103"),
+        ("train.py", 12, "ACC103"),
+    ]
 
 
 def test_fix_reads_the_imported_modules_too(cli, tmp_path):
@@ -146,7 +149,10 @@ def test_linting_the_script_alone_names_the_imported_module_with_findings(cli, t
         """))
     alone = cli("lint", "main.py")
     assert all(line.startswith("main.py:") for line in alone.stdout.splitlines())
-    assert "note: solver.py (imported by main.py) has 3 findings not shown; lint it too" in alone.stderr
+    assert (
+        "note: solver.py (imported by main.py) has 3 findings not shown; lint it too"
+        in alone.stderr
+    )
     both = cli("lint", "main.py", "solver.py")
     assert "note:" not in both.stderr and "solver.py:11" in both.stdout
 

@@ -93,7 +93,7 @@ def test_sarif_percent_encodes_a_name_that_is_not_utf8(cli, tmp_path):
     (tmp_path / NOT_UTF8).write_text(SCRIPT)
     run = cli("lint", *SELECT, "--format", "sarif", ".")
     assert run.exit_code == 1
-    (result, _) = json.loads(run.stdout)["runs"][0]["results"]
+    result, _ = json.loads(run.stdout)["runs"][0]["results"]
     location = result["locations"][0]["physicalLocation"]["artifactLocation"]
     assert location == {"uri": "bad%FF%FE.py", "uriBaseId": "%SRCROOT%"}
 
@@ -137,4 +137,3 @@ def test_a_broken_link_given_by_name_is_still_an_error(cli, tmp_path):
     (tmp_path / "gone.py").symlink_to("missing.py")
     run = cli("lint", "gone.py")
     assert (run.exit_code, run.stderr) == (2, "gone.py:1:1: error: no such file or directory\n")
-

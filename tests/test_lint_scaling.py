@@ -30,7 +30,9 @@ for x, y in loader:
 
 
 def found(source: str) -> list[tuple[int, int, str]]:
-    return [(d.line, d.column, d.code) for d in lint_source(source, LintSettings(select=("ACC101",)))]
+    return [
+        (d.line, d.column, d.code) for d in lint_source(source, LintSettings(select=("ACC101",)))
+    ]
 
 
 def test_a_file_over_the_size_limit_is_refused_with_its_size(tmp_path):
@@ -46,7 +48,9 @@ def test_the_size_limit_can_be_raised_or_lowered(tmp_path):
     path.write_text("import torch\n" + LOADER)
     refused = lint_file(path, Overrides(max_file_size=50), Mode.CHECK)
     assert refused.error is not None and refused.error.startswith("1:1: error: larger than")
-    assert [d.code for d in lint_file(path, Overrides(max_file_size=2**30), Mode.CHECK).diagnostics] == ["ACC101"]
+    assert [
+        d.code for d in lint_file(path, Overrides(max_file_size=2**30), Mode.CHECK).diagnostics
+    ] == ["ACC101"]
 
 
 def test_a_finding_after_many_carriage_returns_is_on_its_line():
@@ -104,7 +108,10 @@ def test_ctrl_c_ends_a_lint_of_the_largest_file_within_a_second(tmp_path):
 def test_a_megabyte_line_lints_in_seconds(tmp_path):
     line = tmp_path / "line.py"
     line.write_text(
-        "import torch\n" + "; ".join(f"a{i} = torch.zeros({i})" for i in range(34_000)) + "\n" + LOADER
+        "import torch\n"
+        + "; ".join(f"a{i} = torch.zeros({i})" for i in range(34_000))
+        + "\n"
+        + LOADER
     )
     start = time.process_time()
     result = lint_file(line, Overrides(), Mode.CHECK)

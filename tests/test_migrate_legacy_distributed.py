@@ -177,7 +177,9 @@ also_total = hvd.allreduce(correct, average=False)
             0,
             id="compression-of-no-model",
         ),
-        pytest.param("opt = hvd.DistributedOptimizer(optimizer)\n", "other than", 0, id="other-name"),
+        pytest.param(
+            "opt = hvd.DistributedOptimizer(optimizer)\n", "other than", 0, id="other-name"
+        ),
         pytest.param(
             "optimizer = hvd.DistributedOptimizer(optimizer)\nwith optimizer.skip_synchronize():\n    pass\n",
             "`optimizer.skip_synchronize` of Horovod's DistributedOptimizer",

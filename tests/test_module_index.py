@@ -70,15 +70,15 @@ def test_bindings_and_reads_match_libcst_scopes(source):
             continue
         statements = [getattr(a, "node", None) for a in scope[node.value]]
         expected = [s if isinstance(s, (cst.Import, cst.ImportFrom)) else None for s in statements]
-        assert sorted(map(id, index.bindings(node.value, node))) == sorted(map(id, expected)), (
-            module.code_for_node(node)
-        )
+        assert sorted(map(id, index.bindings(node.value, node))) == sorted(
+            map(id, expected)
+        ), module.code_for_node(node)
     for scope in set(scopes.values()) - {None}:
         for assignment in scope.assignments:
             if isinstance(getattr(assignment, "node", None), cst.ImportFrom):
-                assert index.reads(assignment.node, assignment.name) == len(assignment.references), (
-                    assignment.name
-                )
+                assert index.reads(assignment.node, assignment.name) == len(
+                    assignment.references
+                ), assignment.name
 
 
 def _rewrites() -> dict[str, tuple[cst.Module, cst.Module]]:
@@ -98,7 +98,11 @@ def _rewrites() -> dict[str, tuple[cst.Module, cst.Module]]:
         "kept-inside-a-rebuilt-one": (
             before,
             before.with_changes(
-                body=[imports, function.with_changes(body=cst.IndentedBlock([returned, returned])), call]
+                body=[
+                    imports,
+                    function.with_changes(body=cst.IndentedBlock([returned, returned])),
+                    call,
+                ]
             ),
         ),
         "made-twice": (before, before.with_changes(body=[new, *before.body, new])),

@@ -12,8 +12,7 @@ import pytest
 from conftest import SCRIPT
 
 # A sitecustomize that makes `import torch` fail the way it does where torch is absent.
-BLOCK_TORCH = textwrap.dedent(
-    """\
+BLOCK_TORCH = textwrap.dedent("""\
     import sys
 
 
@@ -25,8 +24,7 @@ BLOCK_TORCH = textwrap.dedent(
 
 
     sys.meta_path.insert(0, _NoTorch())
-    """
-)
+    """)
 
 
 def without_torch(tmp_path) -> dict[str, str]:
@@ -38,8 +36,10 @@ def without_torch(tmp_path) -> dict[str, str]:
 
 def test_blocker_really_blocks_torch(tmp_path):
     run = subprocess.run(
-        [sys.executable, "-c", "import torch"], env=without_torch(tmp_path),
-        capture_output=True, text=True,
+        [sys.executable, "-c", "import torch"],
+        env=without_torch(tmp_path),
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 1
     assert "No module named 'torch'" in run.stderr
@@ -62,8 +62,7 @@ def test_lint_and_fix_work_without_torch(tmp_path):
 
 
 def test_lint_machinery_does_not_import_torch():
-    code = textwrap.dedent(
-        """\
+    code = textwrap.dedent("""\
         import sys
         import autoaccel.cli, autoaccel.lint.engine, autoaccel.lint.fixer, autoaccel.lint.output
         from autoaccel.config import LintSettings
@@ -71,8 +70,7 @@ def test_lint_machinery_does_not_import_torch():
         found = lint_source(%r, LintSettings())
         assert found, "expected findings"
         print("torch" in sys.modules)
-        """
-    ) % SCRIPT
+        """) % SCRIPT
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout == "False\n"
@@ -95,8 +93,7 @@ FIXING = ("autoaccel.lint.fixer", "tempfile")
 def test_a_hook_run_imports_nothing_it_does_not_use(tmp_path, flags, unused):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    code = textwrap.dedent(
-        f"""\
+    code = textwrap.dedent(f"""\
         import sys
         from autoaccel.__main__ import main
         sys.argv = ["autoaccel", "lint", *{flags!r}, {str(script)!r}]
@@ -104,8 +101,7 @@ def test_a_hook_run_imports_nothing_it_does_not_use(tmp_path, flags, unused):
             main()
         finally:
             print([name for name in {unused!r} if name in sys.modules], file=sys.stderr)
-        """
-    )
+        """)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 1, run.stderr
     assert run.stderr.splitlines()[-1] == "[]"

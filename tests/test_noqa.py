@@ -53,7 +53,9 @@ def test_noqa_inside_a_string_is_not_a_comment():
 
 
 def test_noqa_after_the_closing_bracket_of_a_multiline_call():
-    source = SCRIPT.replace(LOADER, "loader = DataLoader(\n    dataset, batch_size=32\n)  # noqa: ACC101")
+    source = SCRIPT.replace(
+        LOADER, "loader = DataLoader(\n    dataset, batch_size=32\n)  # noqa: ACC101"
+    )
     assert codes(source) == ["ACC102"]
 
 

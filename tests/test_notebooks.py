@@ -111,7 +111,9 @@ def test_a_rewrite_keeps_a_continued_ipython_line_whole():
     notebook = Notebook(text)
     rewritten = notebook.with_python(notebook.python.replace("x = 1", "x = 2"))
     assert json.loads(rewritten)["cells"][1]["source"] == [
-        "!pip install foo \\\n", "    bar\n", "x = 2\n"
+        "!pip install foo \\\n",
+        "    bar\n",
+        "x = 2\n",
     ]
     # A block indented around it keeps the continuation's own indentation with it.
     indented = notebook.python.replace("pass  #", "if True:\n    pass  #", 1).replace(
@@ -119,9 +121,7 @@ def test_a_rewrite_keeps_a_continued_ipython_line_whole():
     )
     assert "    !pip install foo \\\n        bar\n" in notebook.render(indented)
     with pytest.raises(NotebookError, match="continued"):
-        notebook.with_python(
-            notebook.python.replace("line 0\n", "line 0\nimport os\n")
-        )
+        notebook.with_python(notebook.python.replace("line 0\n", "line 0\nimport os\n"))
 
 
 def test_a_notebook_of_another_language_has_no_python():

@@ -36,8 +36,14 @@ for x, y in loader:
 
 
 def entry(line: int, rule: str, path: str = PATH) -> dict:
-    return {"repo": REPO, "commit": COMMIT, "path": path, "line": line, "rule": rule,
-            "reason": "synthetic"}
+    return {
+        "repo": REPO,
+        "commit": COMMIT,
+        "path": path,
+        "line": line,
+        "rule": rule,
+        "reason": "synthetic",
+    }
 
 
 def finding(line: int, rule: str, path: str = PATH) -> dict:
@@ -45,8 +51,15 @@ def finding(line: int, rule: str, path: str = PATH) -> dict:
 
 
 def lint_json(*findings: tuple[int, str]) -> list[dict]:
-    return [{"filename": f"./me+demo/{PATH}", "location": {"row": line, "column": 1},
-             "code": code, "message": ""} for line, code in findings]
+    return [
+        {
+            "filename": f"./me+demo/{PATH}",
+            "location": {"row": line, "column": 1},
+            "code": code,
+            "message": "",
+        }
+        for line, code in findings
+    ]
 
 
 @pytest.fixture
@@ -58,23 +71,29 @@ def checkout(tmp_path: Path) -> Path:
 
 def write_recall(folder: Path, expected: list[dict]) -> Path:
     path = folder / "recall.json"
-    path.write_text(json.dumps({
-        "files": [{"repo": REPO, "commit": COMMIT, "path": PATH, "new": True}],
-        "expected": expected,
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "files": [{"repo": REPO, "commit": COMMIT, "path": PATH, "new": True}],
+                "expected": expected,
+            }
+        )
+    )
     return path
 
 
 def test_a_finding_one_line_away_finds_the_entry_two_lines_away_does_not():
-    hit, right = recall.match([entry(10, "ACC204"), entry(20, "ACC204")],
-                              [finding(11, "ACC204"), finding(22, "ACC204")])
+    hit, right = recall.match(
+        [entry(10, "ACC204"), entry(20, "ACC204")], [finding(11, "ACC204"), finding(22, "ACC204")]
+    )
     assert hit == [True, False]
     assert right == [True, False]
 
 
 def test_rule_and_file_must_be_the_same():
-    hit, right = recall.match([entry(10, "ACC204")],
-                              [finding(10, "ACC103"), finding(10, "ACC204", path="other.py")])
+    hit, right = recall.match(
+        [entry(10, "ACC204")], [finding(10, "ACC103"), finding(10, "ACC204", path="other.py")]
+    )
     assert hit == [False] and right == [False, False]
 
 
@@ -91,14 +110,21 @@ def test_two_findings_on_one_line_are_both_right():
 
 
 def test_script_level_rules_match_anywhere_in_the_file():
-    hit, right = recall.match([entry(1, "ACC301"), entry(1, "ACC201")],
-                              [finding(40, "ACC301"), finding(40, "ACC201", path="other.py")])
+    hit, right = recall.match(
+        [entry(1, "ACC301"), entry(1, "ACC201")],
+        [finding(40, "ACC301"), finding(40, "ACC201", path="other.py")],
+    )
     assert hit == [True, False] and right == [True, False]
 
 
 def test_table_counts_per_rule():
     expected = [entry(6, "ACC102"), entry(8, "ACC204"), entry(9, "ACC204")]
-    found = [finding(6, "ACC102"), finding(8, "ACC204"), finding(30, "ACC204"), finding(1, "ACC505")]
+    found = [
+        finding(6, "ACC102"),
+        finding(8, "ACC204"),
+        finding(30, "ACC204"),
+        finding(1, "ACC505"),
+    ]
     rows = recall.table(expected, found, *recall.match(expected, found))
     assert rows["ACC102"] == {"expected": 1, "found": 1, "findings": 1, "true": 1}
     assert rows["ACC204"] == {"expected": 2, "found": 1, "findings": 2, "true": 1}
@@ -107,14 +133,19 @@ def test_table_counts_per_rule():
 
 
 def test_main_prints_recall_precision_and_misses(checkout: Path, capsys):
-    recall_json = write_recall(checkout, [
-        entry(7, "ACC102"),  # reported at 6: one line away
-        entry(2, "ACC301"),  # script-level: reported at 8
-        entry(11, "ACC205"),  # never reported: a miss
-    ])
+    recall_json = write_recall(
+        checkout,
+        [
+            entry(7, "ACC102"),  # reported at 6: one line away
+            entry(2, "ACC301"),  # script-level: reported at 8
+            entry(11, "ACC205"),  # never reported: a miss
+        ],
+    )
     findings = checkout / "lint.json"
     findings.write_text(json.dumps(lint_json((6, "ACC102"), (8, "ACC301"), (8, "ACC103"))))
-    assert recall.main([str(checkout), "--recall", str(recall_json), "--findings", str(findings)]) == 0
+    assert (
+        recall.main([str(checkout), "--recall", str(recall_json), "--findings", str(findings)]) == 0
+    )
     out = capsys.readouterr().out
     assert "overall: recall 2/3 = 67%; strict precision 2/3 = 67%" in out
     assert "new repositories: recall 2/3 = 67%" in out
@@ -165,8 +196,11 @@ def test_recall_json_is_well_formed():
 
 def test_half_the_recall_files_come_from_repositories_not_labelled_before():
     data = json.loads((PRECISION / "recall.json").read_text())
-    seen = {f["repo"] for name in ("labels.json", "holdout.json")
-            for f in json.loads((PRECISION / name).read_text())["sample"]}
+    seen = {
+        f["repo"]
+        for name in ("labels.json", "holdout.json")
+        for f in json.loads((PRECISION / name).read_text())["sample"]
+    }
     new = [f for f in data["files"] if f["new"]]
     assert 2 * len(new) >= len(data["files"])
     assert not {f["repo"] for f in new} & seen

@@ -35,7 +35,10 @@ def test_hook_definitions():
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=repo, check=True, capture_output=True, text=True,
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
 
 
@@ -52,7 +55,10 @@ def run_hook(hook_id: str, repo: Path) -> subprocess.CompletedProcess[str]:
     command = [str(executable)] if executable.exists() else [sys.executable, "-m", "autoaccel"]
     return subprocess.run(
         [*command, *argv[1:], *staged_python_files(repo)],
-        cwd=repo, capture_output=True, text=True, env={**os.environ, "CI": "true"},
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CI": "true"},
         stdin=subprocess.DEVNULL,
     )
 
@@ -60,17 +66,24 @@ def run_hook(hook_id: str, repo: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def repo(tmp_path):
     git(tmp_path, "init", "-q")
-    (tmp_path / "pyproject.toml").write_text(
-        '[tool.autoaccel]\nselect = ["ACC101", "ACC102"]\n'
-    )
+    (tmp_path / "pyproject.toml").write_text('[tool.autoaccel]\nselect = ["ACC101", "ACC102"]\n')
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "clean.py").write_text(CLEAN)
     (tmp_path / "unstaged.py").write_text(SCRIPT)
     (tmp_path / "notes.md").write_text("DataLoader(ds)\n")
     notebook = {
-        "cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                   "source": SCRIPT.splitlines(keepends=True)}],
-        "metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5,
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+                "source": SCRIPT.splitlines(keepends=True),
+            }
+        ],
+        "metadata": {"language_info": {"name": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
     }
     (tmp_path / "explore.ipynb").write_text(json.dumps(notebook))
     git(tmp_path, "add", "pyproject.toml", "train.py", "clean.py", "notes.md", "explore.ipynb")
@@ -129,7 +142,10 @@ def test_fix_hook_passes_a_plain_float32_script_after_its_fixes(plain_repo):
     git(plain_repo, "add", "train.py")
     again = run_hook("autoaccel-fix", plain_repo)
     assert (again.returncode, again.stdout) == (0, "")
-    assert (run_hook("autoaccel", plain_repo).returncode, again.stderr) == (0, "All checks passed!\n")
+    assert (run_hook("autoaccel", plain_repo).returncode, again.stderr) == (
+        0,
+        "All checks passed!\n",
+    )
 
 
 def test_lint_hook_holds_only_precise_findings_and_lint_keeps_every_rule(plain_repo):
@@ -138,9 +154,13 @@ def test_lint_hook_holds_only_precise_findings_and_lint_keeps_every_rule(plain_r
     assert {line.split()[1] for line in hook.stdout.splitlines()} == {"ACC102"}
     everything = subprocess.run(
         [sys.executable, "-m", "autoaccel", "lint", "train.py"],
-        cwd=plain_repo, capture_output=True, text=True,
+        cwd=plain_repo,
+        capture_output=True,
+        text=True,
     )
-    assert {"ACC102", "ACC103", "ACC201"} <= {line.split()[1] for line in everything.stdout.splitlines()}
+    assert {"ACC102", "ACC103", "ACC201"} <= {
+        line.split()[1] for line in everything.stdout.splitlines()
+    }
 
 
 def test_hooks_keep_the_projects_select(plain_repo):

@@ -30,23 +30,20 @@ def callees(script: ScriptModel, spelled: str) -> list[list[int]]:
 
 
 def test_a_call_at_top_level_runs_the_definition_before_it():
-    script = model_of(
-        """
+    script = model_of("""
         def main():  # line 2
             pass
         main()
         def main():  # line 5
             pass
         main()
-        """
-    )
+        """)
     assert callees(script, "main()") == [[2], [5]]
 
 
 def test_a_function_reads_globals_when_it_is_called():
     # `run` is defined once, but each call finds the `train` bound at that time.
-    script = model_of(
-        """
+    script = model_of("""
         def run():
             train()
         def train():  # line 4
@@ -58,14 +55,12 @@ def test_a_function_reads_globals_when_it_is_called():
         def main():
             train()
         main()
-        """
-    )
+        """)
     assert callees(script, "train()") == [[4, 7], [7]]
 
 
 def test_conditional_bindings_all_reach_later_reads():
-    script = model_of(
-        """
+    script = model_of("""
         def step():  # line 2
             pass
         if flag:
@@ -78,14 +73,12 @@ def test_conditional_bindings_all_reach_later_reads():
         def step():  # line 11
             pass
         step()
-        """
-    )
+        """)
     assert callees(script, "step()") == [[2, 5, 8], [11]]
 
 
 def test_bindings_made_by_functions_reach_every_read():
-    script = model_of(
-        """
+    script = model_of("""
         def make():  # line 2
             global step
             def step():  # line 4
@@ -94,32 +87,27 @@ def test_bindings_made_by_functions_reach_every_read():
             pass
         step()
         make()
-        """
-    )
+        """)
     assert callees(script, "step()") == [[4, 6]]
 
 
 def test_a_function_no_code_calls_sees_the_module_as_it_ends():
-    script = model_of(
-        """
+    script = model_of("""
         def callback():
             helper()
         def helper():  # line 4
             pass
         def helper():  # line 6
             pass
-        """
-    )
+        """)
     assert callees(script, "helper()") == [[6]]
 
 
 def test_a_wrapper_rebinding_its_model_wraps_the_model_only():
-    script = model_of(
-        """
+    script = model_of("""
         model = nn.Linear(4, 2)
         model = nn.DataParallel(model)
-        """
-    )
+        """)
     assert script.program is not None
     (wrapper,) = [o for o in script.program.objects(Kind.MODULE) if o.parallel]
     (wrapped,) = script.program.read((wrapper, "wraps"))
@@ -130,8 +118,7 @@ def test_a_wrapper_rebinding_its_model_wraps_the_model_only():
 def test_parameter_lists_joined_with_plus_train_both_models():
     """hunkim's seq2seq: `Adam(list(encoder.parameters()) + list(decoder.parameters()))`.
     A sum of numbers or tensors holds nothing the analysis tracks."""
-    script = model_of(
-        """
+    script = model_of("""
         import torch
         encoder = nn.Linear(4, 8)
         decoder = nn.Linear(8, 2)
@@ -139,16 +126,14 @@ def test_parameter_lists_joined_with_plus_train_both_models():
         params = list(encoder.parameters()) + list(decoder.parameters())
         optimizer = torch.optim.Adam(params, lr=0.001)
         joined = encoder + head
-        """
-    )
+        """)
     assert script.trained == {"encoder", "decoder"}
     (joined,) = [n for n in find(script.module.tree, cst.Name) if n.value == "joined"]
     assert script.values(joined) == frozenset()
 
 
 def test_methods_only_calling_each_other_see_the_module_as_it_ends():
-    script = model_of(
-        """
+    script = model_of("""
         class Worker:
             def ping(self):
                 self.pong()
@@ -157,8 +142,7 @@ def test_methods_only_calling_each_other_see_the_module_as_it_ends():
                 self.ping()
         def log():  # line 8
             pass
-        """
-    )
+        """)
     assert callees(script, "log()") == [[8]]
 
 
@@ -183,8 +167,7 @@ def test_a_call_chain_costs_no_more_than_the_square_of_its_links(monkeypatch):
 def test_a_generator_yielding_its_argument_items_wraps_each_call_s_argument():
     """`log_every(loader)` holds the loader of its own call, as `tqdm(loader)` does: the
     training loop reads the training loader, the evaluation loop the other one."""
-    script = model_of(
-        """
+    script = model_of("""
         import torch
 
         def log_every(iterable, every):
@@ -197,29 +180,28 @@ def test_a_generator_yielding_its_argument_items_wraps_each_call_s_argument():
             net(x).sum().backward()
         for x in log_every(val_loader, 10):
             net(x)
-        """
-    )
-    read = {loop.role.value: [o.node.args[0].value.value for o in loop.loaders]
-            for loop in script.step_loops.values() if loop.function is None}
+        """)
+    read = {
+        loop.role.value: [o.node.args[0].value.value for o in loop.loaders]
+        for loop in script.step_loops.values()
+        if loop.function is None
+    }
     assert read == {"train": ["a"], "eval": ["b"]}
 
 
 def test_an_instance_called_like_a_function_runs_its_call_method():
-    script = model_of(
-        """
+    script = model_of("""
         class Scaler:
             def __call__(self, loss):  # line 3
                 loss.backward()
         scaler = Scaler()
         scaler(loss)
-        """
-    )
+        """)
     assert callees(script, "scaler(loss)") == [[3]]
 
 
 def test_devices_made_in_the_caller_are_the_accelerator_or_the_cpu():
-    script = model_of(
-        """
+    script = model_of("""
         import torch
 
         def train(device):
@@ -231,7 +213,6 @@ def test_devices_made_in_the_caller_are_the_accelerator_or_the_cpu():
             device = torch.device("cpu")
         train(device)
         train(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-        """
-    )
+        """)
     returned = find(script.module.tree, cst.Return)[0].value
     assert script.device_types(returned) == {"accelerator", "cpu", "cuda"}

@@ -45,9 +45,9 @@ def current_table(text: str) -> str:
 def test_rule_table_lists_every_rule():
     table = current_table(README.read_text(encoding="utf-8"))
     codes = re.findall(r"^\| \[(ACC\d+)\]", table, flags=re.M)
-    assert codes == [rule.code for rule in all_rules()], (
-        "README's rule table is stale: run `.venv/bin/python tests/test_readme.py`"
-    )
+    assert codes == [
+        rule.code for rule in all_rules()
+    ], "README's rule table is stale: run `.venv/bin/python tests/test_readme.py`"
     assert table == rules_table(), "run `.venv/bin/python tests/test_readme.py`"
 
 
@@ -60,10 +60,16 @@ def test_rule_table_links_exist():
 def test_ci_runs_the_readme_test_command():
     text = README.read_text(encoding="utf-8")
     extracted = subprocess.run(
-        ["awk", "/<!-- test-command -->/ { marked = 1; next }"
-         " marked && /^```/ { if (inside) exit; inside = 1; next }"
-         " marked && inside && NF { print; exit }", str(README)],
-        capture_output=True, text=True, check=True,
+        [
+            "awk",
+            "/<!-- test-command -->/ { marked = 1; next }"
+            " marked && /^```/ { if (inside) exit; inside = 1; next }"
+            " marked && inside && NF { print; exit }",
+            str(README),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert extracted == ".venv/bin/python -m pytest -q -n 2 --dist loadfile"
     assert extracted in text
@@ -161,7 +167,10 @@ def test_quick_start_lint_output_is_what_lint_prints(tmp_path):
     (tmp_path / "train.py").write_text((ROOT / "fixtures" / "cnn_toplevel.py").read_text())
     run = subprocess.run(
         [sys.executable, "-m", "autoaccel", "lint", "train.py"],
-        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
     )
     assert run.stdout + run.stderr == shown
 
@@ -171,4 +180,3 @@ if __name__ == "__main__":
     start, end = text.index(START) + len(START), text.index(END)
     README.write_text(text[:start] + "\n" + rules_table() + "\n" + text[end:], encoding="utf-8")
     print(f"updated the rule table in {README}")
-

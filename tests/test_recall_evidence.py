@@ -57,7 +57,9 @@ def test_acc103_current_accelerator_with_a_cpu_fallback_is_the_accelerator_path(
 
 
 def test_acc103_the_same_script_on_the_cpu_alone_is_not_reported():
-    cpu_only = ACCELERATOR_OR_CPU.replace("torch.accelerator.current_accelerator()", 'torch.device("cpu")')
+    cpu_only = ACCELERATOR_OR_CPU.replace(
+        "torch.accelerator.current_accelerator()", 'torch.device("cpu")'
+    )
     assert lines(cpu_only, "ACC103") == []
 
 
@@ -650,12 +652,16 @@ for i, x in enumerate(loader):
 def test_acc204_item_of_every_parameters_gradient_in_a_helper_method():
     """improved-diffusion's `_log_grad_norm`: a sync per parameter, every step."""
     assert lines(GRAD_NORM_HELPER, "ACC204") == [17]
-    named = GRAD_NORM_HELPER.replace("for p in self.model.parameters()", "for name, p in self.model.named_parameters()")
+    named = GRAD_NORM_HELPER.replace(
+        "for p in self.model.parameters()", "for name, p in self.model.named_parameters()"
+    )
     assert lines(named, "ACC204") == [17]
 
 
 def test_acc204_the_gradient_norm_logged_every_100_steps_is_not_reported():
-    gated = GRAD_NORM_HELPER.replace("        self.log_grad_norm()", "        if i % 100 == 0:\n            self.log_grad_norm()")
+    gated = GRAD_NORM_HELPER.replace(
+        "        self.log_grad_norm()", "        if i % 100 == 0:\n            self.log_grad_norm()"
+    )
     assert lines(gated, "ACC204") == []
 
 

@@ -10,8 +10,7 @@ from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
 from running import run_with_losses
 
-APEX_SCRIPT = dedent(
-    """\
+APEX_SCRIPT = dedent("""\
     import torch
     import torch.nn as nn
     from apex import amp
@@ -33,8 +32,7 @@ APEX_SCRIPT = dedent(
             with amp.scale_loss(loss, optimizer) as scaled_loss:
                 scaled_loss.backward()
             optimizer.step()
-    """
-)
+    """)
 
 
 def convert(source: str, amp: str = "fp16"):

@@ -50,7 +50,9 @@ def _case_id(case: tuple[Path, ConvertOptions]) -> str:
 def _lint_lines(source: str, path: Path) -> set[tuple[str, int]]:
     """(code, line) of each finding and note of lint on `source`."""
     analysis = analyse(source, LintSettings(), script=path)
-    return {(d.code, d.line) for d in analysis.diagnostics} | {(n.code, n.line) for n in analysis.notes}
+    return {(d.code, d.line) for d in analysis.diagnostics} | {
+        (n.code, n.line) for n in analysis.notes
+    }
 
 
 def _converted_with_step_lines(
@@ -176,11 +178,16 @@ def test_a_notebook_report_names_cells_and_lines_as_lint_does():
     notebook = Notebook(NOTEBOOK)
     conversion = convert_source(notebook.python, SINGLE, "train.ipynb")
     linted = {
-        (d.code, str(notebook.cell_range(d.line, d.column, d.end_line, d.end_column)).rsplit(":", 1)[0])
+        (
+            d.code,
+            str(notebook.cell_range(d.line, d.column, d.end_line, d.end_column)).rsplit(":", 1)[0],
+        )
         for d in analyse(notebook.python, LintSettings()).diagnostics
     }
     # the report of the notebook's cells as `autoaccel convert` shows them
-    shown = Conversion(notebook.render(conversion.original), notebook.render(conversion.converted), conversion.log)
+    shown = Conversion(
+        notebook.render(conversion.original), notebook.render(conversion.converted), conversion.log
+    )
     report = text_report(shown, "train.ipynb", colour=False)
     named = set(re.findall(r"^  (cell \d+:\d+): (ACC\d+) ", report, re.MULTILINE))
     assert ("cell 4:4", "ACC103") in named  # `x = x.cuda()`

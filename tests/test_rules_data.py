@@ -327,13 +327,9 @@ def test_acc105_conditional_sampler_is_reported_without_fix():
 @pytest.mark.parametrize(
     "extra",
     [
-        pytest.param(
-            "sampler = DistributedSampler(ds, 2, 0, False)\n", id="positional-no-shuffle"
-        ),
+        pytest.param("sampler = DistributedSampler(ds, 2, 0, False)\n", id="positional-no-shuffle"),
         pytest.param("sampler = DistributedSampler(ds, shuffle=False)\n", id="no-shuffle"),
-        pytest.param(
-            "sampler = DistributedSampler(ds)\nget_sampler().set_epoch(1)\n", id="opaque"
-        ),
+        pytest.param("sampler = DistributedSampler(ds)\nget_sampler().set_epoch(1)\n", id="opaque"),
         pytest.param("sampler = DistributedSampler(ds)\nalias.set_epoch(1)\n", id="alias"),
         pytest.param("samplers[0] = DistributedSampler(ds)\n", id="not-a-name"),
         pytest.param("sampler = DistributedSampler(ds)  # noqa: ACC105\n", id="noqa"),

@@ -76,8 +76,7 @@ def test_variable_import_goes_only_after_the_last_use():
             return Variable(b) * a
         """
     after = fixed(source, "ACC501")
-    assert after == textwrap.dedent(
-        """\
+    assert after == textwrap.dedent("""\
         import torch
         from torch.autograd import grad
 
@@ -85,8 +84,7 @@ def test_variable_import_goes_only_after_the_last_use():
         def step(a, b):
             a = a.detach()
             return b.detach() * a
-        """
-    )
+        """)
     assert run(after)["step"](torch.ones(2), torch.full((2,), 3.0)).tolist() == [3.0, 3.0]
 
 
@@ -132,15 +130,13 @@ def test_variable_self_assignment_keeps_comments_above():
             data, target = Variable(data), Variable(target)
             model(data).backward()
         """
-    assert fixed(source, "ACC501") == textwrap.dedent(
-        """\
+    assert fixed(source, "ACC501") == textwrap.dedent("""\
         from torch.utils.data import DataLoader
         loader = DataLoader(dataset)
         for data, target in loader:
             # wrap the batch
             model(data).backward()
-        """
-    )
+        """)
 
 
 # What `Variable(...)` gives on today's torch, and what the fix writes instead, must
@@ -244,9 +240,7 @@ def test_variable_of_a_batch_without_a_dataloader_keeps_the_detach():
 
 
 def test_variable_in_a_nested_function_is_not_the_batch():
-    source = LOADER_STEP.format(
-        before="    def wrap(data):\n        return Variable(data)\n"
-    )
+    source = LOADER_STEP.format(before="    def wrap(data):\n        return Variable(data)\n")
     assert "return data.detach()\n" in fixed(source, "ACC501")
 
 

@@ -167,8 +167,8 @@ def test_acc203_fixed_script_still_reads_the_sum_as_a_tensor():
 )
 def test_acc203_sum_within_one_step_is_not_reported(step):
     head = "import torch\ncriterion = torch.nn.MSELoss()\n"
-    source = head + "for x, y in loader:\n    out, prior = model(x)\n" + indent(
-        dedent(step), "    "
+    source = (
+        head + "for x, y in loader:\n    out, prior = model(x)\n" + indent(dedent(step), "    ")
     )
     assert found(source, "ACC203") == []
 
@@ -233,9 +233,7 @@ def test_acc203_sum_reset_only_in_a_logging_branch_is_still_reported():
 
 
 def test_acc203_noqa():
-    source = TRAIN_LOOP.format(after="").replace(
-        "total += loss", "total += loss  # noqa: ACC203"
-    )
+    source = TRAIN_LOOP.format(after="").replace("total += loss", "total += loss  # noqa: ACC203")
     assert found(source, "ACC203") == []
 
 
@@ -379,9 +377,7 @@ def test_acc205_after_a_periodic_validation_is_not_reported():
 
 
 def test_acc205_noqa():
-    source = (
-        "import torch\nfor x in data:\n    x.backward()\n    torch.cuda.empty_cache()  # noqa: ACC205\n"
-    )
+    source = "import torch\nfor x in data:\n    x.backward()\n    torch.cuda.empty_cache()  # noqa: ACC205\n"
     assert found(source, "ACC205") == []
 
 

@@ -127,18 +127,27 @@ def test_folders_for_jobs_are_new_each_time(tmp_path):
 @pytest.mark.parametrize(
     "params, default, expected",
     [
-        ([{"name": "b.py"}, {"name": "a.py"}, {"name": "b.py", "launcher": "spawn"}], None, ["a.py", "b.py"]),
+        (
+            [{"name": "b.py"}, {"name": "a.py"}, {"name": "b.py", "launcher": "spawn"}],
+            None,
+            ["a.py", "b.py"],
+        ),
         ([{"launcher": "spawn"}, None, {"name": "b.py"}], "a.py", ["a.py", "b.py"]),
         ([{"launcher": "spawn"}, None], None, []),
     ],
     ids=["distinct-sorted", "default-for-the-others", "none-left-out"],
 )
 def test_selected_names_of_parametrized_tests(params, default, expected):
-    tests = [SimpleNamespace() if p is None else SimpleNamespace(callspec=SimpleNamespace(params=p)) for p in params]
+    tests = [
+        SimpleNamespace() if p is None else SimpleNamespace(callspec=SimpleNamespace(params=p))
+        for p in params
+    ]
     assert running.selected(tests, "name", default) == expected
 
 
-ENV_PROBE = "import json, os\njson.dump(dict(os.environ), open(f\"env-{os.environ['RANK']}.json\", 'w'))\n"
+ENV_PROBE = (
+    "import json, os\njson.dump(dict(os.environ), open(f\"env-{os.environ['RANK']}.json\", 'w'))\n"
+)
 
 
 @pytest.mark.runs
@@ -146,7 +155,12 @@ def test_forked_ranks_get_the_environment_torchrun_gives_its_workers(tmp_path):
     """`run_ranks` forks the ranks in torchrun's stead: each gets what a real torchrun's
     worker gets, but for the port, the run id, the agent's store and its error file."""
     pytest.importorskip("torch")
-    own = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"}
+    own = {
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "TORCHELASTIC_ERROR_FILE",
+    }
     envs = {}
     for launcher, run in [("real", _real_torchrun), ("forked", running.run_ranks)]:
         folder = tmp_path / launcher
@@ -162,15 +176,26 @@ def test_forked_ranks_get_the_environment_torchrun_gives_its_workers(tmp_path):
 
 
 def _real_torchrun(script, args, cwd):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    return subprocess.run(command, cwd=cwd, env=running._env(), capture_output=True, timeout=running.TIMEOUT_S)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+    ]
+    return subprocess.run(
+        command, cwd=cwd, env=running._env(), capture_output=True, timeout=running.TIMEOUT_S
+    )
 
 
 @pytest.mark.runs
 def test_when_one_rank_fails_the_other_is_stopped(tmp_path):
     """As torchrun does: rank 1 waiting for ever is killed when rank 0 fails."""
     script = tmp_path / "fails.py"
-    script.write_text("import os, sys, time\nif os.environ['RANK'] == '0':\n    sys.exit('rank 0 failed')\ntime.sleep(600)\n")
+    script.write_text(
+        "import os, sys, time\nif os.environ['RANK'] == '0':\n    sys.exit('rank 0 failed')\ntime.sleep(600)\n"
+    )
     started = time.monotonic()
     run = running.run_ranks(script, (), tmp_path)
     assert run.returncode == 1 and "rank 0 failed" in run.stderr
@@ -209,7 +234,16 @@ def test_a_run_through_the_shim_is_a_run_of_the_interpreter(tmp_path):
     env = {**running._env(), "PYTHONPATH": "lib"}
     seen = {}
     for python in (sys.executable, shim):
-        command = [python, "-u", "-m", "autoaccel.harness", "--losses-out", "record.json", "probe.py", "3"]
+        command = [
+            python,
+            "-u",
+            "-m",
+            "autoaccel.harness",
+            "--losses-out",
+            "record.json",
+            "probe.py",
+            "3",
+        ]
         proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=60)
         probe = json.loads((tmp_path / "probe.json").read_text())
         seen[python] = proc.returncode, proc.stdout, proc.stderr, probe
@@ -223,7 +257,9 @@ def test_a_run_through_the_shim_is_a_run_of_the_interpreter(tmp_path):
 def test_the_shim_runs_what_the_server_refuses_with_the_interpreter(tmp_path):
     shim = _product_runs()
     code = "import os, sys; print(sys.executable, os.getpid()); sys.exit(4)"
-    proc = subprocess.Popen([shim, "-c", code], env=running._env(), stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [shim, "-c", code], env=running._env(), stdout=subprocess.PIPE, text=True
+    )
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 4 and out.split() == [sys.executable, str(proc.pid)]  # exec'd
 

@@ -8,7 +8,13 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper
 
-from autoaccel.analysis.script_model import LoopRole, Missing, ScriptModel, Unknown, build_script_model
+from autoaccel.analysis.script_model import (
+    LoopRole,
+    Missing,
+    ScriptModel,
+    Unknown,
+    build_script_model,
+)
 
 HEADER = "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n"
 
@@ -24,8 +30,7 @@ def loader_call(script: ScriptModel, key: str) -> cst.Call:
 
 
 def test_loaders_top_level_function_and_class():
-    script = model_of(
-        """
+    script = model_of("""
         train_loader = DataLoader(ds, batch_size=8)
         def make(ds):
             val_loader = DataLoader(ds)
@@ -33,15 +38,13 @@ def test_loaders_top_level_function_and_class():
         class Trainer:
             def __init__(self, ds):
                 self.loader = DataLoader(ds)
-        """
-    )
+        """)
     assert set(script.loaders) == {"train_loader", "val_loader", "self.loader"}
     assert len(script.loader_calls) == 3
 
 
 def test_aliases_and_arguments_carry_the_facts():
-    script = model_of(
-        """
+    script = model_of("""
         loader = DataLoader(ds)
         net = nn.Linear(4, 2).cuda()
         def fit(model, data):
@@ -51,8 +54,7 @@ def test_aliases_and_arguments_carry_the_facts():
             def __init__(self, model):
                 self.model = model
         trainer = Trainer(net)
-        """
-    )
+        """)
     assert {"net", "model", "self.model"} <= script.models
     assert "data" in script.loaders
 
@@ -60,8 +62,7 @@ def test_aliases_and_arguments_carry_the_facts():
 def test_names_are_scoped_not_spelled():
     # `fit`'s `model` parameter is bound only by its call sites; a class that is never
     # built gets nothing from a same-named parameter elsewhere.
-    script = model_of(
-        """
+    script = model_of("""
         net = nn.Linear(4, 2)
         def fit(model):
             pass
@@ -69,15 +70,13 @@ def test_names_are_scoped_not_spelled():
         class Report:
             def __init__(self, model):
                 self.model = model
-        """
-    )
+        """)
     assert "model" in script.models
     assert "self.model" not in script.models
 
 
 def test_models_optimizers_criteria():
-    script = model_of(
-        """
+    script = model_of("""
         class Net(nn.Module):
             pass
         model = Net().to(device)
@@ -85,8 +84,7 @@ def test_models_optimizers_criteria():
         head = nn.Linear(8, 2)
         opt = torch.optim.SGD(head.parameters(), lr=0.1)
         criterion = nn.CrossEntropyLoss()
-        """
-    )
+        """)
     assert {"model", "backbone", "head"} <= script.models
     assert script.optimizers == {"opt"}
     assert script.criteria == {"criterion"}
@@ -119,8 +117,7 @@ def test_uses_cuda():
 
 
 def test_train_and_eval_step_loops_and_epochs():
-    script = model_of(
-        """
+    script = model_of("""
         train_loader = DataLoader(ds)
         test_loader = DataLoader(ds)
         for epoch in range(3):
@@ -131,8 +128,7 @@ def test_train_and_eval_step_loops_and_epochs():
             out = model(x)
         for item in other:
             print(item)
-        """
-    )
+        """)
     roles = {loop.loader: loop.role for loop in script.step_loops.values()}
     assert roles == {"train_loader": LoopRole.TRAIN, "test_loader": LoopRole.EVAL}
     train = next(loop for loop in script.step_loops.values() if loop.role is LoopRole.TRAIN)
@@ -153,14 +149,12 @@ def test_backward_after_the_loop_body_does_not_make_it_train():
 
 
 def test_data_parallel_models_and_their_aliases():
-    script = model_of(
-        """
+    script = model_of("""
         model = nn.DataParallel(Net()).cuda()
         class Trainer:
             def __init__(self):
                 self.net = model
-        """
-    )
+        """)
     assert script.data_parallel == {"model", "self.net"}
 
 
@@ -181,8 +175,7 @@ def test_keyword_through_kwargs_at_top_level(source, expected):
 
 
 def test_keyword_through_kwargs_in_a_function_and_a_class():
-    script = model_of(
-        """
+    script = model_of("""
         def make(ds):
             kwargs = {"pin_memory": True}
             kwargs.update(num_workers=4)
@@ -191,8 +184,7 @@ def test_keyword_through_kwargs_in_a_function_and_a_class():
             def __init__(self, ds):
                 self.kw = {"num_workers": 2}
                 self.loader = DataLoader(ds, **self.kw)
-        """
-    )
+        """)
     (made,) = [c for c in script.loader_calls if c not in script.loaders.get("self.loader", [])]
     assert isinstance(script.keyword(made, "num_workers"), cst.Integer)
     assert isinstance(script.keyword(made, "pin_memory"), cst.Name)
@@ -201,15 +193,13 @@ def test_keyword_through_kwargs_in_a_function_and_a_class():
 
 
 def test_keyword_missing_written_and_unknown():
-    script = model_of(
-        """
+    script = model_of("""
         a = DataLoader(ds, num_workers=1)
         b = DataLoader(ds)
         c = DataLoader(ds, **options)
         kw = make_options()
         d = DataLoader(ds, **kw)
-        """
-    )
+        """)
     assert isinstance(script.keyword(loader_call(script, "a"), "num_workers"), cst.Integer)
     assert script.keyword(loader_call(script, "b"), "num_workers") is Missing.MISSING
     assert script.keyword(loader_call(script, "c"), "num_workers") is Unknown.UNKNOWN
@@ -223,8 +213,7 @@ def test_a_users_own_dataloader_is_not_a_loader():
 
 
 def test_functional_results_are_not_models():
-    script = model_of(
-        """
+    script = model_of("""
         import torch.nn.functional as F
         class Net(nn.Module):
             def __init__(self):
@@ -233,8 +222,7 @@ def test_functional_results_are_not_models():
             def forward(self, x):
                 x = F.relu(x)
                 return self.fc(x)
-        """
-    )
+        """)
     assert "x" not in script.models
     assert "self.fc" in script.models
 
@@ -257,8 +245,7 @@ def test_step_through_functions_evaluation_first_and_a_loss_module():
     """The shapes of fixtures/step_functions.py, reduced: the loader loop that reaches
     backward() through `train_step` trains; `evaluate`'s loop, run first, evaluates; the
     script's own `FocalLoss` is a criterion, not a model; loaders come from a helper."""
-    script = model_of(
-        """
+    script = model_of("""
         class FocalLoss(nn.Module):
             def forward(self, logits, targets):
                 return logits.sum() * 0 + targets.sum()
@@ -287,8 +274,7 @@ def test_step_through_functions_evaluation_first_and_a_loss_module():
         evaluate(net, val_loader)
         for epoch in range(2):
             train_epoch(net, optimizer, criterion, train_loader)
-        """
-    )
+        """)
     roles = {loop.loader: loop.role for loop in script.step_loops.values()}
     assert roles == {"batches": LoopRole.TRAIN, "loader": LoopRole.EVAL}
     train = next(loop for loop in script.step_loops.values() if loop.role is LoopRole.TRAIN)
@@ -301,14 +287,12 @@ def test_step_through_functions_evaluation_first_and_a_loss_module():
 
 
 def test_a_loop_over_chunks_of_the_batch_is_a_micro_step():
-    script = model_of(
-        """
+    script = model_of("""
         for x, y in DataLoader(ds):
             for part in x.chunk(4):
                 model(part).sum().backward()
             optimizer.step()
-        """
-    )
+        """)
     (step,) = script.step_loops.values()
     (micro,) = script.micro_loops
     assert isinstance(step.node.iter, cst.Call) and step.micro_loops == (micro,)

@@ -46,13 +46,17 @@ class CharGRU(nn.Module):
 """
 
 
-def program(files: dict[str, str], packages: dict[str, str] | None = None) -> dict[str, SourceModule]:
+def program(
+    files: dict[str, str], packages: dict[str, str] | None = None
+) -> dict[str, SourceModule]:
     """The modules of `files` (import name -> source; the script is `__main__`), analysed
     together."""
     modules = {}
     for name, source in files.items():
         tree = cst.parse_module(textwrap.dedent(source))
-        modules[name] = SourceModule(name, tree, ModuleIndex(tree), package=(packages or {}).get(name, ""))
+        modules[name] = SourceModule(
+            name, tree, ModuleIndex(tree), package=(packages or {}).get(name, "")
+        )
     Program.of(list(modules.values()))
     return modules
 
@@ -60,7 +64,9 @@ def program(files: dict[str, str], packages: dict[str, str] | None = None) -> di
 def names(module: SourceModule, spelled: str) -> frozenset[str]:
     """The qualified names of the last read written `spelled` in `module`."""
     tree = module.tree
-    (*_, node) = [n for n in find(tree, (cst.Name, cst.Attribute)) if tree.code_for_node(n) == spelled]
+    *_, node = [
+        n for n in find(tree, (cst.Name, cst.Attribute)) if tree.code_for_node(n) == spelled
+    ]
     return module.index.qualified_names(node)
 
 
@@ -89,7 +95,10 @@ def test_the_model_class_of_a_star_import_is_the_project_s_class():
     script = "from model import *\n\nmodel = CharGRU()\n"
     modules = {
         name: SourceModule(name, tree, ModuleIndex(tree))
-        for name, tree in (("__main__", cst.parse_module(script)), ("model", cst.parse_module(MODEL)))
+        for name, tree in (
+            ("__main__", cst.parse_module(script)),
+            ("model", cst.parse_module(MODEL)),
+        )
     }
     solved = Program.of(list(modules.values()))
     (call,) = find(modules["__main__"].tree, cst.Call)
@@ -100,7 +109,10 @@ def test_the_model_class_of_a_star_import_is_the_project_s_class():
 def test_underscored_names_and_names_outside_all_are_not_imported():
     declared = HELPERS + '\n__all__ = ["encode", "TEXT"]\n'
     main = program(
-        {"__main__": "from helpers import *\n\nrandom.seed(0)\n_CACHE.clear()\n", "helpers": HELPERS}
+        {
+            "__main__": "from helpers import *\n\nrandom.seed(0)\n_CACHE.clear()\n",
+            "helpers": HELPERS,
+        }
     )["__main__"]
     assert names(main, "random.seed") == {"random.seed"}
     assert names(main, "_CACHE.clear") == frozenset()
@@ -169,7 +181,9 @@ def test_random_chunks_drawn_with_a_star_imported_random_convert_to_ddp():
     batches from `random_training_set()` "it cannot follow"."""
     (train,) = converted("ddp").values()  # helpers.py and model.py stay as they are
     (note,) = [s for s in train.log.skipped if s.what == "DistributedSampler"]
-    assert "from Python's or NumPy's generator, unseeded, so each process draws its own" in note.reason
+    assert (
+        "from Python's or NumPy's generator, unseeded, so each process draws its own" in note.reason
+    )
     code = train.converted
     assert "ddp_model = DDP(" in code and "output, state = ddp_model(inputs[:, c], state)" in code
     assert "    state = model.init_state(BATCH_SIZE)\n" in code

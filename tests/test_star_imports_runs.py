@@ -18,8 +18,7 @@ from test_star_imports import LM, converted
 pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
-PROBE = textwrap.dedent(
-    """\
+PROBE = textwrap.dedent("""\
     # Run a script and write probe-<RANK>.json: what random.randint drew, what the script
     # printed, the files torch.save wrote, and the model's parameters at the end.
     import contextlib
@@ -56,8 +55,7 @@ PROBE = textwrap.dedent(
     seen["parameters"] = [p.detach().flatten().tolist() for p in names["model"].parameters()]
     with open(f"probe-{os.environ.get('RANK', 0)}.json", "w") as f:
         json.dump(seen, f)
-    """
-)
+    """)
 DRAWS = 12 * 8  # steps x chunks per batch
 
 
@@ -67,7 +65,10 @@ def test_each_rank_draws_its_own_chunks_and_the_model_stays_one(tmp_path):
     for kept in ("helpers.py", "model.py"):
         shutil.copy(LM / kept, tmp_path / kept)
     (tmp_path / "probe.py").write_text(PROBE)
-    _check(run_ranks(tmp_path / "probe.py", (tmp_path / "train.py",), tmp_path), "two ranks of star_import_lm")
+    _check(
+        run_ranks(tmp_path / "probe.py", (tmp_path / "train.py",), tmp_path),
+        "two ranks of star_import_lm",
+    )
     rank0, rank1 = (json.loads((tmp_path / f"probe-{rank}.json").read_text()) for rank in (0, 1))
     assert len(rank0["draws"]) == len(rank1["draws"]) == DRAWS
     assert rank0["draws"] != rank1["draws"]

@@ -42,7 +42,9 @@ EXPECTED = {
 
 def findings(cli, *paths: str) -> set[tuple[str, int, str]]:
     run = cli("lint", "--format", "json", "--exit-zero", *paths)
-    return {(Path(d["filename"]).name, d["location"]["row"], d["code"]) for d in json.loads(run.stdout)}
+    return {
+        (Path(d["filename"]).name, d["location"]["row"], d["code"]) for d in json.loads(run.stdout)
+    }
 
 
 @pytest.fixture
@@ -81,7 +83,9 @@ def test_the_device_comes_from_the_calling_script(cli, project, device, reported
     trainer = project / "trainer.py"
     trainer.write_text(without_empty_cache(TRAINER))
     train = project / "train.py"
-    train.write_text(train.read_text().replace('"cuda" if torch.cuda.is_available() else "cpu"', device))
+    train.write_text(
+        train.read_text().replace('"cuda" if torch.cuda.is_available() else "cpu"', device)
+    )
     codes = {code for _, _, code in findings(cli, "trainer.py")}
     assert ({"ACC103", "ACC204"} <= codes) is reported
     assert not ({"ACC103", "ACC204"} & codes) or reported
@@ -109,12 +113,17 @@ def test_ddp_puts_the_accumulation_micro_steps_under_no_sync(project):
         "                if sync_gradients:\n"
     ) in converted
     step = line_of(TRAINER, "loss = self.training_step(x, y)")
-    assert f"line {step}: ACC404 accumulation micro-steps run under `self.ddp_model.no_sync()`" in proc.stdout
+    assert (
+        f"line {step}: ACC404 accumulation micro-steps run under `self.ddp_model.no_sync()`"
+        in proc.stdout
+    )
 
 
 def test_lint_of_the_converted_project_reports_what_remains(cli, project):
     """The conversion leaves `.item()` and `empty_cache()` every step: lint still says so."""
-    assert convert("train.py", "--to", "ddp", "-o", "out", "--no-verify", cwd=project).returncode == 0
+    assert (
+        convert("train.py", "--to", "ddp", "-o", "out", "--no-verify", cwd=project).returncode == 0
+    )
     run = cli("lint", "--format", "json", "--exit-zero", "out")
     codes = {(Path(d["filename"]).name, d["code"]) for d in json.loads(run.stdout)}
     assert {("trainer.py", "ACC204"), ("trainer.py", "ACC205")} <= codes
@@ -123,12 +132,12 @@ def test_lint_of_the_converted_project_reports_what_remains(cli, project):
 
 # A step method reached through another attribute (`self.helper`): the conversion
 # cannot tell which DDP wrapper it runs.
-HELPER_STEP = '''\
+HELPER_STEP = """\
             for step, (x, y) in enumerate(self.train_loader):
                 x = x.to(self.device)
                 y = y.to(self.device)
                 loss = self.helper.training_step(x, y)
-'''
+"""
 
 
 def test_accumulation_that_cannot_go_under_no_sync_is_listed(cli, project):
@@ -140,10 +149,14 @@ def test_accumulation_that_cannot_go_under_no_sync_is_listed(cli, project):
         "                y = y.to(self.device)\n"
         "                loss = self.training_step(x, y)\n",
         HELPER_STEP,
-    ).replace("        self.accum = accum\n", "        self.accum = accum\n        self.helper = self\n")
+    ).replace(
+        "        self.accum = accum\n", "        self.accum = accum\n        self.helper = self\n"
+    )
     assert trainer != TRAINER
     (project / "trainer.py").write_text(trainer)
-    proc = convert("train.py", "--to", "ddp", "-o", "out", "--allow-partial", "--no-verify", cwd=project)
+    proc = convert(
+        "train.py", "--to", "ddp", "-o", "out", "--allow-partial", "--no-verify", cwd=project
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no_sync()" not in (project / "out" / "trainer.py").read_text()
     loop = line_of(trainer, "for step, (x, y) in enumerate(self.train_loader):")
@@ -162,11 +175,22 @@ def test_step_module_without_torch_converts_stably(tmp_path):
     # No optimizer: no trained model to wrap in DDP, so the conversion refuses.
     assert proc.returncode != 0 and "nothing written" in proc.stderr
     assert (tmp_path / "steps.py").read_text() == (STEP_MODULE / "steps.py").read_text()
-    proc = convert("train.py", "--to", "ddp", "--allow-partial", "-o", "out", "--no-verify", cwd=tmp_path)
+    proc = convert(
+        "train.py", "--to", "ddp", "--allow-partial", "-o", "out", "--no-verify", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     converted = (tmp_path / "out" / "steps.py").read_text()
     assert "model(x.cuda(non_blocking=True))" in converted
-    again = convert("train.py", "--to", "ddp", "--allow-partial", "-o", "again", "--no-verify", cwd=tmp_path / "out")
+    again = convert(
+        "train.py",
+        "--to",
+        "ddp",
+        "--allow-partial",
+        "-o",
+        "again",
+        "--no-verify",
+        cwd=tmp_path / "out",
+    )
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out" / "again" / "steps.py").read_text() == converted
 

@@ -70,7 +70,9 @@ def test_sweep_needs_a_clear_gain_to_change_the_setting():
 
 def test_sweep_without_workers_for_unpicklable_datasets():
     tried: list[LoaderSetting] = []
-    _, best = sweep(LoaderSetting(), fake_measure({}, tried), limit=4, with_workers=False, cuda=True)
+    _, best = sweep(
+        LoaderSetting(), fake_measure({}, tried), limit=4, with_workers=False, cuda=True
+    )
     assert tried == [LoaderSetting(), LoaderSetting(pin_memory=True)]
     assert best.setting == LoaderSetting()
 
@@ -100,13 +102,19 @@ def test_a_gain_within_the_spread_of_the_passes_does_not_count():
 def test_sweep_measures_the_reference_setting():
     reference = LoaderSetting(8, persistent_workers=True)  # what convert would write
     tried: list[LoaderSetting] = []
-    _, best = sweep(LoaderSetting(), fake_measure({reference: 80.0}, tried), limit=2, reference=reference)
+    _, best = sweep(
+        LoaderSetting(), fake_measure({reference: 80.0}, tried), limit=2, reference=reference
+    )
     assert tried[:2] == [LoaderSetting(), reference]
     assert best.setting.num_workers == 8
 
 
 # -- the output ---------------------------------------------------------------------------
-NONE, ONE, TWO = LoaderSetting(), LoaderSetting(1, persistent_workers=True), LoaderSetting(2, persistent_workers=True)
+NONE, ONE, TWO = (
+    LoaderSetting(),
+    LoaderSetting(1, persistent_workers=True),
+    LoaderSetting(2, persistent_workers=True),
+)
 
 
 def tuned_loader(heuristic_spread: tuple[float, float]) -> dict:
@@ -119,10 +127,20 @@ def tuned_loader(heuristic_spread: tuple[float, float]) -> dict:
     ]
     results = json.loads(json.dumps([m.as_dict() for m in measured]))
     return {
-        "line": 12, "dataset": "Images", "batch_size": 64, "batches_per_epoch": 100,
-        "unpicklable": None, "same_site": 1, "current": NONE.as_dict(), "heuristic": TWO.as_dict(),
-        "results": results, "best": results[2],
-        "convert": {"writes": {"num_workers": WORKERS, "persistent_workers": "True"}, "reason": None},
+        "line": 12,
+        "dataset": "Images",
+        "batch_size": 64,
+        "batches_per_epoch": 100,
+        "unpicklable": None,
+        "same_site": 1,
+        "current": NONE.as_dict(),
+        "heuristic": TWO.as_dict(),
+        "results": results,
+        "best": results[2],
+        "convert": {
+            "writes": {"num_workers": WORKERS, "persistent_workers": "True"},
+            "reason": None,
+        },
     }
 
 
@@ -138,8 +156,28 @@ def test_table_keeps_its_columns_when_piped():
     header = "workers pin persist prefetch batch/s range 1st batch speed-up".split()
     assert header in [line.split() for line in text.splitlines()]
     rows = {line.split()[0]: line for line in text.splitlines() if line.strip()[:1].isdigit()}
-    assert rows["1"].split() == ["1", "no", "yes", "default", "18.8", "18.0-19.5", "100", "ms", "1.88x", "best"]
-    assert rows["2"].split()[4:] == ["14.0", "13.0-15.0", "200", "ms", "1.40x", "convert", "writes", "it"]
+    assert rows["1"].split() == [
+        "1",
+        "no",
+        "yes",
+        "default",
+        "18.8",
+        "18.0-19.5",
+        "100",
+        "ms",
+        "1.88x",
+        "best",
+    ]
+    assert rows["2"].split()[4:] == [
+        "14.0",
+        "13.0-15.0",
+        "200",
+        "ms",
+        "1.40x",
+        "convert",
+        "writes",
+        "it",
+    ]
     assert rows["0"].split()[-1] == "current"
 
 
@@ -165,8 +203,7 @@ def test_heuristic_is_the_fixs_expression_evaluated_here():
 
 
 # -- the rewrite -------------------------------------------------------------------------
-BEFORE = textwrap.dedent(
-    """\
+BEFORE = textwrap.dedent("""\
     import torch.utils.data as tud
     from torch.utils.data import DataLoader
 
@@ -180,16 +217,14 @@ BEFORE = textwrap.dedent(
     )
     other = DataLoader(ds, **kwargs)
     configured = DataLoader(ds, num_workers=args.workers)
-    """
-)
+    """)
 WANTED = {
     (5, 8): {"num_workers": "4", "persistent_workers": "True"},
     (6, 8): {"num_workers": "0", "persistent_workers": None},
     (12, 8): {"num_workers": "2"},
     (13, 13): {"num_workers": "3"},
 }
-AFTER = textwrap.dedent(
-    """\
+AFTER = textwrap.dedent("""\
     import torch.utils.data as tud
     from torch.utils.data import DataLoader
 
@@ -202,8 +237,7 @@ AFTER = textwrap.dedent(
     )
     other = DataLoader(ds, **kwargs)
     configured = DataLoader(ds, num_workers=args.workers)
-    """
-)
+    """)
 
 
 def test_write_puts_the_values_where_the_script_sets_them():
@@ -253,8 +287,7 @@ def test_write_wraps_a_call_that_grows_too_long_in_blacks_style():
 
 
 # -- the command, for real ---------------------------------------------------------------
-SLOW_DATASET = textwrap.dedent(
-    """\
+SLOW_DATASET = textwrap.dedent("""\
     import time
 
     import torch
@@ -274,10 +307,8 @@ SLOW_DATASET = textwrap.dedent(
         loader = DataLoader(Slow(), batch_size=4)
         for batch in loader:
             pass
-    """
-)
-UNPICKLABLE = textwrap.dedent(
-    """\
+    """)
+UNPICKLABLE = textwrap.dedent("""\
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -296,8 +327,7 @@ UNPICKLABLE = textwrap.dedent(
     loader = DataLoader(Scaled(), batch_size=2)
     for batch in loader:
         pass
-    """
-)
+    """)
 
 
 tune = partial(autoaccel, "tune")
@@ -331,19 +361,23 @@ def test_write_applies_the_fastest_setting(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "slow.py"
     script.write_text(SLOW_DATASET)
-    proc = tune(script, "--batches", "16", "--repeats", "1", "--max-workers", "2", "--write", cwd=tmp_path)
+    proc = tune(
+        script, "--batches", "16", "--repeats", "1", "--max-workers", "2", "--write", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "best" in proc.stdout and "speed-up" in proc.stdout
     written = script.read_text()
     [call] = [n for n in ast.walk(ast.parse(written)) if isinstance(n, ast.Call) and n.keywords]
     keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
     # 2 workers halve the sleeping; a prefetch factor may or may not win by the 3 % needed.
-    assert keywords.items() >= {"batch_size": 4, "num_workers": 2, "persistent_workers": True}.items()
+    assert (
+        keywords.items() >= {"batch_size": 4, "num_workers": 2, "persistent_workers": True}.items()
+    )
     assert set(keywords) <= {"batch_size", "num_workers", "persistent_workers", "prefetch_factor"}
     before, after = SLOW_DATASET.splitlines(), written.splitlines()
     line = call.lineno - 1
     assert after[:line] == before[:line]
-    assert after[call.end_lineno:] == before[line + 1:]
+    assert after[call.end_lineno :] == before[line + 1 :]
     assert f"{script}:{line + 1}: tuned: `num_workers=2`" in proc.stderr
 
 

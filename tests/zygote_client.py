@@ -36,7 +36,9 @@ def ask(path: str, ppid: int, argv: list[str]):
         conn.connect(path)
         umask = os.umask(0o22)
         os.umask(umask)
-        ignored = [name for name in PASSED_ON if signal.getsignal(getattr(signal, name)) == signal.SIG_IGN]
+        ignored = [
+            name for name in PASSED_ON if signal.getsignal(getattr(signal, name)) == signal.SIG_IGN
+        ]
         request = json.dumps({
             "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "ppid": ppid, "umask": umask,
             "ignored": ignored,
@@ -73,4 +75,3 @@ def main(path: str) -> None:
         os.kill(os.getpid(), -code)
         code = 128 - code  # a signal that does not end a process (SIGCHLD, ...)
     sys.exit(code)
-

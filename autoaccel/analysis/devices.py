@@ -25,7 +25,8 @@ ACCELERATORS = frozenset({"cuda", "xpu", ACCELERATOR})
 
 def device_types(obj: Obj, program: Program, _seen: frozenset[Obj] = frozenset()) -> frozenset[str]:
     """The device types `obj` (a device object, or a legacy tensor type such as
-    `torch.cuda.FloatTensor`) may be; empty when the code does not say (`torch.device(args.device)`, `torch.device(0)`)."""
+    `torch.cuda.FloatTensor`) may be; empty when the code does not say (`torch.device(args.device)`, `torch.device(0)`).
+    """
     node = obj.node
     if obj.kind is Kind.TENSOR_TYPE:  # `torch.cuda.FloatTensor`
         names = obj.module.index.qualified_names(node)

@@ -37,9 +37,7 @@ def is_interval(test: cst.BaseExpression, counters: set[str]) -> bool:
         operands = [comparison.left] + [c.comparator for c in comparison.comparisons]
         for operand in operands:
             key = name_key(operand)
-            if key is not None and (
-                key in counters or COUNTER_NAME.search(key.split(".")[-1])
-            ):
+            if key is not None and (key in counters or COUNTER_NAME.search(key.split(".")[-1])):
                 return True
     return False
 
@@ -62,7 +60,9 @@ class StepRuns:
         self._functions: dict[FunctionInfo, Steps] = {}
         self._callers: dict[FunctionInfo, list[cst.Call]] | None = None
 
-    def steps(self, node: cst.CSTNode, index: ModuleIndex, seen: frozenset[FunctionInfo] = frozenset()) -> Steps:
+    def steps(
+        self, node: cst.CSTNode, index: ModuleIndex, seen: frozenset[FunctionInfo] = frozenset()
+    ) -> Steps:
         """The role of a step loop that runs `node` (a node of a module of the program,
         walked with that module's `index`) on every iteration, None when none does; and
         whether `node` runs only there (not also from other callers of its function)."""
@@ -85,7 +85,9 @@ class StepRuns:
             child = ancestor
         return NEVER
 
-    def function_steps(self, function: FunctionInfo, seen: frozenset[FunctionInfo] = frozenset()) -> Steps:
+    def function_steps(
+        self, function: FunctionInfo, seen: frozenset[FunctionInfo] = frozenset()
+    ) -> Steps:
         """`steps` of the body of `function`, from its calls (training first)."""
         if function in seen:
             return NEVER

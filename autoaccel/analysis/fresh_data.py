@@ -55,7 +55,8 @@ def fresh_draws(step: StepLoop) -> frozenset[Generator]:
         return frozenset()
     places = [(step.node.body, step.module, set(_loop_names(step.node)))]
     places += [
-        (f.node.body, f.module, set(f.positional) - {"self"}) for f in step.reached
+        (f.node.body, f.module, set(f.positional) - {"self"})
+        for f in step.reached
         if not (f.cls and f.cls.is_module)
     ]
     drawn: set[Generator | None] = set()
@@ -85,7 +86,9 @@ def _indexes_by(subscript: cst.Subscript, counters: set[str]) -> bool:
     return any(
         name_key(name) in counters
         for element in subscript.slice
-        for start in [element.slice.lower if isinstance(element.slice, cst.Slice) else element.slice]
+        for start in [
+            element.slice.lower if isinstance(element.slice, cst.Slice) else element.slice
+        ]
         if start is not None
         for name in find(start, cst.Name)
     )

@@ -136,7 +136,9 @@ def _reads(region: cst.CSTNode, index: ModuleIndex) -> dict[str, list[cst.CSTNod
 def _stops(body: cst.CSTNode, index: ModuleIndex) -> bool:
     """Whether `body` (a block) stops the program: `raise`, or a call of `sys.exit`."""
     for statement in getattr(body, "body", ()):
-        for small in getattr(statement, "body", ()) if isinstance(statement, cst.SimpleStatementLine) else ():
+        for small in (
+            getattr(statement, "body", ()) if isinstance(statement, cst.SimpleStatementLine) else ()
+        ):
             if isinstance(small, cst.Raise):
                 return True
             if (

@@ -283,7 +283,9 @@ class ModuleIndex:
             found[exported] = meant
         return found
 
-    def bind_star_import(self, statement: cst.ImportFrom, exports: dict[str, frozenset[str]]) -> None:
+    def bind_star_import(
+        self, statement: cst.ImportFrom, exports: dict[str, frozenset[str]]
+    ) -> None:
         """Bind the names `statement`, a `from module import *` of this module, takes from
         the module's `exports` (its `ModuleIndex.exports`), where it runs. A name this
         module binds itself is left to its own binding: a script that imports `torch`, or
@@ -371,14 +373,18 @@ class ModuleIndex:
         if special is not None:
             special(self, node, scope, store)
         else:
-            store = store and isinstance(node, (cst.Tuple, cst.List, cst.StarredElement, cst.Element))
+            store = store and isinstance(
+                node, (cst.Tuple, cst.List, cst.StarredElement, cst.Element)
+            )
             for child in children(node):
                 self.parents[child] = node
                 self._visit(child, scope, store)
         if type(node) in _BINDING_STATEMENTS:
             scope.count += 1
 
-    def _child(self, parent: cst.CSTNode, child: cst.CSTNode | None, scope: Scope, store: bool = False) -> None:
+    def _child(
+        self, parent: cst.CSTNode, child: cst.CSTNode | None, scope: Scope, store: bool = False
+    ) -> None:
         if child is not None:
             self.parents[child] = parent
             self._visit(child, scope, store)
@@ -474,7 +480,9 @@ class ModuleIndex:
             name = item.name.value
             scope.redirects[name] = scope.module if isinstance(node, cst.Global) else scope.parent  # type: ignore[assignment]
 
-    def _definition_name(self, node: cst.FunctionDef | cst.ClassDef | cst.Param, scope: Scope) -> None:
+    def _definition_name(
+        self, node: cst.FunctionDef | cst.ClassDef | cst.Param, scope: Scope
+    ) -> None:
         """The name a `def`, `class` or parameter binds in `scope`."""
         scope.bind(node.name.value)
         self.parents[node.name] = node
@@ -587,7 +595,10 @@ def _declared_all(module: cst.Module) -> list[str] | None:
         for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
             if (
                 isinstance(small, cst.Assign)
-                and any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in small.targets)
+                and any(
+                    isinstance(t.target, cst.Name) and t.target.value == "__all__"
+                    for t in small.targets
+                )
                 and isinstance(small.value, (cst.List, cst.Tuple))
             ):
                 declared = [

@@ -101,7 +101,9 @@ class LossReductions:
             return Reduction.MEAN
         functions = self.script.program.callees.get(node, set()) if self.script.program else set()
         returned = [
-            (value, _Place(f.node, f.module)) for f in functions if not (f.cls and f.cls.is_module)
+            (value, _Place(f.node, f.module))
+            for f in functions
+            if not (f.cls and f.cls.is_module)
             for value in returned_values(f.node)
         ]
         if returned:
@@ -121,7 +123,9 @@ class LossReductions:
         if self.script.program is None:
             return False
         return any(
-            obj.kind is Kind.CRITERION and isinstance(obj.node, cst.Call) and sums_by_keyword(obj.node)
+            obj.kind is Kind.CRITERION
+            and isinstance(obj.node, cst.Call)
+            and sums_by_keyword(obj.node)
             for obj in self.script.program.values_of(node.func, place.module)
         )
 
@@ -153,7 +157,9 @@ def is_batch_size(node: cst.BaseExpression) -> bool:
         return True
     if is_method_call(node, "size"):
         args = node.args  # type: ignore[attr-defined]
-        return len(args) == 1 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0"
+        return (
+            len(args) == 1 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0"
+        )
     if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute):
         index = node.slice[0].slice if len(node.slice) == 1 else None
         return (
@@ -204,4 +210,6 @@ def _own_nodes(scope: cst.CSTNode) -> Iterable[cst.CSTNode]:
 
 def returned_values(function: cst.FunctionDef) -> list[cst.BaseExpression]:
     """The values `function`'s own `return` statements give."""
-    return [n.value for n in _own_nodes(function) if isinstance(n, cst.Return) and n.value is not None]
+    return [
+        n.value for n in _own_nodes(function) if isinstance(n, cst.Return) and n.value is not None
+    ]

@@ -56,7 +56,8 @@ class OptionDefaults:
 
     def _is_parser(self, node: cst.BaseExpression, module: SourceModule) -> bool:
         return any(
-            isinstance(obj.node, cst.Call) and PARSER in obj.module.index.qualified_names(obj.node.func)
+            isinstance(obj.node, cst.Call)
+            and PARSER in obj.module.index.qualified_names(obj.node.func)
             for obj in self.program.values_of(node, module)
         )
 
@@ -97,4 +98,6 @@ def _dest(call: cst.Call) -> str | None:
 
 
 def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
-    return next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+    return next(
+        (a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None
+    )

@@ -229,7 +229,9 @@ _NOWHERE = StatementLines(0, 0, 0)
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def statement_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatement, StatementLines]:
+def statement_lines(
+    module: cst.Module, tree: ast.Module
+) -> dict[cst.BaseStatement, StatementLines]:
     """The lines of each statement of `module`, whose text CPython parsed into `tree`:
     LibCST's statements matched with CPython's in source order (a one-line suite's small
     statements are not listed); empty when they do not match one to one."""
@@ -252,7 +254,9 @@ def statement_lines(module: cst.Module, tree: ast.Module) -> dict[cst.BaseStatem
                 return {}
             first = first.decorator_list[0]
             lines += len(node.decorators[0].leading_lines)
-        found[node] = StatementLines(first.lineno - lines, first.lineno, last.end_lineno or last.lineno)
+        found[node] = StatementLines(
+            first.lineno - lines, first.lineno, last.end_lineno or last.lineno
+        )
     return found if next(python, None) is None else {}
 
 

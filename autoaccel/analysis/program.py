@@ -215,7 +215,9 @@ _UNCONDITIONAL = (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)
 class Program:
     """The modules of a project and what their names hold (see the module docstring)."""
 
-    def __init__(self, modules: list[SourceModule], resolve_module: ModuleResolver | None = None) -> None:
+    def __init__(
+        self, modules: list[SourceModule], resolve_module: ModuleResolver | None = None
+    ) -> None:
         """`resolve_module(dotted, origin)` finds a module of the project by its import
         name (default: among `modules`). Call `collect` for each module (or run its
         `ProgramCollector` in a shared walk), then `solve`."""
@@ -272,7 +274,9 @@ class Program:
                 bind(module)
 
     @classmethod
-    def of(cls, modules: list[SourceModule], resolve_module: ModuleResolver | None = None) -> Program:
+    def of(
+        cls, modules: list[SourceModule], resolve_module: ModuleResolver | None = None
+    ) -> Program:
         """Collect and solve `modules` in one go."""
         program = cls(modules, resolve_module)
         for module in modules:
@@ -397,12 +401,16 @@ class Program:
             made = self.obj(Kind.CLASS, node, module, cls=self.classes[node])
         self._store_name(scope.owner(node.name.value), node.name, {made}, module)
 
-    def _assign(self, targets: list[cst.BaseExpression], value: cst.BaseExpression, module: SourceModule) -> None:
+    def _assign(
+        self, targets: list[cst.BaseExpression], value: cst.BaseExpression, module: SourceModule
+    ) -> None:
         values = self._eval(value, module)
         for target in targets:
             self._store_target(target, values, module)
 
-    def _iterate(self, target: cst.BaseExpression, iterable: cst.BaseExpression, module: SourceModule) -> None:
+    def _iterate(
+        self, target: cst.BaseExpression, iterable: cst.BaseExpression, module: SourceModule
+    ) -> None:
         self._store_target(target, self._elements(self._eval(iterable, module)), module)
 
     def _return(self, function: FunctionInfo, value: cst.BaseExpression) -> None:
@@ -459,7 +467,9 @@ class Program:
             for function in called:
                 self._store((function, CALLED_AT), times)
 
-    def _bind(self, function: FunctionInfo, call: cst.Call, bound: set[Obj] | None, module: SourceModule) -> None:
+    def _bind(
+        self, function: FunctionInfo, call: cst.Call, bound: set[Obj] | None, module: SourceModule
+    ) -> None:
         params = function.positional
         if bound is not None and params:
             self._store((function.scope, params[0]), bound)
@@ -516,7 +526,9 @@ class Program:
             site: int | FunctionInfo | None = None
             while parent is not None:
                 if isinstance(parent, (cst.FunctionDef, cst.Lambda)) and child is parent.body:
-                    site = self.functions.get(parent) if isinstance(parent, cst.FunctionDef) else None
+                    site = (
+                        self.functions.get(parent) if isinstance(parent, cst.FunctionDef) else None
+                    )
                     break
                 if parent is module.tree:
                     site = self._statement_positions(module).get(id(child))
@@ -574,7 +586,9 @@ class Program:
             live = self._live_versions[key] = _reaching(versions, at, own)
         return live
 
-    def _store_name(self, owner: Scope, name: cst.Name, values: Iterable[Obj], module: SourceModule) -> None:
+    def _store_name(
+        self, owner: Scope, name: cst.Name, values: Iterable[Obj], module: SourceModule
+    ) -> None:
         """Store into a plain name; a module-level one also into its version."""
         values = set(values)
         if owner is owner.module:
@@ -727,7 +741,11 @@ class Program:
             wrapped = self.wrapped_parameter.get(function)
             if wrapped is not None:
                 positional = function.positional[1:] if bound is not None else function.positional
-                passed = argument(node, positional.index(wrapped), wrapped) if wrapped in positional else None
+                passed = (
+                    argument(node, positional.index(wrapped), wrapped)
+                    if wrapped in positional
+                    else None
+                )
                 if passed is not None:
                     found |= self._eval(passed, module)
             if function.name != "__init__":
@@ -756,7 +774,9 @@ class Program:
                 made.add(self.obj(kind, node, module, cls=obj.cls))
         return made
 
-    def _library_call(self, node: cst.Call, names: frozenset[str], module: SourceModule) -> set[Obj] | None:
+    def _library_call(
+        self, node: cst.Call, names: frozenset[str], module: SourceModule
+    ) -> set[Obj] | None:
         """What a call of torch (or a wrapper such as tqdm) returns; None for other calls."""
         if not names:
             return None
@@ -781,14 +801,17 @@ class Program:
                 if arg.keyword is None and not arg.star:
                     found |= self._eval(arg.value, module)
             return found
-        if not any(n.startswith(("torch.", "builtins.")) for n in names) and self._imported(
-            node.func, module
-        ) is None:
+        if (
+            not any(n.startswith(("torch.", "builtins.")) for n in names)
+            and self._imported(node.func, module) is None
+        ):
             # `Net()` of `from model import Net` when model.py is not part of the program
             return {self.obj(Kind.EXTERNAL, node, module)}
         return None
 
-    def _targets(self, call: cst.Call, module: SourceModule) -> list[tuple[FunctionInfo, set[Obj] | None]]:
+    def _targets(
+        self, call: cst.Call, module: SourceModule
+    ) -> list[tuple[FunctionInfo, set[Obj] | None]]:
         """The project functions `call` runs, each with what its first parameter is bound
         to (None when the call passes every argument itself, as for a plain function)."""
         func = call.func
@@ -897,7 +920,9 @@ class Program:
                 stack.extend(self._read((obj, "*")))
         return {o for o in found if o.kind is not Kind.CONTAINER}
 
-    def _store_target(self, target: cst.BaseExpression, values: set[Obj], module: SourceModule) -> None:
+    def _store_target(
+        self, target: cst.BaseExpression, values: set[Obj], module: SourceModule
+    ) -> None:
         if isinstance(target, cst.Name):
             scope = module.index.scopes.get(target)
             if scope is not None:
@@ -933,7 +958,16 @@ class Program:
 # What `.to(device)` returns itself and whose `.parameters()` may train.
 _MODEL_LIKE = frozenset({Kind.MODULE, Kind.CRITERION, Kind.EXTERNAL})
 _DISPLAYS = frozenset(
-    {cst.Tuple, cst.List, cst.Set, cst.Dict, cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp}
+    {
+        cst.Tuple,
+        cst.List,
+        cst.Set,
+        cst.Dict,
+        cst.ListComp,
+        cst.SetComp,
+        cst.GeneratorExp,
+        cst.DictComp,
+    }
 )
 
 

@@ -67,7 +67,9 @@ def project_roots(script: Path) -> list[Path]:
     return roots
 
 
-def load_project(script: Path | None, tree: cst.Module, index: ModuleIndex | None = None) -> Project:
+def load_project(
+    script: Path | None, tree: cst.Module, index: ModuleIndex | None = None
+) -> Project:
     """The project of `script` (already parsed as `tree`, and indexed as `index` when
     given); a script without a path (standard input, a test string) is a project of
     one module."""
@@ -168,7 +170,9 @@ def entry_projects(path: Path) -> list[tuple[Project, SourceModule]]:
     found: list[tuple[Project, SourceModule]] = []
     for candidate in _scripts_importing(target):
         project = _entry_project(str(candidate), *_stamp(candidate))
-        module = next((m for m in project.modules.values() if _is(m, target)), None) if project else None
+        module = (
+            next((m for m in project.modules.values() if _is(m, target)), None) if project else None
+        )
         if project is not None and module is not None:
             found.append((project, module))
     return [
@@ -229,7 +233,9 @@ def _entry_imports(path: str, mtime_ns: int, size: int) -> frozenset[str]:
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     if not _RUNS.search(text):
         return frozenset()
-    return frozenset(word for line in _IMPORT_LINE.findall(text) for word in re.findall(r"\w+", line))
+    return frozenset(
+        word for line in _IMPORT_LINE.findall(text) for word in re.findall(r"\w+", line)
+    )
 
 
 def _stamp(path: Path) -> tuple[int, int]:

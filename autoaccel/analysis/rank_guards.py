@@ -47,7 +47,11 @@ def rank_guarded(node: cst.CSTNode, ancestors: Iterable[cst.CSTNode]) -> bool:
         if isinstance(ancestor, cst.If) and child is not ancestor.test:
             if mentions_rank(ancestor.test):
                 return True
-        if isinstance(ancestor, cst.IfExp) and child is ancestor.body and mentions_rank(ancestor.test):
+        if (
+            isinstance(ancestor, cst.IfExp)
+            and child is ancestor.body
+            and mentions_rank(ancestor.test)
+        ):
             return True  # `SummaryWriter(...) if RANK == 0 else None`
         if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
             for statement in ancestor.body:

@@ -68,9 +68,7 @@ _BRANCHES = (cst.If, cst.For, cst.While, cst.Try, cst.Match)
 class KeywordDict:
     """What a `**kwargs` dict passed to a call is known to hold."""
 
-    values: dict[str, list[cst.BaseExpression]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
+    values: dict[str, list[cst.BaseExpression]] = field(default_factory=lambda: defaultdict(list))
     opaque: bool = False  # built or changed in a way we cannot follow
     display: cst.Dict | None = None  # the `{...}` the name was first bound to
     # Keys only some paths set: added by an `.update()` or `d[k] = v` under a condition
@@ -179,9 +177,15 @@ class ScriptModel:
         if self.program is None:
             return False
         for child in descendants(node):
-            if child in self.training.step_loops and self.training.step_loops[child].role is LoopRole.TRAIN:
+            if (
+                child in self.training.step_loops
+                and self.training.step_loops[child].role is LoopRole.TRAIN
+            ):
                 return True
-            if isinstance(child, cst.Call) and self.program.callees.get(child, set()) & self.training.trainers:
+            if (
+                isinstance(child, cst.Call)
+                and self.program.callees.get(child, set()) & self.training.trainers
+            ):
                 return True
         return False
 
@@ -205,7 +209,8 @@ class ScriptModel:
         """Whether `node` calls `.backward()`, or a function of the project that does,
         directly or through others (`loss = self.training_step(x, y)`)."""
         return any(
-            isinstance(child, cst.Call) and (child in self.training.backward_calls or self.runs_backward(child))
+            isinstance(child, cst.Call)
+            and (child in self.training.backward_calls or self.runs_backward(child))
             for child in descendants(node)
         )
 
@@ -345,7 +350,11 @@ class _Syntax(BindingVisitor, cst.CSTVisitor):
             return
         if isinstance(value, cst.Dict):
             self._record_dict(key, value)
-        elif isinstance(value, cst.IfExp) and isinstance(value.body, cst.Dict) and isinstance(value.orelse, cst.Dict):
+        elif (
+            isinstance(value, cst.IfExp)
+            and isinstance(value.body, cst.Dict)
+            and isinstance(value.orelse, cst.Dict)
+        ):
             # `{"pin_memory": True} if use_cuda else {}`: a key of one branch only is set
             # on some paths
             for branch in (value.body, value.orelse):
@@ -409,7 +418,9 @@ class _Syntax(BindingVisitor, cst.CSTVisitor):
         else:
             kwargs.opaque = True
 
-    def _note_conditional_keys(self, kwargs: KeywordDict, known: set[str], change: cst.CSTNode) -> None:
+    def _note_conditional_keys(
+        self, kwargs: KeywordDict, known: set[str], change: cst.CSTNode
+    ) -> None:
         """Keys that `change` added to `kwargs` under a condition the display is not under."""
         if kwargs.display is None:
             return
@@ -559,7 +570,9 @@ class ProjectContext:
 
 
 def build_script_model(
-    wrapper: MetadataWrapper, index: ModuleIndex | None = None, project: ProjectContext | None = None
+    wrapper: MetadataWrapper,
+    index: ModuleIndex | None = None,
+    project: ProjectContext | None = None,
 ) -> ScriptModel:
     """Analyse the module held by `wrapper` (pass the module's `index` when built
     already): on its own, or with the other modules of its `project`, so that objects,
@@ -600,4 +613,3 @@ def device_leaves(value: cst.BaseExpression) -> list[cst.BaseExpression]:
     if isinstance(value, cst.IfExp):
         return [*device_leaves(value.body), *device_leaves(value.orelse)]
     return [value]
-

@@ -103,7 +103,11 @@ class SideEffects:
 CallKind = Callable[[cst.Call], EffectKind | None]
 # The kinds of write, the one a message names first.
 _SEVERITY = (
-    EffectKind.CHECKPOINT, EffectKind.FILE_WRITE, EffectKind.EXPERIMENT_LOG, EffectKind.PRINT, EffectKind.DIRECTORY
+    EffectKind.CHECKPOINT,
+    EffectKind.FILE_WRITE,
+    EffectKind.EXPERIMENT_LOG,
+    EffectKind.PRINT,
+    EffectKind.DIRECTORY,
 )
 
 
@@ -137,10 +141,14 @@ class _Collector(cst.CSTVisitor):
             for name in self.index.qualified_names(target.target)
         ):
             line = self.index.parent(node)
-            statement = line if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+            statement = (
+                line if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+            )
             self._add(EffectKind.EXPERIMENT_LOG, node, statement)
 
-    def _add(self, kind: EffectKind, node: cst.Call | cst.Assign, statement: cst.BaseStatement | None) -> None:
+    def _add(
+        self, kind: EffectKind, node: cst.Call | cst.Assign, statement: cst.BaseStatement | None
+    ) -> None:
         function = next(
             (a for a in self.index.ancestors(node) if isinstance(a, cst.FunctionDef)), None
         )
@@ -212,7 +220,10 @@ def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement]) -
         return True
     if isinstance(statement, cst.SimpleStatementLine):
         return all(
-            (isinstance(small, cst.Assign) and all(isinstance(t.target, cst.Name) for t in small.targets))
+            (
+                isinstance(small, cst.Assign)
+                and all(isinstance(t.target, cst.Name) for t in small.targets)
+            )
             or (isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString))
             or isinstance(small, cst.Pass)
             for small in statement.body
@@ -247,7 +258,9 @@ class Writes(NamedTuple):
 
 
 def function_writes(
-    module: cst.Module, index: ModuleIndex | None = None, callee: Callable[[cst.Call], cst.FunctionDef | None] | None = None
+    module: cst.Module,
+    index: ModuleIndex | None = None,
+    callee: Callable[[cst.Call], cst.FunctionDef | None] | None = None,
 ) -> dict[cst.FunctionDef, Writes]:
     """What each function of `module` that writes on every rank (not under a rank test)
     writes. With `callee` (the function of `module` a call runs, if any), a call of a
@@ -267,7 +280,9 @@ def function_writes(
             if effect.function is not None and not effect.guarded:
                 kinds.setdefault(effect.function, []).append(effect.kind)
         now = {
-            function: Writes(min(found_kinds, key=_SEVERITY.index), function in effects.writer_functions)
+            function: Writes(
+                min(found_kinds, key=_SEVERITY.index), function in effects.writer_functions
+            )
             for function, found_kinds in kinds.items()
         }
         if now == found:

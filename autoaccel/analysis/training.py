@@ -97,16 +97,19 @@ class _Finder:
         readers = {loop: self._loaders_read(loop) for loop in loops}
         loader_steps = [loop for loop in candidates if readers[loop]]
         steps = [
-            loop for loop in loader_steps
+            loop
+            for loop in loader_steps
             if not any(self._inside(other, loop) for other in loader_steps if other is not loop)
         ]
         rest = [
-            loop for loop in candidates
+            loop
+            for loop in candidates
             if loop not in loader_steps
             and not any(self._inside(loop, step) or self._inside(step, loop) for step in steps)
         ]
         steps += [
-            loop for loop in rest
+            loop
+            for loop in rest
             if not any(self._inside(other, loop) for other in rest if other is not loop)
         ]
         training = self.training
@@ -224,7 +227,9 @@ class _Finder:
         if loop in cache:
             return cache[loop]
         found: set[FunctionInfo] = set()
-        stack = [f for call in self.calls_in.get(loop, ()) for f in self.program.callees.get(call, ())]
+        stack = [
+            f for call in self.calls_in.get(loop, ()) for f in self.program.callees.get(call, ())
+        ]
         while stack:
             function = stack.pop()
             if function in found:
@@ -237,7 +242,9 @@ class _Finder:
 
     def _inside(self, inner: cst.CSTNode, outer: cst.CSTNode) -> bool:
         """Whether each run of `outer`'s body may run the loop `inner`."""
-        return outer in self.around[inner] or self.program.function_of[inner] in self._reachable(outer)
+        return outer in self.around[inner] or self.program.function_of[inner] in self._reachable(
+            outer
+        )
 
     def _loaders_read(self, loop: cst.For | cst.While) -> frozenset[Obj]:
         """The DataLoaders `loop` takes its batches from: what it iterates over, or what
@@ -265,14 +272,15 @@ class _Finder:
         reached = tuple(f for f in program.functions.values() if f in reachable)
         if role is LoopRole.TRAIN and not any(self._steps(c) for c in self.calls_in.get(loop, ())):
             step_functions = tuple(
-                f for f in reached
-                if any(self._steps(c) for c in self.calls_of.get(f, ()))
+                f for f in reached if any(self._steps(c) for c in self.calls_of.get(f, ()))
             )
         self.training.step_loops[loop] = StepLoop(
             node=loop,
             role=role,
             loader=self._spelling(loop, module),
-            batch_names=frozenset(bound_names(loop.target)) if isinstance(loop, cst.For) else frozenset(),
+            batch_names=(
+                frozenset(bound_names(loop.target)) if isinstance(loop, cst.For) else frozenset()
+            ),
             module=module,
             function=program.function_of[loop],
             loaders=loaders,

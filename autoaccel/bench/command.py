@@ -61,7 +61,9 @@ def run_bench(
     runs; 2 when the original cannot run or be converted."""
     err = Console(stderr=True)
     if report is not None and report.exists() and not report.is_dir():
-        err.print(f"{report}: error: --report names a folder to write into; this is a file", markup=False)
+        err.print(
+            f"{report}: error: --report names a folder to write into; this is a file", markup=False
+        )
         return EXIT_ERROR
     converted = _converted(script, options, err)
     if converted is None:
@@ -85,8 +87,11 @@ def run_bench(
         "steps": steps,
         "threads": threads,
         **summarise(
-            [run.record for run in originals], [run.record for run in converteds],
-            options, warmup, tolerance,
+            [run.record for run in originals],
+            [run.record for run in converteds],
+            options,
+            warmup,
+            tolerance,
         ),
     }
     crashed = any(run.failed for run in converteds)
@@ -104,7 +109,9 @@ def run_bench(
         try:
             warnings = write_report(result, report)
         except OSError as error:
-            err.print(f"{report}: error: report not written: {os_error_message(error)}", markup=False)
+            err.print(
+                f"{report}: error: report not written: {os_error_message(error)}", markup=False
+            )
             return EXIT_ERROR
         for warning in warnings:
             err.print(f"warning: {warning}", markup=False)
@@ -150,7 +157,9 @@ def _converted(script: Path, options: ConvertOptions, err: Console) -> str | Non
         err.print(f"{script}: cannot convert: {error}", markup=False)
         return None
     if not conversion.changed:
-        err.print(f"{script}: the conversion changes nothing; both runs use the same code", markup=False)
+        err.print(
+            f"{script}: the conversion changes nothing; both runs use the same code", markup=False
+        )
     return conversion.converted
 
 
@@ -181,14 +190,21 @@ def _alternate(
                     label = f"run {repeat}/{repeats}, {name} script"
                     status.update(f"{label}: starting")
                     run = run_script(
-                        path, args, steps, Path(folder) / f"records-{name}-{repeat}", processes,
-                        import_from=[script.resolve().parent], env=env,
+                        path,
+                        args,
+                        steps,
+                        Path(folder) / f"records-{name}-{repeat}",
+                        processes,
+                        import_from=[script.resolve().parent],
+                        env=env,
                         on_step=lambda step: status.update(f"{label}: step {step}/{steps}"),
                     )
                     done.append(run)
                     if run.failed:
-                        err.print(f"{script}: the {name} script failed ({run.record['exit']})",
-                                  markup=False)
+                        err.print(
+                            f"{script}: the {name} script failed ({run.record['exit']})",
+                            markup=False,
+                        )
                         err.print(run.log[-3000:], markup=False, highlight=False)
                         return None if name == "original" else (originals, converteds)
     return originals, converteds

@@ -70,7 +70,7 @@ def throughput(record: dict[str, Any], warmup: int) -> Throughput | None:
 def moving_average(values: list[float], window: int) -> list[float]:
     if window <= 1:
         return values
-    return [sum(values[i:i + window]) / window for i in range(len(values) - window + 1)]
+    return [sum(values[i : i + window]) / window for i in range(len(values) - window + 1)]
 
 
 def max_relative_difference(reference: list[float], other: list[float], window: int = 1) -> float:

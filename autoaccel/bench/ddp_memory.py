@@ -18,7 +18,11 @@ PEAKS = ("peak_rss_bytes", "peak_cuda_bytes")
 
 
 def ddp_peaks(
-    script: Path, args: list[str], options: ConvertOptions, steps: int, nproc: int | None,
+    script: Path,
+    args: list[str],
+    options: ConvertOptions,
+    steps: int,
+    nproc: int | None,
     threads: str | None,
 ) -> dict[str, Any] | None:
     """The largest rank's peaks (RSS, and CUDA on GPUs) of one run of the `--to ddp`
@@ -34,7 +38,12 @@ def ddp_peaks(
         copy.parent.mkdir()
         write_atomic(copy, conversion.converted)
         run = run_script(
-            copy, args, steps, Path(folder) / "records", nproc,
-            import_from=[script.resolve().parent], env={"OMP_NUM_THREADS": threads} if threads else {},
+            copy,
+            args,
+            steps,
+            Path(folder) / "records",
+            nproc,
+            import_from=[script.resolve().parent],
+            env={"OMP_NUM_THREADS": threads} if threads else {},
         )
     return None if run.failed else {peak: run.record[peak] for peak in PEAKS}

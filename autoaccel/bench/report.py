@@ -69,10 +69,16 @@ def rows(result: dict[str, Any]) -> list[list[str]]:
         spread = run[f"{metric}_range"]
         shown = "-" if spread is None else " - ".join(_rate(value) for value in spread)
         last = run["losses"][-1] if run["losses"] else None
-        table.append([
-            name, _rate(run["steps_per_s"]), _rate(run["samples_per_s"]), shown,
-            _peak(run), _number(last, 4),
-        ])
+        table.append(
+            [
+                name,
+                _rate(run["steps_per_s"]),
+                _rate(run["samples_per_s"]),
+                shown,
+                _peak(run),
+                _number(last, 4),
+            ]
+        )
     return table
 
 
@@ -82,8 +88,10 @@ def memory_verdict(result: dict[str, Any]) -> str:
     if baseline is None:
         return "peak memory per rank vs --to ddp: not measured (the ddp conversion did not run)"
     fsdp = _peak(result["runs"]["converted"])
-    what = "" if baseline["peak_cuda_bytes"] is not None else (
-        " (RSS: the whole process on the CPU, the torch runtime included)"
+    what = (
+        ""
+        if baseline["peak_cuda_bytes"] is not None
+        else (" (RSS: the whole process on the CPU, the torch runtime included)")
     )
     return f"peak memory per rank: fsdp {fsdp}, ddp {_peak(baseline)}{what}"
 
@@ -155,13 +163,17 @@ def print_result(result: dict[str, Any], console: Console, allow_slower: bool = 
         speed_verdict(result), style=speed_style.get(result["speed"]), markup=False, highlight=False
     )
     console.print(
-        loss_verdict(result), style="green" if result["agree"] else "bold red",
-        markup=False, highlight=False,
+        loss_verdict(result),
+        style="green" if result["agree"] else "bold red",
+        markup=False,
+        highlight=False,
     )
     if "ddp_peak" in result:
         console.print(memory_verdict(result), markup=False, highlight=False)
     for check in (Check(**fields) for fields in result.get("verify", [])):
-        console.print(check.line, style=None if check.passed else "bold red", markup=False, highlight=False)
+        console.print(
+            check.line, style=None if check.passed else "bold red", markup=False, highlight=False
+        )
     if result.get("threads"):
         console.print(f"both sides ran with OMP_NUM_THREADS={result['threads']}", markup=False)
 
@@ -212,8 +224,13 @@ def figure(result: dict[str, Any]) -> Any:
         curves.plot(range(1, len(losses) + 1), losses, style, label=name, **thin)
         if window > 1:  # what the agreement is judged on (ddp)
             averaged = moving_average(losses, window)
-            curves.plot(range(window, len(losses) + 1), averaged, style, linewidth=2,
-                        label=f"{name}, {window}-step mean")
+            curves.plot(
+                range(window, len(losses) + 1),
+                averaged,
+                style,
+                linewidth=2,
+                label=f"{name}, {window}-step mean",
+            )
     curves.xaxis.set_major_locator(MaxNLocator(integer=True))
     curves.set(xlabel="training step", ylabel="loss", title="Loss per step (first run)")
     curves.legend()
@@ -249,7 +266,9 @@ def page(result: dict[str, Any], picture: bytes | None) -> str:
         if picture
         else f"<p>{html.escape(PLOT_HINT)}</p>"
     )
-    device = html.escape(f"{result['device_name']} ({result['device']}), torch {result['torch_version']}")
+    device = html.escape(
+        f"{result['device_name']} ({result['device']}), torch {result['torch_version']}"
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>autoaccel bench: {html.escape(result['script'])}</title>
 <style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.2em .8em;text-align:right}}

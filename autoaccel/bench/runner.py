@@ -60,8 +60,16 @@ def harness_command(
     if nproc is not None:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     return [
-        *launcher, "-m", "autoaccel.harness", "--losses-out", str(record_path),
-        "--max-steps", str(steps), "--seed", str(SEED), "--align-loader-rng",
+        *launcher,
+        "-m",
+        "autoaccel.harness",
+        "--losses-out",
+        str(record_path),
+        "--max-steps",
+        str(steps),
+        "--seed",
+        str(SEED),
+        "--align-loader-rng",
         *(["--progress", str(progress)] if progress else []),
         *(["--scratch", str(scratch)] if scratch else []),
         *_epoch_cut_args(epoch_cut),
@@ -98,13 +106,21 @@ def run_script(
     training epochs end early (`autoaccel.harness`)."""
     env = {**os.environ, **(env or {}), "PYTHONHASHSEED": str(SEED)}
     if import_from:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, import_from), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [*map(str, import_from), env.get("PYTHONPATH")])
+        )
     records.mkdir(parents=True, exist_ok=True)
     progress = records / "progress" if on_step else None
-    command = harness_command(records / "record-{rank}.json", steps, nproc, progress, scratch, epoch_cut)
+    command = harness_command(
+        records / "record-{rank}.json", steps, nproc, progress, scratch, epoch_cut
+    )
     with tempfile.TemporaryFile("w+", errors="replace") as log:
         proc = subprocess.Popen(
-            [*command, str(script), *args], env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+            [*command, str(script), *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
         )
         try:
@@ -182,7 +198,9 @@ def merge_ranks(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     for peak in ("peak_rss_bytes", "peak_cuda_bytes"):
         values = [r[peak] for r in ranks if r.get(peak) is not None]
         merged[peak] = max(values) if values else None
-    merged["exit"] = next((r["exit"] for r in ranks if r["exit"].startswith("error")), merged["exit"])
+    merged["exit"] = next(
+        (r["exit"] for r in ranks if r["exit"].startswith("error")), merged["exit"]
+    )
     return merged
 
 

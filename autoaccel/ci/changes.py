@@ -53,8 +53,15 @@ def changed_files(repo: Path, base: str | None, suffixes: tuple[str, ...]) -> li
         listing = git("ls-files", "-z", cwd=repo)
     else:
         listing = git(
-            "diff", "-z", "--name-only", "--no-ext-diff", "--no-textconv", "--diff-filter=ACMR",
-            _since(repo, base), "HEAD", cwd=repo,
+            "diff",
+            "-z",
+            "--name-only",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--diff-filter=ACMR",
+            _since(repo, base),
+            "HEAD",
+            cwd=repo,
         )
     if listing.returncode != 0:
         raise RuntimeError(f"git could not list the changed files: {listing.stderr.strip()}")
@@ -92,8 +99,17 @@ def changed_lines(repo: Path, base: str) -> dict[Path, set[int]]:
     """The lines (1-based, in HEAD) that each file added or changed since the merge base
     of `base` and HEAD; a file missing from the result could not be read from the diff."""
     diff = git(
-        "-c", "core.quotePath=false", "diff", "--no-color", "--no-ext-diff", "--no-textconv", "-U0",
-        "--diff-filter=ACMR", _since(repo, base), "HEAD", cwd=repo,
+        "-c",
+        "core.quotePath=false",
+        "diff",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "-U0",
+        "--diff-filter=ACMR",
+        _since(repo, base),
+        "HEAD",
+        cwd=repo,
     )
     if diff.returncode != 0:
         raise RuntimeError(f"git could not diff against {base}: {diff.stderr.strip()}")

@@ -128,10 +128,15 @@ def parse_annotations(text: str) -> list[Finding]:
     for line in text.splitlines():
         match = _ANNOTATION.match(line)
         if match:
-            findings.append(Finding(
-                match["code"], _unescape(match["file"]), int(match["line"]),
-                _unescape(match["message"]), line,
-            ))
+            findings.append(
+                Finding(
+                    match["code"],
+                    _unescape(match["file"]),
+                    int(match["line"]),
+                    _unescape(match["message"]),
+                    line,
+                )
+            )
     return findings
 
 
@@ -179,7 +184,13 @@ def lint_section(
     from autoaccel.rules import all_rules
 
     run = _autoaccel(
-        "lint", "--format", "github", "--force-exclude", *shlex.split(lint_args), "--", *map(str, files)
+        "lint",
+        "--format",
+        "github",
+        "--force-exclude",
+        *shlex.split(lint_args),
+        "--",
+        *map(str, files),
     )
     _log_untrusted(run.stderr)
     found = parse_annotations(run.stdout)
@@ -253,14 +264,23 @@ def convert_section(scripts: list[Path], convert_args: str) -> str:
     count = f"{len(scripts)} training script{'s' * (len(scripts) != 1)}"
     # a sentence under the heading: each script's report starts with a heading of its own
     parts = [
-        "### What `autoaccel convert` would change", "",
-        f"A preview for the {count} this change touches; nothing is written.", "",
+        "### What `autoaccel convert` would change",
+        "",
+        f"A preview for the {count} this change touches; nothing is written.",
+        "",
     ]
     for script in scripts:
         extra = ["--to", "single"] if script.suffix == ".ipynb" else []
         run = _autoaccel(
             # --no-run: a preview never runs the code of a pull request
-            "convert", "--format", "markdown", "--no-run", *shlex.split(convert_args), *extra, "--", str(script)
+            "convert",
+            "--format",
+            "markdown",
+            "--no-run",
+            *shlex.split(convert_args),
+            *extra,
+            "--",
+            str(script),
         )
         if run.returncode == 0:
             parts.append(run.stdout)
@@ -299,7 +319,10 @@ def run_action(repo: Path, env: Mapping[str, str]) -> int:
     configured_outside = configs_out_of(repo, files)
     files = [path for path in files if path not in configured_outside]
     body = [
-        COMMENT_MARKER, "## autoaccel", "", *map(skipped_link_note, outside),
+        COMMENT_MARKER,
+        "## autoaccel",
+        "",
+        *map(skipped_link_note, outside),
         *(skipped_config_note(path, config) for path, config in configured_outside.items()),
     ]
     lint, scripts = LintSummary(0, 0, 0, ""), []

@@ -123,12 +123,17 @@ def run_convert(
         # A script whose training code lives in modules of its project converts with them.
         project = find_project(path, source) if notebook is None else None
         if project is not None:
-            from autoaccel.convert.project_command import finish_project, script_output  # builds on this module
+            from autoaccel.convert.project_command import (
+                finish_project,
+                script_output,
+            )  # builds on this module
 
             name = str(script_output(project, output))
             result = convert_project(project, options, name)
             if facts is not None and needs_facts_in_project(result, project, options):
-                given, ran = _run_facts(project.script.path, project.script.source.text, facts, options)
+                given, ran = _run_facts(
+                    project.script.path, project.script.source.text, facts, options
+                )
                 if given is not None:
                     result = convert_project(project, options, name, given)
                 verify = _with_original(verify, ran)
@@ -139,14 +144,28 @@ def run_convert(
                 report_stream(output).write(nothing_to_do_report(str(path), line, report_format))
                 return EXIT_OK
             return finish_project(
-                project, result, options, write, output, check, report_format, allow_partial, force,
-                verify, unproven,
+                project,
+                result,
+                options,
+                write,
+                output,
+                check,
+                report_format,
+                allow_partial,
+                force,
+                verify,
+                unproven,
             )
         # The launch commands of `--to ddp` name the script that will run.
         name = str(_file_output(output) or path)
         conversion = convert_source(text, options, name)
         # (a script that calls no `.step(` has no optimizer step for a run to find)
-        if facts is not None and notebook is None and ".step(" in text and needs_facts(conversion, options):
+        if (
+            facts is not None
+            and notebook is None
+            and ".step(" in text
+            and needs_facts(conversion, options)
+        ):
             given, ran = _run_facts(path, text, facts, options)
             if given is not None:
                 conversion = convert_source(text, options, name, given)
@@ -173,7 +192,10 @@ def run_convert(
     except Exception as error:  # noqa: BLE001 - a bug in a step: one line, never a traceback
         first_line = (str(error).splitlines() or [""])[0]
         details = _details_saved(traceback.format_exc())
-        print(f"{path}: internal error: {type(error).__name__}: {first_line}{details}", file=sys.stderr)
+        print(
+            f"{path}: internal error: {type(error).__name__}: {first_line}{details}",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
 
     line = already_distributed(options, conversion.log.skipped)
@@ -237,7 +259,9 @@ def needs_facts(conversion: Conversion, options: ConvertOptions) -> bool:
     )
 
 
-def needs_facts_in_project(result: ProjectConversion, project: Project, options: ConvertOptions) -> bool:
+def needs_facts_in_project(
+    result: ProjectConversion, project: Project, options: ConvertOptions
+) -> bool:
     """`needs_facts` for a project: a file with a refusal a run can answer, and an
     optimizer step somewhere in the project (`mylib.train_step()` steps for `train.py`)."""
     if not any(needs_facts(f.conversion, options) for f in result.files):
@@ -264,11 +288,18 @@ def _run_facts(
         if options.target == "dp"
         else f"no trained model found in the code alone: running the script for {steps} to see which one trains"
     )
-    print(f"{path}: {why} (writes go to a scratch folder; --no-run skips this) ...", file=sys.stderr, flush=True)
+    print(
+        f"{path}: {why} (writes go to a scratch folder; --no-run skips this) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     ran = collect_facts(path, request)
     if ran.facts is None or not ran.facts.ran_steps:
         error = (ran.error.strip().splitlines() or ["it made no training step"])[0]
-        print(f"{path}: the run showed nothing ({error}); the conversion stays static", file=sys.stderr)
+        print(
+            f"{path}: the run showed nothing ({error}); the conversion stays static",
+            file=sys.stderr,
+        )
         return None, ran.run
     print(f"{path}: the run ({ran.seconds:.1f} s) {describe(ran.facts)}", file=sys.stderr)
     return ConversionFacts(ran.facts, path, text), ran.run
@@ -306,12 +337,19 @@ def verified(
 
         with Console(stderr=True).status("") as status:
             checks, log = verify_ddp(
-                path, write_conversion, request, import_roots,
-                lambda what: status.update(f"--verify: running the {what}"), request.original,
+                path,
+                write_conversion,
+                request,
+                import_roots,
+                lambda what: status.update(f"--verify: running the {what}"),
+                request.original,
             )
     else:
         checks, log = verify_ddp(
-            path, write_conversion, request, import_roots,
+            path,
+            write_conversion,
+            request,
+            import_roots,
             lambda what: print(f"--verify: running the {what} ...", file=sys.stderr, flush=True),
             request.original,
         )

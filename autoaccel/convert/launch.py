@@ -103,7 +103,9 @@ def companion_files(script: str, launcher: Launcher) -> dict[str, str]:
     if launcher == "spawn":
         spawn = f"spawn_{name}"
         text = _SPAWN.format(
-            shown=_in_docstring(name), spawn=_in_docstring(spawn), literal=repr(name),
+            shown=_in_docstring(name),
+            spawn=_in_docstring(spawn),
+            literal=repr(name),
             port=RENDEZVOUS_PORT,
         )
         return {spawn: text}

@@ -119,14 +119,18 @@ class ModuleState:
     def of(cls, source: str) -> ModuleState:
         return cls(parse(source), source)
 
-    def context(self, options: ConvertOptions, log: ConversionLog, path: str | None) -> CodemodContext:
+    def context(
+        self, options: ConvertOptions, log: ConversionLog, path: str | None
+    ) -> CodemodContext:
         """The context of the next step over this module."""
         return new_context(
             options, log, path, self.text, self.analyses, self.module_code, self.inserted_names
         )
 
 
-def apply_step(step: type[Transform] | type[RuleFixes], state: ModuleState, context: CodemodContext) -> None:
+def apply_step(
+    step: type[Transform] | type[RuleFixes], state: ModuleState, context: CodemodContext
+) -> None:
     """Run one step over `state` (code generated once, inserted code formatted)."""
     log: ConversionLog = context.scratch[LOG_KEY]
     logged = (len(log.changes), len(log.skipped))
@@ -239,7 +243,10 @@ def _in_the_users_terms(
 
 
 def convert_source(
-    source: str, options: ConvertOptions, path: str = "<string>", facts: ConversionFacts | None = None
+    source: str,
+    options: ConvertOptions,
+    path: str = "<string>",
+    facts: ConversionFacts | None = None,
 ) -> Conversion:
     """Convert the script `source` (`path` names the result, for its launch commands),
     with the `facts` of a run of it where there was one (the second conversion, of the

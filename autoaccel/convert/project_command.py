@@ -101,7 +101,10 @@ def finish_project(
             where, takes = (
                 (project.script.path, "stdout takes the script only (convert the file itself)")
                 if output == STDOUT
-                else (output, "-o takes a folder for them (an existing one, or a new path without .py)")
+                else (
+                    output,
+                    "-o takes a folder for them (an existing one, or a new path without .py)",
+                )
             )
             print(
                 f"{where}: error: the conversion changes {len(changed)} files ({names});"
@@ -166,7 +169,9 @@ def _refusals(result: ProjectConversion, proof_ahead: bool, level: str) -> None:
     those a check of the proof ahead decides."""
     for file in result.files:
         print_not_applied(file.file.path, refusals(file.conversion.log.skipped, proof_ahead), level)
-        print_not_applied(file.file.path, left_to_proof(file.conversion.log.skipped, proof_ahead), "note")
+        print_not_applied(
+            file.file.path, left_to_proof(file.conversion.log.skipped, proof_ahead), "note"
+        )
 
 
 def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> list[_Write]:
@@ -184,12 +189,17 @@ def _project_copy(project: Project, result: ProjectConversion, folder: Path) -> 
 
 
 def _report(
-    result: ProjectConversion, report_format: str, writing: bool, stream: TextIO, proof: Proof | None = None
+    result: ProjectConversion,
+    report_format: str,
+    writing: bool,
+    stream: TextIO,
+    proof: Proof | None = None,
 ) -> None:
     """The report of every file that changed (the script's always): its diff, changes
     and items not changed, with lines of that file; then what the proof showed."""
     shown = [
-        f for f in result.files
+        f
+        for f in result.files
         if f is result.files[0] or f.conversion.changed or f.conversion.log.skipped
     ]
     if report_format == "json":

@@ -143,7 +143,10 @@ def _with_packages(paths: list[Path], roots: list[Path]) -> list[Path]:
 
 
 def convert_project(
-    project: Project, options: ConvertOptions, script_name: str, facts: ConversionFacts | None = None
+    project: Project,
+    options: ConvertOptions,
+    script_name: str,
+    facts: ConversionFacts | None = None,
 ) -> ProjectConversion:
     """Convert every file of `project` (`script_name` names the converted script in
     launch commands), with the `facts` of a run of the script where there was one (the

@@ -35,7 +35,8 @@ def _change_lines(conversion: Conversion, path: str) -> list[str]:
 
 def _skipped_lines(conversion: Conversion, path: str) -> list[str]:
     return [
-        (f"{_place(conversion, path, s.line)}: " if s.line else "") + f"{s.what} not applied: {s.reason}"
+        (f"{_place(conversion, path, s.line)}: " if s.line else "")
+        + f"{s.what} not applied: {s.reason}"
         for s in conversion.log.skipped
     ]
 
@@ -71,7 +72,9 @@ def proof_report(proof: Proof | None) -> str:
         return ""
     if proof.not_run:
         return f"Not proven: {proof.not_run}\n"
-    return f"Proven by a run on {PROCESSES} CPU processes:\n" + "".join(f"  {c.name}\n" for c in proof.checks)
+    return f"Proven by a run on {PROCESSES} CPU processes:\n" + "".join(
+        f"  {c.name}\n" for c in proof.checks
+    )
 
 
 def proof_object(proof: Proof) -> dict:

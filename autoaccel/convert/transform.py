@@ -50,7 +50,6 @@ MODULE_CODE_KEY = "autoaccel.module_code"
 NAMES_KEY = "autoaccel.inserted_names"
 
 
-
 @dataclass
 class TreeFacts:
     """What the steps of one conversion found out about a tree, kept for the next step
@@ -364,7 +363,13 @@ class Transform(VisitorBasedCodemodCommand):
         self.log.changes.append(Change(code or self.code, self.line_of(node), description))
 
     def skipped(
-        self, what: str, reason: str, node: cst.CSTNode | None = None, *, wrong: bool = False, proof: str = ""
+        self,
+        what: str,
+        reason: str,
+        node: cst.CSTNode | None = None,
+        *,
+        wrong: bool = False,
+        proof: str = "",
     ) -> None:
         """Log a rewrite not made; `wrong`: the result trains wrongly without it, unless
         the check `proof` of the proof run shows it does not."""

@@ -145,23 +145,39 @@ def verify_ddp(
         if original is None:
             status("original script, 1 process")
             original = run_script(
-                script, script_args, steps, scratch / "original", import_from=import_roots,
-                env=threads, timeout=timeout, scratch=scratch, epoch_cut=EpochCut(steps=request.epoch_steps),
+                script,
+                script_args,
+                steps,
+                scratch / "original",
+                import_from=import_roots,
+                env=threads,
+                timeout=timeout,
+                scratch=scratch,
+                epoch_cut=EpochCut(steps=request.epoch_steps),
             )
         if original.failed:
             return [Check(ORIGINAL_RUNS, False, failure_line(original))], original.log
         status(f"converted script, {PROCESSES} processes (gloo)")
         epoch_samples = original.record.get("epoch_samples")
         ddp = run_script(
-            copy, script_args, steps, scratch / "ddp", nproc=PROCESSES, import_from=copy_roots,
-            env=threads, timeout=timeout, scratch=scratch,
+            copy,
+            script_args,
+            steps,
+            scratch / "ddp",
+            nproc=PROCESSES,
+            import_from=copy_roots,
+            env=threads,
+            timeout=timeout,
+            scratch=scratch,
             epoch_cut=None if epoch_samples is None else EpochCut(samples=epoch_samples),
         )
         found = checks(original, ddp, user_place(script, copy, scratch / "converted"))
     if all(c.passed for c in found):
         return found, ""
     crash = root_crash(ddp) if not found[0].passed else None
-    return found, ddp.log[: crash[0].end] if crash else ddp.log  # the output up to the first failure
+    return found, (
+        ddp.log[: crash[0].end] if crash else ddp.log
+    )  # the output up to the first failure
 
 
 def failure_line(run: Run) -> str:
@@ -285,10 +301,16 @@ def _finished(ddp: Run, ranks: list[dict[str, Any]], place: Place) -> Check:
     name = "every process finishes"
     errors = [r["exit"] for r in ranks if r["exit"].startswith("error")]
     if len(ranks) < PROCESSES or errors:
-        return Check(name, False, _root_cause(ddp, ranks, place) or (errors[0] if errors else ddp.record["exit"]))
+        return Check(
+            name,
+            False,
+            _root_cause(ddp, ranks, place) or (errors[0] if errors else ddp.record["exit"]),
+        )
     steps = {len(r["losses"]) for r in ranks}
     if len(steps) > 1:
-        return Check(name, False, f"the processes took {sorted(steps)} steps: they did not stop together")
+        return Check(
+            name, False, f"the processes took {sorted(steps)} steps: they did not stop together"
+        )
     return Check(name, True, f"{PROCESSES} processes, {steps.pop()} steps each")
 
 
@@ -312,7 +334,12 @@ def _root_cause(ddp: Run, ranks: list[dict[str, Any]], place: Place) -> str:
     found = root_crash(ddp)
     if found is None:
         return next(
-            (r["exit"] for r in ranks if r["exit"].startswith("error") and not _CONSEQUENCE.search(r["exit"])), ""
+            (
+                r["exit"]
+                for r in ranks
+                if r["exit"].startswith("error") and not _CONSEQUENCE.search(r["exit"])
+            ),
+            "",
         )
     crash, rank = found
     where = next(filter(None, (place(file, line) for file, line in reversed(crash.frames))), None)
@@ -323,7 +350,11 @@ def _epoch_ends(original: Run) -> str:
     """How far the original's run went: to its end, or through how many cut epochs."""
     cut = original.record.get("epochs_cut", 0)
     if original.record["exit"] == "ok":
-        return f"the original ran to its end ({cut} epoch(s) cut short)" if cut else "the original ran to its end"
+        return (
+            f"the original ran to its end ({cut} epoch(s) cut short)"
+            if cut
+            else "the original ran to its end"
+        )
     if cut:
         return f"{cut} epoch end(s) seen (training epochs cut short); what runs after is not proven"
     return "no epoch ended in these steps: what runs after them is not proven"
@@ -350,22 +381,31 @@ def _disjoint(original: Run, ranks: list[dict[str, Any]]) -> Check:
                 replaced += 1
                 continue
             sets = [set(indices) for indices in per_rank]
-            shared += sum(len(a & b) for i, a in enumerate(sets) for b in sets[i + 1:])
+            shared += sum(len(a & b) for i, a in enumerate(sets) for b in sets[i + 1 :])
         if shared:
-            return Check(name, False, f"{shared} of {seen} samples were trained on by more than one process in the same epoch")
+            return Check(
+                name,
+                False,
+                f"{shared} of {seen} samples were trained on by more than one process in the same epoch",
+            )
         stale = [r.get("rank", 0) for r in ranks if _repeats_its_order(r)]
         if stale and not _repeats_its_order(original.record):
             return Check(
-                name, False,
+                name,
+                False,
                 f"process {stale[0]} trains on its samples in the same order in every epoch, where the"
                 " original reshuffles: its DistributedSampler is not told the epoch (call"
                 " `loader.sampler.set_epoch(epoch)` at the start of every epoch)",
             )
         how = f"; {replaced} pass(es) drawn with replacement" if replaced else ""
-        return Check(name, True, f"{seen} samples, none trained on by two processes in the same epoch{how}")
+        return Check(
+            name, True, f"{seen} samples, none trained on by two processes in the same epoch{how}"
+        )
     losses = [r["losses"] for r in ranks]
     if all(series == losses[0] for series in losses[1:]):
-        return Check(name, False, "every process computed the same losses: they train on the same data")
+        return Check(
+            name, False, "every process computed the same losses: they train on the same data"
+        )
     return Check(name, True, "no DataLoader indices; the processes' losses differ")
 
 
@@ -395,23 +435,35 @@ def _same_parameters(ranks: list[dict[str, Any]]) -> Check:
             for mine, theirs in zip(reference, digest)
             for a, b in zip(mine, theirs)
         ):
-            return Check(name, False, "the processes' parameters differ after the same steps: gradients are not synchronised")
-    return Check(name, True, f"{len(reference)} parameter set(s) (optimizers, DDP models), the same")
+            return Check(
+                name,
+                False,
+                "the processes' parameters differ after the same steps: gradients are not synchronised",
+            )
+    return Check(
+        name, True, f"{len(reference)} parameter set(s) (optimizers, DDP models), the same"
+    )
 
 
 def _parameters_train(original: Run, rank: dict[str, Any]) -> Check:
     """Each parameter set the original's training changes changes in the conversion too
     (compared set by set when both have as many, else as a whole)."""
     name = "the optimizers update the model"
-    before, after = original.record.get("first_param_digest") or [], original.record.get("param_digest") or []
+    before, after = (
+        original.record.get("first_param_digest") or [],
+        original.record.get("param_digest") or [],
+    )
     mine, mine_after = rank.get("first_param_digest") or [], rank.get("param_digest") or []
     trained = [a != b for a, b in zip(before, after)]
     updated = [a != b for a, b in zip(mine, mine_after)]
     if not any(trained):
         if any(updated):
-            return Check(name, True, f"{sum(updated)} parameter set(s) trained (the original's records none)")
+            return Check(
+                name, True, f"{sum(updated)} parameter set(s) trained (the original's records none)"
+            )
         return Check(
-            name, False,
+            name,
+            False,
             f"no parameter changes in {len(rank['losses'])} steps, in the original or the"
             " conversion: nothing shows the model trains (more --verify-steps, if the first"
             " update comes later)",
@@ -442,7 +494,9 @@ def _one_writer(ranks: list[dict[str, Any]]) -> Check:
         sites.update(rank.get("write_sites") or {})
         for path in [*(rank.get("saves") or []), *(rank.get("writes") or [])]:
             writers.setdefault(_NUMBER.sub("#", path), {})[rank.get("rank", 0)] = path
-    clashes = sorted((sorted(set(paths.values())), len(paths)) for paths in writers.values() if len(paths) > 1)
+    clashes = sorted(
+        (sorted(set(paths.values())), len(paths)) for paths in writers.values() if len(paths) > 1
+    )
     if clashes:
         paths, count = clashes[0]
         where = f" (written at {sites[paths[0]]})" if paths[0] in sites else ""
@@ -474,7 +528,8 @@ def _printed_values(original: Run, rank: dict[str, Any]) -> Check:
             if found and all(_off_by_processes(r) for r in found):
                 (line, column), (expected, _), (printed, _) = key, *pairs[0]
                 return Check(
-                    name, False,
+                    name,
+                    False,
                     f"`{line}` prints {printed:.4g} where the original prints {expected:.4g} (number"
                     f" {column + 1} of the line; {found[0]:.2f} times{' per unit of loss' if found is relative else ''},"
                     f" and so in each of the {len(pairs)} line(s)): off by the number of processes"
@@ -482,10 +537,16 @@ def _printed_values(original: Run, rank: dict[str, Any]) -> Check:
                 )
     if not compared:
         return Check(name, True, "no printed average or total in both runs: not checked")
-    return Check(name, True, f"{compared} printed average(s) or total(s), none off by the number of processes")
+    return Check(
+        name,
+        True,
+        f"{compared} printed average(s) or total(s), none off by the number of processes",
+    )
 
 
-def _averages(record: dict[str, Any], losses: list[float]) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
+def _averages(
+    record: dict[str, Any], losses: list[float]
+) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
     """The numbers labelled as averages or totals in a run's printed lines, by the line's
     text (numbers as `#`) and their place in it, in the order printed, each with the mean
     of `losses` over the steps since the same line was printed before (None: no step)."""
@@ -499,8 +560,10 @@ def _averages(record: dict[str, Any], losses: list[float]) -> dict[tuple[str, in
             if _AVERAGE_LABEL.search(line, start, number.start()):
                 key = (_NUMBER.sub("#", line), column)
                 step = steps[index] if index < len(steps) else None
-                since = losses[last_step.get(key, 0):step] if step is not None else []
-                found.setdefault(key, []).append((float(number.group()), statistics.fmean(since) if since else None))
+                since = losses[last_step.get(key, 0) : step] if step is not None else []
+                found.setdefault(key, []).append(
+                    (float(number.group()), statistics.fmean(since) if since else None)
+                )
                 if step is not None:
                     last_step[key] = step
             start = number.end()
@@ -509,7 +572,8 @@ def _averages(record: dict[str, Any], losses: list[float]) -> dict[tuple[str, in
 
 def _off_by_processes(ratio: float) -> bool:
     return any(
-        abs(ratio - factor) <= PROCESS_FACTOR_TOLERANCE * factor for factor in (PROCESSES, 1 / PROCESSES)
+        abs(ratio - factor) <= PROCESS_FACTOR_TOLERANCE * factor
+        for factor in (PROCESSES, 1 / PROCESSES)
     )
 
 
@@ -524,7 +588,7 @@ def _close_loss(original: Run, ddp: Run) -> Check:
     steps = min(len(original.record["losses"]), len(ddp.record["losses"]))
     if steps < 2:
         return Check(name, True, f"{steps} step(s): too few to compare")
-    halves = [run.record["losses"][steps // 2:steps] for run in (original, ddp)]
+    halves = [run.record["losses"][steps // 2 : steps] for run in (original, ddp)]
     reference, converted = (statistics.fmean(half) for half in halves)
     noise = math.sqrt(sum(_step_noise(h) ** 2 / len(h) for h in halves if len(h) > 2))
     gap = abs(converted - reference) / max(abs(reference), 1e-12)

@@ -13,6 +13,14 @@ from autoaccel.facts.model import Called, Forward, Made, Printed, RunFacts, Site
 from autoaccel.facts.run import FactsRequest, FactsRun, collect_facts
 
 __all__ = [
-    "Called", "FactsRequest", "FactsRun", "Forward", "Made", "Printed", "RunFacts", "Site",
-    "Write", "collect_facts",
+    "Called",
+    "FactsRequest",
+    "FactsRun",
+    "Forward",
+    "Made",
+    "Printed",
+    "RunFacts",
+    "Site",
+    "Write",
+    "collect_facts",
 ]

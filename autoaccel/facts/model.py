@@ -67,7 +67,9 @@ class Site:
         if source is not None:
             lines = source.splitlines()
             if 0 < self.line <= len(lines):
-                col = len(lines[self.line - 1].encode("utf-8")[: self.col].decode("utf-8", "replace"))
+                col = len(
+                    lines[self.line - 1].encode("utf-8")[: self.col].decode("utf-8", "replace")
+                )
         return f"{path}:{self.line}:{col + 1}"
 
 
@@ -154,7 +156,9 @@ def batch_first(forwards: Sequence[Forward], pick: Callable[[Seen], Any]) -> Bat
         return BatchFirst(None, "the run did not record every call here")
     shapes = [(group.batch, pick(group)) for group in seen]
     if any(batch is None for batch, _ in shapes):
-        return BatchFirst(None, "a call ran with no DataLoader batch whose samples could be counted")
+        return BatchFirst(
+            None, "a call ran with no DataLoader batch whose samples could be counted"
+        )
     if any(not isinstance(shape, tuple) or not shape for _, shape in shapes):
         return BatchFirst(None, "a call got no tensor with a dimension there")
     for batch, shape in shapes:
@@ -212,9 +216,15 @@ class RunFacts:
             steps=data["steps"],
             seconds=data.get("seconds", 0.0),
             files=dict(data.get("files", {})),
-            calls=[Called(c["kind"], _site(c["site"]), c["count"], c.get("object")) for c in data.get("calls", [])],
+            calls=[
+                Called(c["kind"], _site(c["site"]), c["count"], c.get("object"))
+                for c in data.get("calls", [])
+            ],
             forwards=[_forward(f) for f in data.get("forwards", [])],
-            writes=[Write(w["kind"], w["path"], _site(w["site"]), w["count"]) for w in data.get("writes", [])],
+            writes=[
+                Write(w["kind"], w["path"], _site(w["site"]), w["count"])
+                for w in data.get("writes", [])
+            ],
             prints=[Printed(_site(p["site"]), p["count"]) for p in data.get("prints", [])],
             **made,
         )
@@ -262,16 +272,24 @@ def _site(data: dict[str, Any] | None) -> Site | None:  # type: ignore[return]
 
 def _made(data: dict[str, Any]) -> Made:
     return Made(
-        data["id"], data["cls"], _site(data.get("site")), data.get("direct", True),
-        data.get("params", 0), tuple(data.get("modules", ())), tuple(data.get("roots", ())),
+        data["id"],
+        data["cls"],
+        _site(data.get("site")),
+        data.get("direct", True),
+        data.get("params", 0),
+        tuple(data.get("modules", ())),
+        tuple(data.get("roots", ())),
     )
 
 
 def _forward(data: dict[str, Any]) -> Forward:
     seen = tuple(
-        Seen(s["batch"], _frozen(s["args"]), _frozen(s["outputs"]), s["count"]) for s in data.get("seen", [])
+        Seen(s["batch"], _frozen(s["args"]), _frozen(s["outputs"]), s["count"])
+        for s in data.get("seen", [])
     )
-    return Forward(data["module"], _site(data["site"]), data["count"], _frozen(data.get("args", [])), seen)
+    return Forward(
+        data["module"], _site(data["site"]), data["count"], _frozen(data.get("args", [])), seen
+    )
 
 
 def _frozen(value: Any) -> Any:

@@ -49,7 +49,8 @@ class FactRecorder:
         self._positions: dict[CodeType, list[tuple]] = {}
         self._ids: dict[int, tuple[str, int]] = {}  # id(obj) -> (kind, fact id)
         self._objects: dict[str, list[tuple[Any, dict[str, Any]]]] = {
-            kind: [] for kind in ("modules", "optimizers", "loaders", "samplers", "schedulers", "scalers")
+            kind: []
+            for kind in ("modules", "optimizers", "loaders", "samplers", "schedulers", "scalers")
         }
         self._counted: dict[tuple, dict[str, Any]] = {}  # (kind, site..., object) -> entry
         self.calls: list[dict[str, Any]] = []
@@ -57,7 +58,9 @@ class FactRecorder:
         self.writes: list[dict[str, Any]] = []
         self.prints: list[dict[str, Any]] = []
         self._depth = 0  # module forwards under way
-        self._under_way: tuple[dict[str, Any], int | None, list[Any]] | None = None  # the top-level forward under way
+        self._under_way: tuple[dict[str, Any], int | None, list[Any]] | None = (
+            None  # the top-level forward under way
+        )
 
     # -- where ----------------------------------------------------------------------------
     def _is_ours(self, frame: FrameType) -> bool:
@@ -71,8 +74,11 @@ class FactRecorder:
             positions = self._positions[code] = list(code.co_positions())
         line, end_line, col, end_col = positions[frame.f_lasti // 2]
         return {
-            "path": os.path.realpath(code.co_filename), "line": line, "col": col,
-            "end_line": end_line, "end_col": end_col,
+            "path": os.path.realpath(code.co_filename),
+            "line": line,
+            "col": col,
+            "end_line": end_line,
+            "end_col": end_col,
         }
 
     def _caller_site(self, depth: int = 2) -> dict[str, Any] | None:
@@ -89,7 +95,9 @@ class FactRecorder:
         if frame is None:
             return None, True
         user = user_frame(frame)
-        return (None if user is None else self._site_of(user)), is_user_file(frame.f_code.co_filename)
+        return (None if user is None else self._site_of(user)), is_user_file(
+            frame.f_code.co_filename
+        )
 
     # -- objects --------------------------------------------------------------------------
     def _made(self, kind: str) -> Callable[[Callable], Callable]:
@@ -113,7 +121,9 @@ class FactRecorder:
         return None if known is None else known[1]
 
     # -- calls ----------------------------------------------------------------------------
-    def _count(self, store: list[dict[str, Any]], key: tuple, make: Callable[[], dict[str, Any]]) -> None:
+    def _count(
+        self, store: list[dict[str, Any]], key: tuple, make: Callable[[], dict[str, Any]]
+    ) -> None:
         entry = self._counted.get(key)
         if entry is None:
             entry = self._counted[key] = make()
@@ -127,7 +137,9 @@ class FactRecorder:
         site = self._site_of(user)
         number = None if obj is None else self._fact_id(obj)
         key = (kind, *site.values(), number)
-        self._count(self.calls, key, lambda: {"kind": kind, "site": site, "count": 0, "object": number})
+        self._count(
+            self.calls, key, lambda: {"kind": kind, "site": site, "count": 0, "object": number}
+        )
 
     def _backward(self, original: Callable) -> Callable:
         def backward(tensor, *args, **kwargs):
@@ -159,7 +171,8 @@ class FactRecorder:
         key = ("forward", *site.values(), number)
         shapes = [_shape(a) for a in args]
         self._count(
-            self.forwards, key,
+            self.forwards,
+            key,
             lambda: {"module": number, "site": site, "count": 0, "args": shapes, "seen": []},
         )
         self._under_way = (self._counted[key], self._latest_batch(), shapes)
@@ -169,7 +182,11 @@ class FactRecorder:
         if self._depth == 0 and self._under_way is not None:
             entry, batch, shapes = self._under_way
             self._under_way = None
-            outputs = [_shape(o) for o in output] if isinstance(output, (tuple, list)) else [_shape(output)]
+            outputs = (
+                [_shape(o) for o in output]
+                if isinstance(output, (tuple, list))
+                else [_shape(output)]
+            )
             _note(entry["seen"], {"batch": batch, "args": shapes, "outputs": outputs})
 
     # -- writes and prints ----------------------------------------------------------------
@@ -185,7 +202,9 @@ class FactRecorder:
 
     def _write(self, kind: str, path: str, site: dict[str, Any]) -> None:
         key = (kind, path, *site.values())
-        self._count(self.writes, key, lambda: {"kind": kind, "path": path, "site": site, "count": 0})
+        self._count(
+            self.writes, key, lambda: {"kind": kind, "path": path, "site": site, "count": 0}
+        )
 
     def _open(self, original: Callable) -> Callable:
         def open_(file, mode="r", *args, **kwargs):
@@ -207,7 +226,9 @@ class FactRecorder:
             frame = sys._getframe(1)
             if is_user_file(frame.f_code.co_filename):
                 site = self._site_of(frame)
-                self._count(self.prints, ("print", *site.values()), lambda: {"site": site, "count": 0})
+                self._count(
+                    self.prints, ("print", *site.values()), lambda: {"site": site, "count": 0}
+                )
             return original(*args, **kwargs)
 
         return print_
@@ -229,8 +250,11 @@ class FactRecorder:
         stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._made("optimizers")))
         stack.enter_context(patched(DataLoader, "__init__", self._made("loaders")))
         samplers = [
-            cls for cls in vars(sampler).values()
-            if isinstance(cls, type) and issubclass(cls, sampler.Sampler) and "__init__" in vars(cls)
+            cls
+            for cls in vars(sampler).values()
+            if isinstance(cls, type)
+            and issubclass(cls, sampler.Sampler)
+            and "__init__" in vars(cls)
         ]
         from torch.utils.data.distributed import DistributedSampler
 
@@ -255,24 +279,35 @@ class FactRecorder:
         """The JSON of the facts (see `autoaccel.facts.model`)."""
         optimizers = []
         module_params = [
-            (entry["id"], obj, {id(p) for p in obj.parameters()}) for obj, entry in self._objects["modules"]
+            (entry["id"], obj, {id(p) for p in obj.parameters()})
+            for obj, entry in self._objects["modules"]
         ]
         for optimizer, entry in self._objects["optimizers"]:
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-            owners = [(number, obj) for number, obj, params in module_params if params and params <= held]
-            inner = {
-                id(sub) for _, obj in owners for sub in obj.modules() if sub is not obj
-            }
-            optimizers.append({
-                **entry, "params": len(held), "modules": [n for n, _ in owners],
-                "roots": [n for n, obj in owners if id(obj) not in inner],
-            })
+            owners = [
+                (number, obj) for number, obj, params in module_params if params and params <= held
+            ]
+            inner = {id(sub) for _, obj in owners for sub in obj.modules() if sub is not obj}
+            optimizers.append(
+                {
+                    **entry,
+                    "params": len(held),
+                    "modules": [n for n, _ in owners],
+                    "roots": [n for n, obj in owners if id(obj) not in inner],
+                }
+            )
         made = {kind: [entry for _, entry in items] for kind, items in self._objects.items()}
         made["optimizers"] = optimizers
         record = {
-            "version": VERSION, "script": self.script, "exit": exit_status, "steps": steps,
+            "version": VERSION,
+            "script": self.script,
+            "exit": exit_status,
+            "steps": steps,
             "seconds": round(time.perf_counter() - self.started, 3),
-            **made, "calls": self.calls, "forwards": self.forwards, "writes": self.writes,
+            **made,
+            "calls": self.calls,
+            "forwards": self.forwards,
+            "writes": self.writes,
             "prints": self.prints,
         }
         record["files"] = _digests(record)

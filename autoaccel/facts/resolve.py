@@ -65,7 +65,9 @@ class FactsResolver:
         if self._index is None:
             positions = self._positions
             if positions is None:
-                resolved = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+                resolved = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(
+                    PositionProvider
+                )
                 positions = resolved.__getitem__
             index: dict[int, list[tuple[cst.Call, CodeRange]]] = {}
             for node in _calls(self.module):
@@ -88,7 +90,9 @@ class FactsResolver:
             return self._lines[site.line - 1][start:end] if site.line <= len(self._lines) else ""
         parts = [self._lines[site.line - 1][start:]]
         parts += self._lines[site.line : site.end_line - 1]
-        parts.append(self._lines[site.end_line - 1][:end] if site.end_line <= len(self._lines) else "")
+        parts.append(
+            self._lines[site.end_line - 1][:end] if site.end_line <= len(self._lines) else ""
+        )
         return "".join(parts)
 
     def shown(self, site: Site | None) -> str:
@@ -104,9 +108,12 @@ class FactsResolver:
         if site is None or not self.current or _real(site.path) != self.path:
             return None
         candidates = self._calls_by_line().get(site.line, [])
-        col, end_col = self.char_column(site.line, site.col), self.char_column(site.end_line, site.end_col)
+        col, end_col = self.char_column(site.line, site.col), self.char_column(
+            site.end_line, site.end_col
+        )
         exact = [
-            node for node, where in candidates
+            node
+            for node, where in candidates
             if (where.start.column, where.end.line - where.start.line, where.end.column)
             == (col, site.end_line - site.line, end_col)
         ]
@@ -164,8 +171,12 @@ class FactsResolver:
     def made_at(self, node: cst.Call) -> list[Made]:
         """The objects (modules, optimizers, loaders, ...) made by the call `node`."""
         kinds = (
-            self.facts.modules, self.facts.optimizers, self.facts.loaders, self.facts.samplers,
-            self.facts.schedulers, self.facts.scalers,
+            self.facts.modules,
+            self.facts.optimizers,
+            self.facts.loaders,
+            self.facts.samplers,
+            self.facts.schedulers,
+            self.facts.scalers,
         )
         return [made for items in kinds for made in items if self.node_at(made.site) is node]
 
@@ -220,7 +231,11 @@ class ConversionFacts:
 
         history = list(self.history)
         resolver = FactsResolver(
-            self.facts, self.path, tree, self.source, positions,
+            self.facts,
+            self.path,
+            tree,
+            self.source,
+            positions,
             lambda line: original_line(history, line),
         )
         self._resolvers = {id(tree): (tree, resolver)}  # the previous trees are gone

@@ -47,7 +47,9 @@ class FactsRun:
     run: Run | None = None
 
 
-def collect_facts(script: Path, request: FactsRequest, import_from: list[Path] | None = None) -> FactsRun:
+def collect_facts(
+    script: Path, request: FactsRequest, import_from: list[Path] | None = None
+) -> FactsRun:
     """Run `script` with `request.script_args` in the current folder for at most
     `request.steps` training steps; its writes go to a scratch folder removed afterwards."""
     from autoaccel.bench.runner import run_script
@@ -59,9 +61,14 @@ def collect_facts(script: Path, request: FactsRequest, import_from: list[Path] |
         scratch = Path(folder)
         out = scratch / "facts.json"
         run = run_script(
-            script, request.script_args, request.steps, scratch / "records",
+            script,
+            request.script_args,
+            request.steps,
+            scratch / "records",
             import_from=import_from or [script.resolve().parent],
-            env={**threads, FACTS_ENV: str(out)}, timeout=request.timeout, scratch=scratch,
+            env={**threads, FACTS_ENV: str(out)},
+            timeout=request.timeout,
+            scratch=scratch,
             epoch_cut=EpochCut(steps=request.epoch_steps) if request.epoch_steps else None,
         )
         seconds = time.perf_counter() - started

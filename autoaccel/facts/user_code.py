@@ -15,7 +15,10 @@ from types import FrameType
 
 _LIBRARY_ROOTS = tuple(
     os.path.join(os.path.realpath(root), "")
-    for root in {*map(sysconfig.get_paths().get, ("stdlib", "platstdlib")), str(Path(__file__).parents[1])}
+    for root in {
+        *map(sysconfig.get_paths().get, ("stdlib", "platstdlib")),
+        str(Path(__file__).parents[1]),
+    }
     if root
 )
 _PACKAGE_FOLDERS = frozenset({"site-packages", "dist-packages"})

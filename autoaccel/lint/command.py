@@ -94,8 +94,11 @@ def run_lint(
     missing = [p for p in paths if p != "-" and _missing(p)]
     unlisted: list[FileResult] = []
     try:
-        for option, codes in (("--select", select), ("--extend-select", extend_select),
-                              ("--ignore", ignore)):
+        for option, codes in (
+            ("--select", select),
+            ("--extend-select", extend_select),
+            ("--ignore", ignore),
+        ):
             check_selectors(codes or (), option)
         if paths == ["-"]:
             results = _lint_stdin(overrides, mode, stdin_filename)
@@ -107,7 +110,9 @@ def run_lint(
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
-    missing_results = [FileResult(p, error="1:1: error: no such file or directory") for p in missing]
+    missing_results = [
+        FileResult(p, error="1:1: error: no such file or directory") for p in missing
+    ]
     results = missing_results + unlisted + results
 
     for result in results:
@@ -186,7 +191,9 @@ def _files(
     return files, unlisted
 
 
-def _unlinted_imports(named: list[FileResult], results: list[FileResult], overrides: Overrides) -> list[str]:
+def _unlinted_imports(
+    named: list[FileResult], results: list[FileResult], overrides: Overrides
+) -> list[str]:
     """A note for each local module that a script named on the command line (`named`)
     imports, that was not linted (is not in `results`), and that has findings: `lint
     main.py` says nothing of the step in the `solver.py` it imports (Ruff's way: only the
@@ -233,7 +240,9 @@ def _lint_stdin(overrides: Overrides, mode: Mode, name: Path | None) -> list[Fil
     limit = overrides.max_file_size
     text = sys.stdin.read(limit + 1)
     if len(text) > limit:
-        return [FileResult(path=display, error=f"1:1: error: larger than {mebibytes(limit)}; not read")]
+        return [
+            FileResult(path=display, error=f"1:1: error: larger than {mebibytes(limit)}; not read")
+        ]
     if name is not None and settings.force_exclude and settings.excludes(name, ancestors=True):
         if mode is Mode.FIX:
             sys.stdout.write(text)

@@ -66,9 +66,7 @@ def parse_checked(source: str) -> tuple[cst.Module, ast.Module | None]:
             module = cst.parse_module(with_stand_ins(source, long_strings))
     except cst.ParserSyntaxError as error:
         message = error.message.strip().splitlines()[0] if error.message else "invalid syntax"
-        raise SourceError(
-            f"SyntaxError: {message}", error.raw_line, error.raw_column + 1
-        ) from None
+        raise SourceError(f"SyntaxError: {message}", error.raw_line, error.raw_column + 1) from None
     return (put_back(module, source, long_strings) if long_strings else module), tree
 
 
@@ -95,7 +93,9 @@ def _python_syntax_tree(source: str) -> ast.Module | None:
     try:
         tree = compile_quietly(source, "<lint>", ast.PyCF_ONLY_AST)
     except SyntaxError as error:
-        raise SourceError(f"SyntaxError: {error.msg}", error.lineno or 1, error.offset or 1) from None
+        raise SourceError(
+            f"SyntaxError: {error.msg}", error.lineno or 1, error.offset or 1
+        ) from None
     except (RecursionError, MemoryError):
         raise SourceError(f"{TOO_DEEP} (Python's own parser gave up)", 1, 1) from None
     except ValueError:
@@ -206,7 +206,9 @@ def analyse(
     if project is None and script is not None:
         project = _imported_project(script, module, index)
     # Computed when a rule first reports.
-    positions = Positions(module) if tree is None else SourcePositions(module, source, tree, index.parents)
+    positions = (
+        Positions(module) if tree is None else SourcePositions(module, source, tree, index.parents)
+    )
     script = build_script_model(wrapper, index, project)
     metadata = {
         ParentNodeProvider: index.parents,
@@ -264,7 +266,11 @@ def _imported_project(script: Path, tree: cst.Module, index: ModuleIndex) -> Pro
     it imports none): a step whose loop is here and whose backward pass is in an
     imported `trainer.py` is a training step of this file."""
     imported = load_project(script, tree, index).modules
-    return ProjectContext(SCRIPT, path=str(script), others=tuple(imported.values())) if imported else None
+    return (
+        ProjectContext(SCRIPT, path=str(script), others=tuple(imported.values()))
+        if imported
+        else None
+    )
 
 
 class _Lazy(Mapping):

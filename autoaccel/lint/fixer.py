@@ -125,8 +125,10 @@ def _without_emptied_else(node: cst.If | cst.For | cst.While) -> cst.If | cst.Fo
     if not isinstance(orelse, cst.Else) or not isinstance(orelse.body, cst.IndentedBlock):
         return node
     block = orelse.body
-    if block.body or block.header.comment or any(
-        line.comment for line in (*orelse.leading_lines, *block.footer)
+    if (
+        block.body
+        or block.header.comment
+        or any(line.comment for line in (*orelse.leading_lines, *block.footer))
     ):
         return node
     return node.with_changes(orelse=None)

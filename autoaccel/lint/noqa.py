@@ -23,9 +23,7 @@ def suppressions(source: str) -> dict[int, frozenset[str]]:
             if match is None:
                 continue
             codes = match.group("codes")
-            found[token.start[0]] = (
-                frozenset(re.split(r"[\s,]+", codes.upper())) if codes else ALL
-            )
+            found[token.start[0]] = frozenset(re.split(r"[\s,]+", codes.upper())) if codes else ALL
     except (tokenize.TokenError, SyntaxError):
         pass
     return found

@@ -17,7 +17,13 @@ from typing import Callable
 from autoaccel.analysis.project import SCRIPT
 from autoaccel.diff import unified_diff
 from autoaccel.config import ConfigError, LintSettings, settings_for
-from autoaccel.fileio import MAX_SOURCE_BYTES, mebibytes, os_error_message, read_source, write_atomic
+from autoaccel.fileio import (
+    MAX_SOURCE_BYTES,
+    mebibytes,
+    os_error_message,
+    read_source,
+    write_atomic,
+)
 from autoaccel.lint.engine import TOO_DEEP, SourceError, analyse, interruptible
 from autoaccel.lint.rule import Diagnostic
 from autoaccel.notebook import CellRange, Notebook, NotebookError, is_notebook, read_notebook
@@ -174,7 +180,9 @@ def _lint_notebook(path: Path, settings: LintSettings, mode: Mode, limit: int) -
     notebook = read_notebook(path)
     size = len(notebook.python.encode())
     if size > limit:
-        error = f"1:1: error: code cells larger than {mebibytes(limit)} ({mebibytes(size)}); not read"
+        error = (
+            f"1:1: error: code cells larger than {mebibytes(limit)} ({mebibytes(size)}); not read"
+        )
         return FileResult(path=str(path), error=error)
 
     def describe(line: int, column: int) -> str:

@@ -37,7 +37,8 @@ class DataLoaderWithoutWorkers(LintRule):
     applicability = Applicability.UNSAFE
 
     VALID = [
-        "from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=4)\n" + _TRAIN,
+        "from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=4)\n"
+        + _TRAIN,
         # A value we cannot see is not reported.
         "from torch.utils.data import DataLoader\nloader = DataLoader(ds, **options)\n" + _TRAIN,
         "from torch.utils.data import DataLoader\nkw = {'num_workers': 2}\n"
@@ -116,9 +117,7 @@ class DataLoaderWithoutWorkers(LintRule):
             )
             return
         workers = self.script.keyword(node, "num_workers")
-        if isinstance(workers, Unknown) or not (
-            isinstance(workers, Missing) or _is_zero(workers)
-        ):
+        if isinstance(workers, Unknown) or not (isinstance(workers, Missing) or _is_zero(workers)):
             return
         call = node
         edits: dict[cst.CSTNode, cst.CSTNode] = {}
@@ -131,7 +130,6 @@ class DataLoaderWithoutWorkers(LintRule):
         if call is not node:
             edits[node] = call
         self.report(node, edits=edits, imports=("os",))
-
 
     def _rows_in_memory(self, loader: cst.Call) -> bool:
         """Whether every dataset `loader` may read holds its samples in memory: a list
@@ -161,8 +159,16 @@ class DataLoaderWithoutWorkers(LintRule):
             ):
                 return False
             names.add(assign.targets[0].target.value)
-        last = statements[-1].body[0] if statements and isinstance(statements[-1], cst.SimpleStatementLine) else None
-        return isinstance(last, cst.Return) and last.value is not None and _reads(last.value, names, index)
+        last = (
+            statements[-1].body[0]
+            if statements and isinstance(statements[-1], cst.SimpleStatementLine)
+            else None
+        )
+        return (
+            isinstance(last, cst.Return)
+            and last.value is not None
+            and _reads(last.value, names, index)
+        )
 
 
 def _reads(value: cst.BaseExpression, names: set[str], index) -> bool:
@@ -192,7 +198,9 @@ def _reads(value: cst.BaseExpression, names: set[str], index) -> bool:
         return all(_reads(e.value, names, index) for e in value.elements)
     if isinstance(value, cst.Dict):
         return all(
-            isinstance(e, cst.DictElement) and _reads(e.key, names, index) and _reads(e.value, names, index)
+            isinstance(e, cst.DictElement)
+            and _reads(e.key, names, index)
+            and _reads(e.value, names, index)
             for e in value.elements
         )
     if isinstance(value, cst.Call) and index.qualified_names(value.func) & _CONVERSIONS:

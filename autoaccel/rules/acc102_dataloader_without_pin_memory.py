@@ -31,7 +31,9 @@ class DataLoaderWithoutPinMemory(LintRule):
     INVALID = [
         Invalid(
             _HEAD + "loader = DataLoader(ds)\nmodel.cuda()\n" + _TRAIN,
-            fixed=_HEAD + f"loader = DataLoader(ds, pin_memory={PIN_MEMORY})\nmodel.cuda()\n" + _TRAIN,
+            fixed=_HEAD
+            + f"loader = DataLoader(ds, pin_memory={PIN_MEMORY})\nmodel.cuda()\n"
+            + _TRAIN,
         ),
     ]
 
@@ -51,4 +53,6 @@ class DataLoaderWithoutPinMemory(LintRule):
                 if isinstance(pinned, Missing) or any(a.value is pinned for a in node.args)
                 else {pinned: cst.parse_expression(PIN_MEMORY)}
             )
-            self.report(node, edits=edits, imports=("torch",))  # a module may import only DataLoader
+            self.report(
+                node, edits=edits, imports=("torch",)
+            )  # a module may import only DataLoader

@@ -73,11 +73,7 @@ class CudnnDeterministicWithBenchmark(LintRule):
                 self._deterministic.append(node)
 
     def visit_Call(self, node: cst.Call) -> None:
-        if (
-            self.calls(node, DETERMINISTIC_ALGORITHMS)
-            and node.args
-            and is_true(node.args[0].value)
-        ):
+        if self.calls(node, DETERMINISTIC_ALGORITHMS) and node.args and is_true(node.args[0].value):
             self._deterministic.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:

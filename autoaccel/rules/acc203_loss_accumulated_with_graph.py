@@ -10,14 +10,23 @@ from autoaccel.analysis.index import descendants
 from autoaccel.analysis.losses import is_detached
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
-from autoaccel.analysis.shapes import find, is_attribute, is_binary, is_method_call, is_name, method_calls
+from autoaccel.analysis.shapes import (
+    find,
+    is_attribute,
+    is_binary,
+    is_method_call,
+    is_name,
+    method_calls,
+)
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
 
 NO_GRAD = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad")
 # Calls whose result is a Python number, the same with or without the sum's graph.
 _TO_NUMBER = frozenset({"builtins.float", "builtins.int", "builtins.bool", "builtins.len"})
 # Builtins that return the tensor they are given (or another one with its graph).
-_PASS_ON = frozenset({"builtins.sum", "builtins.min", "builtins.max", "builtins.abs", "builtins.round"})
+_PASS_ON = frozenset(
+    {"builtins.sum", "builtins.min", "builtins.max", "builtins.abs", "builtins.round"}
+)
 _LIST_METHODS = frozenset({"append", "extend", "clear"})
 
 
@@ -33,7 +42,9 @@ class LossAccumulatedWithGraph(LintRule):
     # formatted f-string...): `.detach()` keeps its value, type and device and only
     # frees the graph. Otherwise the sum may reach a backward or an output the rule
     # cannot see (returned, passed on, printed as a tensor, kept in `self`).
-    unsafe_for = "sums read other than as a number (returned, passed on, printed, `self.` attributes)"
+    unsafe_for = (
+        "sums read other than as a number (returned, passed on, printed, `self.` attributes)"
+    )
 
     VALID = [
         # Already a number or detached.
@@ -120,9 +131,7 @@ class LossAccumulatedWithGraph(LintRule):
             self._check(node, name_key(node.func.value), node.args[0].value)  # type: ignore[attr-defined]
 
     # -- analysis -------------------------------------------------------------------------
-    def _check(
-        self, node: cst.CSTNode, key: str | None, value: cst.BaseExpression
-    ) -> None:
+    def _check(self, node: cst.CSTNode, key: str | None, value: cst.BaseExpression) -> None:
         if key is None:
             return
         loop = self.enclosing_step_loop(node)
@@ -138,19 +147,17 @@ class LossAccumulatedWithGraph(LintRule):
             return
         replacement = cst.Call(func=cst.Attribute(value=loss, attr=cst.Name("detach")))
         safe = self._read_only_as_numbers(node, key)
-        self.report(node, edits={loss: replacement}, applicability=None if safe else Applicability.UNSAFE)
+        self.report(
+            node, edits={loss: replacement}, applicability=None if safe else Applicability.UNSAFE
+        )
 
-    def _graph_loss(
-        self, value: cst.BaseExpression, loop: StepLoop
-    ) -> cst.BaseExpression | None:
+    def _graph_loss(self, value: cst.BaseExpression, loop: StepLoop) -> cst.BaseExpression | None:
         """The part of `value` that is a loss tensor with its graph: `loss`,
         `criterion(out, y)`, or either of them scaled (`loss * x.size(0)`)."""
         if isinstance(value, cst.BinaryOperation) and isinstance(
             value.operator, (cst.Multiply, cst.Divide)
         ):
-            return self._graph_loss(value.left, loop) or self._graph_loss(
-                value.right, loop
-            )
+            return self._graph_loss(value.left, loop) or self._graph_loss(value.right, loop)
         if isinstance(value, cst.Call):
             return value if self.script.is_loss_call(value) else None
         key = name_key(value)
@@ -169,9 +176,7 @@ class LossAccumulatedWithGraph(LintRule):
         ]
         if any(is_detached(v) for v in values if v is not None):
             return False
-        backpropagated = any(
-            key in _backward_keys(call) for call in method_calls(body, "backward")
-        )
+        backpropagated = any(key in _backward_keys(call) for call in method_calls(body, "backward"))
         from_loss = any(
             isinstance(v, cst.Call)
             and self.script.is_loss_call(v)

@@ -62,8 +62,7 @@ class HostSyncEveryStep(LintRule):
         "import torch\nfrom torch import nn\nmodel = nn.Linear(4, 2)\ncriterion = nn.CrossEntropyLoss()\nfor x, y in loader:\n    loss = criterion(model(x), y)\n"
         "    loss.backward()\n    total += loss.item()\n",
         # Already a Python number, or a CPU batch straight from the loader.
-        _CUDA_SCRIPT
-        + "for x, y in loader:\n    loss = criterion(model(x.cuda()), y.cuda())\n"
+        _CUDA_SCRIPT + "for x, y in loader:\n    loss = criterion(model(x.cuda()), y.cuda())\n"
         "    loss.backward()\n    value = 2.0\n    print(value)\n    labels = y.numpy()\n",
         # After the training loop.
         _CUDA_SCRIPT + "for x, y in loader:\n    loss = criterion(model(x), y)\n"
@@ -165,11 +164,7 @@ class HostSyncEveryStep(LintRule):
             )
         if is_binary(value, cst.Modulo):
             right = value.right  # type: ignore[attr-defined]
-            items = (
-                [e.value for e in right.elements]
-                if isinstance(right, cst.Tuple)
-                else [right]
-            )
+            items = [e.value for e in right.elements] if isinstance(right, cst.Tuple) else [right]
             return any(self._on_device(item, region) for item in items)
         if is_method_call(value, "format"):
             return any(self._on_device(arg.value, region) for arg in value.args)  # type: ignore[attr-defined]
@@ -228,7 +223,11 @@ class HostSyncEveryStep(LintRule):
     def _names_in(self, region: cst.CSTNode) -> frozenset[str]:
         if region not in self.device_names:
             self.device_names[region] = frozenset()  # while it is being found: none
-            seeds = self._device_parameters(region) if isinstance(region, cst.FunctionDef) else frozenset()
+            seeds = (
+                self._device_parameters(region)
+                if isinstance(region, cst.FunctionDef)
+                else frozenset()
+            )
             body = region.body  # type: ignore[attr-defined]
             self.device_names[region] = self._device_names(body, seeds)
         return self.device_names[region]
@@ -258,7 +257,9 @@ class HostSyncEveryStep(LintRule):
         function = self._function_of(node)
         return function.node if function is not None else None
 
-    def _device_names(self, body: cst.CSTNode, seeds: frozenset[str] = frozenset()) -> frozenset[str]:
+    def _device_names(
+        self, body: cst.CSTNode, seeds: frozenset[str] = frozenset()
+    ) -> frozenset[str]:
         """Names that every assignment in `body` (a step's) binds to a device tensor,
         starting from `seeds` (a fixed point, so that `out = model(x)` and then
         `pred = out.argmax(1)` both count)."""
@@ -277,10 +278,14 @@ class HostSyncEveryStep(LintRule):
             for key in _backpropagated_keys(call.func.value, bindings)  # type: ignore[attr-defined]
         }
         # `loss = self.compute(batch)` counts; `loss = 0.0` or `loss.item()` does not.
-        names = seeds | self._parameter_names(body) | frozenset(
-            key
-            for key in backpropagated
-            if all(_computed(v) and not is_detached(v) for v in bindings.get(key, []))
+        names = (
+            seeds
+            | self._parameter_names(body)
+            | frozenset(
+                key
+                for key in backpropagated
+                if all(_computed(v) and not is_detached(v) for v in bindings.get(key, []))
+            )
         )
         changed = True
         while changed:
@@ -306,7 +311,11 @@ class HostSyncEveryStep(LintRule):
             ):
                 continue
             target = loop.target
-            if method == "named_parameters" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
+            if (
+                method == "named_parameters"
+                and isinstance(target, cst.Tuple)
+                and len(target.elements) == 2
+            ):
                 target = target.elements[1].value
             key = name_key(target)
             if key is not None:
@@ -321,9 +330,7 @@ class HostSyncEveryStep(LintRule):
         if isinstance(value, cst.Call):
             return self._call_holds(value, names)
         if isinstance(value, cst.Attribute):
-            return value.attr.value in _TENSOR_ATTRIBUTES and self._holds(
-                value.value, names
-            )
+            return value.attr.value in _TENSOR_ATTRIBUTES and self._holds(value.value, names)
         if isinstance(value, cst.Subscript):
             return self._holds(value.value, names)
         if isinstance(value, cst.BinaryOperation):
@@ -378,10 +385,14 @@ class HostSyncEveryStep(LintRule):
         index = module.index if module is not None else self.index
         return index.qualified_names(func)
 
-    def _returns_device(self, function: FunctionInfo, call: cst.Call, names: frozenset[str]) -> bool:
+    def _returns_device(
+        self, function: FunctionInfo, call: cst.Call, names: frozenset[str]
+    ) -> bool:
         """Whether each `return` of `function` (a function of the project that `call` runs)
         gives a device tensor, computed from the device tensors `call` passes it."""
-        params = frozenset(p for p, arg in _bound_arguments(function, call) if self._holds(arg, names))
+        params = frozenset(
+            p for p, arg in _bound_arguments(function, call) if self._holds(arg, names)
+        )
         if not params:
             return False
         key = (function, params)
@@ -392,9 +403,11 @@ class HostSyncEveryStep(LintRule):
                 node
                 for node in find(function.node.body, cst.Return)
                 if next(
-                    a for a in function.module.index.ancestors(node)
+                    a
+                    for a in function.module.index.ancestors(node)
                     if isinstance(a, (cst.FunctionDef, cst.Lambda))
-                ) is function.node
+                )
+                is function.node
             ]
             self.returns_device[key] = bool(returns) and all(
                 r.value is not None and self._holds(r.value, inner) for r in returns
@@ -423,15 +436,12 @@ def _pairs(
             if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(
                 node.elements
             ):
-                pairs.extend(
-                    (t.value, v.value) for t, v in zip(node.elements, value.elements)
-                )
+                pairs.extend((t.value, v.value) for t, v in zip(node.elements, value.elements))
             else:  # `out, hidden = model(x, hidden)`
                 pairs.extend((t.value, value) for t in node.elements)
         else:
             pairs.append((node, assign.value))
     return pairs
-
 
 
 def _backpropagated_keys(
@@ -468,7 +478,9 @@ def _computed(value: cst.BaseExpression) -> bool:
     return False
 
 
-def _bound_arguments(function: FunctionInfo, call: cst.Call) -> list[tuple[str, cst.BaseExpression]]:
+def _bound_arguments(
+    function: FunctionInfo, call: cst.Call
+) -> list[tuple[str, cst.BaseExpression]]:
     """(parameter, argument) pairs of `call` to `function`; a method called on an object
     or `self` binds its first parameter to the receiver, not to an argument."""
     params = function.positional

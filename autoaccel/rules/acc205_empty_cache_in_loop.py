@@ -27,7 +27,8 @@ class EmptyCacheInLoop(LintRule):
         # Once, outside any loop.
         _STEP + "torch.cuda.empty_cache()\n",
         # Once per epoch, around the step loop.
-        "import torch\nfor epoch in range(3):\n" + indent(_STEP, "    ")
+        "import torch\nfor epoch in range(3):\n"
+        + indent(_STEP, "    ")
         + "    torch.cuda.empty_cache()\n",
         # A loop that does not train (exporting pipelines, evaluating).
         "import torch\nfor name in names:\n    export(name)\n    torch.cuda.empty_cache()\n",

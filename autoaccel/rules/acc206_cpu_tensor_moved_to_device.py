@@ -28,9 +28,7 @@ DETERMINISTIC = frozenset(
     }
 )
 # Factories that draw from a generator: CPU and CUDA generators give different numbers.
-RANDOM = frozenset(
-    {"rand", "randn", "randint", "randperm"}
-)
+RANDOM = frozenset({"rand", "randn", "randint", "randperm"})
 FACTORIES = {f"torch.{name}": name for name in DETERMINISTIC | RANDOM}
 # Functions that join CPU tensors into a CPU tensor.
 _JOINS = frozenset({"torch.cat", "torch.stack", "torch.concat", "torch.concatenate"})
@@ -279,9 +277,7 @@ class CpuTensorMovedToDevice(LintRule):
             return None
         if method == "cuda":
             return cst.SimpleString('"cuda"') if not args else True
-        device = next(
-            (a.value for a in args if a.keyword and a.keyword.value == "device"), None
-        )
+        device = next((a.value for a in args if a.keyword and a.keyword.value == "device"), None)
         if device is None and args and args[0].keyword is None:
             device = args[0].value
         if device is None or not self._is_device(device):
@@ -301,9 +297,7 @@ class CpuTensorMovedToDevice(LintRule):
             return True  # `other.device`
         if isinstance(value, cst.Call):
             first = value.args[0].value if value.args else None
-            on_cpu = (
-                isinstance(first, cst.SimpleString) and first.evaluated_value == "cpu"
-            )
+            on_cpu = isinstance(first, cst.SimpleString) and first.evaluated_value == "cpu"
             return "torch.device" in self.qualified_names(value.func) and not on_cpu
         key = name_key(value)
         return key is not None and key in self.script.devices

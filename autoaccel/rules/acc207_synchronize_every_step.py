@@ -53,7 +53,8 @@ class SynchronizeEveryStep(LintRule):
         # Once, after training.
         _STEP + "torch.cuda.synchronize()\n",
         # Once per epoch, around the step loop.
-        "import torch\nfor epoch in range(3):\n" + indent(_STEP, "    ")
+        "import torch\nfor epoch in range(3):\n"
+        + indent(_STEP, "    ")
         + "    torch.cuda.synchronize()\n",
         # Timing a step: the wait is what makes the clock measure the GPU's work.
         "import time\n" + _STEP + "    torch.cuda.synchronize()\n"
@@ -70,7 +71,8 @@ class SynchronizeEveryStep(LintRule):
         "import torch\nfor _ in range(100):\n    model(x)\n    torch.cuda.synchronize()\n",
         # A function that is not called every step.
         "import torch\ndef log_memory():\n    torch.cuda.synchronize()\n    print(used())\n"
-        + _STEP + "    if step % 100 == 0:\n        log_memory()\n",
+        + _STEP
+        + "    if step % 100 == 0:\n        log_memory()\n",
         # Some other `synchronize`: the CPU's no-op, a user's own, a stream held in a name.
         _STEP + "    torch.cpu.synchronize()\n",
         "from mylib import cuda\n" + _STEP + "    cuda.synchronize()\n",

@@ -9,7 +9,15 @@ from libcst.metadata import PositionProvider
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.options import OptionDefaults
-from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Obj, Program, SourceModule, argument
+from autoaccel.analysis.program import (
+    ClassInfo,
+    FunctionInfo,
+    Kind,
+    Obj,
+    Program,
+    SourceModule,
+    argument,
+)
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find
 from autoaccel.lint.rule import Invalid, LintRule
@@ -58,7 +66,9 @@ class _Gemm:
 
 
 _CONV = {
-    f"torch.nn.{kind}{dims}d": _Gemm((0, "in_channels", None), (1, "out_channels", None), (2, "kernel_size"))
+    f"torch.nn.{kind}{dims}d": _Gemm(
+        (0, "in_channels", None), (1, "out_channels", None), (2, "kernel_size")
+    )
     for kind in ("Conv", "ConvTranspose")
     for dims in (1, 2, 3)
 }
@@ -106,7 +116,15 @@ _SEQUENCES = frozenset({"torch.nn.Embedding", "torch.nn.EmbeddingBag"})
 # multiplied with `torch.mm` in `forward`): a GEMM of K = k, N = n.
 _PARAMETERS = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
 _PARAMETER_FACTORIES = frozenset(
-    {"torch.empty", "torch.zeros", "torch.ones", "torch.rand", "torch.randn", "torch.Tensor", "torch.FloatTensor"}
+    {
+        "torch.empty",
+        "torch.zeros",
+        "torch.ones",
+        "torch.rand",
+        "torch.randn",
+        "torch.Tensor",
+        "torch.FloatTensor",
+    }
 )
 _OPERATORS = {
     cst.Add: lambda a, b: a + b,
@@ -189,7 +207,9 @@ class MissingAutocast(LintRule):
         # `(loss * scale).backward()`: a loss scale of the script's own fp16 path
         if isinstance(func, cst.Attribute) and func.attr.value == "backward":
             receiver = func.value
-            if isinstance(receiver, cst.BinaryOperation) and isinstance(receiver.operator, cst.Multiply):
+            if isinstance(receiver, cst.BinaryOperation) and isinstance(
+                receiver.operator, cst.Multiply
+            ):
                 self.chooses_precision = True
         if isinstance(func, cst.Attribute) and func.attr.value in ("cuda", "xpu"):
             self.names_cuda |= func.attr.value == "cuda"
@@ -212,9 +232,7 @@ class MissingAutocast(LintRule):
         if self.names_xpu and not self.names_cuda:
             return  # the device is only ever "xpu": no CUDA training step
         loops = [
-            loop.node
-            for loop in self.script.step_loops.values()
-            if loop.role is LoopRole.TRAIN
+            loop.node for loop in self.script.step_loops.values() if loop.role is LoopRole.TRAIN
         ]
         if not loops or not self._pays():
             return
@@ -363,13 +381,15 @@ class LayerSizes:
         if any(n.startswith(("torch.", "builtins.", "numpy.", "math.")) for n in names):
             return None
         classes = [
-            o.cls for o in self.program.values_of(call.func, module)
+            o.cls
+            for o in self.program.values_of(call.func, module)
             if o.kind is Kind.CLASS and o.cls is not None
         ]
         if classes:
             verdicts = [
                 self._class_pays(c, self._bind(c, call, frame), depth + 1)
-                for c in classes if c.is_module
+                for c in classes
+                if c.is_module
             ]
             return True if any(verdicts) else (False if verdicts else None)
         helpers = self.program.callees.get(call)
@@ -395,9 +415,9 @@ class LayerSizes:
         """`Parameter(torch.FloatTensor(k, n))`: a weight matrix (a GEMM); a vector (a
         bias) or a tensor of other shapes is none."""
         data = argument(call, 0, "data")
-        if not isinstance(data, cst.Call) or frame.module.index.qualified_names(data.func).isdisjoint(
-            _PARAMETER_FACTORIES
-        ):
+        if not isinstance(data, cst.Call) or frame.module.index.qualified_names(
+            data.func
+        ).isdisjoint(_PARAMETER_FACTORIES):
             return None
         dims = [a.value for a in data.args if a.keyword is None and not a.star]
         if len(dims) != 2 or len(data.args) != 2:
@@ -430,7 +450,9 @@ class LayerSizes:
         known = k if k is not None else n
         return known is None or known >= OPS_PER_BYTE
 
-    def _dimension(self, call: cst.Call, spec: tuple[int, str, int | None], frame: _Frame) -> int | None:
+    def _dimension(
+        self, call: cst.Call, spec: tuple[int, str, int | None], frame: _Frame
+    ) -> int | None:
         position, keyword, default = spec
         value = argument(call, position, keyword)
         return default if value is None else self._int(value, frame)
@@ -479,7 +501,9 @@ class LayerSizes:
             params = function.node.params
             for param in (*params.posonly_params, *params.params, *params.kwonly_params):
                 if param.name.value == name:
-                    return None if param.default is None else self._int(param.default, top, depth + 1)
+                    return (
+                        None if param.default is None else self._int(param.default, top, depth + 1)
+                    )
             assigned = _single_assignment(function.node.body, name)
             if assigned is not None:
                 return self._int(assigned, frame, depth + 1)

@@ -12,11 +12,15 @@ from autoaccel.lint.rule import Invalid, LintRule
 _REPLACED = {
     "torch.cuda.amp.autocast": ("cuda", "torch.autocast", ("enabled", "dtype", "cache_enabled")),
     "torch.cuda.amp.autocast_mode.autocast": (
-        "cuda", "torch.autocast", ("enabled", "dtype", "cache_enabled"),
+        "cuda",
+        "torch.autocast",
+        ("enabled", "dtype", "cache_enabled"),
     ),
     "torch.cpu.amp.autocast": ("cpu", "torch.autocast", ("enabled", "dtype", "cache_enabled")),
     "torch.cpu.amp.autocast_mode.autocast": (
-        "cpu", "torch.autocast", ("enabled", "dtype", "cache_enabled"),
+        "cpu",
+        "torch.autocast",
+        ("enabled", "dtype", "cache_enabled"),
     ),
     "torch.cuda.amp.GradScaler": (
         "cuda",
@@ -66,7 +70,9 @@ class DeprecatedMixedPrecision(LintRule):
             "    y = model(x)\n",
         ),
         # apex: reported; `autoaccel convert` rewrites the script to torch.amp.
-        Invalid("from apex import amp\nimport torch\nmodel, opt = amp.initialize(model, opt, opt_level='O1')\n"),
+        Invalid(
+            "from apex import amp\nimport torch\nmodel, opt = amp.initialize(model, opt, opt_level='O1')\n"
+        ),
         Invalid(
             "import torch\nimport apex\nwith apex.amp.scale_loss(loss, opt) as scaled_loss:\n"
             "    scaled_loss.backward()\n"
@@ -81,7 +87,7 @@ class DeprecatedMixedPrecision(LintRule):
             fixed = self._modernised(node, device, new, positional)
             self.report(
                 node,
-                f"`{_spelled(names)}` is deprecated; use `{new}(\"{device}\", ...)`",
+                f'`{_spelled(names)}` is deprecated; use `{new}("{device}", ...)`',
                 edits={node: fixed} if fixed is not None else None,
                 imports=("torch",),
             )

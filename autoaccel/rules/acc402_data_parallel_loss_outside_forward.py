@@ -207,8 +207,6 @@ def _producing_call(value: cst.BaseExpression) -> cst.Call | None:
             return None
 
 
-
-
 def _ends_in_one_output(model: Obj, sizes: LayerSizes) -> bool:
     """`nn.Sequential(..., nn.Linear(n, 1), nn.Sigmoid())`, or a module of the project
     whose `forward` returns `self.head(...)` for `self.head = nn.Linear(n, 1)` (through

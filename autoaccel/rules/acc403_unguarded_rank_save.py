@@ -145,8 +145,10 @@ class UnguardedRankSave(LintRule):
         # under a name the rank test of `rank_guarded` does not know.
         targets = [key for target in node.targets if (key := name_key(target.target)) is not None]
         if any(
-            isinstance(leaf, cst.SimpleString) and leaf.evaluated_value in _RANK_VARIABLES
-            or isinstance(leaf, cst.Call) and self.calls(leaf, *_GET_RANK)
+            isinstance(leaf, cst.SimpleString)
+            and leaf.evaluated_value in _RANK_VARIABLES
+            or isinstance(leaf, cst.Call)
+            and self.calls(leaf, *_GET_RANK)
             for leaf in find(node.value, (cst.SimpleString, cst.Call))
         ):
             self.rank_names.update(targets)
@@ -175,7 +177,8 @@ class UnguardedRankSave(LintRule):
                 passed = list(zip(params, (a.value for a in positional)))
                 passed += [(a.keyword.value, a.value) for a in call.args if a.keyword is not None]
                 ranks.update(
-                    param for param, value in passed
+                    param
+                    for param, value in passed
                     if mentions_rank(value) or name_key(value) in self.rank_names
                 )
         for targets, source in self.copies:
@@ -219,9 +222,13 @@ class UnguardedRankSave(LintRule):
         for ancestor in self.ancestors(node):
             if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return False
-            if isinstance(ancestor, cst.If) and child is not ancestor.test and any(
-                name_key(name) in self.rank_names
-                for name in find(ancestor.test, (cst.Name, cst.Attribute))
+            if (
+                isinstance(ancestor, cst.If)
+                and child is not ancestor.test
+                and any(
+                    name_key(name) in self.rank_names
+                    for name in find(ancestor.test, (cst.Name, cst.Attribute))
+                )
             ):
                 return True
             child = ancestor

@@ -391,7 +391,9 @@ def _values_given_in(body: cst.CSTNode, name: str) -> list[cst.BaseExpression] |
             if is_name(node.name, name):
                 return None
         elif is_method_call(node) and _in_place(node.func.attr.value):  # type: ignore[attr-defined]
-            if is_name(node.func.value, name):  # `name.requires_grad_()`  # type: ignore[attr-defined]
+            if is_name(
+                node.func.value, name
+            ):  # `name.requires_grad_()`  # type: ignore[attr-defined]
                 return None
     return values
 
@@ -408,7 +410,9 @@ def _pairs(
             and len(value.elements) == len(target.elements)
             and not any(isinstance(e, cst.StarredElement) for e in elements)
         ):
-            return [p for t, v in zip(target.elements, value.elements) for p in _pairs(t.value, v.value)]
+            return [
+                p for t, v in zip(target.elements, value.elements) for p in _pairs(t.value, v.value)
+            ]
         return [(t, None) for t in find(target, cst.Name)]
     return [(target, value)]
 

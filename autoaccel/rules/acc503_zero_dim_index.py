@@ -47,8 +47,7 @@ class ZeroDimIndex(BindingVisitor, LintRule):
     ]
     INVALID = [
         Invalid(
-            "import torch.nn.functional as F\n"
-            "loss = F.nll_loss(out, y)\nprint(loss.data[0])\n",
+            "import torch.nn.functional as F\n" "loss = F.nll_loss(out, y)\nprint(loss.data[0])\n",
             fixed="import torch.nn.functional as F\n"
             "loss = F.nll_loss(out, y)\nprint(loss.item())\n",
         ),

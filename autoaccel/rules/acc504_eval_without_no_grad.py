@@ -28,9 +28,10 @@ _SET_GRAD_ENABLED = frozenset(
 )
 # Calls inside a loop that need gradients: wrapping it would break them.
 _NEEDS_GRAD_METHODS = ("backward", "step", "zero_grad", "requires_grad_", "retain_grad")
-_NEEDS_GRAD_FUNCTIONS = frozenset(
-    {"torch.autograd.grad", "torch.autograd.backward", "torch.enable_grad"}
-) | _SET_GRAD_ENABLED
+_NEEDS_GRAD_FUNCTIONS = (
+    frozenset({"torch.autograd.grad", "torch.autograd.backward", "torch.enable_grad"})
+    | _SET_GRAD_ENABLED
+)
 
 _SETUP = (
     "import torch\nfrom torch.utils.data import DataLoader\n"
@@ -221,7 +222,11 @@ class EvalWithoutNoGrad(LintRule):
         found = []
         for call in find(node, cst.Call):
             func = call.func
-            target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
+            target = (
+                func.value
+                if isinstance(func, cst.Attribute) and func.attr.value == "forward"
+                else func
+            )
             if name_key(target) in self.script.models:  # type: ignore[arg-type]
                 found.append(call)
                 continue

@@ -53,7 +53,9 @@ def run_tune(
             result = _follow(process, events, err)
         if result is None:
             tail = log.read_text(errors="replace")[-3000:]
-            err.print(f"error: {script} stopped before its DataLoaders could be tuned", markup=False)
+            err.print(
+                f"error: {script} stopped before its DataLoaders could be tuned", markup=False
+            )
             err.print(tail, markup=False, highlight=False)
             return EXIT_ERROR
     for loader, choice in zip(result["loaders"], convert_choices(script, result["loaders"])):
@@ -124,9 +126,11 @@ def convert_choices(script: Path, loaders: list[dict[str, Any]]) -> list[dict[st
     fixed = {finding.line for finding in analysis.diagnostics}
     reasons = {note.line: note.reason for note in analysis.notes}
     return [
-        {"writes": {"num_workers": WORKERS, "persistent_workers": "True"}, "reason": None}
-        if loader["line"] in fixed
-        else {"writes": None, "reason": reasons.get(loader["line"])}
+        (
+            {"writes": {"num_workers": WORKERS, "persistent_workers": "True"}, "reason": None}
+            if loader["line"] in fixed
+            else {"writes": None, "reason": reasons.get(loader["line"])}
+        )
         for loader in loaders
     ]
 
@@ -139,7 +143,8 @@ def print_tables(script: Path, result: dict[str, Any], console: Console) -> None
         console.print(
             f"{script}:{loader['line']}  {loader['dataset']}, batch {loader['batch_size']}, "
             f"{loader['batches_per_epoch']} batches/epoch",
-            markup=False, highlight=False,
+            markup=False,
+            highlight=False,
         )
         console.print(_table(loader))
         console.print(_summary(loader), markup=False, highlight=False)
@@ -147,7 +152,17 @@ def print_tables(script: Path, result: dict[str, Any], console: Console) -> None
 
 def _table(loader: dict[str, Any]) -> Table:
     table = Table(box=box.SIMPLE_HEAD)
-    headers = ("workers", "pin", "persist", "prefetch", "batch/s", "range", "1st batch", "speed-up", "")
+    headers = (
+        "workers",
+        "pin",
+        "persist",
+        "prefetch",
+        "batch/s",
+        "range",
+        "1st batch",
+        "speed-up",
+        "",
+    )
     for header in headers:
         table.add_column(header, justify="right" if header else "left", no_wrap=True)
     current, heuristic = loader["results"][0], _heuristic(loader)
@@ -156,7 +171,8 @@ def _table(loader: dict[str, Any]) -> Table:
         marks = [
             mark
             for mark, hit in (
-                ("best", row == loader["best"]), ("current", row is current),
+                ("best", row == loader["best"]),
+                ("current", row is current),
                 ("convert writes it", row is heuristic),
             )
             if hit

@@ -211,11 +211,13 @@ def tune_loaders(
         measured, best = sweep(
             current, measure, limit, plan["unpicklable"] is None, cuda, reference=heuristic
         )
-        results.append({
-            **plan,
-            "results": [m.as_dict() for m in measured],
-            "best": best.as_dict(),
-        })
+        results.append(
+            {
+                **plan,
+                "results": [m.as_dict() for m in measured],
+                "best": best.as_dict(),
+            }
+        )
     events.emit("result", loaders=results, cuda=cuda, cpu_count=limit)
 
 

@@ -26,8 +26,10 @@ Wanted = dict[Site, Keywords]
 
 # A value that names a setting of the script (`args.workers`, `cfg["workers"]`, `workers`)
 # stays: the script is configured there. Literals and calls are replaced.
-_CONFIGURED = m.Attribute() | m.Subscript() | m.Name(
-    value=m.MatchIfTrue(lambda name: name not in ("True", "False", "None"))
+_CONFIGURED = (
+    m.Attribute()
+    | m.Subscript()
+    | m.Name(value=m.MatchIfTrue(lambda name: name not in ("True", "False", "None")))
 )
 
 

@@ -33,7 +33,10 @@ class LoaderSetting:
 
     def keywords(self) -> dict[str, object]:
         """DataLoader keyword arguments for this setting."""
-        keywords: dict[str, object] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        keywords: dict[str, object] = {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+        }
         if self.num_workers:
             keywords["persistent_workers"] = self.persistent_workers
             if self.prefetch_factor is not None:
@@ -60,8 +63,11 @@ class Measurement:
         """The measurement `as_dict` gave, read back (from JSON)."""
         spread = fields["batches_per_s_range"]
         return cls(
-            LoaderSetting(**fields["setting"]), fields["batches_per_s"], fields["first_batch_s"],
-            fields["error"], tuple(spread) if spread else None,
+            LoaderSetting(**fields["setting"]),
+            fields["batches_per_s"],
+            fields["first_batch_s"],
+            fields["error"],
+            tuple(spread) if spread else None,
         )
 
 
@@ -99,11 +105,15 @@ def _stages(
         ]
     )
     if with_workers:
-        stages.append(lambda best: [replace(best, persistent_workers=False)] if best.num_workers else [])
         stages.append(
-            lambda best: [replace(best, prefetch_factor=f) for f in PREFETCH_FACTORS]
-            if best.num_workers
-            else []
+            lambda best: [replace(best, persistent_workers=False)] if best.num_workers else []
+        )
+        stages.append(
+            lambda best: (
+                [replace(best, prefetch_factor=f) for f in PREFETCH_FACTORS]
+                if best.num_workers
+                else []
+            )
         )
     if cuda:
         stages.append(lambda best: [replace(best, pin_memory=not best.pin_memory)])

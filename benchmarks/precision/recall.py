@@ -43,9 +43,23 @@ def checkout_name(repo: str) -> str:
 def lint(checkouts: Path, paths: list[str]) -> list[dict]:
     """`autoaccel lint --format json` over `paths` (relative to `checkouts`)."""
     run = subprocess.run(
-        [sys.executable, "-m", "autoaccel", "lint", "--format", "json", "--exit-zero", "-q",
-         "--extend-select", ",".join(OPT_IN), *paths],
-        cwd=checkouts, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "autoaccel",
+            "lint",
+            "--format",
+            "json",
+            "--exit-zero",
+            "-q",
+            "--extend-select",
+            ",".join(OPT_IN),
+            *paths,
+        ],
+        cwd=checkouts,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(run.stdout)
 
@@ -55,19 +69,23 @@ def findings(linted: list[dict]) -> list[dict]:
     found = []
     for finding in linted:
         checkout, path = finding["filename"].removeprefix("./").split("/", 1)
-        found.append({
-            "repo": checkout.replace("+", "/", 1),
-            "path": path,
-            "line": finding["location"]["row"],
-            "rule": finding["code"],
-        })
+        found.append(
+            {
+                "repo": checkout.replace("+", "/", 1),
+                "path": path,
+                "line": finding["location"]["row"],
+                "rule": finding["code"],
+            }
+        )
     return found
 
 
 def finds(finding: dict, expected: dict) -> bool:
     """Whether `finding` finds `expected` (the matching rule of the module docstring)."""
     if (finding["repo"], finding["path"], finding["rule"]) != (
-        expected["repo"], expected["path"], expected["rule"]
+        expected["repo"],
+        expected["path"],
+        expected["rule"],
     ):
         return False
     return expected["rule"] in SCRIPT_LEVEL or abs(finding["line"] - expected["line"]) <= TOLERANCE
@@ -91,7 +109,9 @@ def match(expected: list[dict], found: list[dict]) -> tuple[list[bool], list[boo
                 if not finds(finding, entry):
                     continue
                 script_level = entry["rule"] in SCRIPT_LEVEL
-                if script_level or (not used[j] and abs(finding["line"] - entry["line"]) == distance):
+                if script_level or (
+                    not used[j] and abs(finding["line"] - entry["line"]) == distance
+                ):
                     hit[i] = True
                     used[j] = used[j] or not script_level
                     break
@@ -123,18 +143,26 @@ def overall(rows: dict, label: str) -> str:
     got = sum(r["found"] for r in counted.values())
     n = sum(r["findings"] for r in counted.values())
     true = sum(r["true"] for r in counted.values())
-    return (f"{label}: recall {got}/{exp} = {share(got, exp)};"
-            f" strict precision {true}/{n} = {share(true, n)}")
+    return (
+        f"{label}: recall {got}/{exp} = {share(got, exp)};"
+        f" strict precision {true}/{n} = {share(true, n)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkouts", type=Path)
     parser.add_argument(
-        "--recall", type=Path, nargs="+", default=[RECALL], help="the labelled set(s), measured together",
+        "--recall",
+        type=Path,
+        nargs="+",
+        default=[RECALL],
+        help="the labelled set(s), measured together",
     )
     parser.add_argument(
-        "--findings", type=Path, help="JSON that the lint of the listed files printed (saves linting)",
+        "--findings",
+        type=Path,
+        help="JSON that the lint of the listed files printed (saves linting)",
     )
     args = parser.parse_args(argv)
 
@@ -148,36 +176,51 @@ def main(argv: list[str] | None = None) -> int:
             print(f"missing: {checkout_name(entry['repo'])}/{entry['path']}", file=sys.stderr)
             return 2
         head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=False,
+            ["git", "rev-parse", "HEAD"],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            check=False,
         ).stdout.strip()
         if head and head != entry["commit"]:
-            print(f"warning: {checkout.name} is at {head[:12]}, labelled at {entry['commit'][:12]}",
-                  file=sys.stderr)
+            print(
+                f"warning: {checkout.name} is at {head[:12]}, labelled at {entry['commit'][:12]}",
+                file=sys.stderr,
+            )
     paths = [f"{checkout_name(f['repo'])}/{f['path']}" for f in files]
-    linted = (json.loads(args.findings.read_text()) if args.findings
-              else lint(args.checkouts, paths))
+    linted = json.loads(args.findings.read_text()) if args.findings else lint(args.checkouts, paths)
     found = findings(linted)
     expected = data["expected"]
     hit, right = match(expected, found)
     rows = table(expected, found, hit, right)
 
     new_repos = {f["repo"] for f in files if f.get("new")}
-    print(f"{len(files)} files ({sum(f.get('new', False) for f in files)} from"
-          f" {len(new_repos)} repositories not used before), {len(expected)} expected,"
-          f" {len(found)} findings")
-    print(f"{'rule':<8} {'expected':>8} {'found':>6} {'recall':>6} {'findings':>8} {'true':>5}"
-          f" {'precision':>9}")
+    print(
+        f"{len(files)} files ({sum(f.get('new', False) for f in files)} from"
+        f" {len(new_repos)} repositories not used before), {len(expected)} expected,"
+        f" {len(found)} findings"
+    )
+    print(
+        f"{'rule':<8} {'expected':>8} {'found':>6} {'recall':>6} {'findings':>8} {'true':>5}"
+        f" {'precision':>9}"
+    )
     for code, row in rows.items():
-        print(f"{code:<8} {row['expected']:>8} {row['found']:>6}"
-              f" {share(row['found'], row['expected']):>6} {row['findings']:>8} {row['true']:>5}"
-              f" {share(row['true'], row['findings']):>9}"
-              + ("  (opt-in: not in the overall)" if code in OPT_IN else ""))
+        print(
+            f"{code:<8} {row['expected']:>8} {row['found']:>6}"
+            f" {share(row['found'], row['expected']):>6} {row['findings']:>8} {row['true']:>5}"
+            f" {share(row['true'], row['findings']):>9}"
+            + ("  (opt-in: not in the overall)" if code in OPT_IN else "")
+        )
     print(overall(rows, "overall"))
     for label, keep in (("new repositories", True), ("repositories used before", False)):
         pick_e = [i for i, e in enumerate(expected) if (e["repo"] in new_repos) == keep]
         pick_f = [i for i, f in enumerate(found) if (f["repo"] in new_repos) == keep]
-        sub = table([expected[i] for i in pick_e], [found[i] for i in pick_f],
-                    [hit[i] for i in pick_e], [right[i] for i in pick_f])
+        sub = table(
+            [expected[i] for i in pick_e],
+            [found[i] for i in pick_f],
+            [hit[i] for i in pick_e],
+            [right[i] for i in pick_f],
+        )
         print(overall(sub, label))
     misses = [e for e, ok in zip(expected, hit) if not ok]
     print(f"\nmisses ({len(misses)}):")

@@ -30,7 +30,10 @@ def lint(checkouts: Path) -> list[dict]:
     """`autoaccel lint --format json` over all checkouts, default settings."""
     run = subprocess.run(
         [sys.executable, "-m", "autoaccel", "lint", "--format", "json", "--exit-zero", "-q", "."],
-        cwd=checkouts, capture_output=True, text=True, check=True,
+        cwd=checkouts,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(run.stdout)
 
@@ -43,17 +46,22 @@ def findings(checkouts: Path, linted: list[dict]) -> list[dict]:
         checkout, path = finding["filename"].removeprefix("./").split("/", 1)
         if checkout not in commits:
             commits[checkout] = subprocess.run(
-                ["git", "rev-parse", "HEAD"], cwd=checkouts / checkout,
-                capture_output=True, text=True, check=True,
+                ["git", "rev-parse", "HEAD"],
+                cwd=checkouts / checkout,
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout.strip()
-        found.append({
-            "repo": checkout.replace("+", "/", 1),
-            "commit": commits[checkout],
-            "path": path,
-            "line": finding["location"]["row"],
-            "column": finding["location"]["column"],
-            "code": finding["code"],
-        })
+        found.append(
+            {
+                "repo": checkout.replace("+", "/", 1),
+                "commit": commits[checkout],
+                "path": path,
+                "line": finding["location"]["row"],
+                "column": finding["location"]["column"],
+                "code": finding["code"],
+            }
+        )
     return found
 
 
@@ -81,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--labels", type=Path, default=LABELS, help="the file to write")
     parser.add_argument(
-        "--findings", type=Path, help="the JSON that `autoaccel lint --format json .` printed "
+        "--findings",
+        type=Path,
+        help="the JSON that `autoaccel lint --format json .` printed "
         "in CHECKOUTS_DIR (saves linting again)",
     )
     args = parser.parse_args(argv)
@@ -94,17 +104,30 @@ def main(argv: list[str] | None = None) -> int:
     for finding in found:
         counts[finding["code"]] += 1
     sample = [
-        {**finding, "label": None, "reason": "", **{
-            field: known[key(finding)][field] for field in ("label", "reason") if key(finding) in known
-        }}
+        {
+            **finding,
+            "label": None,
+            "reason": "",
+            **{
+                field: known[key(finding)][field]
+                for field in ("label", "reason")
+                if key(finding) in known
+            },
+        }
         for finding in draw(found, args.per_rule, args.seed)
     ]
-    args.labels.write_text(json.dumps({
-        "seed": args.seed,
-        "per_rule": args.per_rule,
-        "findings_per_rule": dict(sorted(counts.items())),
-        "sample": sample,
-    }, indent=1) + "\n")
+    args.labels.write_text(
+        json.dumps(
+            {
+                "seed": args.seed,
+                "per_rule": args.per_rule,
+                "findings_per_rule": dict(sorted(counts.items())),
+                "sample": sample,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     unlabelled = sum(f["label"] is None for f in sample)
     print(f"{len(found)} findings, {len(sample)} drawn, {unlabelled} to label -> {args.labels}")
     return 0

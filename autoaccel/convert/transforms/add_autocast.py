@@ -37,9 +37,7 @@ from autoaccel.convert.transforms.data_parallel.wraps import wrapper_instances
 from autoaccel.cst_edit import add_imports, code_of
 
 _FALLBACK_DEVICE = '"cuda" if torch.cuda.is_available() else "cpu"'
-_BCE = frozenset(
-    {"torch.nn.BCELoss", "torch.nn.functional.binary_cross_entropy"}
-)
+_BCE = frozenset({"torch.nn.BCELoss", "torch.nn.functional.binary_cross_entropy"})
 _CLIP = frozenset(
     {
         "torch.nn.utils.clip_grad_norm_",
@@ -197,9 +195,7 @@ class AddAutocast(Transform):
         self.torch_devices: dict[str, set[cst.FunctionDef | None]] = {}
         self.bce_criteria: set[str] = set()
         self.bound: dict[cst.FunctionDef | None, set[str]] = {}
-        self.local_functions = {
-            f.name.value for f in find(module, cst.FunctionDef)
-        }
+        self.local_functions = {f.name.value for f in find(module, cst.FunctionDef)}
         for assign in find(module, (cst.Assign, cst.AnnAssign)):
             value = assign.value
             if value is None:
@@ -222,7 +218,9 @@ class AddAutocast(Transform):
                 if isinstance(value, cst.Call) and self.qualified_names(value.func) & _BCE:
                     self.bce_criteria.add(key)
         # Functions of the script that compute a BCE loss (`loss_function(recon, x, ...)`).
-        self.bce_helpers = {f.name.value for f in find(module, cst.FunctionDef) if self._bce_calls(f.body)}
+        self.bce_helpers = {
+            f.name.value for f in find(module, cst.FunctionDef) if self._bce_calls(f.body)
+        }
 
     def _device_expression(self, loop: cst.CSTNode) -> str:
         function = self._function_of(loop)
@@ -344,7 +342,9 @@ class AddAutocast(Transform):
                     " use `--amp bf16`, or add autocast and a scaler by hand",
                     node,
                 )
-            elif not any(_is_autocast_with(w) for w in find(node, cst.With)) and not self._calls_dp_wrapper(node):
+            elif not any(
+                _is_autocast_with(w) for w in find(node, cst.With)
+            ) and not self._calls_dp_wrapper(node):
                 self._plan_train(node, node.body, self._device_expression(node.body.body[0]))
 
     def _micro_bodies(self, body: cst.IndentedBlock) -> list[cst.BaseSuite]:
@@ -424,7 +424,11 @@ class AddAutocast(Transform):
                 continue
             key = name_key(target)
             if key is None:
-                self.skipped("autocast", f"cannot follow the tensor `{code_of(target)}` whose backward is called; wrap its computation by hand", statement)
+                self.skipped(
+                    "autocast",
+                    f"cannot follow the tensor `{code_of(target)}` whose backward is called; wrap its computation by hand",
+                    statement,
+                )
                 return None
             loss_at = next(
                 (j for j in range(index - 1, previous, -1) if key in _assigned_keys(statements[j])),
@@ -481,8 +485,7 @@ class AddAutocast(Transform):
         wrapped = [
             index
             for index, statement in enumerate(statements)
-            if isinstance(statement, cst.SimpleStatementLine)
-            and self._calls_model(statement)
+            if isinstance(statement, cst.SimpleStatementLine) and self._calls_model(statement)
             # a model call and a BCE loss on one line: leave it in float32
             and not self._bce_calls(statement)
         ]
@@ -499,7 +502,9 @@ class AddAutocast(Transform):
                 wraps[-1] = (wraps[-1][0], index)
             else:
                 wraps.append((index, index))
-            self.changed(statements[index], f"evaluation forward pass under torch.autocast({self.label})")
+            self.changed(
+                statements[index], f"evaluation forward pass under torch.autocast({self.label})"
+            )
         self.edits.blocks[body] = _BlockPlan(wraps=wraps, device=device)
         self._cast_back(statements, wraps)
 
@@ -592,11 +597,7 @@ class AddAutocast(Transform):
             elif m.matches(small, m.Expr(value=m.Call(func=m.Attribute(attr=m.Name("step")), args=[]))) and name_key(small.value.func.value) in self.script.optimizers:  # type: ignore[union-attr]
                 self.edits.replace[small] = f"step:{scaler}"  # type: ignore[index]
                 last_step = statement
-            clips = [
-                c
-                for c in find(statement, cst.Call)
-                if self.qualified_names(c.func) & _CLIP
-            ]
+            clips = [c for c in find(statement, cst.Call) if self.qualified_names(c.func) & _CLIP]
             if clips:
                 optimizer = self._optimizer_after(statement, statements, steps)
                 self.edits.before.setdefault(statement, []).append(
@@ -693,9 +694,7 @@ class AddAutocast(Transform):
             )
             assert isinstance(with_node, cst.With)
             result.append(
-                with_node.with_changes(
-                    body=cst.IndentedBlock(body=inner), leading_lines=leading
-                )
+                with_node.with_changes(body=cst.IndentedBlock(body=inner), leading_lines=leading)
             )
             self.touched = True
             index = end + 1

@@ -55,7 +55,9 @@ class ChannelsLast(Transform):
 
 def _call_root(expression: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(expression, cst.Call):
-        expression = expression.func.value if isinstance(expression.func, cst.Attribute) else expression.func
+        expression = (
+            expression.func.value if isinstance(expression.func, cst.Attribute) else expression.func
+        )
     return expression
 
 
@@ -73,7 +75,7 @@ def _first_target_name(loop: cst.CSTNode) -> str | None:
 
 
 def _inside(transform: Transform, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
-    
+
     parent = transform.parent(node)
     while parent is not None:
         if parent is ancestor:

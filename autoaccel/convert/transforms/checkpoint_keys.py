@@ -42,7 +42,9 @@ def strip_prefix(call: cst.Call) -> tuple[list[cst.BaseStatement], cst.Call]:
     state = call.args[0].value
     before: list[cst.BaseStatement] = []
     if name_key(state) is None and not isinstance(state, cst.Subscript):
-        before.append(cst.parse_statement(f"{STATE_DICT} = {cst.Module([]).code_for_node(state)}\n"))
+        before.append(
+            cst.parse_statement(f"{STATE_DICT} = {cst.Module([]).code_for_node(state)}\n")
+        )
         state = cst.Name(STATE_DICT)
         call = call.with_changes(args=[call.args[0].with_changes(value=state), *call.args[1:]])
     module = cst.parse_module(_STRIP.format(state=cst.Module([]).code_for_node(state)))

@@ -146,7 +146,11 @@ def _is_conversion_code(statement: cst.BaseStatement) -> bool:
     wrapper class of `--to dp`: found by their shape."""
     if isinstance(statement, cst.SimpleStatementLine):
         return len(statement.body) == 1 and bool(_SETUP_START.match(_dotted(statement.body[0])))
-    if isinstance(statement, cst.ClassDef) and statement.body.body and is_docstring(statement.body.body[0]):
+    if (
+        isinstance(statement, cst.ClassDef)
+        and statement.body.body
+        and is_docstring(statement.body.body[0])
+    ):
         docstring = statement.body.body[0].body[0].value  # type: ignore[attr-defined]
         return isinstance(docstring, cst.SimpleString) and docstring.value.startswith(WRAPPER_DOC)
     return False
@@ -155,10 +159,13 @@ def _is_conversion_code(statement: cst.BaseStatement) -> bool:
 def renames_listed(tree: cst.Module) -> dict[str, str]:
     """The renames the comment of a converted module lists (canonical -> its name)."""
     for statement in tree.body:
-        comments = [line.comment.value for line in statement.leading_lines if line.comment is not None]
+        comments = [
+            line.comment.value for line in statement.leading_lines if line.comment is not None
+        ]
         if RENAMED_COMMENT in comments:
             listed = itertools.takewhile(
-                lambda comment: comment.startswith("#   "), comments[comments.index(RENAMED_COMMENT) + 1 :]
+                lambda comment: comment.startswith("#   "),
+                comments[comments.index(RENAMED_COMMENT) + 1 :],
             )
             return dict(_RENAME.findall(" ".join(listed)))
     return {}
@@ -170,7 +177,9 @@ def name_refusal(tree: cst.Module, path: str | None) -> tuple[str, cst.CSTNode] 
     name), or an inserted name the script binds by `import a.b` beside another use (the
     import cannot bind a placeholder)."""
     _, end = leading_import_block(tree)
-    leading = {small for s in tree.body[:end] if isinstance(s, cst.SimpleStatementLine) for small in s.body}
+    leading = {
+        small for s in tree.body[:end] if isinstance(s, cst.SimpleStatementLine) for small in s.body
+    }
     uses = _Uses.of(tree)
     for star in uses.star_imports:
         if star not in leading and _module_file(star, path) is None:
@@ -303,7 +312,9 @@ class _Uses(cst.CSTVisitor):
         if isinstance(node.names, cst.ImportStar):
             self.star_imports.append(node)
             return False
-        module = "." * len(node.relative) + (_dotted(node.module) if node.module is not None else "")
+        module = "." * len(node.relative) + (
+            _dotted(node.module) if node.module is not None else ""
+        )
         for alias in node.names:
             name = _dotted(alias.name)
             bound = alias.asname.name.value if alias.asname is not None else name  # type: ignore[union-attr]
@@ -352,10 +363,20 @@ class _Rename(cst.CSTTransformer):
             return updated_node
         return updated_node.with_changes(value=new)
 
-    def leave_ImportAlias(self, original_node: cst.ImportAlias, updated_node: cst.ImportAlias) -> cst.ImportAlias:
+    def leave_ImportAlias(
+        self, original_node: cst.ImportAlias, updated_node: cst.ImportAlias
+    ) -> cst.ImportAlias:
         if updated_node.asname is None:
-            new = self.mapping.get(updated_node.name.value) if isinstance(updated_node.name, cst.Name) else None
-            return updated_node if new is None else updated_node.with_changes(asname=cst.AsName(cst.Name(new)))
+            new = (
+                self.mapping.get(updated_node.name.value)
+                if isinstance(updated_node.name, cst.Name)
+                else None
+            )
+            return (
+                updated_node
+                if new is None
+                else updated_node.with_changes(asname=cst.AsName(cst.Name(new)))
+            )
         asname = updated_node.asname.name
         if isinstance(asname, cst.Name) and asname.value == _dotted(updated_node.name):
             return updated_node.with_changes(asname=None)

@@ -63,13 +63,17 @@ class ReplaceApexAmp(StatementRewrite):
             block = self.parent(statement)
             if block is not None and not isinstance(block, cst.Module) and len(block.body) == 1:  # type: ignore[attr-defined]
                 self.replacements = {}
-                self.skipped("apex.amp", "apex is imported alone in a block; remove it by hand", statement)
+                self.skipped(
+                    "apex.amp", "apex is imported alone in a block; remove it by hand", statement
+                )
                 return
             self.replacements[statement] = None
         for statement, replacement in self.replacements.items():
             if statement not in imports:
-                what = "removed (torch.amp needs no initialize)" if replacement is None else (
-                    "scaled backward becomes a plain backward; the step gets torch.autocast"
+                what = (
+                    "removed (torch.amp needs no initialize)"
+                    if replacement is None
+                    else ("scaled backward becomes a plain backward; the step gets torch.autocast")
                 )
                 self.changed(statement, f"apex.amp: {what}")
 
@@ -78,9 +82,13 @@ class ReplaceApexAmp(StatementRewrite):
 
     def _imports_only_apex(self, node: cst.Import | cst.ImportFrom) -> bool:
         if isinstance(node, cst.ImportFrom):
-            return m.matches(node, m.ImportFrom(module=m.Name("apex"), names=[m.ImportAlias(name=m.Name("amp"))]))
+            return m.matches(
+                node, m.ImportFrom(module=m.Name("apex"), names=[m.ImportAlias(name=m.Name("amp"))])
+            )
         return all(
-            m.matches(a.name, m.Name("apex") | m.Attribute(value=m.Name("apex"), attr=m.Name("amp")))
+            m.matches(
+                a.name, m.Name("apex") | m.Attribute(value=m.Name("apex"), attr=m.Name("amp"))
+            )
             for a in node.names
         )
 
@@ -89,15 +97,25 @@ class ReplaceApexAmp(StatementRewrite):
             a for a in self.ancestors(call) if isinstance(a, (cst.SimpleStatementLine, cst.With))
         )
 
-    def _replacement(self, call: cst.Call, statement: cst.CSTNode) -> cst.BaseStatement | None | bool:
+    def _replacement(
+        self, call: cst.Call, statement: cst.CSTNode
+    ) -> cst.BaseStatement | None | bool:
         """None: remove `statement`; a statement: put it instead; False: cannot."""
         names = self.qualified_names(call.func)
         if f"{_APEX}.initialize" in names and isinstance(statement, cst.SimpleStatementLine):
             assign = statement.body[0] if len(statement.body) == 1 else None
-            if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
+            if (
+                not isinstance(assign, cst.Assign)
+                or assign.value is not call
+                or len(assign.targets) != 1
+            ):
                 return False
             target = assign.targets[0].target
-            targets = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+            targets = (
+                [e.value for e in target.elements]
+                if isinstance(target, (cst.Tuple, cst.List))
+                else [target]
+            )
             given = _arg_keys(call)[: len(targets)]
             # apex returns the objects it was given: the assignment changes nothing
             return None if [name_key(t) for t in targets] == given and None not in given else False
@@ -114,7 +132,13 @@ class ReplaceApexAmp(StatementRewrite):
                 or not m.matches(
                     body[0],
                     m.SimpleStatementLine(
-                        body=[m.Expr(m.Call(func=m.Attribute(value=m.Name(scaled), attr=m.Name("backward"))))]
+                        body=[
+                            m.Expr(
+                                m.Call(
+                                    func=m.Attribute(value=m.Name(scaled), attr=m.Name("backward"))
+                                )
+                            )
+                        ]
                     ),
                 )
             ):
@@ -136,4 +160,6 @@ class ReplaceApexAmp(StatementRewrite):
         return result
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return updated_node.with_changes(body=self.rebuild(list(original_node.body), list(updated_node.body)))
+        return updated_node.with_changes(
+            body=self.rebuild(list(original_node.body), list(updated_node.body))
+        )

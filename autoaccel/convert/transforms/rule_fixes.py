@@ -57,7 +57,9 @@ class RuleFixes(Codemod):
             for diagnostic in result.remaining:
                 # a line of the fixed text; the log's are lines of the text this step received
                 line = original_line([(source, result.source)], diagnostic.line)
-                log.skipped.append(Skipped(f"{diagnostic.code} ({diagnostic.name})", line, _reason(diagnostic)))
+                log.skipped.append(
+                    Skipped(f"{diagnostic.code} ({diagnostic.name})", line, _reason(diagnostic))
+                )
             for note in result.notes:
                 log.skipped.append(Skipped(f"{note.code} ({note.name})", note.line, note.reason))
         if result.source == source:

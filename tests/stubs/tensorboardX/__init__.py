@@ -1,5 +1,6 @@
 """A stand-in for tensorboardX, which is not installed here: each `SummaryWriter` writes
 one text file per process (`events.<pid>` in its folder), a line per scalar."""
+
 import os
 
 

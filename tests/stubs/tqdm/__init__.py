@@ -1,5 +1,6 @@
 """A stand-in for tqdm, which is not installed here: `tqdm(iterable)` yields the items
 and draws one line per item on stderr (`bar <n>/<total>`) unless `disable`."""
+
 import sys
 
 

@@ -90,7 +90,9 @@ class ComputeLossInForward(StatementRewrite):
         self.names_in_use = {n.value for n in find(node, cst.Name)}
         self.sites: dict[cst.CSTNode, _Site] = {}  # keyed by the loss statement
         self.removed: set[cst.CSTNode] = set()
-        self.created: dict[cst.CSTNode, _Site] = {}  # anchor -> the site whose wrapper is built there
+        self.created: dict[cst.CSTNode, _Site] = (
+            {}
+        )  # anchor -> the site whose wrapper is built there
         self.segments: dict[cst.CSTNode, Segment] = {}  # keyed by the span's first line
         self.segment_lines: set[cst.CSTNode] = set()  # every line of a span
         self.segment_anchors: dict[cst.CSTNode, list[Segment]] = {}
@@ -98,7 +100,11 @@ class ComputeLossInForward(StatementRewrite):
         # (what, reason, line) of each step left alone; refusals when no step converts
         self.pending: list[tuple[str, str, cst.CSTNode | None]] = []
         ddp = next(
-            (c for c in find(node, cst.Call) if DISTRIBUTED_DATA_PARALLEL in self.qualified_names(c.func)),
+            (
+                c
+                for c in find(node, cst.Call)
+                if DISTRIBUTED_DATA_PARALLEL in self.qualified_names(c.func)
+            ),
             None,
         )
         if ddp is not None:
@@ -134,7 +140,9 @@ class ComputeLossInForward(StatementRewrite):
                     simple_reasons[loop.node] = reason
         general_reasons = self._plan_segments(node)
         # a loop whose step the general shape planned or refused has its reason there
-        answered = self._loops_around([s.span[0] for s in self.segments.values()] + [w for _, w, _ in general_reasons])
+        answered = self._loops_around(
+            [s.span[0] for s in self.segments.values()] + [w for _, w, _ in general_reasons]
+        )
         for loop_node, reason in simple_reasons.items():
             if loop_node in answered or any(loop_node is n for n, _, _ in general_reasons):
                 continue
@@ -146,11 +154,13 @@ class ComputeLossInForward(StatementRewrite):
         if refuse and not self.pending and self._trains_elsewhere(node):
             return  # a module of the project that only helps (builds the loaders): nothing to say
         if refuse and not self.pending:
-            self.pending.append((
-                "DataParallel (--to dp)",
-                "no training step was found: no `.backward()` runs in a loop over batches",
-                None,
-            ))
+            self.pending.append(
+                (
+                    "DataParallel (--to dp)",
+                    "no training step was found: no `.backward()` runs in a loop over batches",
+                    None,
+                )
+            )
         for what, reason, where in self.pending:
             self.skipped(what, reason, where, wrong=refuse)
 
@@ -217,14 +227,22 @@ class ComputeLossInForward(StatementRewrite):
             if segment is None or any(s in self.segment_lines for s in segment.span):
                 continue
             if any(m in self.configured_wraps for m in segment.modules):
-                reasons.append((loop or statement, statement, f"`{segment.modules[0]}` is wrapped in `nn.DataParallel` with its own settings (device_ids, dim, ...)"))
+                reasons.append(
+                    (
+                        loop or statement,
+                        statement,
+                        f"`{segment.modules[0]}` is wrapped in `nn.DataParallel` with its own settings (device_ids, dim, ...)",
+                    )
+                )
                 continue
             segment.function_name = self._fresh(f"compute_{segment.loss_name}")
             segment.wrapper_name = self._fresh(f"{segment.loss_name}_on_gpus")
             self._place(segment)
             self.segments[segment.span[0]] = segment
             self.segment_lines |= set(segment.span)
-            self.segment_anchors.setdefault(segment.function_anchor or segment.anchor, []).append(segment)
+            self.segment_anchors.setdefault(segment.function_anchor or segment.anchor, []).append(
+                segment
+            )
             if segment.wrapper_after is not None:
                 self.wrappers_after.setdefault(segment.wrapper_after, []).append(segment)
             self.changed(
@@ -233,7 +251,10 @@ class ComputeLossInForward(StatementRewrite):
                 f" `{segment.wrapper_name}` (`nn.DataParallel` of `{GENERAL_CLASS}` running"
                 f" `{segment.function_name}` with {', '.join(f'`{m}`' for m in segment.modules)});"
                 " the inputs are split along dimension 0"
-                + "".join(f"; batch-first as a short run of the script showed: {e}" for e in segment.established)
+                + "".join(
+                    f"; batch-first as a short run of the script showed: {e}"
+                    for e in segment.established
+                )
                 + "".join(
                     f"; `{frozen}` is not replicated: its outputs carry no gradients (`torch.no_grad()`,"
                     " or no optimizer trains it), so it has none to reduce; it runs on the whole batch"
@@ -251,19 +272,25 @@ class ComputeLossInForward(StatementRewrite):
         (`self.model = model.to(device)`), the wrapper there too, as `self.loss_on_gpus`."""
         if seg.anchor is not seg.span[0]:
             return  # built before the loop around the step, once per run of its function
-        function = next((a for a in self.ancestors(seg.span[0]) if isinstance(a, cst.FunctionDef)), None)
+        function = next(
+            (a for a in self.ancestors(seg.span[0]) if isinstance(a, cst.FunctionDef)), None
+        )
         if function is None:
             return
         top = function
         for ancestor in self.ancestors(function):
             if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
                 return  # a nested function: its scope is not the module's
-            if isinstance(ancestor, (cst.ClassDef, cst.FunctionDef)) or isinstance(self.parent(ancestor), cst.Module):
+            if isinstance(ancestor, (cst.ClassDef, cst.FunctionDef)) or isinstance(
+                self.parent(ancestor), cst.Module
+            ):
                 top = ancestor
             if isinstance(self.parent(ancestor), cst.Module):
                 break
         params = {p.name.value for p in (*function.params.params, *function.params.kwonly_params)}
-        local = params | {n for s in find(function.body, cst.BaseSmallStatement) for n in _assigned_names(s)}
+        local = params | {
+            n for s in find(function.body, cst.BaseSmallStatement) for n in _assigned_names(s)
+        }
         renames = dict(zip(seg.modules, seg.params))
         free = set()
         for statement in seg.chain:
@@ -278,7 +305,12 @@ class ComputeLossInForward(StatementRewrite):
         if not (isinstance(cls, cst.ClassDef) and all(_self_attribute(m) for m in seg.modules)):
             return
         init = next(
-            (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None
+            (
+                s
+                for s in cls.body.body
+                if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"
+            ),
+            None,
         )
         if init is None:
             return
@@ -288,8 +320,11 @@ class ComputeLossInForward(StatementRewrite):
         if not keys <= {k for s in assigning for k in assigned(s)}:
             return  # a model assigned elsewhere (or in a branch of `__init__`)
         elsewhere = [
-            s for method in cls.body.body if isinstance(method, cst.FunctionDef) and method is not init
-            for s in find(method, cst.BaseSmallStatement) if _assigned_names_keys(s) & keys
+            s
+            for method in cls.body.body
+            if isinstance(method, cst.FunctionDef) and method is not init
+            for s in find(method, cst.BaseSmallStatement)
+            if _assigned_names_keys(s) & keys
         ]
         if elsewhere:
             return  # a model replaced after `__init__` (a checkpoint loaded into a new one)
@@ -359,7 +394,11 @@ class ComputeLossInForward(StatementRewrite):
             return f"`{model}` is called {len(called)} times in this training step"
         call = called[0]
         assign = single_assign(self._parent(self._parent(call)))  # type: ignore[arg-type]
-        if assign is not None and assign[1] is call and _backpropagates(loop.node, code_of(assign[0])):
+        if (
+            assign is not None
+            and assign[1] is call
+            and _backpropagates(loop.node, code_of(assign[0]))
+        ):
             return f"`{model}(...)` returns the loss itself, which needs no wrapper"
         if not single_positional(call):
             return f"`{model}(...)` takes more than one input; `nn.DataParallel` splits every argument along dimension 0 (a recurrent state too)"
@@ -377,7 +416,9 @@ class ComputeLossInForward(StatementRewrite):
             loss = self._loss_statement_after(forward, outputs)  # type: ignore[arg-type]
             if isinstance(loss, str):
                 return loss
-        elif isinstance(parent, cst.Arg) and self.script.is_loss_call(loss_call := self._parent(parent)):
+        elif isinstance(parent, cst.Arg) and self.script.is_loss_call(
+            loss_call := self._parent(parent)
+        ):
             if parent is not loss_call.args[0]:  # type: ignore[union-attr]
                 return f"the output of `{model}(...)` is not the loss function's first argument"
             outputs = None
@@ -397,7 +438,9 @@ class ComputeLossInForward(StatementRewrite):
             return f"`{code_of(loss_call.func)}` does not average or sum its loss (reduction)"  # type: ignore[attr-defined]
         if not _backpropagates(loop.node, loss_name.value):
             return f"`{loss_name.value}.backward()` is not called in this training step"
-        kept = outputs if outputs is not None and _reads(loop.node, outputs, (forward, loss)) else None
+        kept = (
+            outputs if outputs is not None and _reads(loop.node, outputs, (forward, loss)) else None
+        )
         return _Site(
             forward=forward,  # type: ignore[arg-type]
             loss=loss,  # type: ignore[arg-type]
@@ -411,7 +454,9 @@ class ComputeLossInForward(StatementRewrite):
             reduce=reduce,
         )
 
-    def _loss_statement_after(self, forward: cst.SimpleStatementLine, outputs: str) -> cst.CSTNode | str:
+    def _loss_statement_after(
+        self, forward: cst.SimpleStatementLine, outputs: str
+    ) -> cst.CSTNode | str:
         """The line `loss = loss_fn(outputs, ...)` later in the forward pass's block."""
         block = self._parent(forward)
         statements = list(block.body)  # type: ignore[union-attr]
@@ -419,13 +464,19 @@ class ComputeLossInForward(StatementRewrite):
         inputs_read = {n.value for n in find(forward, cst.Name)}
         for statement in statements[start + 1 :]:
             assign = single_assign(statement)
-            if assign is not None and self.script.is_loss_call(assign[1]) and m.matches(
-                assign[1].args[0].value, m.Name(outputs)  # type: ignore[attr-defined]
+            if (
+                assign is not None
+                and self.script.is_loss_call(assign[1])
+                and m.matches(
+                    assign[1].args[0].value, m.Name(outputs)  # type: ignore[attr-defined]
+                )
             ):
                 return statement
             if _reads(statement, outputs) or _assigned_names(statement) & inputs_read:
                 break
-        return f"the loss is not computed from `{outputs}` in the lines right after the forward pass"
+        return (
+            f"the loss is not computed from `{outputs}` in the lines right after the forward pass"
+        )
 
     def _loss_call_problem(self, call: cst.Call, outputs: str | None) -> str | None:
         if len(call.args) != 2 or any(a.keyword is not None or a.star for a in call.args):
@@ -433,7 +484,7 @@ class ComputeLossInForward(StatementRewrite):
         return None
 
     def _reduction(self, call: cst.Call) -> str | None:
-        """"mean" or "sum": how the loss reduces its batch, read from the criterion's construction."""
+        """ "mean" or "sum": how the loss reduces its batch, read from the criterion's construction."""
         if any(keyword_value(call, legacy) for legacy in ("size_average", "reduce")):
             return _legacy_reduction(call)
         own = keyword_value(call, "reduction")  # `F.mse_loss(out, y, reduction="sum")`
@@ -464,18 +515,24 @@ class ComputeLossInForward(StatementRewrite):
     def _outermost_loop(self, loop: cst.CSTNode) -> cst.CSTNode:
         outermost = loop
         parent = self._parent(loop)
-        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        while parent is not None and not isinstance(
+            parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+        ):
             if isinstance(parent, (cst.For, cst.While)):
                 outermost = parent
             parent = self._parent(parent)
         return outermost
 
     # -- rewriting ------------------------------------------------------------------
-    def rebuild(self, originals: list[cst.CSTNode], updated: list[cst.CSTNode]) -> list[cst.CSTNode]:
+    def rebuild(
+        self, originals: list[cst.CSTNode], updated: list[cst.CSTNode]
+    ) -> list[cst.CSTNode]:
         result: list[cst.CSTNode] = []
         carried: list[cst.EmptyLine] = []  # comments and blank lines of a removed forward line
         for original, new in zip(originals, updated):
-            if original in self.removed or (original in self.segment_lines and original not in self.segments):
+            if original in self.removed or (
+                original in self.segment_lines and original not in self.segments
+            ):
                 carried += [*new.leading_lines, *_trailing_comment(new)]  # type: ignore[attr-defined]
                 continue
             leading = [*carried, *new.leading_lines]  # type: ignore[attr-defined]
@@ -512,7 +569,11 @@ class ComputeLossInForward(StatementRewrite):
         renames = dict(zip(seg.modules, seg.params))
         lines = []
         for statement in seg.chain:
-            lines.append(code_of(statement.with_changes(leading_lines=[]).visit(_Replace(renames))).rstrip("\n"))
+            lines.append(
+                code_of(statement.with_changes(leading_lines=[]).visit(_Replace(renames))).rstrip(
+                    "\n"
+                )
+            )
         returned = ", ".join([seg.loss_name, *(name for name, _ in seg.kept)])
         body = "".join(f"    {line}\n" for text in lines for line in text.splitlines())
         function = cst.parse_statement(
@@ -525,9 +586,15 @@ class ComputeLossInForward(StatementRewrite):
         nested = isinstance(self.parent(anchor), cst.IndentedBlock)
         blank = [cst.EmptyLine(indent=False)] * (1 if nested else 2)
         if seg.function_anchor is not None:
-            return [function.with_changes(leading_lines=blank)]  # the wrapper: in the step or `__init__`
+            return [
+                function.with_changes(leading_lines=blank)
+            ]  # the wrapper: in the step or `__init__`
         wrapper = self._wrapper_creation(seg)
-        return [function.with_changes(leading_lines=blank), wrapper[0].with_changes(leading_lines=blank), *wrapper[1:]]
+        return [
+            function.with_changes(leading_lines=blank),
+            wrapper[0].with_changes(leading_lines=blank),
+            *wrapper[1:],
+        ]
 
     def _wrapper_creation(self, seg: Segment) -> list[cst.BaseStatement]:
         """`loss_on_gpus = LossInForward(compute_loss, model)`, in `nn.DataParallel` on a GPU."""
@@ -542,7 +609,9 @@ class ComputeLossInForward(StatementRewrite):
             ),
         ]
 
-    def _segment_call(self, seg: Segment, originals: list, updated: list) -> list[cst.BaseStatement]:
+    def _segment_call(
+        self, seg: Segment, originals: list, updated: list
+    ) -> list[cst.BaseStatement]:
         """The span's lines: those that stay before, the wrapper's call, those after."""
         new_of = dict(zip(map(id, originals), updated))
         before = [new_of[id(s)].with_changes(leading_lines=[]) for s in seg.before]
@@ -555,7 +624,10 @@ class ComputeLossInForward(StatementRewrite):
             lines = [f"{seg.loss_name} = {call}.{seg.reduce}(){comment}\n"]
         else:
             names = ", ".join([seg.loss_name, *(n for n, _ in seg.kept)])
-            lines = [f"{names} = {call}\n", f"{seg.loss_name} = {seg.loss_name}.{seg.reduce}(){comment}\n"]
+            lines = [
+                f"{names} = {call}\n",
+                f"{seg.loss_name} = {seg.loss_name}.{seg.reduce}(){comment}\n",
+            ]
             lines += [f"{n} = {n}.{seg.reduce}()\n" for n, scalar in seg.kept if scalar]
         return [*before, *(cst.parse_statement(line) for line in lines), *after]
 
@@ -577,11 +649,18 @@ class ComputeLossInForward(StatementRewrite):
             combined = cst.Call(func=cst.Attribute(value=call, attr=cst.Name(site.reduce)))
             if line.trailing_whitespace.comment is not None:
                 comment = line.trailing_whitespace  # the user's own comment wins
-            return [line.with_changes(body=[cst.Assign([cst.AssignTarget(loss)], combined)], trailing_whitespace=comment)]
+            return [
+                line.with_changes(
+                    body=[cst.Assign([cst.AssignTarget(loss)], combined)],
+                    trailing_whitespace=comment,
+                )
+            ]
         both = cst.Tuple([cst.Element(loss), cst.Element(cst.Name(site.outputs))], lpar=[], rpar=[])
         return [
             line.with_changes(body=[cst.Assign([cst.AssignTarget(both)], call)]),
-            cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(loss)], reduced)], trailing_whitespace=comment),
+            cst.SimpleStatementLine(
+                [cst.Assign([cst.AssignTarget(loss)], reduced)], trailing_whitespace=comment
+            ),
         ]
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
@@ -590,7 +669,9 @@ class ComputeLossInForward(StatementRewrite):
         inserted = False
         if self.sites and not _defines_class(updated_node, WRAPPER_CLASS):
             keeps_outputs = any(site.outputs for site in self.sites.values())
-            updated_node = _insert_class(updated_node, self._wrapper_class(keeps_outputs), WRAPPER_CLASS)
+            updated_node = _insert_class(
+                updated_node, self._wrapper_class(keeps_outputs), WRAPPER_CLASS
+            )
             inserted = True
         if self.segments and not _defines_class(updated_node, GENERAL_CLASS):
             updated_node = _insert_class(updated_node, self._general_class(), GENERAL_CLASS)
@@ -688,8 +769,11 @@ def _self_attribute(key: str) -> bool:
 
 
 def _assigned_names_keys(statement: cst.CSTNode) -> set[str]:
-    return {key for node in find(statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
-            if (key := name_key(node.target))}
+    return {
+        key
+        for node in find(statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
+        if (key := name_key(node.target))
+    }
 
 
 def _backpropagates(loop: cst.CSTNode, loss: str) -> bool:
@@ -734,14 +818,14 @@ def _defines_class(module: cst.Module, name: str) -> bool:
     return any(isinstance(s, cst.ClassDef) and s.name.value == name for s in module.body)
 
 
-def _insert_class(module: cst.Module, statement: cst.BaseStatement, name: str = WRAPPER_CLASS) -> cst.Module:
+def _insert_class(
+    module: cst.Module, statement: cst.BaseStatement, name: str = WRAPPER_CLASS
+) -> cst.Module:
     """`statement` before the first top-level `class` / `def` when that comes before the
     wrapper's first use, else after the leading imports; two blank lines around it (black)."""
     body = list(module.body)
     _, index = leading_import_block(module)
-    first_use = next(
-        i for i, s in enumerate(body) if name_calls(s, name)
-    )
+    first_use = next(i for i, s in enumerate(body) if name_calls(s, name))
     first_definition = next(
         (i for i, s in enumerate(body) if isinstance(s, (cst.ClassDef, cst.FunctionDef))), None
     )
@@ -751,7 +835,9 @@ def _insert_class(module: cst.Module, statement: cst.BaseStatement, name: str = 
     if index < len(body):
         following = body[index]
         leading = list(following.leading_lines)
-        blank = next((i for i, line in enumerate(leading) if line.comment is not None), len(leading))
+        blank = next(
+            (i for i, line in enumerate(leading) if line.comment is not None), len(leading)
+        )
         if blank < 2:
             body[index] = following.with_changes(leading_lines=[*two_blank[blank:], *leading])
     body.insert(index, statement.with_changes(leading_lines=two_blank if index else []))
@@ -766,7 +852,9 @@ class _Replace(cst.CSTTransformer):
         super().__init__()
         self.renames = renames
 
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
         new = self.renames.get(code_of(original_node))
         return cst.Name(new) if new else updated_node
 

@@ -47,18 +47,26 @@ RUN_CAN_TELL = "a short run of the script can show whether it is batch-first"
 
 # Methods and functions that mix the samples of a batch (or leave the GPU): a line of the
 # forward pass that calls one is not per-sample, so it cannot run on a part of the batch.
-_ACROSS_BATCH_METHODS = frozenset({"mean", "sum", "std", "var", "norm", "max", "min", "prod", "logsumexp"})
+_ACROSS_BATCH_METHODS = frozenset(
+    {"mean", "sum", "std", "var", "norm", "max", "min", "prod", "logsumexp"}
+)
 _HOST_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
 _ACROSS_BATCH_FUNCTIONS = frozenset({"torch.cat", "torch.stack", "torch.mean", "torch.sum"})
 _FLATTENING = frozenset({"view", "reshape", "flatten"})
 # Tensor factories whose first positional argument is the first size (or all of them).
-_FACTORIES = frozenset({"torch.ones", "torch.zeros", "torch.randn", "torch.rand", "torch.empty", "torch.full"})
+_FACTORIES = frozenset(
+    {"torch.ones", "torch.zeros", "torch.randn", "torch.rand", "torch.empty", "torch.full"}
+)
 # The mixed precision rewrite's block (and the user's own): `_plain` moves it whole.
-_AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
+_AUTOCAST = frozenset(
+    {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"}
+)
 _NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 # Names a recurrent model's state goes by, for a step function's parameters (no loop to
 # follow them in).
-_STATE_NAMES = frozenset({"hidden", "hx", "h0", "c0", "state", "states", "memory", "mems", "carry", "h", "c"})
+_STATE_NAMES = frozenset(
+    {"hidden", "hx", "h0", "c0", "state", "states", "memory", "mems", "carry", "h", "c"}
+)
 
 
 @dataclass
@@ -86,7 +94,9 @@ class Segment:
     function_anchor: cst.CSTNode | None = None
     wrapper_after: cst.CSTNode | None = None
     established: list[str] = field(default_factory=list)  # what the run showed batch-first
-    frozen: list[str] = field(default_factory=list)  # models no optimizer trains, run before the call
+    frozen: list[str] = field(
+        default_factory=list
+    )  # models no optimizer trains, run before the call
 
 
 class Refused(Exception):
@@ -101,8 +111,14 @@ class Refused(Exception):
 def assigned(statement: cst.CSTNode) -> set[str]:
     """Names (and `self.x` keys) a statement binds."""
     found: set[str] = set()
-    for target in find(statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.WithItem, cst.For)):
-        expr = target.target if not isinstance(target, cst.WithItem) else (target.asname.name if target.asname else None)
+    for target in find(
+        statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.WithItem, cst.For)
+    ):
+        expr = (
+            target.target
+            if not isinstance(target, cst.WithItem)
+            else (target.asname.name if target.asname else None)
+        )
         if expr is None:
             continue
         for node in find(expr, (cst.Name, cst.Attribute)):
@@ -163,7 +179,8 @@ class SegmentFinder:
         `inference_mode()`), or of a model no optimizer trains."""
         return not self._trains(call) or any(
             isinstance(item.item, cst.Call) and self.t.qualified_names(item.item.func) & _NO_GRAD
-            for block in self.t.ancestors(call) if isinstance(block, cst.With)
+            for block in self.t.ancestors(call)
+            if isinstance(block, cst.With)
             for item in block.items
         )
 
@@ -212,7 +229,9 @@ class SegmentFinder:
                 producers.add(s)
                 needed = needed - defs | read(s)  # `z = z.to(device)` needs the `z` made above
         if first is None:
-            self._no_forward_pass(owner, loss_name, [s for s in statements[:last] if s in producers], model_derived)
+            self._no_forward_pass(
+                owner, loss_name, [s for s in statements[:last] if s in producers], model_derived
+            )
         chain_idx = sorted(i for i in chain_idx if i >= first)
         span = statements[first : last + 1]
         chain = [statements[i] for i in chain_idx]
@@ -249,9 +268,14 @@ class SegmentFinder:
             elif not feeds_chain and m.matches(s, m.SimpleStatementLine(body=[m.Assign()])):
                 pulled.append(s)
             elif not feeds_chain:
-                raise Refused(f"`{min(rebound)}` is read between two lines of the forward pass that bind it", s)
+                raise Refused(
+                    f"`{min(rebound)}` is read between two lines of the forward pass that bind it",
+                    s,
+                )
             else:
-                raise Refused("a line between the forward pass and the loss both reads and feeds them", s)
+                raise Refused(
+                    "a line between the forward pass and the loss both reads and feeds them", s
+                )
         if pulled:
             chain = [s for s in span if s in chain or s in pulled]
             for s in pulled:
@@ -263,16 +287,27 @@ class SegmentFinder:
         for s in lines:
             # a whole-batch reduction is what a loss term is (`kl = -0.5 * torch.sum(...)`);
             # `_reduce` checks that the per-GPU terms add up
-            self._check_per_sample(s, s is loss_line or bool(assigned(s)) and assigned(s) <= scalars)
+            self._check_per_sample(
+                s, s is loss_line or bool(assigned(s)) and assigned(s) <= scalars
+            )
         in_order = [part for s in chain for part in _in_reading_order(s)]
-        inputs = self._inputs(in_order, [*self._enclosing_before(statement), *statements[:first], *before], models)
+        inputs = self._inputs(
+            in_order, [*self._enclosing_before(statement), *statements[:first], *before], models
+        )
         if not inputs:
             raise Refused(
                 "the forward pass reads no tensor of the step's batch (the same tensors every"
                 " step: full-batch training): `nn.DataParallel` would have nothing to split",
                 chain[0],
             )
-        tested = next((s for s in chain if isinstance(s, cst.If) and _tests(s) & {*inputs, *defined_in_chain}), None)
+        tested = next(
+            (
+                s
+                for s in chain
+                if isinstance(s, cst.If) and _tests(s) & {*inputs, *defined_in_chain}
+            ),
+            None,
+        )
         if tested is not None:
             raise Refused(
                 f"the `if` around the forward pass tests `{min(_tests(tested) & {*inputs, *defined_in_chain})}`,"
@@ -285,12 +320,27 @@ class SegmentFinder:
         anchor = self._anchor(statement, span[0])
         params = self._params(models, inputs)
         return Segment(
-            block=block, span=span, chain=chain, before=before, after=after, anchor=anchor,
-            modules=models, params=params, inputs=inputs, loss_name=loss_name, kept=kept, reduce=reduce,
+            block=block,
+            span=span,
+            chain=chain,
+            before=before,
+            after=after,
+            anchor=anchor,
+            modules=models,
+            params=params,
+            inputs=inputs,
+            loss_name=loss_name,
+            kept=kept,
+            reduce=reduce,
             established=self.established,
-            frozen=list(dict.fromkeys(
-                code_of(c.func) for s in before for c in self._model_calls(s) if self._gradient_free(c)
-            )),
+            frozen=list(
+                dict.fromkeys(
+                    code_of(c.func)
+                    for s in before
+                    for c in self._model_calls(s)
+                    if self._gradient_free(c)
+                )
+            ),
         )
 
     def _no_forward_pass(self, owner, loss_name: str, producers: list, model_derived: set) -> None:
@@ -304,7 +354,10 @@ class SegmentFinder:
             )
         if self._model_calls(owner) or model_derived:
             raise Refused("only models that no optimizer trains are called for this loss", owner)
-        unknown = next((c for s in [*producers, owner] for c in find(s, cst.Call) if self._maybe_a_model(c)), None)
+        unknown = next(
+            (c for s in [*producers, owner] for c in find(s, cst.Call) if self._maybe_a_model(c)),
+            None,
+        )
         if unknown is not None:
             raise Refused(
                 f"`{code_of(unknown.func)}(...)` computes `{loss_name}`, but the code does not show"
@@ -339,7 +392,10 @@ class SegmentFinder:
             branches = _branches(s)
             return (
                 branches[-1] is not None
-                and all(isinstance(b, cst.IndentedBlock) and all(map(_plain_line, b.body)) for b in branches)
+                and all(
+                    isinstance(b, cst.IndentedBlock) and all(map(_plain_line, b.body))
+                    for b in branches
+                )
                 and len({frozenset(assigned(b)) for b in branches}) == 1
             )
         return _plain_line(s)
@@ -349,7 +405,9 @@ class SegmentFinder:
         step under `if i % n_critic == 0:` reads the `z` bound above the `if`."""
         found: list[cst.CSTNode] = []
         node = self.t.parent(statement)
-        while node is not None and not isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
+        while node is not None and not isinstance(
+            node, (cst.For, cst.While, cst.FunctionDef, cst.Module)
+        ):
             parent = self.t.parent(node)
             if isinstance(parent, cst.IndentedBlock) and isinstance(node, cst.BaseStatement):
                 body = list(parent.body)
@@ -360,7 +418,8 @@ class SegmentFinder:
     def _barrier(self, s: cst.CSTNode) -> bool:
         """A line the segment cannot reach over: another step's backward or update."""
         return any(
-            isinstance(c.func, cst.Attribute) and c.func.attr.value in ("backward", "step", "zero_grad")
+            isinstance(c.func, cst.Attribute)
+            and c.func.attr.value in ("backward", "step", "zero_grad")
             for c in find(s, cst.Call)
         )
 
@@ -380,11 +439,17 @@ class SegmentFinder:
             if isinstance(func, cst.Attribute):
                 name = func.attr.value
                 if name in _HOST_METHODS:
-                    raise Refused(f"`.{name}()` in the forward pass leaves the GPU (not per-sample)", s)
+                    raise Refused(
+                        f"`.{name}()` in the forward pass leaves the GPU (not per-sample)", s
+                    )
                 if name in _ACROSS_BATCH_METHODS and not is_loss and self._across_dim0(call):
-                    raise Refused(f"`.{name}(...)` mixes the samples of the batch (not per-sample)", s)
+                    raise Refused(
+                        f"`.{name}(...)` mixes the samples of the batch (not per-sample)", s
+                    )
             if self.t.qualified_names(func) & _ACROSS_BATCH_FUNCTIONS and not is_loss:
-                raise Refused(f"`{code_of(func)}(...)` mixes the samples of the batch (not per-sample)", s)
+                raise Refused(
+                    f"`{code_of(func)}(...)` mixes the samples of the batch (not per-sample)", s
+                )
             if isinstance(func, cst.Name) and func.value == "print":
                 raise Refused("a print inside the forward pass", s)
 
@@ -404,7 +469,11 @@ class SegmentFinder:
                     models.append(text)
             for node in find(s, (cst.Name, cst.Attribute)):
                 key = name_key(node)
-                if key in self.script.criteria and key not in models and self._is_module_criterion(node):
+                if (
+                    key in self.script.criteria
+                    and key not in models
+                    and self._is_module_criterion(node)
+                ):
                     models.append(key)
         scalars: set[str] = set()
         for s in chain:
@@ -501,7 +570,9 @@ class SegmentFinder:
                     " merge the batch dimension with another (`.view(x.size(0), -1)` keeps it):"
                     " `nn.DataParallel` would then split it unlike the other inputs",
                     line,
-                    self._model_arguments(chain, name),  # the run saw it where a model got it as it is
+                    self._model_arguments(
+                        chain, name
+                    ),  # the run saw it where a model got it as it is
                     FactsResolver.argument_batch_first,
                 )
         on_host = [n for n in inputs if n in batch and n not in moved]
@@ -563,7 +634,11 @@ class SegmentFinder:
         # calls the run made show it, at the same place of what it gets or returns
         ran = [(call, index) for call, index in places if self.facts.forwards_at(call)]
         shown = {(name_key(call.func), index) for call, index in ran}
-        untaken = [call for call, index in places if (call, index) not in ran and (name_key(call.func), index) in shown]
+        untaken = [
+            call
+            for call, index in places
+            if (call, index) not in ran and (name_key(call.func), index) in shown
+        ]
         found = [
             ask(self.facts, call, index) for call, index in places if call not in untaken  # type: ignore[arg-type]
         ]
@@ -641,10 +716,13 @@ class SegmentFinder:
                     sizes |= defs
                     batch -= defs
                 elif (
-                    reads & batch and not self._reduces_batch(s) and not self._mixes_batch(s)
+                    reads & batch
+                    and not self._reduces_batch(s)
+                    and not self._mixes_batch(s)
                     or self._sized_by(s, sizes)
                     or self._draws_a_batch(s)
-                    or in_a_loop and self._batch_sized(s, loop)
+                    or in_a_loop
+                    and self._batch_sized(s, loop)
                 ):
                     batch |= defs
                 else:
@@ -670,7 +748,10 @@ class SegmentFinder:
             and self.script.program is not None
             and len(call.args) == 1
             and "builtins.next" in module.index.qualified_names(call.func)
-            and any(o.kind is Kind.LOADER for o in self.script.program.values_of(call.args[0].value, module))
+            and any(
+                o.kind is Kind.LOADER
+                for o in self.script.program.values_of(call.args[0].value, module)
+            )
         )
 
     def _returns_a_batch(self, function) -> bool:
@@ -680,17 +761,23 @@ class SegmentFinder:
         drawn: dict[str, bool] = {}
         for assign in find(body, cst.Assign):
             for name in assigned(assign):
-                drawn[name] = drawn.get(name, True) and self._next_of_loader(assign.value, function.module)
+                drawn[name] = drawn.get(name, True) and self._next_of_loader(
+                    assign.value, function.module
+                )
         return bool(returns) and all(
-            isinstance(r.value, cst.Name) and drawn.get(r.value.value, False)
-            or r.value is not None and self._next_of_loader(r.value, function.module)
+            isinstance(r.value, cst.Name)
+            and drawn.get(r.value.value, False)
+            or r.value is not None
+            and self._next_of_loader(r.value, function.module)
             for r in returns
         )
 
     def _batch_size(self, s: cst.CSTNode) -> bool:
         """`n = x.size(0)`, `n = x.shape[0]`, `n = len(x)`: a number of samples, which
         `nn.DataParallel` would not split."""
-        return m.matches(s, m.SimpleStatementLine(body=[m.Assign()])) and self._size_of(s.body[0].value)
+        return m.matches(s, m.SimpleStatementLine(body=[m.Assign()])) and self._size_of(
+            s.body[0].value
+        )
 
     def _size_of(self, expr: cst.BaseExpression) -> bool:
         """`x.size(0)`, `x.shape[0]`, `len(x)`: how many samples `x` holds."""
@@ -698,7 +785,11 @@ class SegmentFinder:
         return m.matches(
             expr,
             m.Call(func=m.Attribute(attr=m.Name("size")), args=[m.Arg(value=m.Integer("0"))])
-            | m.Subscript(value=m.Attribute(attr=m.Name("shape")) | m.Call(func=m.Attribute(attr=m.Name("size"))), slice=first),
+            | m.Subscript(
+                value=m.Attribute(attr=m.Name("shape"))
+                | m.Call(func=m.Attribute(attr=m.Name("size"))),
+                slice=first,
+            ),
         ) or (isinstance(expr, cst.Call) and "builtins.len" in self.t.qualified_names(expr.func))
 
     def _sized_by(self, s: cst.CSTNode, sizes: set[str]) -> bool:
@@ -710,20 +801,24 @@ class SegmentFinder:
             first = self._first_size(value)
             if first is not None:
                 return isinstance(first, cst.Name) and first.value in sizes
-            value = value.func.value if isinstance(value.func, cst.Attribute) else None  # `.to(device)`
+            value = (
+                value.func.value if isinstance(value.func, cst.Attribute) else None
+            )  # `.to(device)`
         return False
 
     def _reduces_batch(self, s: cst.CSTNode) -> bool:
         """`d_real_loss = bce(out, y)`, `total = out.sum()`: one value for the whole batch
         (a 0-dim tensor), not one per sample."""
-        return m.matches(s, m.SimpleStatementLine(body=[m.Assign() | m.AugAssign()])) and self._scalar(
-            s.body[0].value, set()
-        )
+        return m.matches(
+            s, m.SimpleStatementLine(body=[m.Assign() | m.AugAssign()])
+        ) and self._scalar(s.body[0].value, set())
 
     def _mixes_batch(self, s: cst.CSTNode) -> bool:
         """`mu = x.mean(0)`, `both = torch.cat([a, b])`: not one row per sample."""
         return any(
-            isinstance(call.func, cst.Attribute) and call.func.attr.value in _ACROSS_BATCH_METHODS and self._across_dim0(call)
+            isinstance(call.func, cst.Attribute)
+            and call.func.attr.value in _ACROSS_BATCH_METHODS
+            and self._across_dim0(call)
             or self.t.qualified_names(call.func) & _ACROSS_BATCH_FUNCTIONS
             for call in find(s, cst.Call)
         )
@@ -736,13 +831,19 @@ class SegmentFinder:
         if len(sizes) != 1 or None in sizes:
             return False
         configured = sizes.pop()
-        if not (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Assign)):
+        if not (
+            isinstance(s, cst.SimpleStatementLine)
+            and len(s.body) == 1
+            and isinstance(s.body[0], cst.Assign)
+        ):
             return False
         value = s.body[0].value
         first = None
         while isinstance(value, cst.Call) and first is None:
             first = self._first_size(value)
-            value = value.func.value if isinstance(value.func, cst.Attribute) else None  # `.to(device)`
+            value = (
+                value.func.value if isinstance(value.func, cst.Attribute) else None
+            )  # `.to(device)`
         if first is None or not first.deep_equals(configured):
             return False
         if isinstance(first, cst.Integer):
@@ -787,7 +888,8 @@ class SegmentFinder:
         moved: set[str] = set()
         for s in statements:
             moves = any(
-                isinstance(c.func, cst.Attribute) and c.func.attr.value in ("to", "cuda")
+                isinstance(c.func, cst.Attribute)
+                and c.func.attr.value in ("to", "cuda")
                 or keyword_value(c, "device") is not None
                 for c in find(s, cst.Call)
             )
@@ -814,12 +916,17 @@ class SegmentFinder:
         inside = {id(n) for s in chain for n in find(s, cst.Name)}
         # other functions and classes have scopes of their own (`VAE.forward`'s `log_var`)
         nested = {
-            id(s) for d in find(scope, (cst.FunctionDef, cst.ClassDef)) if d is not scope
+            id(s)
+            for d in find(scope, (cst.FunctionDef, cst.ClassDef))
+            if d is not scope
             for s in find(d, cst.SimpleStatementLine)
         }
         later = {
-            n.value for s in find(scope, cst.SimpleStatementLine) if s not in chain and id(s) not in nested
-            for n in find(s, cst.Name) if id(n) not in inside
+            n.value
+            for s in find(scope, cst.SimpleStatementLine)
+            if s not in chain and id(s) not in nested
+            for n in find(s, cst.Name)
+            if id(n) not in inside
         }
         for s in find(scope, cst.BaseCompoundStatement):
             if not isinstance(s, (cst.FunctionDef, cst.ClassDef)):
@@ -856,11 +963,13 @@ class SegmentFinder:
             for target in assign.targets if calls else ():
                 if isinstance(target.target, (cst.Tuple, cst.List)) and name in assigned(target):
                     direct = assign.value in calls
-                    places.append((calls[0], _element_index(target.target, name) if direct else None))
+                    places.append(
+                        (calls[0], _element_index(target.target, name) if direct else None)
+                    )
         return places
 
     def _call_reduction(self, call: cst.Call) -> str | None:
-        """"mean" / "sum" for a loss call or a whole-tensor `.mean()` / `torch.sum(x)`;
+        """ "mean" / "sum" for a loss call or a whole-tensor `.mean()` / `torch.sum(x)`;
         "?" for a loss call that reduces otherwise; None for any other call."""
         if self.script.is_loss_call(call):
             return self.t._reduction(call) or "?"
@@ -881,8 +990,10 @@ class SegmentFinder:
             return None
         # the function the name holds, also through a parameter (`train(..., loss_fn=distillation)`)
         functions = {
-            obj.node for obj in self.script.values(call.func)
-            if isinstance(getattr(obj, "node", None), cst.FunctionDef) and obj.module is self.script.module
+            obj.node
+            for obj in self.script.values(call.func)
+            if isinstance(getattr(obj, "node", None), cst.FunctionDef)
+            and obj.module is self.script.module
         }
         if len(functions) != 1:
             return None
@@ -906,7 +1017,9 @@ class SegmentFinder:
         ("?" for a term that does neither, or a product of two terms)."""
         if isinstance(expr, cst.Call):
             if name_key(expr.func) in self.models:
-                return {"mean"}  # a model that returns its own loss averages it, as Hugging Face's do
+                return {
+                    "mean"
+                }  # a model that returns its own loss averages it, as Hugging Face's do
             how = self._call_reduction(expr) or self._loss_function(expr, depth)
             return {how} if how else {"?"}
         if isinstance(expr, cst.Name):
@@ -939,14 +1052,18 @@ class SegmentFinder:
                 continue
             found = self._expr_reductions(small.value, named, depth)
             for name in assigned(s):
-                named[name] = found | (named.get(name, set()) if isinstance(small, cst.AugAssign) else set())
+                named[name] = found | (
+                    named.get(name, set()) if isinstance(small, cst.AugAssign) else set()
+                )
         return named
 
     def _reduce(self, chain, loss_name: str, owner) -> str:
         named = self._named_reductions(chain)
         reductions = named.get(loss_name, set())
         if "?" in reductions:
-            raise Refused("a term of the loss does not average or sum over the batch (reduction)", owner)
+            raise Refused(
+                "a term of the loss does not average or sum over the batch (reduction)", owner
+            )
         if reductions == {"sum"}:
             return "sum"
         if "sum" in reductions:
@@ -964,7 +1081,11 @@ class SegmentFinder:
                         continue
                     for target in find(method.node, (cst.AssignTarget, cst.AugAssign)):
                         node = target.target
-                        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+                        if (
+                            isinstance(node, cst.Attribute)
+                            and isinstance(node.value, cst.Name)
+                            and node.value.value == "self"
+                        ):
                             line = ""
                             if obj.module is self.script.module:
                                 line = f" (line {self.t.line_of(target)})"
@@ -1128,7 +1249,9 @@ def _conditional_role(transform, call: cst.Call) -> LoopRole | None:
         loop = transform.script.step_loops.get(ancestor)
         if loop is not None:
             return loop.role if child is ancestor.body else None
-        if isinstance(ancestor, (cst.For, cst.While, cst.Try, cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+        if isinstance(
+            ancestor, (cst.For, cst.While, cst.Try, cst.FunctionDef, cst.Lambda, cst.ClassDef)
+        ):
             return None
         child = ancestor
     return None

@@ -31,13 +31,17 @@ _WRAPPERS = frozenset({DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL})
 
 
 class UnwrapDataParallel(Transform):
-    DESCRIPTION = f"Remove the script's own nn.DataParallel around a model that {WRAPPER_CLASS} replicates."
+    DESCRIPTION = (
+        f"Remove the script's own nn.DataParallel around a model that {WRAPPER_CLASS} replicates."
+    )
     code = "ACC402"
 
     def visit_Module(self, node: cst.Module) -> None:
         replicated = replicated_models(node)
         self.unwrapped: set[str] = set()  # names that held a DataParallel and now a bare model
-        self.calls: set[cst.CSTNode] = set()  # `nn.DataParallel(...)` calls to replace by their module
+        self.calls: set[cst.CSTNode] = (
+            set()
+        )  # `nn.DataParallel(...)` calls to replace by their module
         self.statements: set[cst.CSTNode] = set()  # `model = nn.DataParallel(model)` lines to drop
         self.loads: set[cst.Call] = set()  # `model.load_state_dict(...)` of an unwrapped model
         for wrap in data_parallel_wraps(self, node):
@@ -71,7 +75,10 @@ class UnwrapDataParallel(Transform):
     def visit_Call(self, node: cst.Call) -> None:
         if loads_into(node, self.unwrapped):
             self.loads.add(node)
-            self.changed(node, "checkpoints saved under nn.DataParallel still load: `module.` prefix stripped")
+            self.changed(
+                node,
+                "checkpoints saved under nn.DataParallel still load: `module.` prefix stripped",
+            )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.calls:

@@ -53,7 +53,11 @@ def data_parallel_wraps(transform: Transform, module: cst.Module) -> list[Wrap]:
             continue
         key = name_key(assign[0])
         value = strip_device_moves(assign[1])
-        if key and isinstance(value, cst.Call) and DATA_PARALLEL in transform.qualified_names(value.func):
+        if (
+            key
+            and isinstance(value, cst.Call)
+            and DATA_PARALLEL in transform.qualified_names(value.func)
+        ):
             wraps.append(Wrap(statement, key, value))  # type: ignore[arg-type]
     return wraps
 

@@ -32,7 +32,10 @@ WORLD_SIZE = "WORLD_SIZE"
 DIST_IMPORT = "import torch.distributed as dist"
 MANUAL_SEED = "torch.manual_seed"
 INIT_PROCESS_GROUP = frozenset(
-    {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
+    {
+        "torch.distributed.init_process_group",
+        "torch.distributed.distributed_c10d.init_process_group",
+    }
 )
 # Context managers under which a forward pass records no graph (nothing to train).
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
@@ -151,7 +154,9 @@ class DistributedStep(StatementRewrite):
             unit = [*self.before.get(original, []), *self.replace.get(original, [new])]
             if unit and unit[0] is not new and new in unit:
                 # the first statement of the unit carries the comments above it, then its own
-                unit[0] = unit[0].with_changes(leading_lines=[*new.leading_lines, *unit[0].leading_lines])
+                unit[0] = unit[0].with_changes(
+                    leading_lines=[*new.leading_lines, *unit[0].leading_lines]
+                )
                 unit[unit.index(new)] = new.with_changes(leading_lines=[])
             result += unit + self.after.get(original, [])
         return result
@@ -169,21 +174,27 @@ class DistributedStep(StatementRewrite):
         """Define the function or class `name` (its `code`) after the set-up block, unless
         the module defines or binds that name already."""
         bound = {name_key(t.target) for t in find(module, cst.AssignTarget)}
-        if name in bound or any(d.name.value == name for d in find(module, (cst.FunctionDef, cst.ClassDef))):
+        if name in bound or any(
+            d.name.value == name for d in find(module, (cst.FunctionDef, cst.ClassDef))
+        ):
             return
         self.after.setdefault(setup_block_end(module), []).extend(
             parse_statements("\n\n" + code.lstrip("\n"))
         )
 
-    def seed_calls(self, module: cst.Module, seeds: frozenset[str] = frozenset({MANUAL_SEED})) -> list[cst.Call]:
+    def seed_calls(
+        self, module: cst.Module, seeds: frozenset[str] = frozenset({MANUAL_SEED})
+    ) -> list[cst.Call]:
         """The calls that seed a global generator (`seeds`, torch's by default):
         `torch.manual_seed(...)`, or a call of a function of the project that calls it
         (`set_seed(config.seed)` of a utils module)."""
         program = self.script.program
         return [
-            call for call in find(module, cst.Call)
+            call
+            for call in find(module, cst.Call)
             if self.qualified_names(call.func) & seeds
-            or program is not None and any(
+            or program is not None
+            and any(
                 function.module.index.qualified_names(inner.func) & seeds
                 for function in program.callees.get(call, ())
                 for inner in find(function.node.body, cst.Call)
@@ -277,8 +288,9 @@ class DistributedStep(StatementRewrite):
                     grew = True
         return names
 
-
-    def shards(self, module: cst.Module, loader: cst.Call, index: ModuleIndex | None = None) -> bool:
+    def shards(
+        self, module: cst.Module, loader: cst.Call, index: ModuleIndex | None = None
+    ) -> bool:
         """Whether a DataLoader call of `module` (whose index is `index`, default this
         module's) reads through a DistributedSampler: `sampler=name` bound to one, or
         `**kwargs` whose `kwargs["sampler"]` is set to one."""
@@ -290,7 +302,8 @@ class DistributedStep(StatementRewrite):
         for assign in find(module, cst.Assign):
             targets = {_target_name(t.target) for t in assign.targets}
             if targets & names and any(
-                DISTRIBUTED_SAMPLER in index.qualified_names(c.func) for c in find(assign.value, cst.Call)
+                DISTRIBUTED_SAMPLER in index.qualified_names(c.func)
+                for c in find(assign.value, cst.Call)
             ):
                 return True
         return False
@@ -456,7 +469,9 @@ class DistributedStep(StatementRewrite):
                 self.trained_methods.setdefault(owner, []).append(method)
         if missed and not called and not methods and not self._trained_elsewhere(facts, missed):
             where = [f for model in missed for f in facts.facts.forwards_of(model.id)]
-            calls = "; ".join(f"`{facts.text_of(f.site) or '?'}` at {facts.shown(f.site)}" for f in where[:3])
+            calls = "; ".join(
+                f"`{facts.text_of(f.site) or '?'}` at {facts.shown(f.site)}" for f in where[:3]
+            )
             self._facts_refuse(
                 f"the run shows the optimizer trains {self._facts_made(facts, missed)}"
                 f"{', called as ' + calls if calls else ', never called at top level'}, which the"
@@ -467,7 +482,9 @@ class DistributedStep(StatementRewrite):
             )
         return called
 
-    def _method_calls_of(self, module: cst.Module, facts: FactsResolver, models: list) -> list[cst.Call]:
+    def _method_calls_of(
+        self, module: cst.Module, facts: FactsResolver, models: list
+    ) -> list[cst.Call]:
         """The calls of the training code of a method of one of `models` (trained in the
         run, never called), outside `torch.no_grad()`: `self.policy.evaluate(s, a)` of a
         PPO agent."""
@@ -514,7 +531,8 @@ class DistributedStep(StatementRewrite):
         no training step loop: the module whose loop trains them wraps (or refuses) them
         (PPO-PyTorch's `train.py` calls `ppo_agent.update()` of PPO.py)."""
         return not self._train_steps and all(
-            model.site is not None and Path(model.site.path).resolve() != Path(facts.path) for model in models
+            model.site is not None and Path(model.site.path).resolve() != Path(facts.path)
+            for model in models
         )
 
     def _agrees(
@@ -558,7 +576,9 @@ class DistributedStep(StatementRewrite):
                 elsewhere = given.resolver_in(path, function.module.tree)
                 for arg, param in passed_args(call, function):
                     key = name_key(arg.value)
-                    forwards = [c for c in find(function.node.body, cst.Call) if is_name(c.func, param)]
+                    forwards = [
+                        c for c in find(function.node.body, cst.Call) if is_name(c.func, param)
+                    ]
                     ran = {model.id: model for c in forwards for model in elsewhere.trained_at(c)}
                     models = list(ran.values())
                     if key is not None and models:
@@ -588,7 +608,12 @@ class DistributedStep(StatementRewrite):
         return self.script.values(targets[0].target) | self.script.values(assignment.value)
 
     def _ready(
-        self, key: str, block: cst.IndentedBlock | cst.Module, received: bool, training: set[str], loops: set
+        self,
+        key: str,
+        block: cst.IndentedBlock | cst.Module,
+        received: bool,
+        training: set[str],
+        loops: set,
     ) -> TrainedModel | None:
         """Where in `block` the model `key` is ready, before the first statement that
         trains (None when it is not: no statement builds it there, or a model the block's
@@ -597,7 +622,9 @@ class DistributedStep(StatementRewrite):
         for statement in block.body:
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                 continue
-            if called_function(statement, training) or any(n in loops for n in descendants(statement)):
+            if called_function(statement, training) or any(
+                n in loops for n in descendants(statement)
+            ):
                 trains = statement
                 break
             if builds(statement, key) or received:
@@ -606,31 +633,36 @@ class DistributedStep(StatementRewrite):
             return None
         return TrainedModel(key, block, anchor, trains)
 
-
     def _receiving_function(self, key: str) -> cst.FunctionDef | None:
         """The function that trains a model it receives as its parameter `key` (the model
         is built in another module, a `fit(model, ...)` of a library of the project)."""
         for code in self.train_code():
             for call in find(code, cst.Call):
                 function = self.scope_of(call) if name_key(call.func) == key else None
-                if function is not None and key in parameters_of(function) and not any(
-                    name_key(t.target) == key for t in find(function, cst.AssignTarget)
+                if (
+                    function is not None
+                    and key in parameters_of(function)
+                    and not any(name_key(t.target) == key for t in find(function, cst.AssignTarget))
                 ):
                     return function
         return None
 
 
-def _space_new_definitions(
-    body: Statements, existing: Sequence[cst.BaseStatement]
-) -> Statements:
+def _space_new_definitions(body: Statements, existing: Sequence[cst.BaseStatement]) -> Statements:
     """Two blank lines after a function or class inserted at module level (black's style)."""
     old = {id(s) for s in existing}
     spaced = list(body)
     for index in range(len(spaced) - 1):
-        if isinstance(spaced[index], (cst.FunctionDef, cst.ClassDef)) and id(spaced[index]) not in old:
+        if (
+            isinstance(spaced[index], (cst.FunctionDef, cst.ClassDef))
+            and id(spaced[index]) not in old
+        ):
             following = spaced[index + 1]
             blank = 0
-            while blank < len(following.leading_lines) and following.leading_lines[blank].comment is None:
+            while (
+                blank < len(following.leading_lines)
+                and following.leading_lines[blank].comment is None
+            ):
                 blank += 1
             missing = [cst.EmptyLine()] * max(0, 2 - blank)
             spaced[index + 1] = following.with_changes(
@@ -663,9 +695,13 @@ def passed_args(call: cst.Call, function: FunctionInfo) -> list[tuple[cst.Arg, s
             passed.append((arg, params[position]))
     all_params = {p.name.value for p in function.node.params.kwonly_params} | set(params)
     passed += [
-        (a, a.keyword.value) for a in call.args if a.keyword is not None and a.keyword.value in all_params
+        (a, a.keyword.value)
+        for a in call.args
+        if a.keyword is not None and a.keyword.value in all_params
     ]
-    return [(arg, param) for arg, param in passed if isinstance(arg.value, (cst.Name, cst.Attribute))]
+    return [
+        (arg, param) for arg, param in passed if isinstance(arg.value, (cst.Name, cst.Attribute))
+    ]
 
 
 def _target_name(target: cst.BaseExpression) -> str | None:

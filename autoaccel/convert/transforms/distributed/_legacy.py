@@ -136,9 +136,13 @@ class LegacyMigration:
         small = statement.body[0]
         if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
             return _under(code_of(small.module), root)
-        return isinstance(small, cst.Import) and all(_under(code_of(a.name), root) for a in small.names)
+        return isinstance(small, cst.Import) and all(
+            _under(code_of(a.name), root) for a in small.names
+        )
 
-    def _references(self, module: cst.Module, imports: list[cst.CSTNode], root: str) -> list[cst.CSTNode]:
+    def _references(
+        self, module: cst.Module, imports: list[cst.CSTNode], root: str
+    ) -> list[cst.CSTNode]:
         """The names under `root` used outside the migrated subtrees and the `imports`,
         each as its whole attribute chain (`hvd.Compression.fp16`)."""
         found: list[cst.CSTNode] = []
@@ -188,7 +192,9 @@ def _under(name: str, root: str) -> bool:
     return name == root or name.startswith(root + ".")
 
 
-def _with_blank_lines(statement: cst.BaseStatement, lines: Sequence[cst.EmptyLine]) -> cst.BaseStatement:
+def _with_blank_lines(
+    statement: cst.BaseStatement, lines: Sequence[cst.EmptyLine]
+) -> cst.BaseStatement:
     """`statement` with the blank `lines` above it, unless it has a blank line already."""
     if any(line.comment is None for line in statement.leading_lines):
         return statement

@@ -103,7 +103,9 @@ def runs_model(
     )
 
 
-def model_runners(module: cst.Module, models: set[str], collectives: tuple[str, ...] = ()) -> set[str]:
+def model_runners(
+    module: cst.Module, models: set[str], collectives: tuple[str, ...] = ()
+) -> set[str]:
     """Names of the script's functions that run one of `models` under a name they read
     from the module (hunkim's `translate()` runs the global `encoder` and `decoder`), or
     call such a function, directly or through others. A function that binds the name

@@ -80,12 +80,13 @@ def _bound_by(statements: Iterable[cst.BaseStatement], names: set[str]) -> list[
                 bound = [name for name in bound if name not in deleted]
                 continue
             targets = (
-                [t.target for t in small.targets] if isinstance(small, cst.Assign)
-                else [small.target] if isinstance(small, cst.AnnAssign)
-                else []
+                [t.target for t in small.targets]
+                if isinstance(small, cst.Assign)
+                else [small.target] if isinstance(small, cst.AnnAssign) else []
             )
             bound += [
-                t.value for t in targets
+                t.value
+                for t in targets
                 if isinstance(t, cst.Name) and t.value in names and t.value not in bound
             ]
     return bound

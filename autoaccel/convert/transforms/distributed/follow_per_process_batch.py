@@ -77,7 +77,9 @@ class FollowPerProcessBatch(DistributedStep):
         """`batch_size` as the `.batch_size` of `args.batch_size`, or inside the per-process
         helper's call."""
         parent = self.parent(read)
-        if isinstance(parent, cst.Attribute) and (parent.attr is read or name_key(parent) is not None):
+        if isinstance(parent, cst.Attribute) and (
+            parent.attr is read or name_key(parent) is not None
+        ):
             return True
         return any(
             isinstance(a, cst.Call) and is_name(a.func, BATCH_HELPER) for a in self.ancestors(read)
@@ -87,7 +89,8 @@ class FollowPerProcessBatch(DistributedStep):
         """Whether `read` is part of what a print or log shows."""
         return any(
             isinstance(a, cst.FormattedString)
-            or isinstance(a, cst.Call) and self.qualified_names(a.func) & SHOWING
+            or isinstance(a, cst.Call)
+            and self.qualified_names(a.func) & SHOWING
             for a in self.ancestors(read)
         )
 
@@ -128,12 +131,15 @@ class FollowPerProcessBatch(DistributedStep):
         takes a shape."""
         arg = ancestors[0] if ancestors else None
         if isinstance(arg, cst.Element):
-            arg = ancestors[2] if isinstance(ancestors[1], cst.Tuple) and len(ancestors) > 2 else None
+            arg = (
+                ancestors[2] if isinstance(ancestors[1], cst.Tuple) and len(ancestors) > 2 else None
+            )
         if not isinstance(arg, cst.Arg) or arg.keyword is not None:
             return False
         call = self.parent(arg)
         return isinstance(call, cst.Call) and (
-            bool(self.qualified_names(call.func) & SHAPE_FACTORIES) or is_method_call(call, *SHAPE_METHODS)
+            bool(self.qualified_names(call.func) & SHAPE_FACTORIES)
+            or is_method_call(call, *SHAPE_METHODS)
         )
 
     def edited(self) -> list[cst.CSTNode]:
@@ -142,10 +148,14 @@ class FollowPerProcessBatch(DistributedStep):
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         return self._per_process(original_node, updated_node)
 
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
         return self._per_process(original_node, updated_node)
 
-    def _per_process(self, original: cst.CSTNode, updated: cst.BaseExpression) -> cst.BaseExpression:
+    def _per_process(
+        self, original: cst.CSTNode, updated: cst.BaseExpression
+    ) -> cst.BaseExpression:
         if original not in self.per_process:
             return updated
         return cst.Call(cst.Name(BATCH_HELPER), [cst.Arg(updated)])

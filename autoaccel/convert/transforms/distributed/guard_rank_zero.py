@@ -38,7 +38,6 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 from autoaccel.cst_edit import code_of, is_docstring, keyword_value, set_keyword
 
-
 # Functions of `torch.distributed` that only ask about the process group.
 _QUERIES = frozenset(
     f"torch.distributed.{name}"
@@ -58,13 +57,21 @@ class GuardRankZero(DistributedStep):
         by one) rather than return early on the others."""
         return bool(self.collectives and name_calls(function, *self.collectives))
 
-    def helper_on_every_rank(self, module: cst.Module, call: cst.Call, helper: FunctionInfo) -> str | None:
+    def helper_on_every_rank(
+        self, module: cst.Module, call: cst.Call, helper: FunctionInfo
+    ) -> str | None:
         """Why `call` of `helper`, a function of another module that writes, must run on
         every rank (it calls a collective of `torch.distributed`), None when rank 0 alone
         may run it."""
         index = helper.module.index
-        names = (name for inner in find(helper.node, cst.Call) for name in index.qualified_names(inner.func))
-        used = next((n for n in names if n.startswith("torch.distributed.") and n not in _QUERIES), None)
+        names = (
+            name
+            for inner in find(helper.node, cst.Call)
+            for name in index.qualified_names(inner.func)
+        )
+        used = next(
+            (n for n in names if n.startswith("torch.distributed.") and n not in _QUERIES), None
+        )
         return f"it calls `{used}`, which every process must call" if used else None
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -119,8 +126,14 @@ class GuardRankZero(DistributedStep):
                 helper.module.tree, helper.module.index, partial(self._callee_in, helper.module)
             )
         writes = self.writes_of[helper.module].get(helper.node)
-        if writes is None or writes.kind is EffectKind.DIRECTORY or not writes.only and (
-            writes.kind is EffectKind.PRINT or not self.helper_on_every_rank(self.script.module.tree, call, helper)
+        if (
+            writes is None
+            or writes.kind is EffectKind.DIRECTORY
+            or not writes.only
+            and (
+                writes.kind is EffectKind.PRINT
+                or not self.helper_on_every_rank(self.script.module.tree, call, helper)
+            )
         ):
             return None
         self.helpers[call] = helper
@@ -180,11 +193,15 @@ class GuardRankZero(DistributedStep):
         mode = opening_mode(call)
         devnull = f"open(os.devnull{'' if mode is None else ', ' + code_of(mode)})"
         opened = cst.IfExp(
-            test=cst.parse_expression(f"{RANK} == 0"), body=call, orelse=cst.parse_expression(devnull)
+            test=cst.parse_expression(f"{RANK} == 0"),
+            body=call,
+            orelse=cst.parse_expression(devnull),
         )
         self.replace[line] = [line.with_changes(body=[assign.with_changes(value=opened)])]
         self.imports.append("import os")
-        self.changed(line, "file opened for writing on rank 0 only: the other processes write to os.devnull")
+        self.changed(
+            line, "file opened for writing on rank 0 only: the other processes write to os.devnull"
+        )
         return True
 
     def _return_early(self, function: cst.FunctionDef) -> None:
@@ -211,7 +228,11 @@ class GuardRankZero(DistributedStep):
             for statement in run[1:]:
                 self.replace[statement] = []
             kinds = sorted({e.kind.value for s in run for e in groups[s]})
-            code = "ACC403" if any(e.kind is EffectKind.CHECKPOINT for s in run for e in groups[s]) else "ddp"
+            code = (
+                "ACC403"
+                if any(e.kind is EffectKind.CHECKPOINT for s in run for e in groups[s])
+                else "ddp"
+            )
             self.changed(run[0], f"{' and '.join(kinds)} on rank 0 only", code)
 
 

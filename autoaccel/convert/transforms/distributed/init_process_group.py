@@ -25,31 +25,31 @@ from autoaccel.cst_edit import add_import, leading_import_block
 
 # The refusal of a script that starts its own process group (`convert` says "nothing to do").
 ALREADY_DISTRIBUTED = "the script already sets up torch.distributed; convert it by hand"
-_ENVIRONMENT = '''DISTRIBUTED = "LOCAL_RANK" in os.environ
+_ENVIRONMENT = """DISTRIBUTED = "LOCAL_RANK" in os.environ
 RANK = int(os.environ.get("RANK", 0))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
-'''
-_NAMES = '''
+"""
+_NAMES = """
 # Distributed training: torchrun starts one process per GPU and sets RANK, LOCAL_RANK
 # and WORLD_SIZE. Run with plain `python`, the script is a single process, as before.
-''' + _ENVIRONMENT
+""" + _ENVIRONMENT
 # For a module of the project that the script imports: the script starts the group.
-MODULE_NAMES = '''
+MODULE_NAMES = """
 # Distributed training: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE, and the script
 # that imports this module starts the process group. Without torchrun: one process.
-''' + _ENVIRONMENT
-SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
+""" + _ENVIRONMENT
+SETUP_BLOCK = _NAMES + """if DISTRIBUTED:
     if torch.cuda.is_available():
         torch.cuda.set_device(LOCAL_RANK)  # "cuda" now means this process's GPU
     # nccl for CUDA tensors, gloo for CPU tensors
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method="env://")
-'''
+"""
 # For a script that never uses CUDA.
-CPU_SETUP_BLOCK = _NAMES + '''if DISTRIBUTED:
+CPU_SETUP_BLOCK = _NAMES + """if DISTRIBUTED:
     dist.init_process_group("gloo", init_method="env://")
-'''
+"""
 
 
 class InitProcessGroup(Transform):
@@ -78,8 +78,12 @@ class InitProcessGroup(Transform):
             return tree
         if not self.in_entry_script:
             return self._read_environment(tree)
-        if not any(loop.role is LoopRole.TRAIN for loop in self.script.training.step_loops.values()):
-            self.skipped("--to ddp", "no training loop (a loop that calls `.backward()`) found", wrong=True)
+        if not any(
+            loop.role is LoopRole.TRAIN for loop in self.script.training.step_loops.values()
+        ):
+            self.skipped(
+                "--to ddp", "no training loop (a loop that calls `.backward()`) found", wrong=True
+            )
             return tree
         _, end = leading_import_block(tree)
         body = list(tree.body)
@@ -99,7 +103,8 @@ class InitProcessGroup(Transform):
         DataLoader that one reads: the module the DDP changes go into."""
         here = self.script.module
         return any(
-            loop.role is LoopRole.TRAIN and (loop.module is here or any(o.module is here for o in loop.loaders))
+            loop.role is LoopRole.TRAIN
+            and (loop.module is here or any(o.module is here for o in loop.loaders))
             for loop in self.script.training.step_loops.values()
         )
 
@@ -118,5 +123,7 @@ class InitProcessGroup(Transform):
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.qualified_names(node.func)
-        if self.already_distributed is None and (names & INIT_PROCESS_GROUP or DISTRIBUTED_DATA_PARALLEL in names):
+        if self.already_distributed is None and (
+            names & INIT_PROCESS_GROUP or DISTRIBUTED_DATA_PARALLEL in names
+        ):
             self.already_distributed = node

@@ -52,9 +52,7 @@ class LoadOnEveryRank(DistributedStep):
         return statement
 
     def _barrier_before(self, statement: cst.BaseStatement) -> None:
-        if any(
-            isinstance(a, cst.If) and mentions_rank(a.test) for a in self.ancestors(statement)
-        ):
+        if any(isinstance(a, cst.If) and mentions_rank(a.test) for a in self.ancestors(statement)):
             return  # a barrier that only some ranks reach would hang the others
         block = self.parent(statement)
         siblings = list(block.body)  # type: ignore[union-attr]

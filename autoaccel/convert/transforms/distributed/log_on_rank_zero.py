@@ -82,7 +82,9 @@ class LogOnRankZero(DistributedStep):
             bool(names & SUMMARY_WRITERS)
             or (WANDB_INIT in names and not isinstance(parent, cst.Expr))
             or isinstance(parent, (cst.Assign, cst.AnnAssign))  # a logger kept in a name
-            and any(obj.node is call and self._is_a_logger(obj.cls) for obj in self.script.values(call))
+            and any(
+                obj.node is call and self._is_a_logger(obj.cls) for obj in self.script.values(call)
+            )
         )
 
     @staticmethod
@@ -95,7 +97,8 @@ class LogOnRankZero(DistributedStep):
             return False
         index = init.module.index
         return any(
-            index.qualified_names(call.func) & _WRITER_FACTORIES for call in find(init.node, cst.Call)
+            index.qualified_names(call.func) & _WRITER_FACTORIES
+            for call in find(init.node, cst.Call)
         ) and not any(
             node.value is not None and not is_name(node.value, "None")
             for node in find(cls.node, cst.Return)  # type: ignore[union-attr]
@@ -114,7 +117,9 @@ class LogOnRankZero(DistributedStep):
         )
         chosen = cst.parse_expression(f"WRITER if {RANK} == 0 else {HELPER}()")
         assert isinstance(chosen, cst.IfExp)
-        return replacing(original_node, self.parent(original_node), chosen.with_changes(body=updated_node))
+        return replacing(
+            original_node, self.parent(original_node), chosen.with_changes(body=updated_node)
+        )
 
     def _writer_kind(self, call: cst.Call) -> str:
         names = self.qualified_names(call.func)

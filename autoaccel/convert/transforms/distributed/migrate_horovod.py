@@ -105,10 +105,14 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
                 self.drop(call, "`hvd.init()` removed: the set-up block starts the process group")
             elif _SHUTDOWN in names:
                 self.drop(
-                    call, "`hvd.shutdown()` removed: the script ends with `dist.destroy_process_group()`"
+                    call,
+                    "`hvd.shutdown()` removed: the script ends with `dist.destroy_process_group()`",
                 )
             elif SET_DEVICE in names and self._sets_local_device(call):
-                self.drop(call, "`torch.cuda.set_device(hvd.local_rank())` removed: the set-up block sets it")
+                self.drop(
+                    call,
+                    "`torch.cuda.set_device(hvd.local_rank())` removed: the set-up block sets it",
+                )
             elif names & _BROADCASTS:
                 self.drop(
                     call,
@@ -139,7 +143,9 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
             if loop.role is not LoopRole.TRAIN:
                 continue
             for loader in loop.loaders:
-                if loader.module is self.script.module and not self._own_sampler(module, loader.node):
+                if loader.module is self.script.module and not self._own_sampler(
+                    module, loader.node
+                ):
                     self.unsupported(
                         loader.node,
                         "a training DataLoader without a DistributedSampler: Horovod's batch is per"
@@ -179,7 +185,8 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
         average, op = keywords.get("average"), keywords.get("op")
         if len(call.args) - len(keywords) != 1 or keywords.keys() - {"average", "op", "name"}:
             self.unsupported(
-                call, "an `hvd.allreduce` with other arguments than a tensor, `average`, `op`, `name`"
+                call,
+                "an `hvd.allreduce` with other arguments than a tensor, `average`, `op`, `name`",
             )
             return None
         op_names = self.qualified_names(op) if op is not None else frozenset({_AVERAGE})
@@ -269,9 +276,16 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
         if _FP16 in self.qualified_names(compression):
             return True
         key = name_key(compression) if isinstance(compression, cst.Name) else None
-        assigns = [a for a in find(module, cst.Assign) if any(name_key(t.target) == key for t in a.targets)]
+        assigns = [
+            a for a in find(module, cst.Assign) if any(name_key(t.target) == key for t in a.targets)
+        ]
         uses = [n for n in find(module, cst.Name) if n.value == key and self._is_variable(n)]
-        if key is None or len(assigns) != 1 or len(uses) != 2 or not isinstance(assigns[0].value, cst.IfExp):
+        if (
+            key is None
+            or len(assigns) != 1
+            or len(uses) != 2
+            or not isinstance(assigns[0].value, cst.IfExp)
+        ):
             return False  # bound elsewhere, or used again: the assignment must stay
         choice = assigns[0].value
         body, orelse = self.qualified_names(choice.body), self.qualified_names(choice.orelse)
@@ -324,7 +338,9 @@ class MigrateHorovod(LegacyMigration, DistributedStep):
         when it is built before `call`'s statement, in the same block."""
         model = (
             name_key(named_parameters.func.value)
-            if m.matches(named_parameters, m.Call(func=m.Attribute(attr=m.Name("named_parameters"))))
+            if m.matches(
+                named_parameters, m.Call(func=m.Attribute(attr=m.Name("named_parameters")))
+            )
             else None
         )
         wrapper = ddp_name(model) if model is not None else None

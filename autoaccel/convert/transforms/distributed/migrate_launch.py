@@ -42,7 +42,11 @@ from autoaccel.convert.transforms.distributed._base import (
     has_setup_block,
     parse_statements,
 )
-from autoaccel.convert.transforms.distributed._legacy import LegacyMigration, is_call_statement, keyword_args
+from autoaccel.convert.transforms.distributed._legacy import (
+    LegacyMigration,
+    is_call_statement,
+    keyword_args,
+)
 from autoaccel.convert.transforms.distributed.migrate_horovod import SET_DEVICE
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
@@ -50,7 +54,9 @@ APEX_DDP = "apex.parallel.DistributedDataParallel"
 APEX_SYNC_BN = "apex.parallel.convert_syncbn_model"
 _WRAPPERS = frozenset({APEX_DDP, DISTRIBUTED_DATA_PARALLEL})
 # Options of the wrappers that only tune when gradients travel (DDP decides that itself).
-_TUNING = frozenset({"device_ids", "output_device", "delay_allreduce", "message_size", "bucket_cap_mb"})
+_TUNING = frozenset(
+    {"device_ids", "output_device", "delay_allreduce", "message_size", "bucket_cap_mb"}
+)
 _PLACES = {"torch.distributed.get_rank": RANK, "torch.distributed.get_world_size": WORLD_SIZE}
 # Collectives that change nothing on one process: they run only when distributed.
 _COLLECTIVES = frozenset(
@@ -79,7 +85,9 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         self.start_migration()
         flag = self._launch_argument(node)
-        if flag is None and not any(self._in_library(n) for n in find(node, (cst.Name, cst.Attribute))):
+        if flag is None and not any(
+            self._in_library(n) for n in find(node, (cst.Name, cst.Attribute))
+        ):
             return  # neither launch style nor apex: `InitProcessGroup` decides
         if flag is not None:
             self._read_local_rank(node, flag)
@@ -94,10 +102,14 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
         names = self.qualified_names(call.func)
         if names & INIT_PROCESS_GROUP:
             self.drop(
-                call, "`init_process_group` removed: the set-up block starts it from torchrun's environment"
+                call,
+                "`init_process_group` removed: the set-up block starts it from torchrun's environment",
             )
         elif SET_DEVICE in names:
-            self.drop(call, "`torch.cuda.set_device` removed: the set-up block sets the device of LOCAL_RANK")
+            self.drop(
+                call,
+                "`torch.cuda.set_device` removed: the set-up block sets the device of LOCAL_RANK",
+            )
         elif names & _PLACES.keys():
             self.replace_expression(call, _PLACES[min(names & _PLACES.keys())])
         elif names & _WRAPPERS:
@@ -142,7 +154,9 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
         if m.matches(default, m.Integer("0")):
             local_rank = LOCAL_RANK
         else:  # `-1`, None: the script's own test for "not launched" still works with `python`
-            local_rank = f"({LOCAL_RANK} if {DISTRIBUTED} else {code_of(default) if default else None})"
+            local_rank = (
+                f"({LOCAL_RANK} if {DISTRIBUTED} else {code_of(default) if default else None})"
+            )
         for attribute in find(module, cst.Attribute):
             if attribute.attr.value != "local_rank" or name_key(attribute.value) not in parsed:
                 continue
@@ -203,7 +217,9 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
         for attribute in find(module, cst.Attribute):
             if attribute.attr.value == "module" and name_key(attribute.value) in self.unwrapped:
                 self.expressions[attribute] = attribute.value
-                self.notes.append((attribute, f"`{code_of(attribute)}` -> `{code_of(attribute.value)}`"))
+                self.notes.append(
+                    (attribute, f"`{code_of(attribute)}` -> `{code_of(attribute.value)}`")
+                )
 
     def _run_when_distributed(self, call: cst.Call) -> None:
         statement = self.statement_of(call)
@@ -212,5 +228,8 @@ class MigrateLaunch(LegacyMigration, DistributedStep):
         guarded = parse_statements(f"if {DISTRIBUTED}:\n    {code_of(statement).strip()}\n")
         self.replace[statement] = [guarded[0].with_changes(leading_lines=statement.leading_lines)]
         self.notes.append(
-            (call, f"`{code_of(call.func)}` runs only when distributed (on one process it changes nothing)")
+            (
+                call,
+                f"`{code_of(call.func)}` runs only when distributed (on one process it changes nothing)",
+            )
         )

@@ -24,7 +24,9 @@ from autoaccel.convert.transforms.distributed._base import (
 from autoaccel.cst_edit import code_of
 
 SYNC = "sync_gradients"
-_BACKWARD = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Attribute(attr=m.Name("backward"))))])
+_BACKWARD = m.SimpleStatementLine(
+    body=[m.Expr(value=m.Call(func=m.Attribute(attr=m.Name("backward"))))]
+)
 
 
 class NoSyncAccumulation(DistributedStep):
@@ -40,9 +42,12 @@ class NoSyncAccumulation(DistributedStep):
 
     def _plan(self, loop: cst.CSTNode, body: Statements, wrappers: set[str]) -> None:
         steps = [
-            i for i, s in enumerate(body)
+            i
+            for i, s in enumerate(body)
             # `if use_optimizer: optimizer.step() else: <manual update>` updates every step
-            if isinstance(s, cst.If) and s.orelse is None and any(
+            if isinstance(s, cst.If)
+            and s.orelse is None
+            and any(
                 name_key(c.func.value) in self.script.optimizers  # type: ignore[attr-defined]
                 for c in method_calls(s.body, "step")
             )
@@ -50,7 +55,8 @@ class NoSyncAccumulation(DistributedStep):
         if len(steps) != 1 or method_calls(loop, "no_sync"):
             return  # the optimizer steps every iteration, or the user chose already
         backwards = [
-            i for i, s in enumerate(body)
+            i
+            for i, s in enumerate(body)
             if m.matches(s, _BACKWARD) or (i < steps[0] and self.script.backpropagates(s))
         ]
         if not backwards:
@@ -98,7 +104,9 @@ class NoSyncAccumulation(DistributedStep):
         head[-1] = with_node.with_changes(
             body=cst.IndentedBlock(body=[block[0].with_changes(leading_lines=[]), *block[1:]])
         )
-        head[0] = head[0].with_changes(leading_lines=[*block[0].leading_lines, *head[0].leading_lines])
+        head[0] = head[0].with_changes(
+            leading_lines=[*block[0].leading_lines, *head[0].leading_lines]
+        )
         self.replace[body[first]] = head
         for statement in block[1:]:
             self.replace[statement] = []
@@ -110,7 +118,9 @@ class NoSyncAccumulation(DistributedStep):
             " all-reduced only before `optimizer.step()`",
         )
 
-    def _wrappers_run(self, statement: cst.CSTNode, wrappers: set[str], loop: cst.CSTNode) -> set[str]:
+    def _wrappers_run(
+        self, statement: cst.CSTNode, wrappers: set[str], loop: cst.CSTNode
+    ) -> set[str]:
         """The DDP wrappers `statement` calls: itself, or through a method of the loop's
         own class it calls on `self` (`self.training_step(x, y)` running `self.ddp_model`,
         which the loop reaches as `self.ddp_model` too)."""

@@ -80,8 +80,10 @@ class PrintShardSizes(DistributedStep):
         for code, key in self.script.holders(loaders):
             readable = (
                 code is scope
-                or code is module and key not in local
-                or isinstance(code, cst.ClassDef) and code in self.ancestors(at)
+                or code is module
+                and key not in local
+                or isinstance(code, cst.ClassDef)
+                and code in self.ancestors(at)
             )
             if readable and self.script.held_by(key) <= loaders:
                 return key
@@ -95,12 +97,16 @@ class PrintShardSizes(DistributedStep):
     def edited(self) -> list[cst.CSTNode]:
         return [*self.planned_statements(), *self.sizes, *self.dataset_sizes]
 
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
         if original_node not in self.sizes:
             return updated_node
         loader = name_key(original_node.value)
         if self.sizes[original_node]:
-            self.changed(original_node, f"prints the size of this process's shard: `len({loader}.sampler)`")
+            self.changed(
+                original_node, f"prints the size of this process's shard: `len({loader}.sampler)`"
+            )
         else:
             self.changed(
                 original_node,
@@ -118,4 +124,3 @@ class PrintShardSizes(DistributedStep):
         )
         sampler = cst.parse_expression(f"{loader}.sampler")
         return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=sampler)])
-

@@ -36,7 +36,10 @@ class ReplaceDataParallel(DistributedStep):
         if loads_into(node, self.unwrapped):
             self.loads.add(node)
             self.before.setdefault(self.statement_of(node), []).extend(strip_prefix(node)[0])
-            self.changed(node, "checkpoints saved under nn.DataParallel still load: `module.` prefix stripped")
+            self.changed(
+                node,
+                "checkpoints saved under nn.DataParallel still load: `module.` prefix stripped",
+            )
         if DATA_PARALLEL_FUNCTION in self.qualified_names(node.func):
             self.skipped(
                 "nn.parallel.data_parallel",
@@ -67,7 +70,9 @@ class ReplaceDataParallel(DistributedStep):
             self.replace[removed] = []
         else:
             self.replace[line] = [line.with_changes(body=[node.with_changes(value=inner)])]
-        self.changed(node, "`nn.DataParallel` removed: each process trains its own replica under DDP")
+        self.changed(
+            node, "`nn.DataParallel` removed: each process trains its own replica under DDP"
+        )
 
     def _removable_if(self, line: cst.SimpleStatementLine) -> cst.If | None:
         """The `if` around `line` when it holds nothing else but prints."""
@@ -95,6 +100,9 @@ class ReplaceDataParallel(DistributedStep):
     def _under_data_parallel_test(self, node: cst.CSTNode) -> bool:
         return any(
             isinstance(a, cst.If)
-            and any(DATA_PARALLEL in self.qualified_names(n) for n in find(a.test, (cst.Attribute, cst.Name)))
+            and any(
+                DATA_PARALLEL in self.qualified_names(n)
+                for n in find(a.test, (cst.Attribute, cst.Name))
+            )
             for a in self.ancestors(node)
         )

@@ -61,12 +61,16 @@ class ScaleSummedLoss(DistributedStep):
         holders = [self.parent(loss) for loss in self.scaled]  # the attribute or argument
         return [*self.planned_statements(), *self.statements, *filter(None, holders)]
 
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
         """`loss.backward` -> `(loss * WORLD_SIZE).backward`."""
         if original_node.value not in self.scaled:
             return updated_node
         return updated_node.with_changes(
-            value=_times_world_size(updated_node.value, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            value=_times_world_size(
+                updated_node.value, lpar=[cst.LeftParen()], rpar=[cst.RightParen()]
+            )
         )
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:

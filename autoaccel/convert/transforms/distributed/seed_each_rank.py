@@ -61,10 +61,12 @@ class SeedEachRank(DistributedStep):
         if not seeds or any(mentions_rank(arg.value) for call in seeds for arg in call.args):
             return  # unseeded processes already differ; or seeded per rank by the author
         start = next((m.training for m in self.trained_models(node) if m.training), None)
-        for seed in seeds if start is None else ():  # the model is built elsewhere (a Trainer's `__init__`)
+        for seed in (
+            seeds if start is None else ()
+        ):  # the model is built elsewhere (a Trainer's `__init__`)
             block = self.scope_block(seed)
             seeding = self.statement_of(seed)
-            later = block.body[block.body.index(seeding) + 1:] if seeding in block.body else []
+            later = block.body[block.body.index(seeding) + 1 :] if seeding in block.body else []
             start = next((s for s in later if self.script.runs_training(s)), None)
             if start is not None:
                 break
@@ -90,7 +92,8 @@ class SeedEachRank(DistributedStep):
         setup = setup_block_end(module)
         self.after.setdefault(setup, []).extend(parse_statements(_SEED_ALIKE.format(seed=seed)))
         self.changed(
-            setup, "every process seeded with rank 0's seed: the script draws random numbers before training"
+            setup,
+            "every process seeded with rank 0's seed: the script draws random numbers before training",
         )
         self.before.setdefault(start, []).extend(parse_statements(_RESEED))
         self.changed(start, f"each process re-seeded with seed + {RANK} before training")

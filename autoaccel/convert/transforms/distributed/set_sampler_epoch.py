@@ -28,7 +28,9 @@ class SetSamplerEpoch(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         for loop in self.script.training.step_loops.values():
-            if loop.role is not LoopRole.TRAIN or not any(self.shards_loader(o) for o in loop.loaders):
+            if loop.role is not LoopRole.TRAIN or not any(
+                self.shards_loader(o) for o in loop.loaders
+            ):
                 continue
             if loop.module is self.script.module:
                 if loop.node in self.train_loops():
@@ -107,7 +109,8 @@ class SetSamplerEpoch(DistributedStep):
         scope = self.script.module.scope
         candidates += [(scope, name, name) for name in scope.bindings]
         holders = [
-            spelling for owner, name, spelling in candidates
+            spelling
+            for owner, name, spelling in candidates
             if program.read((owner, name)) & loaders  # type: ignore[arg-type]
         ]
         if step.loader in holders:
@@ -118,7 +121,11 @@ class SetSamplerEpoch(DistributedStep):
         epoch = name_key(epoch_loop.target)
         body = epoch_loop.body
         if epoch is None or not isinstance(body, cst.IndentedBlock):
-            self.skipped("set_epoch", f"call `{loader}.sampler.set_epoch(epoch)` at the start of every epoch by hand", epoch_loop)
+            self.skipped(
+                "set_epoch",
+                f"call `{loader}.sampler.set_epoch(epoch)` at the start of every epoch by hand",
+                epoch_loop,
+            )
             return
         if method_calls(body, "set_epoch"):
             return

@@ -60,12 +60,18 @@ class ShardEvaluation(DistributedStep):
             for loader in step.loaders:
                 if isinstance(loader.node, cst.Call):
                     by_loader.setdefault(loader.node, []).append(step)
-        sums = {step: self._sums(step, reductions, writers) for steps in by_loader.values() for step in steps}
+        sums = {
+            step: self._sums(step, reductions, writers)
+            for steps in by_loader.values()
+            for step in steps
+        }
         shardable = self._shardable(by_loader, sums)
         sharded = [call for call in by_loader if call in shardable]  # in the order of the loops
         for call in sharded:
             dataset = name_key(call.args[0].value)
-            self.samplers[call] = f"range({RANK}, len({dataset}), {WORLD_SIZE}) if {DISTRIBUTED} else None"
+            self.samplers[call] = (
+                f"range({RANK}, len({dataset}), {WORLD_SIZE}) if {DISTRIBUTED} else None"
+            )
         for step in dict.fromkeys(step for call in sharded for step in by_loader[call]):
             self._add_up(step, sums[step])  # type: ignore[arg-type]
         if self.samplers:
@@ -141,15 +147,24 @@ class ShardEvaluation(DistributedStep):
         names: list[str] = []
         for node in find(loop.body, (cst.AugAssign, cst.Assign, cst.AnnAssign, cst.Call)):
             if isinstance(node, cst.AugAssign):
-                if not isinstance(node.target, cst.Name) or not isinstance(node.operator, cst.AddAssign):
+                if not isinstance(node.target, cst.Name) or not isinstance(
+                    node.operator, cst.AddAssign
+                ):
                     return None
                 if _summed(node.value, reductions, scope) is not Reduction.SUM:
                     return None
-                if not any(isinstance(v, (cst.Integer, cst.Float)) for v in assigned_values(scope, node.target.value)):
+                if not any(
+                    isinstance(v, (cst.Integer, cst.Float))
+                    for v in assigned_values(scope, node.target.value)
+                ):
                     return None
                 names.append(node.target.value)
             elif isinstance(node, (cst.Assign, cst.AnnAssign)):
-                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                targets = (
+                    [t.target for t in node.targets]
+                    if isinstance(node, cst.Assign)
+                    else [node.target]
+                )
                 if any(not isinstance(n, (cst.Name, cst.Tuple)) for n in targets):
                     return None  # `self.x = ...`, `preds[i] = ...`
             elif is_method_call(node, "append", "extend", "update", "add", "write"):
@@ -165,7 +180,10 @@ class ShardEvaluation(DistributedStep):
         for call in calls:
             module = program.module_of[call]
             for ancestor in module.index.ancestors(call):
-                if isinstance(ancestor, cst.Call) and module.index.qualified_names(ancestor.func) & PRINTS:
+                if (
+                    isinstance(ancestor, cst.Call)
+                    and module.index.qualified_names(ancestor.func) & PRINTS
+                ):
                     return False
                 if isinstance(ancestor, cst.If) and mentions_rank(ancestor.test):
                     return False
@@ -194,7 +212,11 @@ def _summed(value: cst.BaseExpression, reductions: LossReductions, scope: cst.CS
     `len(x)`, `x.size(0)` (a count of samples)."""
     while is_method_call(value, "item", "detach", "cpu", "float") and not value.args:  # type: ignore[attr-defined]
         value = value.func.value  # type: ignore[attr-defined]
-    if isinstance(value, cst.Call) and name_key(value.func) in ("float", "int") and len(value.args) == 1:
+    if (
+        isinstance(value, cst.Call)
+        and name_key(value.func) in ("float", "int")
+        and len(value.args) == 1
+    ):
         value = value.args[0].value
     if is_batch_size(value):
         return Reduction.SUM

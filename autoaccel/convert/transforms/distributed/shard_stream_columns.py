@@ -63,7 +63,11 @@ def batchified_sources(loop: cst.CSTNode, module: cst.Module) -> Iterator[Batchi
     }
     for assign in find(module, cst.Assign):
         call = assign.value
-        if len(assign.targets) != 1 or not isinstance(call, cst.Call) or not isinstance(call.func, cst.Name):
+        if (
+            len(assign.targets) != 1
+            or not isinstance(call, cst.Call)
+            or not isinstance(call.func, cst.Name)
+        ):
             continue
         data = name_key(assign.targets[0].target)
         index = columns.get(call.func.value)
@@ -80,7 +84,8 @@ def _columns_parameter(function: cst.FunctionDef) -> int | None:
     result: `bsz` in `data.view(bsz, -1).t()` or `data.view(-1, bsz)`."""
     params = [p.name.value for p in function.params.params]
     transposed = any(is_method_call(c, "t") for c in find(function.body, cst.Call)) or any(
-        is_method_call(c, "transpose") and [code_of(a.value) for a in c.args] in (["0", "1"], ["1", "0"])
+        is_method_call(c, "transpose")
+        and [code_of(a.value) for a in c.args] in (["0", "1"], ["1", "0"])
         for c in find(function.body, cst.Call)
     )
     for call in find(function.body, cst.Call):
@@ -104,8 +109,14 @@ def slices_by_counter(step: StepLoop) -> bool:
     data. A loop that slices nothing so trains on all of its data at every step."""
     if step.module is None:
         return True  # unknown: not taken for full-batch
-    places = [(step.node, set(bound_names(step.node.target)) if isinstance(step.node, cst.For) else set())]
-    places += [(f.node.body, set(f.positional) - {"self"}) for f in step.reached if not (f.cls and f.cls.is_module)]
+    places = [
+        (step.node, set(bound_names(step.node.target)) if isinstance(step.node, cst.For) else set())
+    ]
+    places += [
+        (f.node.body, set(f.positional) - {"self"})
+        for f in step.reached
+        if not (f.cls and f.cls.is_module)
+    ]
     return any(
         name_key(name) in counters
         for body, counters in places
@@ -173,9 +184,13 @@ class ShardStreamColumns(DistributedStep):
         )
         for argument in self._per_process_shapes(loop, source):
             self.arguments[argument] = f"{bsz} // {WORLD_SIZE}"
-            self.changed(argument, f"`{bsz}` streams here are this process's: `{bsz} // {WORLD_SIZE}`")
+            self.changed(
+                argument, f"`{bsz}` streams here are this process's: `{bsz} // {WORLD_SIZE}`"
+            )
 
-    def _per_process_shapes(self, loop: cst.For | cst.While, source: BatchifiedSource) -> list[cst.Arg]:
+    def _per_process_shapes(
+        self, loop: cst.For | cst.While, source: BatchifiedSource
+    ) -> list[cst.Arg]:
         """The arguments `bsz` of calls where the training code builds per-stream state
         (`model.init_hidden(bsz)`, `torch.zeros(layers, bsz, hidden)`): in the function
         that holds the loop (or, at module level, the statement around it) and in the
@@ -183,7 +198,11 @@ class ShardStreamColumns(DistributedStep):
         scope = self.scope_of(loop)
         region: list[cst.CSTNode] = [scope if scope is not None else self._top_statement(loop)]
         step = self.script.step_loops[loop]
-        region += [f.node for f in step.reached if f.module is step.module and not (f.cls and f.cls.is_module)]
+        region += [
+            f.node
+            for f in step.reached
+            if f.module is step.module and not (f.cls and f.cls.is_module)
+        ]
         wanted = code_of(source.bsz)
         found = []
         for place in dict.fromkeys(region):
@@ -195,7 +214,8 @@ class ShardStreamColumns(DistributedStep):
 
     def _in_print(self, node: cst.CSTNode) -> bool:
         return any(
-            isinstance(a, cst.Call) and m.matches(a.func, m.Name("print")) for a in self.ancestors(node)
+            isinstance(a, cst.Call) and m.matches(a.func, m.Name("print"))
+            for a in self.ancestors(node)
         )
 
     def _top_statement(self, node: cst.CSTNode) -> cst.CSTNode:
@@ -211,4 +231,8 @@ class ShardStreamColumns(DistributedStep):
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         value = self.arguments.get(original_node)
-        return updated_node if value is None else updated_node.with_changes(value=cst.parse_expression(value))
+        return (
+            updated_node
+            if value is None
+            else updated_node.with_changes(value=cst.parse_expression(value))
+        )

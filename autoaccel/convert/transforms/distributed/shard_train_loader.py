@@ -43,14 +43,20 @@ from autoaccel.convert.transforms.distributed.shard_stream_columns import (
     reads_batchified,
     slices_by_counter,
 )
-from autoaccel.convert.transforms.distributed.stop_together import EVERY_PROCESS, agreed, agreement_helper
+from autoaccel.convert.transforms.distributed.stop_together import (
+    EVERY_PROCESS,
+    agreed,
+    agreement_helper,
+)
 from autoaccel.convert.transforms.inserted_names import variable_names
 from autoaccel.cst_edit import code_of, keyword_value, set_keyword
 
 _FUNCTIONS = (cst.FunctionDef, cst.Lambda)
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
 WEIGHTED_SAMPLER = "torch.utils.data.WeightedRandomSampler"
-RANDOM_SAMPLERS = frozenset({"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"})
+RANDOM_SAMPLERS = frozenset(
+    {"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"}
+)
 SHARED_DRAW = "ShardedDraws"
 _SHARED_DRAW_CLASS = f'''
 
@@ -93,7 +99,9 @@ class {SHARDED_STREAM}(torch.utils.data.IterableDataset):
         return (items[{RANK} * workers + worker_id] for items in rounds)
 '''
 _EVERY_PROCESS_CODE = agreement_helper(
-    EVERY_PROCESS, "every process: then every process takes the branch", "dist.all_reduce(flag, op=dist.ReduceOp.MIN)"
+    EVERY_PROCESS,
+    "every process: then every process takes the branch",
+    "dist.all_reduce(flag, op=dist.ReduceOp.MIN)",
 )
 BATCH_HELPER = "per_process_batch_size"
 # Who decides a guess about how each process draws its data.
@@ -121,7 +129,9 @@ class ShardTrainLoader(DistributedStep):
         self.calls: dict[cst.Call, dict[str, str]] = {}  # loader call -> keyword -> new value
         self.datasets: dict[cst.CSTNode, str] = {}  # dataset argument -> hoisted name
         # what a hoisted `dataset` / `sampler` must not be called: any name of the script
-        self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)} | variable_names(node)
+        self.bound = {name_key(t.target) for t in find(node, cst.AssignTarget)} | variable_names(
+            node
+        )
         self.helper_needed = False
         self.shared_draws_needed = False
         self.streams: set[cst.CSTNode] = set()  # dataset arguments wrapped in ShardedStream
@@ -171,7 +181,9 @@ class ShardTrainLoader(DistributedStep):
         if generators:
             self._draw_per_process(module, step, generators)
         elif source is not None:
-            self.skipped("DistributedSampler", self._not_a_torch_loader(source), step.node, wrong=True)
+            self.skipped(
+                "DistributedSampler", self._not_a_torch_loader(source), step.node, wrong=True
+            )
         elif (maker := self._batch_maker(step)) is not None:
             self.skipped(
                 "DistributedSampler",
@@ -225,15 +237,21 @@ class ShardTrainLoader(DistributedStep):
                 if function.cls is not None and function.cls.is_module:
                     continue  # a model's forward
                 body = function.node.body
-                if function not in self.script.training.backpropagating and find(body, cst.Subscript) and any(
-                    r.value is not None for r in find(body, cst.Return)
+                if (
+                    function not in self.script.training.backpropagating
+                    and find(body, cst.Subscript)
+                    and any(r.value is not None for r in find(body, cst.Return))
                 ):
                     return call
         return None
 
     def _not_a_torch_loader(self, source: cst.BaseExpression) -> str:
         """Why a loop over `source`, batches that no torch DataLoader makes, is refused."""
-        classes = {o.cls for o in self.script.values(source) if o.kind is Kind.INSTANCE and o.cls is not None}
+        classes = {
+            o.cls
+            for o in self.script.values(source)
+            if o.kind is Kind.INSTANCE and o.cls is not None
+        }
         if len(classes) == 1:
             (cls,) = classes
             what = f"an object of the project's class `{cls.name}`"
@@ -246,7 +264,9 @@ class ShardTrainLoader(DistributedStep):
             " of what it batches), or batch the data with torch's DataLoader"
         )
 
-    def _draw_per_process(self, module: cst.Module, step: StepLoop, generators: frozenset[Generator]) -> None:
+    def _draw_per_process(
+        self, module: cst.Module, step: StepLoop, generators: frozenset[Generator]
+    ) -> None:
         """A loop that samples new random batches every step: each process draws its own,
         unless every process seeds its generator alike (then they all draw the same), or
         the steps run under a condition each process computes from its own data and not
@@ -255,7 +275,11 @@ class ShardTrainLoader(DistributedStep):
         if Generator.HOST in generators and self._host_seeded_alike(module):
             return
         guards = self._uneven_guards(step)
-        uncounted = [g for g, function in guards if isinstance(g, cst.While) or not self._counted(g, function)]
+        uncounted = [
+            g
+            for g, function in guards
+            if isinstance(g, cst.While) or not self._counted(g, function)
+        ]
         if uncounted:
             guard = uncounted[0]
             self.skipped(
@@ -291,7 +315,8 @@ class ShardTrainLoader(DistributedStep):
         alike = not any(mentions_rank(a.value) for c in seeds for a in c.args)
         # a seed set again in every step, after the rank's re-seed, makes them draw alike too
         reseeded = any(
-            loop in self.ancestors(c) and not any(mentions_rank(a.value) for a in c.args) for c in seeds
+            loop in self.ancestors(c) and not any(mentions_rank(a.value) for a in c.args)
+            for c in seeds
         )
         if seeds and alike or reseeded:
             self.skipped(
@@ -332,7 +357,9 @@ class ShardTrainLoader(DistributedStep):
         )
         return True
 
-    def _uneven_guards(self, step: StepLoop) -> list[tuple[cst.If | cst.While, FunctionInfo | None]]:
+    def _uneven_guards(
+        self, step: StepLoop
+    ) -> list[tuple[cst.If | cst.While, FunctionInfo | None]]:
         """The `if`s and `while`s of this module around the training steps (around the
         loop, or around a call that runs it), innermost first, each with the function it is
         in, whose test reads what a loop around it changes: `if len(memory) > 64:` where
@@ -363,9 +390,13 @@ class ShardTrainLoader(DistributedStep):
         module level), as often: each loop around it, and around each call of its function
         wherever the program makes it, counts `range()` (which no loop around it changes)
         and leaves no round early."""
-        return all(self._counts(*around) for around in self._around(guard, self.script.index, function))
+        return all(
+            self._counts(*around) for around in self._around(guard, self.script.index, function)
+        )
 
-    def _counts(self, loop: cst.For | cst.While, index: ModuleIndex, function: FunctionInfo | None) -> bool:
+    def _counts(
+        self, loop: cst.For | cst.While, index: ModuleIndex, function: FunctionInfo | None
+    ) -> bool:
         """Whether `loop` runs as many rounds on every process: `for ... in range(n)`
         (or `tqdm(range(n))`), `n` changed by no loop around it, and no `break`,
         `continue` or `return` of its own."""
@@ -375,13 +406,22 @@ class ShardTrainLoader(DistributedStep):
             return False
         for leaving in find(loop.body, (cst.Break, cst.Continue, cst.Return)):
             # a `return` of a function defined in the loop, a `break` of a loop in it: not its own
-            inner = _FUNCTIONS if isinstance(leaving, cst.Return) else (*_FUNCTIONS, cst.For, cst.While)
-            if next(a for a in index.ancestors(leaving) if a is loop or isinstance(a, inner)) is loop:
+            inner = (
+                _FUNCTIONS if isinstance(leaving, cst.Return) else (*_FUNCTIONS, cst.For, cst.While)
+            )
+            if (
+                next(a for a in index.ancestors(leaving) if a is loop or isinstance(a, inner))
+                is loop
+            ):
                 return False
         return True
 
     def _around(
-        self, node: cst.CSTNode, index: ModuleIndex, function: FunctionInfo | None, seen: frozenset = frozenset()
+        self,
+        node: cst.CSTNode,
+        index: ModuleIndex,
+        function: FunctionInfo | None,
+        seen: frozenset = frozenset(),
     ) -> Iterator[tuple[cst.For | cst.While, ModuleIndex, FunctionInfo | None]]:
         """The loops around `node` (of the module `index` indexes) in `function` (None: at
         module level), innermost first, then those around each call of `function` in the
@@ -401,7 +441,9 @@ class ShardTrainLoader(DistributedStep):
     def _step_sites(self, step: StepLoop) -> list[tuple[cst.CSTNode, SourceModule]]:
         """The step loop, and the calls of the program that run the function holding it,
         directly or through others, each with its module."""
-        sites: list[tuple[cst.CSTNode, SourceModule]] = [(step.node, step.module)] if step.module else []
+        sites: list[tuple[cst.CSTNode, SourceModule]] = (
+            [(step.node, step.module)] if step.module else []
+        )
         program = self.script.program
         seen: set[FunctionInfo] = set()
         todo = [step.function]
@@ -415,7 +457,9 @@ class ShardTrainLoader(DistributedStep):
                 todo.append(program.function_of.get(call))
         return sites
 
-    def _rounds(self, step: StepLoop) -> Iterator[tuple[cst.For | cst.While, cst.CSTNode, SourceModule]]:
+    def _rounds(
+        self, step: StepLoop
+    ) -> Iterator[tuple[cst.For | cst.While, cst.CSTNode, SourceModule]]:
         """The loops around the training steps (around the loop, or around a call that
         runs it), innermost first, each with that loop or call and its module."""
         for site, module in self._step_sites(step):
@@ -447,7 +491,11 @@ class ShardTrainLoader(DistributedStep):
         return None
 
     def _varies(
-        self, expression: cst.BaseExpression, place: cst.CSTNode, index: ModuleIndex, function: FunctionInfo | None
+        self,
+        expression: cst.BaseExpression,
+        place: cst.CSTNode,
+        index: ModuleIndex,
+        function: FunctionInfo | None,
     ) -> bool:
         """Whether `expression`, at `place` (of the module `index` indexes) in `function`,
         reads a name that a loop around it (see `_around`) binds or calls a method of
@@ -460,7 +508,9 @@ class ShardTrainLoader(DistributedStep):
             body = loop.body
             changed.update(n for t in find(body, cst.AssignTarget) for n in bound_names(t.target))
             changed.update(name_key(a.target) for a in find(body, (cst.AugAssign, cst.AnnAssign)))
-            receivers = (c.func.value for c in find(body, cst.Call) if isinstance(c.func, cst.Attribute))
+            receivers = (
+                c.func.value for c in find(body, cst.Call) if isinstance(c.func, cst.Attribute)
+            )
             changed.update(name_key(receiver) for receiver in receivers)
             changed.update(n for f in find(body, cst.For) for n in bound_names(f.target))
         return bool(read & changed - {None})
@@ -472,7 +522,11 @@ class ShardTrainLoader(DistributedStep):
         samples the data as a sampler with replacement would; like such a sampler, each
         draws `batch_size // WORLD_SIZE`, so the global batch stays."""
         step = self.script.step_loops[loop]
-        bodies = [loop] + [f.node for f in step.reached if f.module is step.module and not (f.cls and f.cls.is_module)]
+        bodies = [loop] + [
+            f.node
+            for f in step.reached
+            if f.module is step.module and not (f.cls and f.cls.is_module)
+        ]
         sizes = [
             size
             for body in bodies
@@ -492,28 +546,50 @@ class ShardTrainLoader(DistributedStep):
                 size,
                 "each process draws its own offsets into the data from its own random stream"
                 f" (re-seeded with its {RANK}, or unseeded), which shards it"
-                + ("" if self.options.per_process_batch else f"; per-process batch = global batch // {WORLD_SIZE}"),
+                + (
+                    ""
+                    if self.options.per_process_batch
+                    else f"; per-process batch = global batch // {WORLD_SIZE}"
+                ),
             )
         return True
 
     def _offset_draw_size(self, body: cst.CSTNode, call: cst.Call) -> cst.Element | None:
         """The batch element of `size` in `ix = torch.randint(high, (batch_size,))` when `ix`
         indexes a tensor in `body` (`data[ix]`, `data[i:i + n] for i in ix`)."""
-        if "torch.randint" not in self.qualified_names(call.func) or keyword_value(call, "generator") is not None:
+        if (
+            "torch.randint" not in self.qualified_names(call.func)
+            or keyword_value(call, "generator") is not None
+        ):
             return None
         size = keyword_value(call, "size")
         if size is None:
-            size = next((a.value for a in call.args if a.keyword is None and isinstance(a.value, (cst.Tuple, cst.List))), None)
+            size = next(
+                (
+                    a.value
+                    for a in call.args
+                    if a.keyword is None and isinstance(a.value, (cst.Tuple, cst.List))
+                ),
+                None,
+            )
         assign = self.parent(call)
-        if not isinstance(size, (cst.Tuple, cst.List)) or not size.elements or not isinstance(assign, cst.Assign):
+        if (
+            not isinstance(size, (cst.Tuple, cst.List))
+            or not size.elements
+            or not isinstance(assign, cst.Assign)
+        ):
             return None
         offsets = {name_key(t.target) for t in assign.targets}
         indexes = {
-            name_key(name) for subscript in find(body, cst.Subscript) for element in subscript.slice
+            name_key(name)
+            for subscript in find(body, cst.Subscript)
+            for element in subscript.slice
             for name in find(element.slice, cst.Name)
         }
         iterated = {
-            name for comp in find(body, cst.CompFor) for name in bound_names(comp.target)
+            name
+            for comp in find(body, cst.CompFor)
+            for name in bound_names(comp.target)
             if name_key(comp.iter) in offsets
         }
         return size.elements[0] if offsets & indexes or iterated & indexes else None
@@ -544,9 +620,18 @@ class ShardTrainLoader(DistributedStep):
             return
         statement = self.statement_of(call)
         target = _assigned_name(statement) or _returned(statement, call)
-        dataset = call.args[0].value if call.args and call.args[0].keyword is None else keyword_value(call, "dataset")
+        dataset = (
+            call.args[0].value
+            if call.args and call.args[0].keyword is None
+            else keyword_value(call, "dataset")
+        )
         if target is None or dataset is None:
-            self.skipped("DistributedSampler", "give the training DataLoader a DistributedSampler by hand", call, wrong=True)
+            self.skipped(
+                "DistributedSampler",
+                "give the training DataLoader a DistributedSampler by hand",
+                call,
+                wrong=True,
+            )
             return
         sampler = self._fresh(_sibling_name(target, "sampler"))
         dataset_name = name_key(dataset)
@@ -575,14 +660,22 @@ class ShardTrainLoader(DistributedStep):
             call,
             "training DataLoader reads its own shard through DistributedSampler"
             + ("" if shuffled == "False" else " (the shuffle moves into the sampler)")
-            + (f"; per-process batch = global batch // {WORLD_SIZE}" if "batch_size" in edits else ""),
+            + (
+                f"; per-process batch = global batch // {WORLD_SIZE}"
+                if "batch_size" in edits
+                else ""
+            ),
         )
 
     def _split_stream(self, call: cst.Call) -> None:
         """An IterableDataset of the project, which no sampler can shard: the loader reads
         it through `ShardedStream`, which splits it by process and by DataLoader worker
         (so workers can be added); each process loads `batch_size // WORLD_SIZE`."""
-        dataset = call.args[0].value if call.args and call.args[0].keyword is None else keyword_value(call, "dataset")
+        dataset = (
+            call.args[0].value
+            if call.args and call.args[0].keyword is None
+            else keyword_value(call, "dataset")
+        )
         assert dataset is not None  # `streams` found it
         if isinstance(dataset, cst.Call) and is_name(dataset.func, SHARDED_STREAM):
             return  # converted already
@@ -631,9 +724,15 @@ class ShardTrainLoader(DistributedStep):
     def _draws_with_replacement(self, sampler: cst.BaseExpression) -> bool:
         """`RandomSampler(ds, replacement=True, ...)` on the global random stream (minGPT's
         trainer): independent draws, so each process drawing its own is a shard."""
-        if not isinstance(sampler, cst.Call) or not self.qualified_names(sampler.func) & RANDOM_SAMPLERS:
+        if (
+            not isinstance(sampler, cst.Call)
+            or not self.qualified_names(sampler.func) & RANDOM_SAMPLERS
+        ):
             return False
-        return is_true(keyword_value(sampler, "replacement")) and keyword_value(sampler, "generator") is None
+        return (
+            is_true(keyword_value(sampler, "replacement"))
+            and keyword_value(sampler, "generator") is None
+        )
 
     def _draw_independently(self, call: cst.Call) -> None:
         """Keep a sampler of independent draws: each process draws from its own stream
@@ -666,7 +765,11 @@ class ShardTrainLoader(DistributedStep):
             call,
             f"the weighted sampler keeps its weights: every process draws the same indices and"
             f" reads every {WORLD_SIZE}-th (`{SHARED_DRAW}`)"
-            + (f"; per-process batch = global batch // {WORLD_SIZE}" if "batch_size" in edits else ""),
+            + (
+                f"; per-process batch = global batch // {WORLD_SIZE}"
+                if "batch_size" in edits
+                else ""
+            ),
         )
 
     def _shard_through_kwargs(self, call: cst.Call) -> None:
@@ -674,7 +777,8 @@ class ShardTrainLoader(DistributedStep):
         stars = [a for a in call.args if a.star == "**"]
         kwargs = name_key(stars[0].value) if len(stars) == 1 else None
         others = [
-            c for c in self.script.loader_calls
+            c
+            for c in self.script.loader_calls
             if c is not call and any(name_key(a.value) == kwargs for a in c.args if a.star == "**")
         ]
         dataset = call.args[0].value if call.args and call.args[0].keyword is None else None
@@ -714,14 +818,18 @@ class ShardTrainLoader(DistributedStep):
         return chosen
 
     def edited(self) -> list[cst.CSTNode]:
-        arguments = [self.parent(dataset) for dataset in [*self.datasets, *self.streams]]  # `leave_Arg`'s
+        arguments = [
+            self.parent(dataset) for dataset in [*self.datasets, *self.streams]
+        ]  # `leave_Arg`'s
         arguments += [self.parent(test) for test in self.agreed]  # `leave_If`'s
         return [*self.planned_statements(), *self.calls, *filter(None, arguments), *self.draw_sizes]
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if original_node.test not in self.agreed:
             return updated_node
-        return updated_node.with_changes(test=cst.Call(cst.Name(EVERY_PROCESS), [cst.Arg(updated_node.test)]))
+        return updated_node.with_changes(
+            test=cst.Call(cst.Name(EVERY_PROCESS), [cst.Arg(updated_node.test)])
+        )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         for keyword, value in self.calls.get(original_node, {}).items():
@@ -740,7 +848,11 @@ class ShardTrainLoader(DistributedStep):
 
     def leave_Element(self, original_node: cst.Element, updated_node: cst.Element) -> cst.Element:
         size = self.draw_sizes.get(original_node)
-        return updated_node if size is None else updated_node.with_changes(value=cst.parse_expression(size))
+        return (
+            updated_node
+            if size is None
+            else updated_node.with_changes(value=cst.parse_expression(size))
+        )
 
 
 def _before_double_star(call: cst.Call) -> cst.Call:
@@ -752,7 +864,9 @@ def _before_double_star(call: cst.Call) -> cst.Call:
     new = args.pop()
     separator = args[-1].comma
     args[-1] = args[-1].with_changes(comma=new.comma, whitespace_after_arg=new.whitespace_after_arg)
-    args.insert(star, new.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace("")))
+    args.insert(
+        star, new.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
+    )
     return call.with_changes(args=args)
 
 

@@ -23,10 +23,10 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 
 CPUS_PER_PROCESS = "CPUS_PER_PROCESS"
-_DEFINITION = f'''# DataLoader workers: the processes on this node share its CPUs.
+_DEFINITION = f"""# DataLoader workers: the processes on this node share its CPUs.
 LOCAL_WORLD_SIZE = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 {CPUS_PER_PROCESS} = max(1, (os.cpu_count() or 1) // LOCAL_WORLD_SIZE)
-'''
+"""
 # `min(8, os.cpu_count() or 1)`, the worker count ACC101's fix writes.
 _WHOLE_NODE = m.Call(
     func=m.Name("min"),
@@ -62,7 +62,9 @@ class ShareNodeCpus(DistributedStep):
             return
         # the builtin `min` and `os.cpu_count`, as the fix writes them (not names of the script's)
         count = call.args[1].value.left.func  # type: ignore[attr-defined]
-        if "builtins.min" in self.qualified_names(call.func) and "os.cpu_count" in self.qualified_names(count):
+        if "builtins.min" in self.qualified_names(
+            call.func
+        ) and "os.cpu_count" in self.qualified_names(count):
             self.shared.add(call)
             self.changed(
                 call,

@@ -42,7 +42,9 @@ def {name}(condition):
 
 
 _HELPER_CODE = agreement_helper(
-    HELPER, "any process: then every process takes the branch", "dist.all_reduce(flag, op=dist.ReduceOp.MAX)"
+    HELPER,
+    "any process: then every process takes the branch",
+    "dist.all_reduce(flag, op=dist.ReduceOp.MAX)",
 )
 
 
@@ -80,7 +82,11 @@ class StopTogether(DistributedStep):
 def agreed(test: cst.BaseExpression) -> bool:
     """`on_any_rank(...)`, `every_process(...)`, `first_process_decides(...)`: a condition
     already the same on every process."""
-    return isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and test.func.value in _AGREEMENTS
+    return (
+        isinstance(test, cst.Call)
+        and isinstance(test.func, cst.Name)
+        and test.func.value in _AGREEMENTS
+    )
 
 
 def _mentions(node: cst.CSTNode, names: set[str]) -> bool:

@@ -70,7 +70,9 @@ class WrapModel(DistributedStep):
         self.rewrites: dict[cst.CSTNode, str] = {}
         models, moved_away = placed_models(self, node, self._wraps_in_caller)
         loops = self.train_loops()
-        if not models and not moved_away and loops and not self.ddp_wrappers(node):  # (none: converted before)
+        if (
+            not models and not moved_away and loops and not self.ddp_wrappers(node)
+        ):  # (none: converted before)
             self.skipped(
                 "DistributedDataParallel",
                 "no trained model was recognised in this training loop, so nothing is wrapped"
@@ -175,7 +177,11 @@ class WrapModel(DistributedStep):
         method = calls[0].func.attr.value  # type: ignore[attr-defined]
         other = next((c for c in calls if c.func.attr.value != method), None)  # type: ignore[attr-defined]
         unrouted = other or next(
-            (c for c in calls if not self._inference_only(c) and not self._holds(model, self.scope_of(c))),
+            (
+                c
+                for c in calls
+                if not self._inference_only(c) and not self._holds(model, self.scope_of(c))
+            ),
             None,
         )
         if unrouted is not None:
@@ -268,7 +274,9 @@ class WrapModel(DistributedStep):
     def _result_unused(self, site: cst.Call, seen: set[cst.FunctionDef]) -> bool:
         """Whether what the call `site` returns can only be shown or dropped."""
         ancestors = list(self.ancestors(site))
-        if any(isinstance(a, cst.Call) and self.qualified_names(a.func) & PRINTS for a in ancestors):
+        if any(
+            isinstance(a, cst.Call) and self.qualified_names(a.func) & PRINTS for a in ancestors
+        ):
             return True
         if isinstance(ancestors[0], cst.Expr):
             return True
@@ -279,9 +287,13 @@ class WrapModel(DistributedStep):
         """Whether code of `function` sees the model itself under `model.key`."""
         home = self.scope_of(model.anchor)
         name = item_container(model.key) or model.key  # `models` of `models["net"]`
-        return model.key.startswith("self.") or function is home or (
-            home is None  # a module global (built at top level or under `if __name__ == ...`)
-            and (function is None or name not in local_names(function))
+        return (
+            model.key.startswith("self.")
+            or function is home
+            or (
+                home is None  # a module global (built at top level or under `if __name__ == ...`)
+                and (function is None or name not in local_names(function))
+            )
         )
 
     def _route_through(
@@ -319,7 +331,9 @@ class WrapModel(DistributedStep):
         routed[function] = bool(sites)
         return routed[function]
 
-    def _takes_wrapper(self, function: cst.FunctionDef, key: str, seen: set[cst.FunctionDef]) -> bool:
+    def _takes_wrapper(
+        self, function: cst.FunctionDef, key: str, seen: set[cst.FunctionDef]
+    ) -> bool:
         """Whether `function` works alike given a DDP wrapper as its parameter `key`: it
         calls it, calls the methods DDP forwards, and passes it on only to functions of
         the script that do the same. Anything else (`save(model, path)` writing
@@ -360,7 +374,9 @@ class WrapModel(DistributedStep):
                 fine.add(node.keyword)
         for read in find(body, cst.Name):
             if read.value == passed.param and read not in fine:
-                statements = [s for s in find(body, cst.SimpleStatementLine) if read in descendants(s)]
+                statements = [
+                    s for s in find(body, cst.SimpleStatementLine) if read in descendants(s)
+                ]
                 self.obstacle = statements[0] if statements else None
                 return False
         return True
@@ -387,7 +403,9 @@ class WrapModel(DistributedStep):
         call = self.parent(arg)
         if not isinstance(call, cst.Call) or arg.star:
             return False
-        functions = [f for f in find(self.tree, cst.FunctionDef) if is_name(call.func, f.name.value)]
+        functions = [
+            f for f in find(self.tree, cst.FunctionDef) if is_name(call.func, f.name.value)
+        ]
         if len(functions) != 1:
             return False
         params = parameters_of(functions[0])
@@ -404,10 +422,14 @@ class WrapModel(DistributedStep):
         return [*self.planned_statements(), *self.rewrites]
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        return self._to_wrapper(original_node, updated_node, "func", "training forward pass through")
+        return self._to_wrapper(
+            original_node, updated_node, "func", "training forward pass through"
+        )
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
-        return self._to_wrapper(original_node, updated_node, "value", "the training function receives")
+        return self._to_wrapper(
+            original_node, updated_node, "value", "the training function receives"
+        )
 
     def _to_wrapper(self, original: cst.CSTNode, updated, field: str, what: str):  # type: ignore[no-untyped-def]
         wrapper = self.rewrites.get(original)
@@ -452,7 +474,10 @@ def placed_models(
     wrappers = step.ddp_wrappers(module)  # (passed already: converted before)
     for call in find(module, cst.Call):
         for function in step.script.callees(call):
-            if function.module is step.script.module or function not in step.script.training.trainers:
+            if (
+                function.module is step.script.module
+                or function not in step.script.training.trainers
+            ):
                 continue
             for arg, param in passed_args(call, function):
                 if name_key(arg.value) in wrappers or not _trained(step, arg.value):
@@ -476,7 +501,11 @@ def _handovers_of(step: DistributedStep, model: TrainedModel) -> list[Handover]:
         return []
     param = model.key
     assigned = model.anchor.body[0] if isinstance(model.anchor, cst.SimpleStatementLine) else None
-    if isinstance(assigned, cst.Assign) and len(assigned.targets) == 1 and name_key(assigned.targets[0].target) == model.key:
+    if (
+        isinstance(assigned, cst.Assign)
+        and len(assigned.targets) == 1
+        and name_key(assigned.targets[0].target) == model.key
+    ):
         param = name_key(strip_device_moves(assigned.value)) or param
     if param not in info.positional or any(
         name_key(t.target) == param for t in find(info.node.body, cst.AssignTarget)
@@ -502,7 +531,9 @@ def _handovers(step: DistributedStep, function: FunctionInfo, param: str) -> lis
         caller = program.module_of[site]
         in_loop, statement, block = False, site, None
         for ancestor in caller.index.ancestors(site):
-            if isinstance(ancestor, cst.IndentedBlock) and isinstance(caller.index.parent(ancestor), cst.FunctionDef):
+            if isinstance(ancestor, cst.IndentedBlock) and isinstance(
+                caller.index.parent(ancestor), cst.FunctionDef
+            ):
                 block = ancestor
                 break
             in_loop = in_loop or isinstance(ancestor, (cst.For, cst.While))
@@ -561,7 +592,9 @@ def _stores_locally(function: cst.FunctionDef) -> bool:
     local = {name.value for name in names if isinstance(name, cst.Name)}
     return all(
         isinstance(name, cst.Name)
-        or isinstance(name, cst.Subscript) and isinstance(name.value, cst.Name) and name.value.value in local
+        or isinstance(name, cst.Subscript)
+        and isinstance(name.value, cst.Name)
+        and name.value.value in local
         for name in names
     )
 
@@ -582,13 +615,18 @@ def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] 
     for owner in cls.mro():
         for function in owner.methods.values():
             for assign in find(function.node.body, cst.Assign):
-                holds = any(o.kind is Kind.MODULE for o in program.values_of(assign.value, owner.module)) or any(
-                    owner.module.index.qualified_names(call.func) & _PARAMETER for call in find(assign.value, cst.Call)
+                holds = any(
+                    o.kind is Kind.MODULE for o in program.values_of(assign.value, owner.module)
+                ) or any(
+                    owner.module.index.qualified_names(call.func) & _PARAMETER
+                    for call in find(assign.value, cst.Call)
                 )
                 layers |= {
                     t.target.attr.value
                     for t in assign.targets
-                    if holds and isinstance(t.target, cst.Attribute) and is_name(t.target.value, "self")
+                    if holds
+                    and isinstance(t.target, cst.Attribute)
+                    and is_name(t.target.value, "self")
                 }
     read: set[str] = set()
     methods = [method]
@@ -601,7 +639,10 @@ def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] 
             if is_name(attribute.value, "self") and name not in read:
                 read.add(name)
                 methods.append(name)  # a method of `self` it calls
-        if any(is_name(call.func, "self") for call in find(function.node.body, cst.Call)) and "forward" not in read:
+        if (
+            any(is_name(call.func, "self") for call in find(function.node.body, cst.Call))
+            and "forward" not in read
+        ):
             read.add("forward")
             methods.append("forward")
     return sorted(layers - read)

@@ -10,7 +10,9 @@ from autoaccel.convert.transforms.fully_sharded._sharded import given_to_shard
 
 
 class DestroyAfterModels(DestroyProcessGroup):
-    DESCRIPTION = "Free the sharded models, then destroy the process group at the end of the script."
+    DESCRIPTION = (
+        "Free the sharded models, then destroy the process group at the end of the script."
+    )
 
     def communicating(self, module: cst.Module) -> set[str]:
         """The sharded models, and the optimizers that hold their sharded parameters."""

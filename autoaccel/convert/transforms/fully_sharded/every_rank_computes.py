@@ -52,7 +52,9 @@ class EveryRankComputes(DistributedStep):
             model = next((arg.value for arg in call.args if name_key(arg.value) in sharded), None)
             # wherever it is called: the conversion makes every writer on rank 0 alone
             if model is not None and is_method_call(call, ADD_GRAPH):
-                self._refuse_tracing(call, model, "on rank 0 only (its TensorBoard writer logs there alone)")
+                self._refuse_tracing(
+                    call, model, "on rank 0 only (its TensorBoard writer logs there alone)"
+                )
                 return
             traces = model is not None and bool(self.qualified_names(call.func) & TRACERS)
             if not (traces or runs_model(call, sharded, functions, COLLECTIVES, runners)):

@@ -72,7 +72,9 @@ class GatherStateDicts(DistributedStep):
         # pass left them (`sd` may be a `state_dict()` call this step rewrites too)
         self.loads: dict[cst.Call, tuple[str, list[cst.Arg]]] = {}
         self.helpers: dict[cst.Call, str] = {}  # a hoisted `state_dict()` -> its helper
-        self.decided: set[cst.BaseExpression] = set()  # tests that go through `first_process_decides()`
+        self.decided: set[cst.BaseExpression] = (
+            set()
+        )  # tests that go through `first_process_decides()`
         models = sharded_models(node, self.script)
         if not models:
             return
@@ -138,7 +140,11 @@ class GatherStateDicts(DistributedStep):
         self._decide_on_rank_zero(call)
         name = fresh_name(f"{owner.rpartition('.')[2]}_state", bound)
         everywhere = not optimizer and self._loaded_unsharded(call)
-        helper = FULL_OPTIMIZER_STATE if optimizer else FULL_STATE_EVERYWHERE if everywhere else FULL_STATE
+        helper = (
+            FULL_OPTIMIZER_STATE
+            if optimizer
+            else FULL_STATE_EVERYWHERE if everywhere else FULL_STATE
+        )
         arguments = f"{model}, {optimizer}" if optimizer else model
         statement = self.statement_of(call)
         self.before.setdefault(statement, []).extend(
@@ -161,7 +167,11 @@ class GatherStateDicts(DistributedStep):
         scope = self.scope_of(call)
         sites: list[cst.CSTNode] = [call]
         if scope is not None:
-            sites += [c for c in find(self.script.module.tree, cst.Call) if is_name(c.func, scope.name.value)]
+            sites += [
+                c
+                for c in find(self.script.module.tree, cst.Call)
+                if is_name(c.func, scope.name.value)
+            ]
         for site in sites:
             computed = _computed_names(self.scope_of(site) or self.script.module.tree)
             for branch in self.ancestors(site):
@@ -184,7 +194,9 @@ class GatherStateDicts(DistributedStep):
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if original_node.test not in self.decided:
             return updated_node
-        return updated_node.with_changes(test=cst.Call(cst.Name(DECIDES), [cst.Arg(updated_node.test)]))
+        return updated_node.with_changes(
+            test=cst.Call(cst.Name(DECIDES), [cst.Arg(updated_node.test)])
+        )
 
     def _loaded_unsharded(self, call: cst.Call) -> bool:
         """Whether `call` (`q.state_dict()`) is loaded straight into a model that is not
@@ -244,7 +256,11 @@ def _computed_names(scope: cst.CSTNode) -> set[str]:
             isinstance(assign, cst.AugAssign)
         ):
             continue
-        targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+        targets = (
+            [t.target for t in assign.targets]
+            if isinstance(assign, cst.Assign)
+            else [assign.target]
+        )
         names.update(name for target in targets for name in bound_names(target))
     return names
 

@@ -30,7 +30,9 @@ class GuardRankZeroGathering(GuardRankZero):
             runs_model(call, sharded, functions, (), runners) for call in find(function, cst.Call)
         )
 
-    def helper_on_every_rank(self, module: cst.Module, call: cst.Call, helper: FunctionInfo) -> str | None:
+    def helper_on_every_rank(
+        self, module: cst.Module, call: cst.Call, helper: FunctionInfo
+    ) -> str | None:
         """Also when it is given a sharded model: every process holds a shard of it."""
         sharded = sharded_models(module, self.script)
         given = next((name_key(a.value) for a in call.args if name_key(a.value) in sharded), None)

@@ -14,7 +14,9 @@ class RefuseHorovod(LegacyMigration, DistributedStep):
     needs = ("horovod",)
     library = label = "Horovod"
     root = "horovod"
-    left_over = "`--to fsdp` does not migrate {library}; convert with `--to ddp`, or migrate it by hand"
+    left_over = (
+        "`--to fsdp` does not migrate {library}; convert with `--to ddp`, or migrate it by hand"
+    )
 
     def visit_Module(self, node: cst.Module) -> None:
         self.start_migration()

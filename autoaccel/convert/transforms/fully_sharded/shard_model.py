@@ -81,8 +81,7 @@ class ShardModel(DistributedStep):
             f"    {SHARD}({model.key})\n"
             + (
                 f"    # {_listed(methods, quote='')} gather{'' if methods[1:] else 's'} the parameters"
-                " too, as forward() does\n"
-                + registered
+                " too, as forward() does\n" + registered
                 if methods
                 else ""
             )
@@ -263,7 +262,11 @@ def _computes_with_layers(method: cst.FunctionDef) -> bool:
         root = call.func
         while isinstance(root, cst.Attribute):
             root = root.value
-        if isinstance(call.func, cst.Attribute) and isinstance(root, cst.Name) and root.value == "self":
+        if (
+            isinstance(call.func, cst.Attribute)
+            and isinstance(root, cst.Name)
+            and root.value == "self"
+        ):
             return True
         if any(
             isinstance(arg.value, cst.Attribute) and name_key(arg.value.value) == "self"
