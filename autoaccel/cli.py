@@ -292,11 +292,12 @@ def convert(
 ) -> None:
     """Rewrite a single-GPU training script into a fast one (diff preview by default).
     Option defaults come from [tool.autoaccel.convert] in pyproject.toml."""
-    from autoaccel.config import ConfigError, convert_options
+    from autoaccel.config import ConfigError
     from autoaccel.convert.command import STDIN, STDOUT, run_convert
     from autoaccel.convert.log import RUNS_THE_SCRIPT
+    from autoaccel.convert.settings import convert_options
     from autoaccel.convert.verify import VerifyRequest
-    from autoaccel.facts.run import FactsRequest
+    from autoaccel.run.facts import FactsRequest
 
     if script_args and verify is not True and no_run:
         raise typer.BadParameter(
@@ -494,7 +495,8 @@ def bench(
     compare speed, memory and loss curves (exit 1 when they diverge or the conversion is
     slower beyond the spread of the runs)."""
     from autoaccel.bench.command import run_bench
-    from autoaccel.config import ConfigError, convert_options
+    from autoaccel.config import ConfigError
+    from autoaccel.convert.settings import convert_options
 
     if warmup >= steps:
         raise typer.BadParameter("must be smaller than --steps", param_hint="--warmup")

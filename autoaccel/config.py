@@ -1,7 +1,7 @@
 """Settings from `[tool.autoaccel]` in the nearest pyproject.toml, and the CLI.
 
 Lint settings sit in the table itself (Ruff's keys); `[tool.autoaccel.convert]` holds
-defaults for `autoaccel convert`, one key per `ConvertOptions` field, kebab-case.
+defaults for `autoaccel convert`, read by `autoaccel.convert.settings`.
 """
 
 from __future__ import annotations
@@ -10,15 +10,12 @@ import functools
 import os
 import stat
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin
 
 from autoaccel.fileio import file_kind, os_error_message, read_bytes, real_path
-
-if TYPE_CHECKING:
-    from autoaccel.convert.log import ConvertOptions
 
 
 class ConfigError(Exception):
@@ -250,7 +247,7 @@ def settings_from_table(table: dict[str, Any], source: Path) -> LintSettings:
                 settings, **{key.replace("-", "_"): _patterns(table[key], key, source)}
             )
     if "force-exclude" in table:
-        force = _checked(table["force-exclude"], bool, f"{source}: tool.autoaccel.force-exclude")
+        force = checked(table["force-exclude"], bool, f"{source}: tool.autoaccel.force-exclude")
         settings = replace(settings, force_exclude=force)
     per_file = table.get("per-file-ignores", {})
     if not isinstance(per_file, dict):
@@ -275,7 +272,6 @@ def settings_for(path: Path) -> LintSettings:
 
 # -- where each value comes from (`autoaccel config`, `autoaccel convert`) ------------------
 DEFAULT, COMMAND_LINE = "default", "command line"
-_FLAGS = {"target": "--to"}  # command-line spellings that differ from `--field-name`
 
 
 @dataclass(frozen=True)
@@ -312,48 +308,9 @@ def lint_settings_with_sources(path: Path) -> dict[str, Sourced]:
     }
 
 
-def _flag(name: str) -> str:
-    """The command-line flag of a `ConvertOptions` field."""
-    return _FLAGS.get(name, "--" + name.replace("_", "-"))
-
-
-def convert_settings(
-    path: Path, command_line: Mapping[str, Any] | None = None
-) -> dict[str, Sourced]:
-    """Every `ConvertOptions` field for converting `path`: defaults, overridden by
-    `[tool.autoaccel.convert]` of the nearest pyproject.toml, overridden by `command_line`
-    (field name -> value). Raises `ConfigError` for unknown keys and invalid values."""
-    from autoaccel.convert.log import ConvertOptions  # not on the lint path
-
-    hints = get_type_hints(ConvertOptions)
-    settings = {f.name: Sourced(f.default, DEFAULT) for f in fields(ConvertOptions)}
-    found = config_for(path)
-    if found is not None:
-        source, table = found
-        convert_table = table.get("convert", {})
-        if not isinstance(convert_table, dict):
-            raise ConfigError(f"{source}: tool.autoaccel.convert must be a table")
-        for key, value in convert_table.items():
-            name = key.replace("-", "_")
-            where = f"{source}: tool.autoaccel.convert.{key}"
-            if name not in settings:
-                known = [n.replace("_", "-") for n in settings]
-                raise unknown_key_error(f"{source}: tool.autoaccel.convert", key, known)
-            settings[name] = Sourced(_checked(value, hints[name], where), str(source))
-    for name, value in (command_line or {}).items():
-        settings[name] = Sourced(_checked(value, hints[name], _flag(name)), COMMAND_LINE)
-    return settings
-
-
-def convert_options(path: Path, command_line: Mapping[str, Any] | None = None) -> ConvertOptions:
-    """The options `autoaccel convert` uses for `path` (see `convert_settings`)."""
-    from autoaccel.convert.log import ConvertOptions
-
-    settings = convert_settings(path, command_line)
-    return ConvertOptions(**{name: setting.value for name, setting in settings.items()})
-
-
-def _checked(value: Any, hint: Any, where: str) -> Any:
+def checked(value: Any, hint: Any, where: str) -> Any:
+    """`value`, when it fits the type `hint` (a `Literal`, or `bool`); else a `ConfigError`
+    naming `where` the value came from."""
     if get_origin(hint) is Literal:
         allowed = get_args(hint)
         if value not in allowed:

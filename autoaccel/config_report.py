@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from autoaccel.config import Sourced, config_for, convert_settings, lint_settings_with_sources
+from autoaccel.config import Sourced, config_for, lint_settings_with_sources
+from autoaccel.convert.settings import convert_settings
 
 
 def effective_config(path: Path, command_line: Mapping[str, Any] | None = None) -> str:

@@ -197,6 +197,7 @@ def _holds(target: Path, original: bytes) -> bool:
 
 
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+_NEWLINE = re.compile(r"\r\n?|\n")
 
 
 def source_lines(text: str, keepends: bool = False) -> list[str]:
@@ -204,3 +205,8 @@ def source_lines(text: str, keepends: bool = False) -> list[str]:
     end a line; a form feed or `\\u2028` does not (`str.splitlines` splits there)."""
     lines = _LINE.findall(text)
     return lines if keepends else [line.rstrip("\r\n") for line in lines]
+
+
+def line_starts(text: str) -> list[int]:
+    """The offset where each line of `text` starts."""
+    return [0, *(match.end() for match in _NEWLINE.finditer(text))]

@@ -9,12 +9,12 @@ from bisect import bisect_left, bisect_right
 
 import libcst as cst
 
-from autoaccel.analysis.positions import INDENT, StatementLines, line_starts, statement_lines
+from autoaccel.analysis.positions import INDENT, StatementLines, statement_lines
 from autoaccel.analysis.statements import HOLDS_STATEMENTS
 from autoaccel.diff import LineMatcher, line_opcodes
-from autoaccel.fileio import source_lines
-from autoaccel.lint.engine import python_tree
+from autoaccel.fileio import line_starts, source_lines
 from autoaccel.module_code import ModuleCode, Spans
+from autoaccel.source import python_tree
 
 LINE_LENGTH = 88
 

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from autoaccel.convert.log import ConvertOptions
     from autoaccel.convert.pipeline import check_compiles, convert_source
     from autoaccel.convert.transforms.rule_fixes import SingleProcessFixes
-    from autoaccel.lint.engine import parse
+    from autoaccel.source import parse
     from autoaccel.lint.fixer import fix_source
     from autoaccel.lint.runner import Mode, Overrides, lint_file
     from autoaccel.module_code import ModuleCode

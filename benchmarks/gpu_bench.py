@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from autoaccel.bench.compare import throughput
-from autoaccel.bench.runner import run_script
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
+from autoaccel.run.runner import run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

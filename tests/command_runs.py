@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable, Mapping
 
 from running import FIXTURES_DIR, SESSION_ENV, SessionRuns, _python, selected
 

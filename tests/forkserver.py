@@ -1,6 +1,6 @@
 """A fork server ("zygote") for the harness runs of the tests: started once per test session
-with the environment the runs get, it imports torch and `autoaccel.harness` once, then forks
-one child per run, which runs `python -m autoaccel.harness ARGS` (or `python SCRIPT ARGS`: the
+with the environment the runs get, it imports torch and `autoaccel.run.harness` once, then forks
+one child per run, which runs `python -m autoaccel.run.harness ARGS` (or `python SCRIPT ARGS`: the
 ranks that `running.run_ranks` forks in torchrun's stead, the scripts of `running.run_script`;
 or `python -m autoaccel ARGS`: the tests' conversions) as a fresh process would. A run then
 skips the ~1.1 s CPU of `import torch` (a conversion, ~0.7 s of imports and first-run caches).
@@ -9,7 +9,7 @@ skips the ~1.1 s CPU of `import torch` (a conversion, ~0.7 s of imports and firs
     python forkserver.py        (the requests on stdin, the answers on stdout; JSON lines)
 
 Request: ``{"id", "module" or "script", "cwd", "env", "argv", "stdout", "stderr"}`` (module:
-``autoaccel.harness`` or ``autoaccel``; script: a file's path; argv: their arguments;
+``autoaccel.run.harness`` or ``autoaccel``; script: a file's path; argv: their arguments;
 stdout/stderr: files the run writes).
 Answers: ``{"id", "pid"}`` when the child started (``{"id", "error"}`` when the server
 would not fork), ``{"id", "exit"}`` when it ended (the exit code, or -N for signal N, as
@@ -52,8 +52,8 @@ import sys
 import types
 from dataclasses import dataclass
 
-# The modules the product runs (bench/runner.py, tune/command.py) and torchrun's workers.
-FORKED_MODULES = ("autoaccel.harness", "torch.distributed.run", "autoaccel.tune.measure")
+# The modules the product runs (run/runner.py, tune/command.py) and torchrun's workers.
+FORKED_MODULES = ("autoaccel.run.harness", "torch.distributed.run", "autoaccel.tune.measure")
 # Applied by the child as a fresh interpreter would (`become_command`).
 APPLIED = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
 
@@ -358,7 +358,7 @@ if __name__ == "__main__":
     import torch.utils.data  # noqa: F401
 
     import autoaccel.cli  # noqa: F401
-    from autoaccel import harness
+    from autoaccel.run import harness
 
     # `python -m autoaccel` (the tests' `convert`, `lint --fix`, ...): its first conversion
     # imports LibCST and the transforms and fills their caches (~0.6 CPU-s), done once here
@@ -385,5 +385,5 @@ if __name__ == "__main__":
         sys.exit(0)
     if request["module"] == "autoaccel":
         run_module("autoaccel")
-    assert request["module"] == "autoaccel.harness", request["module"]
+    assert request["module"] == "autoaccel.run.harness", request["module"]
     sys.exit(harness.main(argv))

@@ -1,7 +1,7 @@
 """Helpers for tests that convert fixtures and run them (a plain module, imported by tests).
 
 `convert` runs `autoaccel convert` in a subprocess, `run_under_harness` runs a script under
-`autoaccel.harness`, which records the loss of every backward call. `SessionRuns` (the
+`autoaccel.run.harness`, which records the loss of every backward call. `SessionRuns` (the
 `session_runs` fixture of conftest.py) does each of those once per test session, and runs
 the jobs of the run tests in the background.
 
@@ -121,14 +121,14 @@ class HarnessRun:
 
 
 def run_under_harness(script_path, args, cwd, env=None, max_steps=None) -> HarnessRun:
-    """Run `script_path args...` under the harness in `cwd`: `python -m autoaccel.harness`,
+    """Run `script_path args...` under the harness in `cwd`: `python -m autoaccel.run.harness`,
     or the same forked from the fork server where it may (see `_ForkServer`)."""
     out = Path(cwd) / f"losses-{Path(script_path).stem}.json"
     harness_args = ["--losses-out", str(out)]
     if max_steps is not None:
         harness_args += ["--max-steps", str(max_steps)]
     harness_args += [str(script_path), *map(str, args)]
-    proc = _python({"module": "autoaccel.harness"}, harness_args, Path(cwd), _env(env))
+    proc = _python({"module": "autoaccel.run.harness"}, harness_args, Path(cwd), _env(env))
     record = json.loads(out.read_text()) if out.is_file() else {}
     return HarnessRun(Path(script_path).name, Path(cwd), proc.returncode, proc.stderr, record)
 
@@ -353,7 +353,7 @@ def _fork_server() -> _ForkServer | None:
 class _ProductRuns:
     """The runs the product starts (`autoaccel convert`'s proof and facts, `bench`, `tune`:
     ~190 processes that import torch in a session) are forked by the fork server too: the
-    session's environment gets `AUTOACCEL_PYTHON` (autoaccel/bench/runner.py) = `shim`, a
+    session's environment gets `AUTOACCEL_PYTHON` (autoaccel/run/runner.py) = `shim`, a
     client of the server (zygote_client.py) that falls back on the real interpreter when
     the server would not fork the run. The listening socket is made here, at the start of
     the session; the server gets it when it starts: at the first run of a test, or when a

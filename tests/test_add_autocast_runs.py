@@ -88,7 +88,10 @@ def test_forced_bf16_trains_close_to_original(name, loss_runs):
     assert len(orig) == len(bf16) == 2 * steps
     assert all(math.isfinite(v) for v in bf16)
     assert bf16 != orig  # the autocast blocks ran in bf16
-    last = lambda losses: sum(losses[-steps:]) / steps
+
+    def last(losses: list[float]) -> float:
+        return sum(losses[-steps:]) / steps
+
     gap = rel_gap(last(orig), last(bf16))
     assert gap <= tolerance, f"final loss differs by {gap:.3%} (tolerance {tolerance:.1%})"
 

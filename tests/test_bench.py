@@ -13,7 +13,7 @@ from functools import partial
 
 import pytest
 
-from autoaccel.bench import command, runner
+from autoaccel.bench import command
 from autoaccel.bench.compare import (
     EXACT,
     FASTER,
@@ -35,8 +35,9 @@ from autoaccel.bench.report import (
     throughput_title,
     write_report,
 )
-from autoaccel.bench.runner import Run, merge_ranks
 from autoaccel.convert.log import ConvertOptions
+from autoaccel.run import runner
+from autoaccel.run.runner import Run, merge_ranks
 from command_runs import autoaccel, runs_on_fixtures
 from running import FIXTURES_DIR, fixture_names, runs_fixture
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autoaccel.config import ConfigError, convert_options, convert_settings
+from autoaccel.config import ConfigError
 from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.settings import convert_options, convert_settings
 
 TRAIN = """\
 import torch

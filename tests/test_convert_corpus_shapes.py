@@ -17,7 +17,7 @@ import pytest
 from autoaccel.analysis.side_effects import EffectKind, find_side_effects
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
-from autoaccel.lint.engine import parse
+from autoaccel.source import parse
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 DDP = ConvertOptions(target="ddp", amp="off")

@@ -2,7 +2,7 @@
 
 Each fixture is converted with `--to ddp --amp off`, then run three ways:
 
-* the original, under `autoaccel.harness` (the loss of every backward call);
+* the original, under `autoaccel.run.harness` (the loss of every backward call);
 * the conversion with plain `python`: one process, so it must train like the original
   (same comparison as tests/test_convert_runs.py for `--amp off`);
 * the conversion under `torchrun --standalone --nproc_per_node=2`, through a probe that
@@ -67,7 +67,7 @@ DDP_TOL.update(
 )
 
 PROBE = textwrap.dedent("""\
-    # Run a script under `python -m autoaccel.harness` (losses-<rank>.json) and write
+    # Run a script under `python -m autoaccel.run.harness` (losses-<rank>.json) and write
     # probe-<rank>.json: the indices every DistributedSampler pass yielded and the files
     # torch.save wrote.
     import json
@@ -77,7 +77,7 @@ PROBE = textwrap.dedent("""\
     import torch
     from torch.utils.data import DistributedSampler
 
-    from autoaccel import harness
+    from autoaccel.run import harness
 
     probe = {"passes": [], "saves": []}
     sampler_iter, save = DistributedSampler.__iter__, torch.save

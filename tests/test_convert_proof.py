@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from autoaccel.bench.runner import Run
 from autoaccel.convert import command
 from autoaccel.convert.verify import Check, VerifyRequest
+from autoaccel.run.runner import Run
 from running import run_autoaccel
 
 SCRIPT = Path(__file__).resolve().parent.parent / "fixtures" / "ddp" / "summed_loss.py"

@@ -11,16 +11,16 @@ import textwrap
 
 import pytest
 
-from autoaccel.bench.runner import Run
 from autoaccel.convert.log import ConvertOptions, Skipped
 from autoaccel.convert.pipeline import Conversion, convert_source
 from autoaccel.convert.verify import checks, crashes, user_place
+from autoaccel.run.runner import Run
 from test_convert_fsdp import convert
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
 HARNESS_FRAMES = """\
 Traceback (most recent call last):
-  File "/work/autoaccel/harness.py", line 173, in run_as_main
+  File "/work/autoaccel/run/harness.py", line 173, in run_as_main
     runpy.run_path(script, run_name="__main__")
   File "<frozen runpy>", line 291, in run_path
   File "<frozen runpy>", line 88, in _run_code

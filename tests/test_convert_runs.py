@@ -1,7 +1,7 @@
 """Proof by running: every fixture trains the same after `autoaccel convert`.
 
 Each fixture is converted with the default options (`--amp bf16`), then the original and the
-conversion run on CPU under `autoaccel.harness`, which records the loss of every backward
+conversion run on CPU under `autoaccel.run.harness`, which records the loss of every backward
 call. The conversion enables autocast only on CUDA (`enabled=device.type == "cuda"`), so on
 this CPU it computes in float32 like the original: its first epoch must print the original's
 losses exactly. Run again with `AUTOACCEL_FORCE_AUTOCAST=1` (the harness then enables every

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from autoaccel.bench.runner import Run
 from autoaccel.convert.verify import Check, checks
+from autoaccel.run.runner import Run
 from running import (
     DDP_OPTIONS,
     SessionRuns,

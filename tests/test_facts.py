@@ -317,7 +317,7 @@ with open(OUT + ".txt", "w") as log:
 
 @pytest.fixture(scope="module")
 def tiny_facts(tmp_path_factory):
-    from autoaccel.facts import FactsRequest, collect_facts
+    from autoaccel.run.facts import FactsRequest, collect_facts
 
     folder = tmp_path_factory.mktemp("tiny")
     script = folder / "tiny.py"

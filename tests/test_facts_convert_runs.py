@@ -24,7 +24,7 @@ pytestmark = pytest.mark.runs
 ARGS = ("--epochs", "2")
 PROBE = textwrap.dedent("""\
     import sys
-    from autoaccel import harness
+    from autoaccel.run import harness
     sys.exit(harness.main(["--losses-out", "record-{rank}.json", *sys.argv[1:]]))
     """)
 

@@ -1,7 +1,7 @@
 """Smoke tests for the training-script fixtures in fixtures/.
 
 Every fixture is run unmodified, on CPU, in a temporary working directory, under
-`autoaccel.harness` (which only records the losses): the very run the conversion tests
+`autoaccel.run.harness` (which only records the losses): the very run the conversion tests
 compare with, done once per session. All of them must train and exit 0, except
 legacy_pytorch03.py, which is written for PyTorch 0.3 and must crash on current PyTorch
 (``loss.data[0]`` on a 0-dim tensor) - converting it is what fixes it.

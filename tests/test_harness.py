@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
-from autoaccel import harness  # noqa: E402
+from autoaccel.run import harness  # noqa: E402
 from autoaccel.tune.capture import capture_loaders  # noqa: E402
 
 TRAIN = textwrap.dedent("""\

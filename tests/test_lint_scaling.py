@@ -14,9 +14,10 @@ import pytest
 
 from autoaccel.config import LintSettings
 from autoaccel.fileio import MAX_SOURCE_BYTES
-from autoaccel.lint.engine import lint_source, parse
-from autoaccel.lint.long_strings import LongConcatenatedString
+from autoaccel.lint.engine import lint_source
 from autoaccel.lint.runner import Mode, Overrides, lint_file
+from autoaccel.long_strings import LongConcatenatedString
+from autoaccel.source import parse
 from running import sigint_as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.positions import Positions, SourcePositions, TopLevelPositions
-from autoaccel.lint.engine import parse_checked
 from autoaccel.module_code import ModuleCode
+from autoaccel.source import parse_checked
 from corpus import layouts, sources
 
 

@@ -226,7 +226,7 @@ def _product_runs() -> str:
 
 @pytest.mark.runs
 def test_a_run_through_the_shim_is_a_run_of_the_interpreter(tmp_path):
-    """`-u -m autoaccel.harness` with a PYTHONPATH entry, forked by the server: the same exit
+    """`-u -m autoaccel.run.harness` with a PYTHONPATH entry, forked by the server: the same exit
     code, output bytes, environment, `sys.path`, `sys.argv` and streams as the interpreter's."""
     shim = _product_runs()
     (tmp_path / "lib").mkdir()
@@ -238,7 +238,7 @@ def test_a_run_through_the_shim_is_a_run_of_the_interpreter(tmp_path):
             python,
             "-u",
             "-m",
-            "autoaccel.harness",
+            "autoaccel.run.harness",
             "--losses-out",
             "record.json",
             "probe.py",
@@ -289,7 +289,7 @@ def _gone(pid: int) -> bool:
 def test_sigterm_to_the_shim_reaches_the_run_and_the_shim_ends_as_it(tmp_path):
     shim = _product_runs()
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    command = [shim, "-m", "autoaccel.harness", "--losses-out", "record.json", "sleeper.py"]
+    command = [shim, "-m", "autoaccel.run.harness", "--losses-out", "record.json", "sleeper.py"]
     client = subprocess.Popen(command, cwd=tmp_path, env=running._env())
     pid = _started(tmp_path, client)
     assert pid != client.pid  # forked
@@ -302,7 +302,7 @@ def test_a_killed_shim_leaves_no_run(tmp_path):
     """The product's timeout SIGKILLs the shim's process group: the server kills the run's."""
     shim = _product_runs()
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    command = [shim, "-m", "autoaccel.harness", "--losses-out", "record.json", "sleeper.py"]
+    command = [shim, "-m", "autoaccel.run.harness", "--losses-out", "record.json", "sleeper.py"]
     client = subprocess.Popen(command, cwd=tmp_path, env=running._env(), start_new_session=True)
     pid = _started(tmp_path, client)
     os.killpg(client.pid, signal.SIGKILL)
@@ -316,7 +316,7 @@ def test_a_timed_out_torchrun_job_leaves_no_process(through_the_shim, tmp_path, 
     """Forked, the agent and its workers (the workers through the shim, in sessions of
     their own): the product's timeout stops the agent's group, the server the workers'.
     Fresh: the agent, sent SIGTERM first, stops its workers."""
-    from autoaccel.bench import runner
+    from autoaccel.run import runner
 
     if through_the_shim:
         monkeypatch.setenv("AUTOACCEL_PYTHON", _product_runs())

@@ -17,8 +17,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 from bisect import bisect_left, insort
-from collections.abc import Iterator
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import libcst as cst
 

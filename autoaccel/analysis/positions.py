@@ -24,9 +24,9 @@ from libcst._nodes.internal import CodegenState
 from libcst.metadata import CodePosition, CodeRange
 
 from autoaccel.analysis.statements import statements
+from autoaccel.fileio import line_starts
 from autoaccel.module_code import Spans
 
-NEWLINE = re.compile(r"\r\n?|\n")
 INDENT = re.compile(r"[ \t\f]*")
 
 Span = tuple[int, int]  # token indices: the node's first token, one past its last
@@ -210,11 +210,6 @@ class TopLevelPositions(Positions):
             state = _SpanRecorder(module.default_indent, module.default_newline)
             generated = self._statements[top] = _Generated.of(top, state, span[0])
         return generated if node in generated.spans else self._whole_module()
-
-
-def line_starts(text: str) -> list[int]:
-    """The offset where each line of `text` starts."""
-    return [0, *(match.end() for match in NEWLINE.finditer(text))]
 
 
 class StatementLines(NamedTuple):

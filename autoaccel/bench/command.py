@@ -23,13 +23,13 @@ from rich.console import Console
 from autoaccel.bench.compare import SLOWER, default_tolerance, summarise
 from autoaccel.bench.ddp_memory import ddp_peaks
 from autoaccel.bench.report import print_result, write_report
-from autoaccel.bench.runner import Run, run_script
 from autoaccel.console import stdout_console
 from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions
 from autoaccel.convert.pipeline import ConversionError, convert_source
 from autoaccel.convert.verify import checks
 from autoaccel.fileio import os_error_message, read_source, write_atomic
-from autoaccel.lint.engine import SourceError
+from autoaccel.run.runner import Run, run_script
+from autoaccel.source import SourceError
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 

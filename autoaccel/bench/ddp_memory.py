@@ -9,10 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autoaccel.bench.runner import run_script
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
 from autoaccel.fileio import read_source, write_atomic
+from autoaccel.run.runner import run_script
 
 PEAKS = ("peak_rss_bytes", "peak_cuda_bytes")
 

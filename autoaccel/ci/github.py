@@ -93,8 +93,8 @@ def is_training_script(path: Path) -> bool:
 
     from autoaccel.analysis.script_model import LoopRole, build_script_model
     from autoaccel.fileio import read_source
-    from autoaccel.lint.engine import SourceError, might_use_torch, parse
     from autoaccel.notebook import NotebookError, is_notebook, read_notebook
+    from autoaccel.source import SourceError, might_use_torch, parse
 
     try:
         text = read_notebook(path).python if is_notebook(path) else read_source(path).text

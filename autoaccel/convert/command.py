@@ -5,11 +5,27 @@ from __future__ import annotations
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TypeVar
 
-from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions, Skipped, left_to_proof, refusals
+from autoaccel.analysis.project import project_roots
+from autoaccel.convert.finish import (
+    EXIT_CHANGED,
+    EXIT_ERROR,
+    STDOUT,
+    FinishRequest,
+    Module,
+    apply,
+    finish,
+    in_copy,
+    notebook_module,
+    project_copy,
+    script_output,
+    write_files,
+)
+from autoaccel.convert.log import MULTI_PROCESS, ConvertOptions
 from autoaccel.convert.pipeline import Conversion, ConversionError, convert_source
 from autoaccel.convert.project_conversion import (
     Project,
@@ -17,15 +33,7 @@ from autoaccel.convert.project_conversion import (
     convert_project,
     find_project,
 )
-from autoaccel.convert.report import (
-    json_report,
-    markdown_report,
-    nothing_to_do_report,
-    text_report,
-    without_launch,
-)
 from autoaccel.convert.transforms.data_parallel.step_segments import RUN_CAN_TELL
-from autoaccel.convert.transforms.distributed.init_process_group import ALREADY_DISTRIBUTED
 from autoaccel.convert.verify import (
     ORIGINAL_RUNS,
     Proof,
@@ -34,37 +42,24 @@ from autoaccel.convert.verify import (
     verify_ddp,
     write_one,
 )
-from autoaccel.diff import use_colour
-from autoaccel.facts.run import FactsRequest
 from autoaccel.fileio import (
     MAX_SOURCE_BYTES,
     FileRefused,
     SourceFile,
     mebibytes,
     os_error_message,
-    read_bytes,
     read_source,
-    write_atomic,
 )
-from autoaccel.lint.engine import TOO_DEEP, SourceError
 from autoaccel.notebook import Notebook, NotebookError, is_notebook, read_notebook
+from autoaccel.run.facts import FactsRequest, collect_facts, describe
+from autoaccel.source import TOO_DEEP, SourceError
 
 if TYPE_CHECKING:
-    from autoaccel.bench.runner import Run
     from autoaccel.facts.resolve import ConversionFacts
+    from autoaccel.run.runner import Run
 
-EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2  # EXIT_CHANGED also: refused
-STDIN = STDOUT = Path("-")  # `convert -` reads the script from stdin; `-o -` prints the result
-
-
-def report_stream(output: Path | None) -> TextIO:
-    """Where the report goes: stderr when stdout carries the converted code."""
-    return sys.stderr if output == STDOUT else sys.stdout
-
-
-def _file_output(output: Path | None) -> Path | None:
-    """The file or folder `-o` writes to (None for none, or for stdout)."""
-    return None if output == STDOUT else output
+STDIN = STDOUT  # `convert -` reads the script from stdin
+Converted = TypeVar("Converted", Conversion, ProjectConversion)
 
 
 def _read_stdin() -> SourceFile:
@@ -102,79 +97,45 @@ def run_convert(
     (`autoaccel.facts`); None: never run it
     (`--no-run`). A run for facts of as many steps as `verify` takes is the original's
     run of the proof too."""
-    notebook: Notebook | None = None
     try:
-        source = _read_stdin() if from_stdin else None
-        if is_notebook(path):
-            if options.target != "single":
-                raise NotebookError("notebooks convert with `--to single` only")
-            notebook = Notebook(source.text) if source else read_notebook(path)
-            text, encoding, original = notebook.python, "utf-8", notebook.text.encode("utf-8")
-        else:
-            source = source or read_source(path)
-            text, encoding, original = source.text, source.encoding, source.raw
+        read = _read(path, options.target, from_stdin)
     except OSError as error:
         print(f"{path}:1:1: error: {os_error_message(error)}", file=sys.stderr)
         return EXIT_ERROR
     except (UnicodeDecodeError, SyntaxError, NotebookError) as error:
         print(f"{path}:1:1: error: {error}", file=sys.stderr)
         return EXIT_ERROR
-    try:
-        # A script whose training code lives in modules of its project converts with them.
-        project = find_project(path, source) if notebook is None else None
-        if project is not None:
-            from autoaccel.convert.project_command import (
-                finish_project,
-                script_output,
-            )  # builds on this module
+    request = FinishRequest(
+        options.target, write, output, check, report_format, allow_partial, force,
+        proof=verify is not None,
+    )  # fmt: skip
+    return _convert_and_finish(path, read, options, request, facts, verify, unproven)
 
-            name = str(script_output(project, output))
-            result = convert_project(project, options, name)
-            if facts is not None and needs_facts_in_project(result, project, options):
-                given, ran = _run_facts(
-                    project.script.path, project.script.source.text, facts, options
-                )
-                if given is not None:
-                    result = convert_project(project, options, name, given)
-                verify = _with_original(verify, ran)
-            line = already_distributed(
-                options, [s for f in result.files for s in f.conversion.log.skipped]
-            )
-            if line is not None:
-                report_stream(output).write(nothing_to_do_report(str(path), line, report_format))
-                return EXIT_OK
-            return finish_project(
-                project,
-                result,
-                options,
-                write,
-                output,
-                check,
-                report_format,
-                allow_partial,
-                force,
-                verify,
-                unproven,
-            )
-        # The launch commands of `--to ddp` name the script that will run.
-        name = str(_file_output(output) or path)
-        conversion = convert_source(text, options, name)
-        # (a script that calls no `.step(` has no optimizer step for a run to find)
-        if (
-            facts is not None
-            and notebook is None
-            and ".step(" in text
-            and needs_facts(conversion, options)
-        ):
-            given, ran = _run_facts(path, text, facts, options)
-            if given is not None:
-                conversion = convert_source(text, options, name, given)
-            verify = _with_original(verify, ran)
-        converted = notebook.with_python(conversion.converted) if notebook else conversion.converted
+
+def _convert_and_finish(
+    path: Path,
+    read: SourceFile | Notebook,
+    options: ConvertOptions,
+    request: FinishRequest,
+    facts: FactsRequest | None,
+    verify: VerifyRequest | None,
+    unproven: str,
+) -> int:
+    """Convert what was read, prove it where `verify` asks (once nothing else stops the
+    writes), then report and write it; each error said in one line (exit 2)."""
+    try:
+        modules, project, verify = _convert(path, read, options, request.output, facts, verify)
+        plan = finish(modules, request, project)
+        proof = Proof(not_run=unproven) if unproven else None
+        if verify is not None and not plan.decided:
+            proof = _prove(modules, project, verify)
+            if proof is None:
+                return EXIT_CHANGED
+        return apply(plan, proof)
     except SourceError as error:
         where = f"{error.line}:{error.column}"
-        if notebook is not None:
-            where = str(notebook.cell_range(error.line, error.column, error.line, error.column))
+        if isinstance(read, Notebook):
+            where = str(read.cell_range(error.line, error.column, error.line, error.column))
         print(f"{path}:{where}: {error.message}", file=sys.stderr)
         return EXIT_ERROR
     except ConversionError as error:
@@ -198,50 +159,80 @@ def run_convert(
         )
         return EXIT_ERROR
 
-    line = already_distributed(options, conversion.log.skipped)
-    if line is not None:
-        report_stream(output).write(nothing_to_do_report(str(path), line, report_format))
-        return EXIT_OK  # and nothing written
-    ahead = proof_ahead(verify, write, output)
-    wrong = refusals(conversion.log.skipped, ahead)
-    if wrong and not allow_partial:
-        # refused: nothing is written, so there is nothing to run
-        refused = without_launch(_readable(conversion, notebook))
-        _print_report(refused, str(path), report_format, False, report_stream(output))
-        print_not_applied(path, wrong, "error")
-        print_refused(path, options)
-        return EXIT_CHANGED
-    writes = [_Write(output, converted, encoding)] if output is not None else []
-    if write and conversion.changed:
-        writes.append(_Write(path, converted, encoding, original))
-    if _file_output(output) is not None or write:
-        folder = (_file_output(output) or path).parent
-        launchers = launcher_writes(folder, conversion.log.extra_files, force)
-        if launchers is None:
-            return EXIT_ERROR
-        writes += launchers
-    proof = Proof(not_run=unproven) if unproven else None
-    if verify is not None:  # once nothing else stops the writes
-        proof = verified(path, write_one(path, conversion.converted), verify, [])
-        if proof is None:
-            return EXIT_CHANGED
-    writing = write or output is not None
-    report = report_stream(output)
-    _print_report(_readable(conversion, notebook), str(path), report_format, writing, report, proof)
-    print_not_applied(path, wrong, "warning")
-    print_not_applied(path, left_to_proof(conversion.log.skipped, ahead), "note")
-    for item in writes:
-        try:
-            if item.path == STDOUT:
-                sys.stdout.write(item.text)
-            else:
-                write_atomic(item.path, item.text, item.encoding, item.original)
-        except OSError as error:
-            print(f"{item.path}: error: not written: {os_error_message(error)}", file=sys.stderr)
-            return EXIT_ERROR
-    if check and conversion.changed:
-        return EXIT_CHANGED
-    return EXIT_OK
+
+def _read(path: Path, target: str, from_stdin: bool) -> SourceFile | Notebook:
+    """The script at `path` (or on stdin), or the notebook."""
+    source = _read_stdin() if from_stdin else None
+    if not is_notebook(path):
+        return source or read_source(path)
+    if target != "single":
+        raise NotebookError("notebooks convert with `--to single` only")
+    return Notebook(source.text) if source else read_notebook(path)
+
+
+def _convert(
+    path: Path,
+    read: SourceFile | Notebook,
+    options: ConvertOptions,
+    output: Path | None,
+    facts: FactsRequest | None,
+    verify: VerifyRequest | None,
+) -> tuple[list[Module], Project | None, VerifyRequest | None]:
+    """The converted modules (the script first), the project they belong to (None for a
+    file alone), and `verify` (see `_with_facts`). The launch commands of `--to ddp` name
+    the script that will run."""
+    if isinstance(read, Notebook):
+        conversion = convert_source(read.python, options, str(script_output(path, output)))
+        return [notebook_module(path, read, conversion)], None, verify
+    # A script whose training code lives in modules of its project converts with them.
+    project = find_project(path, read)
+    if project is None:
+        name, text = str(script_output(path, output)), read.text
+        conversion, verify = _with_facts(
+            lambda given: convert_source(text, options, name, given),
+            # (a script that calls no `.step(` has no optimizer step for a run to find)
+            lambda done: ".step(" in text and needs_facts(done, options),
+            path,
+            text,
+            facts,
+            options,
+            verify,
+        )
+        return [Module(path, read, conversion, conversion.converted)], None, verify
+    name = str(script_output(path, output, project))
+    result, verify = _with_facts(
+        lambda given: convert_project(project, options, name, given),
+        lambda done: needs_facts_in_project(done, project, options),
+        path,
+        read.text,
+        facts,
+        options,
+        verify,
+    )
+    files = result.files
+    return (
+        [Module(f.file.path, f.file.source, f.conversion, f.conversion.converted) for f in files],
+        project,
+        verify,
+    )
+
+
+def _prove(modules: list[Module], project: Project | None, request: VerifyRequest) -> Proof | None:
+    """`verified` of the converted script beside the original's modules, or of a copy of
+    its project with the converted files (what `-o DIR` writes)."""
+    script = modules[0].path
+    if project is None:
+        return verified(script, write_one(script, modules[0].text), request, [])
+    roots = project_roots(script)
+
+    def write_copy(folder: Path) -> tuple[Path, list[Path]]:
+        copies = project_copy(project, folder, modules)
+        write_files(copies, {item.path.parent for item in copies})
+        return script_output(script, folder, project), [
+            in_copy(project, folder, root) for root in roots
+        ]
+
+    return verified(script, write_copy, request, roots)
 
 
 # The refusal of the wrap and shard steps that facts from a run can answer.
@@ -277,9 +268,7 @@ def _run_facts(
     (`autoaccel.facts.collect_facts`), saying on stderr that it runs, why, and what the run
     established: its facts (None when it showed nothing: it failed before a training
     step, and the static conversion stands), and the harness's record of the run."""
-    from autoaccel.facts import collect_facts
     from autoaccel.facts.resolve import ConversionFacts
-    from autoaccel.facts.run import describe
 
     steps = f"{request.steps} training steps"
     why = (
@@ -305,6 +294,25 @@ def _run_facts(
     return ConversionFacts(ran.facts, path, text), ran.run
 
 
+def _with_facts(
+    convert: Callable[[ConversionFacts | None], Converted],
+    needs: Callable[[Converted], bool],
+    path: Path,
+    text: str,
+    request: FactsRequest | None,
+    options: ConvertOptions,
+    verify: VerifyRequest | None,
+) -> tuple[Converted, VerifyRequest | None]:
+    """`convert` statically; where that `needs` a run (see `needs_facts`) and `request`
+    allows one, again with the facts of a run of the script `path` (whose text is `text`).
+    With `verify`, that run as the original's run of the proof (see `_with_original`)."""
+    converted = convert(None)
+    if request is None or not needs(converted):
+        return converted, verify
+    given, ran = _run_facts(path, text, request, options)
+    return (converted if given is None else convert(given)), _with_original(verify, ran)
+
+
 def _with_original(verify: VerifyRequest | None, ran: Run | None) -> VerifyRequest | None:
     """`verify` with the original's run for facts, when that ran the steps the proof
     runs (then the original does not run twice)."""
@@ -313,17 +321,6 @@ def _with_original(verify: VerifyRequest | None, ran: Run | None) -> VerifyReque
     exit_status, steps = ran.record.get("exit"), len(ran.record.get("losses") or [])
     same = exit_status == "ok" or (exit_status == "max-steps" and steps == verify.steps)
     return replace(verify, original=ran) if same else verify
-
-
-def already_distributed(options: ConvertOptions, skipped: list[Skipped]) -> int | None:
-    """The line where the script starts torch.distributed or wraps a model in DDP itself
-    (nanoGPT), when that is all that stops `--to ddp`: then there is nothing to do. (A
-    `torch.distributed.launch` or apex script is migrated instead; one whose migration
-    fails is refused for what is left, and `--to fsdp` of a DDP script is refused.)"""
-    wrong = [s for s in skipped if s.wrong]
-    if options.target == "ddp" and len(wrong) == 1 and wrong[0].reason == ALREADY_DISTRIBUTED:
-        return wrong[0].line
-    return None
 
 
 def verified(
@@ -372,47 +369,6 @@ def verified(
     return None
 
 
-def proof_ahead(verify: VerifyRequest | None, write: bool, output: Path | None) -> bool:
-    """Whether a proof runs before the result is written: it will (`verify`), or the
-    command only previews, and writing it would run one."""
-    return verify is not None or (not write and output is None)
-
-
-def print_not_applied(path: Path, items: list[Skipped], level: str) -> None:
-    for item in items:
-        where = f"{path}:{item.line}:1" if item.line else str(path)
-        print(f"{where}: {level}: {item.what} not applied: {item.reason}", file=sys.stderr)
-
-
-def print_refused(path: Path, options: ConvertOptions) -> None:
-    why = (
-        "no DataParallel was added" if options.target == "dp"
-        else "the result would not train like the original"
-    )  # fmt: skip
-    print(
-        f"{path}: error: --to {options.target} refused: {why} (see above); nothing written."
-        " `--allow-partial` writes it anyway.",
-        file=sys.stderr,
-    )
-
-
-def launcher_writes(folder: Path, files: dict[str, str], force: bool) -> list[_Write] | None:
-    """The launcher files (`train.sbatch`, ...) to write into `folder`, those already
-    there as they are left out; None (each named) when one exists with other contents
-    and not `force`: then nothing may be written."""
-    launchers = [_Write(folder / name, text) for name, text in files.items()]
-    clashing = [item for item in launchers if item.path.exists() and not _written(item)]
-    if clashing and not force:
-        for item in clashing:
-            print(
-                f"{item.path}: error: exists with other contents; not replaced, and"
-                " nothing written (--force replaces it)",
-                file=sys.stderr,
-            )
-        return None
-    return [item for item in launchers if not _written(item)]
-
-
 def _details_saved(details: str) -> str:
     """Black's way with an internal error: the long part goes to a log file, the
     message says where (empty when there is nothing to save or no file to save it in)."""
@@ -426,45 +382,3 @@ def _details_saved(details: str) -> str:
     except OSError:
         return ""
     return f" (details: {log.name})"
-
-
-@dataclass(frozen=True)
-class _Write:
-    path: Path
-    text: str
-    encoding: str = "utf-8"
-    original: bytes | None = None  # what the file held when it was read
-
-
-def _written(item: _Write) -> bool:
-    """Whether the file at `item.path` holds `item.text` already."""
-    try:
-        return read_bytes(item.path) == item.text.encode(item.encoding)
-    except OSError:
-        return False
-
-
-def _readable(conversion: Conversion, notebook: Notebook | None) -> Conversion:
-    """For a notebook, the conversion of its cells shown as a percent script
-    (`# %% [cell N]` headers, magics as written) so that the diff reads like the notebook."""
-    if notebook is None:
-        return conversion
-    return Conversion(
-        notebook.render(conversion.original), notebook.render(conversion.converted), conversion.log
-    )
-
-
-def _print_report(
-    conversion: Conversion,
-    path: str,
-    report_format: str,
-    writing: bool,
-    stream: TextIO,
-    proof: Proof | None = None,
-) -> None:
-    if report_format == "markdown":
-        stream.write(markdown_report(conversion, path))
-    elif report_format == "json":
-        stream.write(json_report(conversion, path, proof))
-    elif not writing or conversion.log.changes or conversion.log.skipped:
-        stream.write(text_report(conversion, path, use_colour(stream), proof))

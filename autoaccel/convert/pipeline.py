@@ -31,8 +31,8 @@ from autoaccel.convert.transform import (
 from autoaccel.analysis.index import repeats_a_node, repeats_a_node_since
 from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_statements
-from autoaccel.lint.engine import compile_quietly, parse
 from autoaccel.module_code import ModuleCode
+from autoaccel.source import compile_quietly, parse
 
 if TYPE_CHECKING:
     from autoaccel.convert.transforms.rule_fixes import RuleFixes

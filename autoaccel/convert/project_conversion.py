@@ -38,7 +38,7 @@ from autoaccel.convert.pipeline import (
 from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY
 from autoaccel.convert.transforms.data_parallel import settle_project_refusals
 from autoaccel.fileio import SourceFile, read_source
-from autoaccel.lint.engine import parse
+from autoaccel.source import parse
 
 if TYPE_CHECKING:
     from autoaccel.facts.resolve import ConversionFacts

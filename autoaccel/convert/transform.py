@@ -35,8 +35,8 @@ from autoaccel.convert.dispatch import (
 )
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts, FactsResolver
-from autoaccel.lint.engine import python_tree
 from autoaccel.module_code import ModuleCode
+from autoaccel.source import python_tree
 
 OPTIONS_KEY = "autoaccel.options"
 LOG_KEY = "autoaccel.log"

@@ -5,9 +5,9 @@ The original runs for a few steps in one process (or its run for facts is reused
 training epochs cut short after a quarter of the steps, so that the run goes through the
 ends of epochs (their prints, averages and saves); the conversion runs under
 `torchrun --nproc_per_node=2` (gloo), its processes' epochs cut where they have handed out,
-together, what the original's epoch did (`autoaccel.harness --epoch-steps/--epoch-samples`), both in the current folder
+together, what the original's epoch did (`autoaccel.run.harness --epoch-steps/--epoch-samples`), both in the current folder
 (relative data paths work) with their writes sent to a scratch folder (the script's
-files stay as they are), both under `autoaccel.harness`, which records each rank's
+files stay as they are), both under `autoaccel.run.harness`, which records each rank's
 losses, the samples each step trained on, the files it wrote (`torch.save` and every
 file opened for writing), the lines it printed and a digest of every optimizer's
 parameters at the first step and at the end. The checks are the ones the tests make on
@@ -47,12 +47,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autoaccel.bench.runner import Run, run_script
 from autoaccel.convert.log import DIFFERENT_DATA
 from autoaccel.diff import original_line
 from autoaccel.facts.user_code import is_user_file
-from autoaccel.harness import EpochCut
 from autoaccel.fileio import write_atomic
+from autoaccel.run.harness import EpochCut
+from autoaccel.run.runner import Run, run_script
 
 PROCESSES = 2
 DEFAULT_STEPS = 20

@@ -2,25 +2,13 @@
 positions that did it (the MonkeyType approach: record at run time, rewrite statically).
 
 * `model`: `RunFacts` and its parts (JSON in, dataclasses out);
-* `recorder`: the child side, run inside `autoaccel.harness` (torch imported there only);
-* `run`: `collect_facts`, the parent side (a child process with a timeout and a step limit);
+* `recorder`: the child side, run inside `autoaccel.run.harness` (torch imported there only);
 * `resolve`: `FactsResolver`, from recorded positions to the LibCST nodes of a module.
 
+The parent side, `collect_facts`, is `autoaccel.run.facts`: it runs the script.
 Importing this package imports neither torch nor LibCST.
 """
 
 from autoaccel.facts.model import Called, Forward, Made, Printed, RunFacts, Site, Write
-from autoaccel.facts.run import FactsRequest, FactsRun, collect_facts
 
-__all__ = [
-    "Called",
-    "FactsRequest",
-    "FactsRun",
-    "Forward",
-    "Made",
-    "Printed",
-    "RunFacts",
-    "Site",
-    "Write",
-    "collect_facts",
-]
+__all__ = ["Called", "Forward", "Made", "Printed", "RunFacts", "Site", "Write"]

@@ -1,7 +1,7 @@
 """The child side of a fact run: patches that record, keyed to source positions, what the
 script makes and calls (see `autoaccel.facts.model` for the JSON it writes).
 
-It runs inside `autoaccel.harness` (same scratch folder and step limit): the harness
+It runs inside `autoaccel.run.harness` (same scratch folder and step limit): the harness
 enters `FactRecorder.patches()` after its own when ``AUTOACCEL_FACTS_OUT`` names the output
 file, tells it the samples of each batch a DataLoader hands out, and calls `write()` when
 the script has ended. torch is imported only inside the
@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from autoaccel.facts.model import MAX_SEEN, VERSION
 from autoaccel.facts.user_code import is_user_file, user_frame
+from autoaccel.patching import patched
 
 FACTS_ENV = "AUTOACCEL_FACTS_OUT"
 _WRITE_MODES = frozenset("wax+")
@@ -242,8 +243,6 @@ class FactRecorder:
             register_module_forward_pre_hook,
         )
         from torch.utils.data import DataLoader, sampler
-
-        from autoaccel.harness import patched
 
         stack = ExitStack()
         stack.enter_context(patched(torch.nn.Module, "__init__", self._made("modules")))

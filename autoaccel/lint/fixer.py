@@ -14,9 +14,10 @@ from autoaccel.diff import original_line
 from autoaccel.formatting import format_inserted_code, format_inserted_statements
 from autoaccel.analysis.index import repeats_a_node
 from autoaccel.analysis.script_model import ProjectContext, ScriptModel
-from autoaccel.lint.engine import Analysis, SourceError, analyse
+from autoaccel.lint.engine import Analysis, analyse
 from autoaccel.lint.rule import Applicability, Diagnostic, Fix, Note, Replacement
 from autoaccel.module_code import ModuleCode
+from autoaccel.source import SourceError
 
 MAX_ROUNDS = 10
 

@@ -24,9 +24,10 @@ from autoaccel.fileio import (
     read_source,
     write_atomic,
 )
-from autoaccel.lint.engine import TOO_DEEP, SourceError, analyse, interruptible
+from autoaccel.lint.engine import analyse
 from autoaccel.lint.rule import Diagnostic
 from autoaccel.notebook import CellRange, Notebook, NotebookError, is_notebook, read_notebook
+from autoaccel.source import TOO_DEEP, SourceError, interruptible
 
 PARALLEL_THRESHOLD = 4  # below this many files a process pool costs more than it saves
 

@@ -16,7 +16,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from autoaccel.harness import StopScript, patched, run_as_main
+from autoaccel.patching import patched
+from autoaccel.run.harness import StopScript, run_as_main
 
 # DataLoader arguments that only make sense with worker processes.
 _WORKER_ONLY = ("persistent_workers", "prefetch_factor", "multiprocessing_context", "timeout")

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from autoaccel.bench.runner import python_command
 from autoaccel.console import stdout_console
+from autoaccel.run.runner import python_command
 from autoaccel.tune.sweep import LoaderSetting, Measurement, clearly_faster
 
 EXIT_OK, EXIT_ERROR = 0, 2
@@ -114,8 +114,9 @@ def convert_choices(script: Path, loaders: list[dict[str, Any]]) -> list[dict[st
     of ACC101's fix (None when it leaves them) and `reason` why it leaves them, if it says."""
     from autoaccel.config import LintSettings
     from autoaccel.fileio import read_source
-    from autoaccel.lint.engine import SourceError, analyse
+    from autoaccel.lint.engine import analyse
     from autoaccel.rules.acc101_dataloader_without_workers import WORKERS
+    from autoaccel.source import SourceError
 
     try:
         analysis = analyse(
@@ -284,7 +285,7 @@ def _keywords(loader: dict[str, Any]) -> dict[str, str | None]:
 def _write(script: Path, loaders: list[dict[str, Any]], err: Console) -> int:
     from autoaccel.convert.pipeline import ConversionError
     from autoaccel.fileio import os_error_message, read_source, write_atomic
-    from autoaccel.lint.engine import SourceError
+    from autoaccel.source import SourceError
     from autoaccel.tune.set_loader_arguments import set_loader_arguments
 
     wanted = {

@@ -12,7 +12,7 @@ from autoaccel.convert.pipeline import Conversion, check_result
 from autoaccel.convert.transform import Transform, new_context
 from autoaccel.cst_edit import code_of, remove_keyword, set_keyword
 from autoaccel.formatting import format_inserted_code
-from autoaccel.lint.engine import parse
+from autoaccel.source import parse
 
 WANTED_KEY = "autoaccel.tune.wanted"
 RESOLVED_KEY = "autoaccel.tune.resolved"

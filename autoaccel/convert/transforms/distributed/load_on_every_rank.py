@@ -21,7 +21,7 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 from autoaccel.cst_edit import keyword_value, set_keyword
 
-MAP_TO_LOCAL_GPU = '{"cuda:0": f"cuda:{%s}"}' % LOCAL_RANK
+MAP_TO_LOCAL_GPU = '{"cuda:0": f"cuda:{' + LOCAL_RANK + '}"}'
 
 
 class LoadOnEveryRank(DistributedStep):

@@ -19,7 +19,7 @@ from typing import Sequence
 import libcst as cst
 from libcst._nodes.internal import CodegenState, visit_sequence
 
-from autoaccel.analysis.positions import line_starts
+from autoaccel.fileio import line_starts
 
 # Parts from which a concatenation is parsed as one node; a rule never looks inside.
 MAX_PARTS = 100

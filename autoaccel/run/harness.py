@@ -1,6 +1,6 @@
 """Run a training script unchanged and record every training step.
 
-    python -m autoaccel.harness --losses-out PATH [--max-steps N] [--seed S]
+    python -m autoaccel.run.harness --losses-out PATH [--max-steps N] [--seed S]
                                 [--align-loader-rng] [--progress PATH] [--scratch DIR]
                                 [--epoch-steps K | --epoch-samples S]
                                 SCRIPT [script args...]
@@ -55,7 +55,7 @@ samples it trained on,
 ``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
 DataLoader in the order the script starts them (the same order on every rank), or None when
 the loader has no indices (an ``IterableDataset``). Samples that two ranks both trained on
-in the same pass are then counted once (`autoaccel.bench.runner.merge_ranks`).
+in the same pass are then counted once (`autoaccel.run.runner.merge_ranks`).
 
 The record (JSON, written on every exit path; ``{rank}`` in PATH becomes ``$RANK``):
 ``losses``, ``times`` (``perf_counter`` at each step), ``samples`` (cumulative samples at each
@@ -84,12 +84,14 @@ import tempfile
 import time
 import traceback
 from collections import deque
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from autoaccel.facts.user_code import user_frame
+from autoaccel.patching import patched
 
 # Attribute set on tensors returned by GradScaler.scale: the scale tensor they carry.
 _SCALE_ATTR = "_autoaccel_loss_scale"
@@ -151,17 +153,6 @@ class StepRecord:
     epochs_cut: int = 0  # training epochs `--epoch-steps`/`--epoch-samples` cut short
     epoch_samples: int | None = None  # the samples the first of them handed out
     exit: str = "ok"
-
-
-@contextmanager
-def patched(owner: Any, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
-    """Replace `owner.name` by `make(original)` for the duration of the block."""
-    original = getattr(owner, name)
-    setattr(owner, name, make(original))
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 def run_as_main(script: str, args: list[str], patches: ExitStack) -> str:
@@ -650,7 +641,7 @@ def record_steps(
 def _fact_recorder(script: str, latest_batch: Callable[[], int | None]) -> Any:
     """`autoaccel.facts`' recorder and its output path, when ``AUTOACCEL_FACTS_OUT`` asks
     for facts (an environment variable, as `AUTOACCEL_FORCE_AUTOCAST`: it reaches the
-    harness through `autoaccel.bench.runner.run_script`); None otherwise."""
+    harness through `autoaccel.run.runner.run_script`); None otherwise."""
     from autoaccel.facts.recorder import recorder_from_env
 
     return recorder_from_env(script, latest_batch)
@@ -667,7 +658,7 @@ def _end_process_group() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m autoaccel.harness", description=__doc__.split("\n")[0]
+        prog="python -m autoaccel.run.harness", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--losses-out", required=True, help="JSON output path; {rank} is replaced")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after N training steps")

@@ -1,5 +1,5 @@
 """The parent side of a fact run: run the script for a few training steps under
-`autoaccel.harness` in a child process (`autoaccel.bench.runner.run_script`: a timeout,
+`autoaccel.run.harness` in a child process (`autoaccel.run.runner.run_script`: a timeout,
 a step limit, `torch.save` and `open(..., "w")` sent to a scratch folder) and load what
 `autoaccel.facts.recorder` recorded there."""
 
@@ -10,19 +10,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from autoaccel.facts.model import RunFacts, Site
 from autoaccel.facts.recorder import FACTS_ENV
+from autoaccel.run.harness import EpochCut
+from autoaccel.run.runner import Run, run_script
 
 # Training steps (backward calls) a fact run takes: one whole step of a GAN (two
 # discriminator backward calls and one of the generator) and the steps and zero_grads
 # after it; more would only cost the script's time.
 FACT_STEPS = 5
 FACTS_TIMEOUT_S = 120.0
-
-if TYPE_CHECKING:
-    from autoaccel.bench.runner import Run
 
 
 @dataclass(frozen=True)
@@ -52,9 +50,6 @@ def collect_facts(
 ) -> FactsRun:
     """Run `script` with `request.script_args` in the current folder for at most
     `request.steps` training steps; its writes go to a scratch folder removed afterwards."""
-    from autoaccel.bench.runner import run_script
-    from autoaccel.harness import EpochCut
-
     started = time.perf_counter()
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with tempfile.TemporaryDirectory(prefix="autoaccel-facts-") as folder:

@@ -1,4 +1,4 @@
-"""Run a script under `autoaccel.harness` in its own process (or one per rank under
+"""Run a script under `autoaccel.run.harness` in its own process (or one per rank under
 `torch.distributed.run`) and read back what it recorded."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from autoaccel.harness import EpochCut
+from autoaccel.run.harness import EpochCut
 
 SEED = 0
 POLL_INTERVAL = 0.25  # seconds between two looks at the progress file
@@ -62,7 +63,7 @@ def harness_command(
     return [
         *launcher,
         "-m",
-        "autoaccel.harness",
+        "autoaccel.run.harness",
         "--losses-out",
         str(record_path),
         "--max-steps",
@@ -103,7 +104,7 @@ def run_script(
     as they go.
     After `timeout` seconds the run (every process of it) is stopped: an error. With
     `scratch`, the files the script writes go into that folder; with `epoch_cut`, its
-    training epochs end early (`autoaccel.harness`)."""
+    training epochs end early (`autoaccel.run.harness`)."""
     env = {**os.environ, **(env or {}), "PYTHONHASHSEED": str(SEED)}
     if import_from:
         env["PYTHONPATH"] = os.pathsep.join(
