@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -39,7 +39,7 @@ app = typer.Typer(
 )
 
 
-def _codes(values: Optional[List[str]]) -> tuple[str, ...] | None:
+def _codes(values: list[str] | None) -> tuple[str, ...] | None:
     if not values:
         return None
     return tuple(
@@ -82,7 +82,7 @@ def _root(
 
 @app.command(cls=_Command)
 def lint(
-    paths: List[str] = typer.Argument(
+    paths: list[str] = typer.Argument(
         None, metavar="PATHS", help="Files or directories; `-` reads stdin."
     ),
     output_format: OutputFormat = typer.Option(
@@ -92,13 +92,13 @@ def lint(
         metavar="FORMAT",
         help="How findings are printed: text | json | github | sarif.",
     ),
-    select: Optional[List[str]] = typer.Option(
+    select: list[str] | None = typer.Option(
         None, metavar="CODES", help="Rule codes or prefixes to run."
     ),
-    extend_select: Optional[List[str]] = typer.Option(
+    extend_select: list[str] | None = typer.Option(
         None, metavar="CODES", help="Codes to run in addition."
     ),
-    ignore: Optional[List[str]] = typer.Option(
+    ignore: list[str] | None = typer.Option(
         None, metavar="CODES", help="Rule codes or prefixes to skip."
     ),
     fix: bool = typer.Option(False, "--fix", help="Apply fixes in place."),
@@ -112,7 +112,7 @@ def lint(
     force_exclude: bool = typer.Option(
         False, "--force-exclude", help="Apply `exclude` to the paths given too (for hooks)."
     ),
-    stdin_filename: Optional[Path] = typer.Option(
+    stdin_filename: Path | None = typer.Option(
         None,
         "--stdin-filename",
         metavar="PATH",
@@ -160,7 +160,7 @@ def lint(
 
 @app.command(cls=_Command)
 def rules(
-    code: Optional[str] = typer.Argument(None, metavar="CODE", help="A rule code, e.g. ACC101."),
+    code: str | None = typer.Argument(None, metavar="CODE", help="A rule code, e.g. ACC101."),
 ) -> None:
     """List the rules, or print one rule's documentation."""
     from autoaccel.docs import rule_doc
@@ -206,30 +206,30 @@ def convert(
         metavar="FILE",
         help="The training script or notebook to convert; `-` reads it from stdin.",
     ),
-    to: Optional[str] = TO_OPTION,
-    amp: Optional[str] = AMP_OPTION,
-    compile_model: Optional[bool] = COMPILE_OPTION,
-    channels_last: Optional[bool] = CHANNELS_LAST_OPTION,
-    sync_bn: Optional[bool] = typer.Option(
+    to: str | None = TO_OPTION,
+    amp: str | None = AMP_OPTION,
+    compile_model: bool | None = COMPILE_OPTION,
+    channels_last: bool | None = CHANNELS_LAST_OPTION,
+    sync_bn: bool | None = typer.Option(
         None, "--sync-bn/--no-sync-bn", help="ddp: BatchNorm becomes SyncBatchNorm."
     ),
-    per_process_batch: Optional[bool] = typer.Option(
+    per_process_batch: bool | None = typer.Option(
         None,
         "--per-process-batch/--global-batch",
         help="ddp: keep the batch size per process (default: global).",
     ),
-    launcher: Optional[str] = typer.Option(
+    launcher: str | None = typer.Option(
         None,
         "--launcher",
         metavar="LAUNCHER",
         help="ddp: torchrun | slurm | spawn [default: torchrun]",
     ),
-    cpu_offload: Optional[bool] = typer.Option(
+    cpu_offload: bool | None = typer.Option(
         None,
         "--cpu-offload/--no-cpu-offload",
         help="fsdp: keep parameters, gradients and optimizer state on the CPU between uses.",
     ),
-    workers: Optional[str] = typer.Option(
+    workers: str | None = typer.Option(
         None,
         "--workers",
         metavar="WORKERS",
@@ -239,14 +239,14 @@ def convert(
     write: bool = typer.Option(
         False, "--write", help="Rewrite the file (and the project modules that change) in place."
     ),
-    output: Optional[Path] = typer.Option(
+    output: Path | None = typer.Option(
         None,
         "-o",
         "--output",
         metavar="PATH",
         help="Write the result here (a folder when project modules change too; `-`: stdout).",
     ),
-    stdin_filename: Optional[Path] = typer.Option(
+    stdin_filename: Path | None = typer.Option(
         None,
         "--stdin-filename",
         metavar="PATH",
@@ -265,7 +265,7 @@ def convert(
     force: bool = typer.Option(
         False, "--force", help="Replace launcher files (train.sbatch, spawn_train.py) that exist."
     ),
-    verify: Optional[bool] = typer.Option(
+    verify: bool | None = typer.Option(
         None,
         "--verify/--no-verify",
         help="ddp, fsdp: prove the result first: run it on 2 CPU processes (gloo) for a few steps"
@@ -284,7 +284,7 @@ def convert(
         " what a model gets is batch-first (dp), the script runs for a few steps in a child"
         " process to find out.",
     ),
-    script_args: Optional[List[str]] = typer.Argument(
+    script_args: list[str] | None = typer.Argument(
         None,
         metavar="SCRIPT_ARGS",
         help="The script's arguments, after `--`: for the short run (ddp, fsdp, dp) and the proof (ddp, fsdp).",
@@ -413,7 +413,7 @@ def config(
 )
 def tune(
     script: Path = typer.Argument(..., metavar="SCRIPT", help="The training script."),
-    script_args: Optional[List[str]] = typer.Argument(
+    script_args: list[str] | None = typer.Argument(
         None, metavar="SCRIPT_ARGS", help="Its arguments, after `--`."
     ),
     batches: int = typer.Option(
@@ -422,7 +422,7 @@ def tune(
     repeats: int = typer.Option(
         3, "--repeats", min=1, metavar="N", help="Timed passes per setting (median)."
     ),
-    max_workers: Optional[int] = typer.Option(
+    max_workers: int | None = typer.Option(
         None,
         "--max-workers",
         min=0,
@@ -446,25 +446,25 @@ def tune(
 def bench(
     ctx: typer.Context,
     script: Path = typer.Argument(..., metavar="SCRIPT", help="The training script."),
-    script_args: Optional[List[str]] = typer.Argument(
+    script_args: list[str] | None = typer.Argument(
         None, metavar="SCRIPT_ARGS", help="Its arguments, after `--`."
     ),
-    to: Optional[str] = TO_OPTION,
-    amp: Optional[str] = AMP_OPTION,
-    compile_model: Optional[bool] = COMPILE_OPTION,
-    channels_last: Optional[bool] = CHANNELS_LAST_OPTION,
+    to: str | None = TO_OPTION,
+    amp: str | None = AMP_OPTION,
+    compile_model: bool | None = COMPILE_OPTION,
+    channels_last: bool | None = CHANNELS_LAST_OPTION,
     steps: int = typer.Option(50, "--steps", min=2, metavar="N", help="Training steps per run."),
     warmup: int = typer.Option(
         5, "--warmup", min=1, metavar="N", help="Steps left out of the timing."
     ),
-    tolerance: Optional[float] = typer.Option(
+    tolerance: float | None = typer.Option(
         None,
         "--tolerance",
         min=0,
         metavar="FRACTION",
         help="Largest relative loss difference [default: by options].",
     ),
-    nproc: Optional[int] = typer.Option(
+    nproc: int | None = typer.Option(
         None,
         "--nproc",
         min=1,
@@ -481,7 +481,7 @@ def bench(
     allow_slower: bool = typer.Option(
         False, "--allow-slower", help="Exit 0 when the conversion is measurably slower."
     ),
-    report: Optional[Path] = typer.Option(
+    report: Path | None = typer.Option(
         None, "--report", metavar="FOLDER", help="Write bench.json, .png, .html here."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),

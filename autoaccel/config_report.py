@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from autoaccel.config import Sourced, config_for, lint_settings_with_sources
 from autoaccel.convert.settings import convert_settings

@@ -14,7 +14,7 @@ import ast
 import io
 import tokenize
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState, visit_sequence

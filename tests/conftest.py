@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner

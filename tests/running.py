@@ -33,7 +33,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Hashable, Iterable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Hashable, Iterable
 
 import pytest
 

@@ -10,7 +10,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 from autoaccel.git import git
 

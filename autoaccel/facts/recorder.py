@@ -27,7 +27,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from types import CodeType, FrameType
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from autoaccel.facts.model import MAX_SEEN, VERSION
 from autoaccel.facts.user_code import is_user_file, user_frame

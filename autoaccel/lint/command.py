@@ -6,7 +6,8 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from autoaccel.config import ConfigError, check_selectors, settings_for
 from autoaccel.discovery import discover

@@ -7,7 +7,8 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 from urllib.parse import quote
 
 from autoaccel import __version__

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from autoaccel.analysis.project import SCRIPT
 from autoaccel.diff import unified_diff

@@ -14,7 +14,8 @@ import os
 import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from autoaccel.patching import patched
 from autoaccel.run.harness import StopScript, run_as_main

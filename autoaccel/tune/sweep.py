@@ -12,7 +12,8 @@ candidate like the others.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 MIN_GAIN = 1.03
 PREFETCH_FACTORS = (4, 8)
