@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.dataset_cuda import MOVE_TO_LOOP, loader_cuda_use
 from autoaccel.analysis.program import Kind, Obj, argument
 from autoaccel.analysis.script_model import DATALOADER, Missing, Unknown
 from autoaccel.analysis.shapes import find
@@ -69,6 +70,11 @@ class DataLoaderWithoutWorkers(LintRule):
         # A list of samples in memory.
         "from torch.utils.data import DataLoader\nloader = DataLoader([(x, y) for x, y in pairs])\n"
         + _TRAIN,
+        # A Dataset that uses CUDA per sample: a forked worker cannot (pytorch/pytorch#77159).
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class Clips(Dataset):\n    def __getitem__(self, i):\n"
+        "        return self.augment(self.clips[i]).cuda(), self.labels[i]\n"
+        "loader = DataLoader(Clips())\n" + _TRAIN,
         # Workers on the CUDA path only (pytorch/examples' `cuda_kwargs`): the script's choice.
         "from torch.utils.data import DataLoader\nkw = {'batch_size': 8}\n"
         "if cuda:\n    kw.update({'num_workers': 1})\nloader = DataLoader(ds, **kw)\n" + _TRAIN,
@@ -104,6 +110,15 @@ class DataLoaderWithoutWorkers(LintRule):
                 node,
                 "the dataset is an IterableDataset: every worker would yield the whole stream;"
                 " split it per worker (`torch.utils.data.get_worker_info()`) before adding workers",
+            )
+            return
+        cuda = loader_cuda_use(node, self.script)
+        if cuda is not None:
+            self.note(
+                node,
+                f"the Dataset's `__getitem__` may use CUDA ({cuda}): a forked worker process"
+                f' cannot ("Cannot re-initialize CUDA in forked subprocess"); {MOVE_TO_LOOP}'
+                " to use workers",
             )
             return
         if self.script.in_memory(node) or self._rows_in_memory(node):

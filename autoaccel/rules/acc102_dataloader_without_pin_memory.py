@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.dataset_cuda import MOVE_TO_LOOP, loader_cuda_use
 from autoaccel.analysis.script_model import DATALOADER, Missing, Unknown
 from autoaccel.analysis.shapes import is_false
 from autoaccel.cst_edit import set_keyword
@@ -48,6 +49,14 @@ class DataLoaderWithoutPinMemory(LintRule):
         if isinstance(pinned, Unknown):
             return
         if isinstance(pinned, Missing) or is_false(pinned):
+            cuda = loader_cuda_use(node, self.script)
+            if cuda is not None:
+                self.note(
+                    node,
+                    f"the Dataset's `__getitem__` may use CUDA ({cuda}): its samples are on the"
+                    f" GPU, which cannot be pinned; {MOVE_TO_LOOP} to pin its batches",
+                )
+                return
             edits = (
                 {node: set_keyword(node, "pin_memory", PIN_MEMORY)}
                 if isinstance(pinned, Missing) or any(a.value is pinned for a in node.args)
