@@ -5,8 +5,9 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.dataset_cuda import loader_cuda_use
 from autoaccel.analysis.devices import ACCELERATORS
-from autoaccel.analysis.script_model import LoopRole, StepLoop, Unknown, device_leaves
+from autoaccel.analysis.script_model import StepLoop, Unknown, device_leaves
 from autoaccel.analysis.shapes import bound_names, find, is_attribute, is_false
 from autoaccel.cst_edit import set_keyword
 from autoaccel.lint.rule import Applicability, Invalid, LintRule
@@ -20,6 +21,9 @@ _LOOP = (
     "    {}\n"
     "    loss = criterion(model(x), y)\n"
     "    loss.backward()\n"
+)
+_EVALUATION = (
+    "with torch.no_grad():\n    for x, y in loader:\n        out = model(x.to(device{}))\n"
 )
 
 
@@ -58,10 +62,15 @@ class BlockingDeviceCopy(LintRule):
         # A CPU-only script.
         _LOOP.replace("'cuda'", "'cpu'").format("x = x.to(device)"),
         # An evaluation loop over pageable batches: `non_blocking` alone gains nothing
-        # (ACC102 pins only training loaders).
+        # (ACC102 pins only the loaders that feed training).
         "import torch\nfrom torch.utils.data import DataLoader\ndevice = torch.device('cuda')\n"
-        "loader = DataLoader(ds)\nwith torch.no_grad():\n    for x, y in loader:\n"
-        "        out = model(x.to(device))\n",
+        "loader = DataLoader(ds)\n" + _EVALUATION.format(""),
+        # Samples the Dataset makes on the GPU: ACC102 leaves the loader unpinned.
+        _LOOP.replace(
+            "loader = DataLoader(ds)",
+            "class Clips(torch.utils.data.Dataset):\n    def __getitem__(self, i):\n"
+            "        return self.clips[i].cuda(), self.labels[i]\nloader = DataLoader(Clips())",
+        ).format("x = x.to(device)"),
         # Batches from a loader we cannot see (pinned or not).
         _LOOP.replace("loader = DataLoader(ds)\n", "").format("x = x.to(device)"),
     ]
@@ -94,6 +103,13 @@ class BlockingDeviceCopy(LintRule):
             fixed=_LOOP.format(
                 "inputs = x.float()\n    inputs = inputs.to(device=device, non_blocking=True)"
             ),
+        ),
+        # An evaluation loop over the training loader, which ACC102 pins: in the same
+        # pass, not only once its `pin_memory` is written (another module may build it).
+        Invalid(
+            _LOOP.format("x = x.to(device, non_blocking=True)") + _EVALUATION.format(""),
+            fixed=_LOOP.format("x = x.to(device, non_blocking=True)")
+            + _EVALUATION.format(", non_blocking=True"),
         ),
     ]
 
@@ -169,7 +185,8 @@ class BlockingDeviceCopy(LintRule):
 
     def _pinned_batches(self, loop: StepLoop) -> bool:
         """Whether the loop reads a loader whose batches are page-locked, or will be once
-        ACC102 pins the loaders of training loops: from pageable memory the copy stays
+        ACC102 pins the loaders that feed a training loop (this one or another, such as
+        an evaluation loop over the training data): from pageable memory the copy stays
         synchronous whatever `non_blocking` says."""
         calls = self.script.loaders.get(loop.loader) if loop.loader is not None else None
         if not calls:
@@ -179,8 +196,10 @@ class BlockingDeviceCopy(LintRule):
             if isinstance(pinned, Unknown):
                 return False  # ACC102 cannot tell either: it leaves the loader alone
             written = isinstance(pinned, cst.BaseExpression) and not is_false(pinned)
-            if not written and loop.role is not LoopRole.TRAIN:
-                return False
+            if not written and (
+                not self.feeds_training_loop(call) or loader_cuda_use(call, self.script)
+            ):
+                return False  # ACC102 pins only training loaders of samples made on the CPU
         return True
 
     def _report(self, node: cst.Call) -> None:
