@@ -75,7 +75,8 @@ def test_without_an_optimizer_the_user_is_told_what_to_do():
 
 
 def test_compile_composes_with_data_parallel_without_compiling_the_wrapper():
-    result = convert_source(SCRIPT, ConvertOptions(amp="off", compile=True, target="dp"))
+    source = SCRIPT.replace("model = Net()", "model = Net().cuda()")  # dp needs a GPU model
+    result = convert_source(source, ConvertOptions(amp="off", compile=True, target="dp"))
     assert compile_lines(result.converted) == ["model.compile()"]
     assert "model_with_loss(x, y)" in result.converted
 

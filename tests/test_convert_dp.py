@@ -80,7 +80,7 @@ import torch.nn.functional as F
 """
 
 TOPLEVEL = IMPORTS + """
-model = nn.Linear(4, 2)
+model = nn.Linear(4, 2).cuda()
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -101,7 +101,7 @@ def test_toplevel_loss_moves_into_forward() -> None:
     log = check(
         TOPLEVEL,
         IMPORTS + wrapper() + """
-model = nn.Linear(4, 2)
+model = nn.Linear(4, 2).cuda()
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -137,7 +137,7 @@ def train(model, loader, optimizer):
         optimizer.step()
 
 
-net = nn.Linear(4, 2)
+net = nn.Linear(4, 2).cuda()
 train(net, loader, torch.optim.SGD(net.parameters(), lr=0.1))
 """,
         IMPORTS + wrapper() + """
@@ -153,7 +153,7 @@ def train(model, loader, optimizer):
         optimizer.step()
 
 
-net = nn.Linear(4, 2)
+net = nn.Linear(4, 2).cuda()
 train(net, loader, torch.optim.SGD(net.parameters(), lr=0.1))
 """,
     )
@@ -165,7 +165,7 @@ def test_class_attributes_and_outputs_read_later() -> None:
 
 class Trainer:
     def __init__(self, net):
-        self.net = net
+        self.net = net.cuda()
         self.criterion = nn.CrossEntropyLoss()
         self.optimizer = torch.optim.Adam(self.net.parameters())
 
@@ -183,7 +183,7 @@ class Trainer:
         IMPORTS + wrapper(returned="loss.unsqueeze(0), outputs") + """
 class Trainer:
     def __init__(self, net):
-        self.net = net
+        self.net = net.cuda()
         self.criterion = nn.CrossEntropyLoss()
         self.optimizer = torch.optim.Adam(self.net.parameters())
 
@@ -209,14 +209,14 @@ def test_loss_of_the_model_call_inline_and_summed_losses() -> None:
         """\
 import torch
 criterion = torch.nn.MSELoss(reduction="sum")
-model = torch.nn.Linear(4, 1)
+model = torch.nn.Linear(4, 1).cuda()
 for x, y in loader:
     loss = criterion(model(x), y)
     loss.backward()
 """,
         "import torch\n" + wrapper(nn="torch.nn") + """
 criterion = torch.nn.MSELoss(reduction="sum")
-model = torch.nn.Linear(4, 1)
+model = torch.nn.Linear(4, 1).cuda()
 model_with_loss = ModelWithLoss(model, criterion)
 if next(model.parameters()).is_cuda:  # one replica per visible GPU
     model_with_loss = torch.nn.DataParallel(model_with_loss)
@@ -376,7 +376,7 @@ def test_leaves_step_alone_with_a_reason(step: str, reason: str) -> None:
     """Refused, naming the line: `--to dp` would add no DataParallel, so the reason is a
     refusal (`wrong`: the CLI exits 1)."""
     source = IMPORTS + f"""
-model = nn.Linear(4, 2)
+model = nn.Linear(4, 2).cuda()
 criterion = nn.BCELoss()
 for x, y in loader:
     {step}
@@ -401,7 +401,7 @@ def test_tensor_made_with_the_loaders_batch_size_is_batch_first(size: str, conve
     source = IMPORTS + f"""from torch.utils.data import DataLoader, TensorDataset
 batch_size = 32
 loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size={'32' if size != 'batch_size' else 'batch_size'})
-model = nn.Bilinear(4, 2, 1)
+model = nn.Bilinear(4, 2, 1).cuda()
 criterion = nn.MSELoss()
 for (x,) in loader:
     z = torch.randn({size}, 2)
@@ -421,7 +421,7 @@ def test_tensor_made_with_the_batchs_own_size_is_batch_first(size: str) -> None:
     """`n = x.size(0)`, then `z = torch.randn(n, 2)`: `z` is split with the batch, and
     `n` itself (the whole batch's size) is no input of the wrapper."""
     source = IMPORTS + f"""
-model = nn.Bilinear(4, 2, 1)
+model = nn.Bilinear(4, 2, 1).cuda()
 criterion = nn.MSELoss()
 for x, y in loader:
     n = {size}; z = torch.randn(n, 2)
@@ -438,7 +438,7 @@ def test_full_batch_step_is_refused_once_naming_its_forward_pass() -> None:
     source = IMPORTS + """
 features = torch.randn(30, 4)
 labels = torch.randint(0, 2, (30,))
-model = nn.Linear(4, 2)
+model = nn.Linear(4, 2).cuda()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
 
@@ -464,7 +464,7 @@ def test_input_made_over_two_lines_stays_before_the_call() -> None:
     the first line was taken for one to run after the call (and `z` refused as not from
     the batch); both run before it, in order."""
     code, log = run(IMPORTS + """
-model = nn.Bilinear(4, 2, 1)
+model = nn.Bilinear(4, 2, 1).cuda()
 criterion = nn.MSELoss()
 for x, y in loader:
     n = x.size(0)
@@ -516,7 +516,7 @@ for x, y in loader:
 )
 def test_general_steps_move_into_loss_in_forward(step: str, inside: str) -> None:
     source = IMPORTS + f"""
-model = nn.Linear(4, 2)
+model = nn.Linear(4, 2).cuda()
 netD = nn.Linear(2, 1)
 netG = nn.Linear(2, 2)
 criterion = nn.BCELoss()
@@ -535,7 +535,7 @@ for x, lengths, y in loader:
 def test_unreduced_criterion_is_left_alone() -> None:
     check_unchanged(
         IMPORTS + """
-model = nn.Linear(4, 2)
+model = nn.Linear(4, 2).cuda()
 criterion = nn.CrossEntropyLoss(reduction="none")
 for x, y in loader:
     loss = criterion(model(x), y)

@@ -181,10 +181,14 @@ def _run(
     path: str | None,
     tree: cst.Module | None = None,
     facts: ConversionFacts | None = None,
+    history: list[tuple[str, str]] | None = None,
 ) -> str:
     """The code of `source` (parsed as `tree` when given) after every step of the target;
-    `facts` (of a run of the script) reach the steps through their context."""
+    `facts` (of a run of the script) reach the steps through their context. `history`:
+    the changes that made `source` from the text that ran (extended in place)."""
     state = ModuleState.of(source) if tree is None else ModuleState(tree, source)
+    if history is not None:
+        state.history = history
     if facts is not None:
         from autoaccel.facts.resolve import FACTS_KEY
 
@@ -250,16 +254,19 @@ def convert_source(
 ) -> Conversion:
     """Convert the script `source` (`path` names the result, for its launch commands),
     with the `facts` of a run of it where there was one (the second conversion, of the
-    result, is static: the run's positions are the original's).
+    result, gets them too: its lines map back to the run's through the first one's
+    changes, so a step the facts decided decides the same).
     Raises `SourceError` when it does not parse and `ConversionError` when the result
     fails a safety check."""
     log = ConversionLog()
     script = None if path.startswith("<") else path
+    history: list[tuple[str, str]] = []
     with fewer_collections():
-        converted = _run(source, options, log, script, facts=facts)
+        converted = _run(source, options, log, script, facts=facts, history=history)
         if converted != source:
             tree = check_compiles(converted, path)
-            check_stable(converted, _run(converted, options, ConversionLog(), script, tree))
+            again = _run(converted, options, ConversionLog(), script, tree, facts, list(history))
+            check_stable(converted, again)
     return Conversion(source, converted, log)
 
 

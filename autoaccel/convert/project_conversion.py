@@ -150,19 +150,21 @@ def convert_project(
 ) -> ProjectConversion:
     """Convert every file of `project` (`script_name` names the converted script in
     launch commands), with the `facts` of a run of the script where there was one (the
-    second conversion, of the result, is static, as for one file). Raises
+    second conversion, of the result, gets them too, as for one file). Raises
     `ConversionError` (its `path` set) when a result fails a safety check; nothing may
     then be written."""
     logs = [ConversionLog() for _ in project.files]
     texts = [f.source.text for f in project.files]
+    history: list[tuple[str, str]] = []  # the script's changes
     with fewer_collections():
-        converted = _run(project, texts, options, logs, script_name, facts)
+        converted = _run(project, texts, options, logs, script_name, facts, history)
         if options.target == "dp":
             settle_project_refusals(logs)
         changed = {i for i, (before, after) in enumerate(zip(texts, converted)) if before != after}
         again = converted
         if changed:  # Black's stability check: converting the result again changes no file
-            again = _run(project, converted, options, [ConversionLog() for _ in texts], script_name)
+            again_logs = [ConversionLog() for _ in texts]
+            again = _run(project, converted, options, again_logs, script_name, facts, list(history))
     for index, file in enumerate(project.files):
         if index in changed or again[index] != converted[index]:
             try:
@@ -185,14 +187,17 @@ def _run(
     logs: list[ConversionLog],
     script_name: str,
     facts: ConversionFacts | None = None,
+    history: list[tuple[str, str]] | None = None,
 ) -> list[str]:
     """Each step of the target over every file in turn, each file analysed with the
     others as they are at that moment. The steps of the script get `facts` (they map
-    its tree's lines back through the script's history; the other modules' sites are
-    resolved by `ConversionFacts.resolver_in`)."""
+    its tree's lines back through the script's `history`, extended in place; the other
+    modules' sites are resolved by `ConversionFacts.resolver_in`)."""
     from autoaccel.facts.resolve import FACTS_KEY
 
     states = [ModuleState.of(text) for text in texts]
+    if history is not None:
+        states[0].history = history
     if facts is not None:
         facts.history = states[0].history
     modules: dict[int, SourceModule] = {}  # id(tree) -> the file as the analysis reads it

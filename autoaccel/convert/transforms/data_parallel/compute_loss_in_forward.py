@@ -132,6 +132,7 @@ class ComputeLossInForward(StatementRewrite):
                 f"this training loop is in `{function.name}()`, which nothing in the program calls: left as it is",
                 loop_node,
             )
+        planned_changes = len(self.log.changes)
         simple_reasons: dict[cst.CSTNode, str] = {}
         for loop in self.script.step_loops.values():
             if loop.role is LoopRole.TRAIN and loop.node not in self.unused:
@@ -149,6 +150,18 @@ class ComputeLossInForward(StatementRewrite):
             self.pending.append((_STEP, reason + _BY_HAND, loop_node))
         for _, where, reason in general_reasons:
             self.pending.append((_STEP, reason + _BY_HAND, where))
+        if (self.sites or self.segments) and not self._may_use_a_gpu():
+            where = self._trained_model_made_here() or next(iter({**self.sites, **self.segments}))
+            self._drop_plans(planned_changes)
+            self.pending.insert(
+                0,
+                (
+                    "DataParallel (--to dp)",
+                    "the script never moves the model to a GPU (no `.cuda()`, no `.to(device)` with"
+                    " a CUDA device): `nn.DataParallel` would never run; move the model to cuda first",
+                    where,
+                ),
+            )
         # --to dp that adds no DataParallel is refused (exit 1), as --to ddp is
         refuse = not self.sites and not self.segments and not self.converted
         if refuse and not self.pending and self._trains_elsewhere(node):
@@ -174,6 +187,43 @@ class ComputeLossInForward(StatementRewrite):
             if loop.role is LoopRole.TRAIN and uncalled_function(loop, self.script.program) is None
         ]  # fmt: skip
         return bool(modules) and all(module is not self.script.module for module in modules)
+
+    def _may_use_a_gpu(self) -> bool:
+        """The script uses CUDA, or moves something with `.to(device)` to a device the code
+        does not name (a parameter, `torch.device(args.device)`): it may be a GPU."""
+        if self.script.uses_cuda:
+            return True
+        for call in method_calls(self.tree, "to"):
+            device = keyword_value(call, "device") or (call.args[0].value if call.args else None)
+            if (
+                isinstance(device, (cst.Name, cst.Attribute))
+                and not any(q.startswith("torch.") for q in self.qualified_names(device))
+                and self.script.device_types(device) != {"cpu"}
+            ):
+                return True
+        return False
+
+    def _drop_plans(self, changes: int) -> None:
+        """Forgets every step planned, and the changes logged for them after the first
+        `changes`: nothing is rewritten."""
+        del self.log.changes[changes:]
+        for plans in (
+            self.sites,
+            self.segments,
+            self.created,
+            self.segment_anchors,
+            self.wrappers_after,
+            self.removed,
+            self.segment_lines,
+        ):
+            plans.clear()
+
+    def _trained_model_made_here(self) -> cst.CSTNode | None:
+        """Where this module makes the first model an optimizer trains (`RNN()`)."""
+        made = [
+            obj.node for obj in self.script.training.trained if obj.module is self.script.module
+        ]
+        return min(made, key=self.line_of, default=None)
 
     def _used_backward_calls(self, module: cst.Module) -> list[cst.Call]:
         """The training `.backward()` calls of `module` that the program runs: not those
