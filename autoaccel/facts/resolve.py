@@ -59,6 +59,7 @@ class FactsResolver:
         self._positions = positions
         self._original_line = original_line or (lambda line: line)
         self._index: dict[int, list[tuple[cst.Call, CodeRange]]] | None = None
+        self._other_files: dict[str, list[str]] = {}
 
     # -- positions ------------------------------------------------------------------------
     def _calls_by_line(self) -> dict[int, list[tuple[cst.Call, CodeRange]]]:
@@ -76,31 +77,46 @@ class FactsResolver:
             self._index = index
         return self._index
 
-    def char_column(self, line: int, byte_col: int) -> int:
-        """The character column of a UTF-8 byte offset on `line` (1-based) of the source."""
-        if not 0 < line <= len(self._lines):
+    def char_column(self, line: int, byte_col: int, lines: list[str] | None = None) -> int:
+        """The character column of a UTF-8 byte offset on `line` (1-based) of the source (or
+        of `lines`, another file's)."""
+        lines = self._lines if lines is None else lines
+        if not 0 < line <= len(lines):
             return byte_col
-        return len(self._lines[line - 1].encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+        return len(lines[line - 1].encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+
+    def _lines_of(self, path: str) -> list[str]:
+        """The lines of the file at `path` as it ran: this module's, or another file's read
+        from disk when its digest is the recorded one (none when it changed since)."""
+        if _real(path) == self.path:
+            return self._lines
+        if path not in self._other_files:
+            try:
+                data = Path(path).read_bytes()
+                same = hashlib.sha256(data).hexdigest() == self.facts.files.get(path)
+                text = data.decode("utf-8") if same else ""
+            except (OSError, UnicodeDecodeError):
+                text = ""
+            self._other_files[path] = text.splitlines(keepends=True)
+        return self._other_files[path]
 
     def text_of(self, site: Site) -> str:
-        """The code of the call at `site` in the original source."""
-        start = self.char_column(site.line, site.col)
-        end = self.char_column(site.end_line, site.end_col)
+        """The code of the call at `site` in the original source of its file."""
+        lines = self._lines_of(site.path)
+        start = self.char_column(site.line, site.col, lines)
+        end = self.char_column(site.end_line, site.end_col, lines)
         if site.line == site.end_line:
-            return self._lines[site.line - 1][start:end] if site.line <= len(self._lines) else ""
-        parts = [self._lines[site.line - 1][start:]]
-        parts += self._lines[site.line : site.end_line - 1]
-        parts.append(
-            self._lines[site.end_line - 1][:end] if site.end_line <= len(self._lines) else ""
-        )
+            return lines[site.line - 1][start:end] if site.line <= len(lines) else ""
+        parts = [lines[site.line - 1][start:]] if site.line <= len(lines) else []
+        parts += lines[site.line : site.end_line - 1]
+        parts.append(lines[site.end_line - 1][:end] if site.end_line <= len(lines) else "")
         return "".join(parts)
 
     def shown(self, site: Site | None) -> str:
-        """`file:line:col` of `site` (a 1-based character column where it is in this file)."""
+        """`file:line:col` of `site` (a 1-based character column where its file is known)."""
         if site is None:
             return "an unknown place"
-        source = self.source if _real(site.path) == self.path else None
-        return site.shown(source, Path.cwd())
+        return site.shown("".join(self._lines_of(site.path)) or None, Path.cwd())
 
     # -- sites to nodes -------------------------------------------------------------------
     def node_at(self, site: Site | None) -> cst.Call | None:

@@ -113,7 +113,7 @@ class PassedModel:
     param: str  # the function's parameter that receives it
 
 
-_MAIN_TEST = m.Comparison(left=m.Name("__name__"))
+MAIN_TEST = m.Comparison(left=m.Name("__name__"))
 
 
 class DistributedStep(StatementRewrite):
@@ -343,7 +343,7 @@ class DistributedStep(StatementRewrite):
                 return ancestor
             owner = self.parent(ancestor) if isinstance(ancestor, cst.IndentedBlock) else None
             if isinstance(owner, cst.FunctionDef) or (
-                isinstance(owner, cst.If) and m.matches(owner.test, _MAIN_TEST)
+                isinstance(owner, cst.If) and m.matches(owner.test, MAIN_TEST)
             ):
                 return ancestor  # type: ignore[return-value]
         raise ValueError("node outside a module")
@@ -379,16 +379,23 @@ class DistributedStep(StatementRewrite):
         keys = sorted(called.keys() - wrappers)
         training = self.training_functions(module)
         loops = set(self.train_loops())
-        assignments = find(module, (cst.Assign, cst.AnnAssign))
+        assignments: list[cst.Assign | cst.AnnAssign] = find(module, (cst.Assign, cst.AnnAssign))
 
         def assigned(key: str) -> list[cst.CSTNode]:
             """The assignments of `key`, those known to bind the model the loops call
             first (not another variable of that name: `model = self.fc(x)` in a
-            `forward()` that comes before the script's `model = Net()`)."""
+            `forward()` that comes before the script's `model = Net()`), and of those the
+            ones whose value is that model (`self.unet = UNet()` in `build_model()`, not
+            the placeholder `self.unet = None` of `__init__`: the attribute holds both)."""
             found = [a for a in assignments if any(_binds_model(t, key) for t in _targets(a))]
             held = called.get(key)
             if held:
-                found.sort(key=lambda a: held.isdisjoint(self._bound_values(a)))
+                found.sort(
+                    key=lambda a: (
+                        held.isdisjoint(self._bound_values(a)),
+                        a.value is None or held.isdisjoint(self.script.values(a.value)),
+                    )
+                )
             return found
 
         found = []

@@ -13,16 +13,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
-from autoaccel.analysis.index import descendants
+from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Kind
+from autoaccel.analysis.program import FunctionInfo, Kind, argument
 from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     LOCAL_RANK,
+    MAIN_TEST,
     DistributedStep,
     PassedModel,
     TrainedModel,
@@ -83,8 +85,11 @@ class WrapModel(DistributedStep):
             )
         # A model the loops call beside ones whose parameters an optimizer gets, while
         # none gets its own, may be frozen (a distillation teacher, a DQN target). By
-        # name: two models built by one function are one object to the analysis.
-        optimized = {model.key for model in models} & self.script.trained
+        # name: two models built by one function are one object to the analysis. So may
+        # one whose optimizers are all built on a condition (fine-tuning switched off).
+        optimized = {
+            model.key for model in models if not _optimized_on_condition(self, model.key)
+        } & self.script.trained
         # a wrapper name the script does not use yet: `ddp_model`, else `ddp_model2`, ...
         used = bound | variable_names(node)
         self._used = used
@@ -565,6 +570,37 @@ def _trained(step: DistributedStep, node: cst.BaseExpression | str) -> bool:
     trains."""
     held = step.script.held_by(node) if isinstance(node, str) else step.script.values(node)
     return any(obj.kind is Kind.MODULE and step.script.trains(obj) for obj in held)
+
+
+def _optimized_on_condition(step: DistributedStep, key: str) -> bool:
+    """Whether each optimizer of the parameters of the model `key` is built on a
+    condition only: in a branch of `... if fine_tune else None`, or of an `if` with no
+    `else` (one with an `else` picks which optimizer to build), in its function."""
+    program = step.script.program
+    assert program is not None
+    models = {o for o in step.script.held_by(key) if o.kind is Kind.MODULE}
+    found = []
+    for optimizer in program.objects(Kind.OPTIMIZER):
+        params = argument(optimizer.node, 0, "params")  # type: ignore[arg-type]
+        held = program.flat_values_of(params, optimizer.module) if params is not None else ()
+        if any(o.kind is Kind.PARAMETERS and program.parameters_of(o) & models for o in held):
+            found.append(optimizer)
+    return bool(found) and all(_on_condition(o.node, o.module.index) for o in found)
+
+
+def _on_condition(node: cst.CSTNode, index: ModuleIndex) -> bool:
+    """Whether `node` runs in a branch of an `IfExp`, or of an `if` with no `else` (not
+    `if __name__ == "__main__":`), of its function or module."""
+    for ancestor in index.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+            return False
+        if isinstance(ancestor, cst.IfExp) or (
+            isinstance(ancestor, cst.If)
+            and ancestor.orelse is None
+            and not m.matches(ancestor.test, MAIN_TEST)
+        ):
+            return True
+    return False
 
 
 def unique_models(models: list[TrainedModel]) -> list[TrainedModel]:
