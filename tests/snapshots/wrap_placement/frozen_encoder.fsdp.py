@@ -40,7 +40,11 @@ def shard_model(model):
     """FSDP2: each process keeps 1/WORLD_SIZE of the parameters, gradients and optimizer
     state. Each repeated block (a child of the outermost ModuleLists and Sequentials,
     e.g. transformer layers) gathers its parameters only while it computes; the root
-    holds the rest."""
+    holds the rest. Every process starts from rank 0's values, as under DDP (a model
+    built after a per-process seed would otherwise start from a different draw)."""
+    if torch.distributed.is_initialized():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            torch.distributed.broadcast(tensor.data, src=0)
     policies = {}
     containers = [model]
     while containers:
