@@ -66,9 +66,8 @@ def format_text(results: list[FileResult], unsafe_fixes: bool = False, colour: b
 
 def summary_text(results: list[FileResult], unsafe_fixes: bool = False) -> str:
     """Ruff's closing lines (printed on stderr). `[*] N fixable` counts the findings
-    there are now; `--fix` re-lints after each round of fixes, and a fix can uncover a
-    finding (once `pin_memory=True` is added, the copies from that loader can be
-    `non_blocking`), so it says what it found in all: `Found 7 errors (6 fixed, 1 remaining).`"""
+    there are now; `--fix` re-lints after each round of fixes, and a fix could uncover a
+    finding, so it says what it found in all: `Found 7 errors (6 fixed, 1 remaining).`"""
     diagnostics = [d for r in results for d in r.diagnostics]
     fixed = sum(r.fixed for r in results)
     count = len(diagnostics)
