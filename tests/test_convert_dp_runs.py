@@ -30,6 +30,7 @@ CONVERTED = [
     "loss_function.py",
     "summed_vae.py",
     "gan_batch_size_labels.py",
+    "zero_grad_before_loss.py",
 ]
 # converted with the default mixed precision (its autocast is off on a CPU)
 WITH_AMP = ["gan_amp_real_loss.py", "loss_in_model_amp.py", "semicolon_step.py"]

@@ -416,10 +416,10 @@ class SegmentFinder:
         return found
 
     def _barrier(self, s: cst.CSTNode) -> bool:
-        """A line the segment cannot reach over: another step's backward or update."""
+        """A line the segment cannot reach over: another step's backward or update. A
+        `zero_grad()` is none: between the forward pass and the loss it changes neither."""
         return any(
-            isinstance(c.func, cst.Attribute)
-            and c.func.attr.value in ("backward", "step", "zero_grad")
+            isinstance(c.func, cst.Attribute) and c.func.attr.value in ("backward", "step")
             for c in find(s, cst.Call)
         )
 
@@ -985,7 +985,8 @@ class SegmentFinder:
     def _loss_function(self, call: cst.Call, depth: int = 0) -> str | None:
         """A function of this script used as a loss (`distillation(out, y, teacher_out, T,
         alpha)`): "mean" or "sum" when every `return` reduces the batch that way, "?"
-        when one does not, None when `call` is not such a function."""
+        when one does not, None when `call` is not such a function (nor one that calls
+        a loss, a reduction or a model)."""
         if depth > 2 or not isinstance(call.func, cst.Name):
             return None
         # the function the name holds, also through a parameter (`train(..., loss_fn=distillation)`)
@@ -999,8 +1000,13 @@ class SegmentFinder:
             return None
         function = functions.pop()
         returns = find(function.body, cst.Return)
-        if not returns:
-            return None
+        if not returns or not any(
+            name_key(c.func) in self.models
+            or self._call_reduction(c)
+            or self._loss_function(c, depth + 1)
+            for c in find(function.body, cst.Call)
+        ):
+            return None  # it computes no loss (`real_samples()` returns a batch)
         # the terms it names first (`BCE = F.binary_cross_entropy(..., reduction="sum")`)
         named = self._named_reductions(function.body.body, depth + 1)
         for name in assigned(function.body) - named.keys():
