@@ -142,13 +142,11 @@ def test_lint_stdin_filename_needs_dash(cli, tmp_path):
 # `--fix` re-lints after each round and counts what it found in all. The copies in
 # `evaluate` read the loader ACC102 pins: ACC103 reports them in the first round already
 # (it once found them only after the pin was written, and the rounds differed).
-FIXED_IN_ONE_ROUND = (
-    Path(__file__).resolve().parent / "styles" / "string_device_fn.py"
-).read_text()
+STYLE_SCRIPT = (Path(__file__).resolve().parent / "styles" / "string_device_fn.py").read_text()
 
 
 def test_lint_fix_counts_what_it_fixed_and_what_remains_as_found(cli, tmp_path):
-    (tmp_path / "train.py").write_text(FIXED_IN_ONE_ROUND)
+    (tmp_path / "train.py").write_text(STYLE_SCRIPT)
     check = cli("lint", "--unsafe-fixes", "train.py")
     fixable = check.stdout.count(" [*] ")
     assert f"[*] {fixable} fixable with the `--fix` option." in check.stderr
@@ -211,7 +209,7 @@ def children(pid: int) -> list[str]:
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc for the workers")
 def test_lint_interrupted_in_a_parallel_run_exits_130_without_a_traceback(tmp_path):
     for number in range(100):  # ~5 s of work on two cores: Ctrl-C comes in the middle
-        (tmp_path / f"train_{number}.py").write_text("\n\n".join([UNCOVERING] * 10))
+        (tmp_path / f"train_{number}.py").write_text("\n\n".join([STYLE_SCRIPT] * 10))
     lint = subprocess.Popen(
         [sys.executable, "-m", "autoaccel", "lint", str(tmp_path)],
         stdout=subprocess.DEVNULL,
