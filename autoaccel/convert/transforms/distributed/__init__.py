@@ -16,6 +16,7 @@ from autoaccel.convert.transforms.distributed.load_on_every_rank import LoadOnEv
 from autoaccel.convert.transforms.distributed.log_on_rank_zero import LogOnRankZero
 from autoaccel.convert.transforms.distributed.migrate_horovod import MigrateHorovod
 from autoaccel.convert.transforms.distributed.migrate_launch import MigrateLaunch
+from autoaccel.convert.transforms.distributed.name_train_loader import NameTrainLoader
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
 from autoaccel.convert.transforms.distributed.print_shard_sizes import PrintShardSizes
 from autoaccel.convert.transforms.distributed.progress_on_rank_zero import ProgressOnRankZero
@@ -34,6 +35,7 @@ from autoaccel.convert.transforms.distributed.wrap_model import WrapModel
 DDP_STEPS = [
     MigrateLaunch,  # first: takes out a torch.distributed.launch / apex.parallel set-up
     InitProcessGroup,
+    NameTrainLoader,  # before the steps that read the statement which takes the loader
     UseLocalGpu,
     ReplaceDataParallel,
     ConvertSyncBatchNorm,

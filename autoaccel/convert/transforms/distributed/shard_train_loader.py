@@ -24,7 +24,7 @@ from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, names_in
-from autoaccel.analysis.script_model import LoopRole, Missing
+from autoaccel.analysis.script_model import LoopRole, Missing, ScriptModel
 from autoaccel.analysis.shapes import bound_names, find, is_name, is_true
 from autoaccel.analysis.training import StepLoop
 from autoaccel.convert.log import DIFFERENT_DATA
@@ -137,13 +137,7 @@ class ShardTrainLoader(DistributedStep):
         self.streams: set[cst.CSTNode] = set()  # dataset arguments wrapped in ShardedStream
         self.draw_sizes: dict[cst.Element, str] = {}  # `(batch_size,)` of an offset draw
         self.agreed: set[cst.BaseExpression] = set()  # tests that go through `every_process()`
-        loaders = {  # built here, read by a training loop of any module of the program
-            loader.node
-            for loop in self.script.training.step_loops.values()
-            if loop.role is LoopRole.TRAIN
-            for loader in loop.loaders
-            if loader.module is self.script.module
-        }
+        loaders = train_loader_calls(self.script)
         for loop in self.script.step_loops.values():
             if loop.role is not LoopRole.TRAIN or loop.loaders:
                 continue
@@ -853,6 +847,18 @@ class ShardTrainLoader(DistributedStep):
             if size is None
             else updated_node.with_changes(value=cst.parse_expression(size))
         )
+
+
+def train_loader_calls(script: ScriptModel) -> set[cst.Call]:
+    """The DataLoader calls of `script`'s module that a training loop of any module of
+    the program reads."""
+    return {
+        loader.node
+        for loop in script.training.step_loops.values()
+        if loop.role is LoopRole.TRAIN
+        for loader in loop.loaders
+        if loader.module is script.module and isinstance(loader.node, cst.Call)
+    }
 
 
 def _before_double_star(call: cst.Call) -> cst.Call:
