@@ -260,7 +260,7 @@ class ComputeLossInForward(StatementRewrite):
         done = {n for site in self.sites.values() for n in (site.loss, *self.ancestors(site.loss))}
         for call in self._used_backward_calls(module):
             finder = SegmentFinder(self, call)
-            statement = finder._statement_of(call)
+            statement, _ = finder.loss_owner()
             block = self.parent(statement)
             before = list(block.body)[: list(block.body).index(statement)]  # type: ignore[union-attr]
             if any(s in done for s in before) or any(
@@ -272,7 +272,9 @@ class ComputeLossInForward(StatementRewrite):
                 segment = finder.find()
             except Refused as refusal:
                 where = refusal.node if refusal.node is not None else statement
-                reasons.append((loop if loop is not None else where, where, refusal.reason))
+                # the branches' `.backward()` of one loss (`if use_amp: ... else: ...`): once
+                if all((w, r) != (where, refusal.reason) for _, w, r in reasons):
+                    reasons.append((loop if loop is not None else where, where, refusal.reason))
                 continue
             if segment is None or any(s in self.segment_lines for s in segment.span):
                 continue

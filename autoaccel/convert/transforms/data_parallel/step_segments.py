@@ -62,6 +62,14 @@ _AUTOCAST = frozenset(
     {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"}
 )
 _NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+# Distances between every two rows (of one tensor, or of the first two arguments).
+_PAIRWISE = frozenset({"torch.cdist", "torch.pdist", "torch.nn.functional.pdist"})
+# A function or method of the project (`select(x)`, `self.selector.get_triplets(x)`).
+_PROJECT_CALLEE = m.Name() | m.Attribute(value=m.Name("self") | m.Attribute(value=m.Name("self")))
+# Methods of Python's containers that change them in place.
+_MUTATORS = frozenset(
+    {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add"}
+)
 # Names a recurrent model's state goes by, for a step function's parameters (no loop to
 # follow them in).
 _STATE_NAMES = frozenset(
@@ -191,16 +199,23 @@ class SegmentFinder:
     # -- the search -----------------------------------------------------------------
     def find(self) -> Segment | None:
         self.models = set(self.script.models)
-        statement = self._statement_of(self.backward)
-        block = self.t.parent(statement)
-        statements = list(block.body)
-        end = statements.index(statement)
-        loss_names = read(self.backward.func.value)  # `loss`, `scaler.scale(loss)`
-        owner = next((s for s in reversed(statements[:end]) if assigned(s) & loss_names), None)
+        statement, owner = self.loss_owner()
         if owner is None:
             raise Refused("the loss is not computed in the lines before `.backward()`", statement)
+        block = self.t.parent(statement)
+        statements = list(block.body)
+        loss_names = read(self.backward.func.value)
         loss_name = sorted(assigned(owner) & loss_names)[0]
         last = statements.index(owner)
+        self._check_pairing(statements[: last + 1])
+        if is_autocast_block(self.t, owner) and not self._plain(owner):
+            # the mixed precision rewrite's block (or the user's): it moves whole
+            inner = next(line for line in _lines(owner) if not _plain_line(line))
+            raise Refused(
+                f"the lines from the forward pass to `{loss_name}` hold {_compound(inner)},"
+                " which cannot move into a function with them",
+                inner,
+            )
         if not self._plain(owner) or isinstance(owner, cst.If):
             raise Refused(
                 f"`{loss_name}` is computed in {_compound(owner)}, not by plain assignments that"
@@ -247,17 +262,18 @@ class SegmentFinder:
                 continue
             reads_chain = bool(read(s) & defined_in_chain)
             # `label.fill_(0.0)` between two forward lines changes what the later ones
-            # read: it runs before the call, so it must not change what earlier ones read
-            changed = _changed_in_place(s)
+            # read (or a line feeding them changes `x` in place): it runs before the call,
+            # so it must not change what earlier ones read
+            changed = self._changed_in_place(s)
             read_before = {n for c in span[:index] if c in chain for n in read(c)}
             read_after = {n for c in span[index + 1 :] if c in chain for n in read(c)}
-            if changed & read_before & read_after:
+            feeds_chain = s in producers or bool(changed & read_after)
+            if changed & read_before and feeds_chain:
                 raise Refused(
                     f"`{min(changed & read_before)}` is changed in place between two lines of"
-                    " the forward pass that read it",
+                    " the forward pass, after one that reads it",
                     s,
                 )
-            feeds_chain = s in producers or bool(changed & read_after)
             # `real_score = outputs` before `outputs = D(fake_images)`: after the call it
             # would read the last value, so a plain assignment moves in with the chain
             rebound = read(s) & {n for c in span[index + 1 :] if c in chain for n in assigned(c)}
@@ -343,6 +359,54 @@ class SegmentFinder:
             ),
         )
 
+    def _check_pairing(self, statements: list[cst.CSTNode]) -> None:
+        """A loss of the project that pairs samples of the batch (an online triplet loss:
+        `embeddings[triplets[:, 0]]`) would pair those of each GPU's part only; refused,
+        naming the line calling it (the lines since the step's last backward or update)."""
+        lines = []
+        for s in reversed(statements):
+            if self._barrier(s):
+                break
+            lines.append(s)
+        for s in reversed(lines):
+            for call in find(s, cst.Call):
+                for obj in self.script.values(call.func):
+                    cls = obj.cls if obj.cls is not None and obj.cls.is_module else None
+                    function = cls.method("forward") if cls is not None else obj.function
+                    pairing = _how_it_pairs(function) if function is not None else None
+                    if pairing is not None:
+                        where = (
+                            f"`{function.node.name.value}`"
+                            if cls is None
+                            else f"`{cls.name}.forward`"
+                        )
+                        raise Refused(
+                            f"`{code_of(call.func)}(...)` pairs samples across the batch ({where}"
+                            f" {pairing}): on each GPU it would pair only those of its part of"
+                            " the batch, so `nn.DataParallel` would change the loss",
+                            self._statement_of(call),
+                        )
+
+    def loss_owner(self) -> tuple[cst.CSTNode, cst.CSTNode | None]:
+        """The line computing the loss that the `.backward()` reads, in the block of its
+        statement or, out of the blocks holding it in the step, before them (`loss =
+        criterion(out, y)` above `if use_amp: scaler.scale(loss).backward() else:
+        loss.backward()`); with the statement of the block that line is in. (The
+        `.backward()`'s statement and None where no line before it computes the loss.)"""
+        loss_names = read(self.backward.func.value)  # `loss`, `scaler.scale(loss)`
+        statement = first = self._statement_of(self.backward)
+        while True:
+            block = self.t.parent(statement)
+            body = list(block.body)
+            before = body[: body.index(statement)]
+            owner = next((s for s in reversed(before) if assigned(s) & loss_names), None)
+            if owner is not None:
+                return statement, owner
+            outer = None if isinstance(block, cst.Module) else self._statement_of(block)
+            if outer is None or isinstance(outer, (cst.For, cst.While, cst.FunctionDef)):
+                return first, None
+            statement = outer
+
     def _no_forward_pass(self, owner, loss_name: str, producers: list, model_derived: set) -> None:
         """Why no line before the loss is a trained model's forward pass that can move."""
         compound = next((s for s in producers if s in model_derived and not self._plain(s)), None)
@@ -414,6 +478,18 @@ class SegmentFinder:
                 found[:0] = body[: body.index(node)]
             node = parent
         return found
+
+    def _changed_in_place(self, statement: cst.CSTNode) -> set[str]:
+        """Names of the step a statement changes in place: a tensor's in-place method
+        (`label.fill_(0.0)`, `x.requires_grad_()`) or a container's (`outs.append(o)`).
+        `x.size(0)` changes nothing, nor is a module (`torch.rand(n)`) a value of the step."""
+        return {
+            call.func.value.value
+            for call in find(statement, cst.Call)
+            if m.matches(call.func, m.Attribute(value=m.Name()))
+            and _in_place(call.func.attr.value)
+            and not self.t.qualified_names(call.func.value)
+        }
 
     def _barrier(self, s: cst.CSTNode) -> bool:
         """A line the segment cannot reach over: another step's backward or update. A
@@ -528,6 +604,12 @@ class SegmentFinder:
             if name in replicated or (name in models and name not in batch):
                 continue
             line = lines.get(name, chain[0])
+            if name in _STATE_NAMES and line is loop:  # a step function's parameter
+                raise Refused(
+                    f"`{name}` looks like a recurrent state: `nn.DataParallel` would split it"
+                    " along dimension 0",
+                    line,
+                )
             if name in batch:
                 inputs.append(name)
                 if name not in flattened:  # (for a flattened one, the code claims nothing)
@@ -675,12 +757,6 @@ class SegmentFinder:
             for p in params:
                 step_names.add(p)
                 lines[p] = loop
-                if p in _STATE_NAMES:
-                    raise Refused(
-                        f"`{p}` looks like a recurrent state: `nn.DataParallel` would split it"
-                        " along dimension 0",
-                        loop,
-                    )
                 batch.add(p)
             body = before_chain
         elif loop is not None:
@@ -1198,14 +1274,36 @@ def _statements_of(line: cst.CSTNode) -> list[cst.CSTNode]:
     return [line]
 
 
-def _changed_in_place(statement: cst.CSTNode) -> set[str]:
-    """Names a statement calls a method of (`label.fill_(0.0)`, `x.requires_grad_()`):
-    any method may change its object in place."""
-    return {
-        call.func.value.value
-        for call in find(statement, cst.Call)
-        if m.matches(call.func, m.Attribute(value=m.Name()))
-    }
+def _in_place(method: str) -> bool:
+    """`fill_`, `add_`: torch's in-place spelling; `append`, `update`: a container's."""
+    return method.endswith("_") and not method.startswith("__") or method in _MUTATORS
+
+
+def _how_it_pairs(function) -> str | None:
+    """How `function` pairs samples of its tensor arguments, where it does: it indexes one
+    with indices that a function of the project computed from them (the triplets of an
+    online triplet loss), or takes their pairwise distances (`torch.cdist(x, x)`)."""
+    index = function.module.index
+    params = {p.name.value for p in function.node.params.params} - {"self"}
+    picked: set[str] = set()  # indices computed from the arguments by the project's code
+    for s in find(function.node.body, cst.SimpleStatementLine):
+        for call in find(s, cst.Call):
+            qualified = index.qualified_names(call.func)
+            if not read(call) & params:
+                continue
+            # `torch.cdist(x, x)`, not `torch.cdist(x, self.centres)`: a per-sample distance
+            if qualified & _PAIRWISE and all(read(a) & params for a in call.args[:2]):
+                return f"takes pairwise distances with `{code_of(call.func)}`"
+            if not qualified and m.matches(call.func, _PROJECT_CALLEE):
+                picked |= assigned(s)
+        for sub in find(s, cst.Subscript):
+            taken = {n.value for element in sub.slice for n in find(element, cst.Name)}
+            if m.matches(sub.value, m.Name()) and sub.value.value in params and taken & picked:
+                return (
+                    f"indexes `{sub.value.value}` with `{min(taken & picked)}`, computed from"
+                    " the batch"
+                )
+    return None
 
 
 def _element_index(target: cst.Tuple | cst.List, name: str) -> int | None:
