@@ -155,16 +155,18 @@ def convert_project(
     then be written."""
     logs = [ConversionLog() for _ in project.files]
     texts = [f.source.text for f in project.files]
-    history: list[tuple[str, str]] = []  # the script's changes
+    histories: list[list[tuple[str, str]]] = [[] for _ in texts]  # each file's changes
     with fewer_collections():
-        converted = _run(project, texts, options, logs, script_name, facts, history)
+        converted = _run(project, texts, options, logs, script_name, facts, histories)
         if options.target == "dp":
             settle_project_refusals(logs)
         changed = {i for i, (before, after) in enumerate(zip(texts, converted)) if before != after}
         again = converted
         if changed:  # Black's stability check: converting the result again changes no file
             again_logs = [ConversionLog() for _ in texts]
-            again = _run(project, converted, options, again_logs, script_name, facts, list(history))
+            again = _run(
+                project, converted, options, again_logs, script_name, facts, [*map(list, histories)]
+            )
     for index, file in enumerate(project.files):
         if index in changed or again[index] != converted[index]:
             try:
@@ -187,19 +189,20 @@ def _run(
     logs: list[ConversionLog],
     script_name: str,
     facts: ConversionFacts | None = None,
-    history: list[tuple[str, str]] | None = None,
+    histories: list[list[tuple[str, str]]] | None = None,
 ) -> list[str]:
     """Each step of the target over every file in turn, each file analysed with the
-    others as they are at that moment. The steps of the script get `facts` (they map
-    its tree's lines back through the script's `history`, extended in place; the other
-    modules' sites are resolved by `ConversionFacts.resolver_in`)."""
+    others as they are at that moment. The steps get `facts` (they map a tree's lines
+    back through its file's `histories` entry, extended in place)."""
     from autoaccel.facts.resolve import FACTS_KEY
 
     states = [ModuleState.of(text) for text in texts]
-    if history is not None:
-        states[0].history = history
+    for state, history in zip(states, histories or []):
+        state.history = history
     if facts is not None:
         facts.history = states[0].history
+        for file, state in zip(project.files[1:], states[1:]):
+            facts.track(file.path, file.source.text, state.history)
     modules: dict[int, SourceModule] = {}  # id(tree) -> the file as the analysis reads it
 
     def as_module(file: ProjectFile, state: ModuleState) -> SourceModule:
@@ -225,7 +228,7 @@ def _run(
                 file.name, file.package, str(file.path), (*others, *project.context)
             )
             context.scratch[ENTRY_KEY] = entry
-            if facts is not None and entry:
+            if facts is not None:
                 context.scratch[FACTS_KEY] = facts
             apply_step(step, state, context)
     return [state.text for state in states]

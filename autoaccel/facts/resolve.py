@@ -226,31 +226,48 @@ class ConversionFacts:
     """The facts of a run of the script a conversion converts (`path`, whose text was
     `source`), for its steps: `history` is the pipeline's list of (before, after) texts of
     the steps that changed the module, which maps the lines of a later tree back to
-    `source` (`autoaccel.diff.original_line`)."""
+    `source` (`autoaccel.diff.original_line`). The other modules of the script's project
+    are `track`ed alike."""
 
     def __init__(self, facts: RunFacts, path: str | Path, source: str) -> None:
         self.facts = facts
         self.path = _real(path)
         self.source = source
         self.history: list[tuple[str, str]] = []
+        self._modules: dict[str, tuple[str, list[tuple[str, str]]]] = {}
         self._resolvers: dict[int, tuple[cst.Module, FactsResolver]] = {}
         self._elsewhere: dict[int, tuple[cst.Module, FactsResolver]] = {}
 
+    def track(self, path: str | Path, source: str, history: list[tuple[str, str]]) -> None:
+        """Resolve the sites of another module of the project (at `path`, whose text was
+        `source` when the script ran) in the trees of its conversion, whose `history` the
+        pipeline extends."""
+        self._modules[_real(path)] = (source, history)
+
     def resolver(
-        self, tree: cst.Module, positions: Callable[[cst.CSTNode], CodeRange]
+        self,
+        tree: cst.Module,
+        positions: Callable[[cst.CSTNode], CodeRange],
+        path: str | Path | None = None,
     ) -> FactsResolver:
-        """The resolver for `tree`, a step's input (made once per tree)."""
+        """The resolver for `tree`, a step's input: of the script, or of the `track`ed
+        module at `path` (made once per tree)."""
         kept = self._resolvers.get(id(tree))
         if kept is not None and kept[0] is tree:
             return kept[1]
         from autoaccel.diff import original_line
 
-        history = list(self.history)
+        real = self.path if path is None else _real(path)
+        if real == self.path:
+            source, history = self.source, list(self.history)
+        else:  # (an untracked module: its text is not the one that ran, nothing resolves)
+            source, history = self._modules.get(real, ("", []))
+            history = list(history)
         resolver = FactsResolver(
             self.facts,
-            self.path,
+            real,
             tree,
-            self.source,
+            source,
             positions,
             lambda line: original_line(history, line),
         )

@@ -141,6 +141,17 @@ class DistributedStep(StatementRewrite):
         self.needs_torch = False
         return super().transform_module_impl(tree)
 
+    def run_facts(self) -> FactsResolver | None:
+        """The facts of a short run of the script for this module's tree: the script's, or
+        another module's of its project (a model may be built, trained and called in any
+        of them: the loop of `train_eval.py` trains the model its caller built)."""
+        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
+        index = self.script.index
+        if given is None or index is None:
+            return None
+        path = None if self.in_entry_script else self.context.filename
+        return given.resolver(index.module, self.position_of, path)
+
     def planned_statements(self) -> list[cst.CSTNode]:
         """The statements `rebuild` inserts around or replaces (for `edited`)."""
         return [*self.before, *self.after, *self.replace]
@@ -401,7 +412,7 @@ class DistributedStep(StatementRewrite):
         found = []
         for key in keys:
             assigns = assigned(key)
-            receiver = None if assigns else self._receiving_function(key)
+            receiver = None if assigns else self._receiving_function(key) or self._loop_method(key)
             if receiver is None and not assigns:
                 continue
             model = self._ready(key, self.scope_block(assigns[0]) if assigns else receiver.body, receiver is not None, training, loops)  # type: ignore[union-attr]
@@ -534,11 +545,21 @@ class DistributedStep(StatementRewrite):
         ]  # fmt: skip
 
     def _trained_elsewhere(self, facts: FactsResolver, models: list) -> bool:  # list[Made]
-        """Whether `models` are made in other files of the project while this module has
-        no training step loop: the module whose loop trains them wraps (or refuses) them
-        (PPO-PyTorch's `train.py` calls `ppo_agent.update()` of PPO.py)."""
-        return not self._train_steps and all(
-            model.site is not None and Path(model.site.path).resolve() != Path(facts.path)
+        """Whether other files of the project train `models`, whose modules then wrap (or
+        refuse) them: the run called each only there (run.py builds the model that
+        `train()` of train_eval.py calls), or, where this module has no training step
+        loop, each is made there (PPO-PyTorch's `train.py` calls `ppo_agent.update()` of
+        PPO.py)."""
+
+        def elsewhere(site) -> bool:  # (site: Site | None)
+            return site is not None and Path(site.path).resolve() != Path(facts.path)
+
+        def called_elsewhere(model) -> bool:  # (model: Made)
+            forwards = facts.facts.forwards_of(model.id)
+            return bool(forwards) and all(elsewhere(f.site) for f in forwards)
+
+        return all(
+            called_elsewhere(model) or (not self._train_steps and elsewhere(model.site))
             for model in models
         )
 
@@ -639,6 +660,17 @@ class DistributedStep(StatementRewrite):
         if anchor is None or (received and trains is None):
             return None
         return TrainedModel(key, block, anchor, trains)
+
+    def _loop_method(self, key: str) -> cst.FunctionDef | None:
+        """The method that holds a training step loop, for a model that the training code
+        calls as `key`, an attribute of `self` this module never assigns (a base class of
+        another module does: `self.model = self._build_model().to(self.device)`): the
+        model is ready when the method starts, and wrapped there as one it receives."""
+        if not key.startswith("self."):
+            return None
+        scopes = (self.scope_of(loop) for loop in self.train_loops())
+        methods = (f for f in scopes if f is not None and f.params.params[:1])
+        return next((f for f in methods if f.params.params[0].name.value == "self"), None)
 
     def _receiving_function(self, key: str) -> cst.FunctionDef | None:
         """The function that trains a model it receives as its parameter `key` (the model

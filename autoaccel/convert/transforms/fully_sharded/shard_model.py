@@ -171,13 +171,14 @@ class ShardModel(DistributedStep):
         return False
 
     def _optimizers_built_before(self, model: TrainedModel) -> list[cst.BaseStatement]:
-        """The statements before `model.anchor` that build an optimizer: from the model's
+        """The statements up to `model.anchor` that build an optimizer: from the model's
         parameters, or through a function of the project that does (minGPT's
-        `self.optimizer = model.configure_optimizers(config)`)."""
+        `self.optimizer = model.configure_optimizers(config)`). (The anchor of a model a
+        function receives is the last statement before its loop, which may build it.)"""
         body = list(model.block.body)
         return [
             statement
-            for statement in body[: body.index(model.anchor)]
+            for statement in body[: body.index(model.anchor) + 1]
             if any(
                 _parameters_of(call, model.key)
                 or any(obj.kind is Kind.OPTIMIZER for obj in self.script.values(call))
