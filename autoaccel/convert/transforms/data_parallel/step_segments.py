@@ -483,13 +483,17 @@ class SegmentFinder:
         """Names of the step a statement changes in place: a tensor's in-place method
         (`label.fill_(0.0)`, `x.requires_grad_()`) or a container's (`outs.append(o)`).
         `x.size(0)` changes nothing, nor is a module (`torch.rand(n)`) a value of the step."""
-        return {
-            call.func.value.value
-            for call in find(statement, cst.Call)
-            if m.matches(call.func, m.Attribute(value=m.Name()))
-            and _in_place(call.func.attr.value)
-            and not self.t.qualified_names(call.func.value)
-        }
+        changed = set()
+        for call in find(statement, cst.Call):
+            method = call.func
+            if (
+                isinstance(method, cst.Attribute)
+                and isinstance(method.value, cst.Name)
+                and _in_place(method.attr.value)
+                and not self.t.qualified_names(method.value)
+            ):
+                changed.add(method.value.value)
+        return changed
 
     def _barrier(self, s: cst.CSTNode) -> bool:
         """A line the segment cannot reach over: another step's backward or update. A
@@ -1298,9 +1302,10 @@ def _how_it_pairs(function) -> str | None:
                 picked |= assigned(s)
         for sub in find(s, cst.Subscript):
             taken = {n.value for element in sub.slice for n in find(element, cst.Name)}
-            if m.matches(sub.value, m.Name()) and sub.value.value in params and taken & picked:
+            indexed = sub.value
+            if isinstance(indexed, cst.Name) and indexed.value in params and taken & picked:
                 return (
-                    f"indexes `{sub.value.value}` with `{min(taken & picked)}`, computed from"
+                    f"indexes `{indexed.value}` with `{min(taken & picked)}`, computed from"
                     " the batch"
                 )
     return None
