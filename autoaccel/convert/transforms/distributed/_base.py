@@ -546,10 +546,11 @@ class DistributedStep(StatementRewrite):
 
     def _trained_elsewhere(self, facts: FactsResolver, models: list) -> bool:  # list[Made]
         """Whether other files of the project train `models`, whose modules then wrap (or
-        refuse) them: the run called each only there (run.py builds the model that
-        `train()` of train_eval.py calls), or, where this module has no training step
-        loop, each is made there (PPO-PyTorch's `train.py` calls `ppo_agent.update()` of
-        PPO.py)."""
+        refuse) them, while this module has no training step loop: the run called each
+        only there (run.py builds the model that `train()` of train_eval.py calls), or
+        each is made there (PPO-PyTorch's `train.py` calls `ppo_agent.update()` of PPO.py).
+        A module whose loop trains them through another file's method (an agent's
+        `train()`) answers for them itself."""
 
         def elsewhere(site) -> bool:  # (site: Site | None)
             return site is not None and Path(site.path).resolve() != Path(facts.path)
@@ -558,9 +559,8 @@ class DistributedStep(StatementRewrite):
             forwards = facts.facts.forwards_of(model.id)
             return bool(forwards) and all(elsewhere(f.site) for f in forwards)
 
-        return all(
-            called_elsewhere(model) or (not self._train_steps and elsewhere(model.site))
-            for model in models
+        return not self._train_steps and all(
+            called_elsewhere(model) or elsewhere(model.site) for model in models
         )
 
     def _agrees(
