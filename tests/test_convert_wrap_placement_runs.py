@@ -2,7 +2,8 @@
 processes (gloo, CPU): fixtures/ddp/placeholder_model.py (the model built in
 `build_model()` after a `None` placeholder) and fixtures/ddp/frozen_encoder.py (a frozen
 encoder, which DDP refuses, before a decoder that trains); and
-fixtures/fsdp/trainer_one_statement.py (a model made after the per-process re-seed).
+fixtures/fsdp/trainer_one_statement.py (a model made after the per-process re-seed), and
+fixtures/fsdp/zero_grad_after_forward.py (`model.zero_grad()` after the forward pass).
 
 Each conversion runs under torchrun through the harness, whose record holds each rank's
 parameter digest per optimizer: both ranks must finish, hold the same parameters, and
@@ -35,6 +36,9 @@ PROBE = textwrap.dedent("""\
         ("ddp/placeholder_model.py", "fsdp"),
         ("ddp/frozen_encoder.py", "ddp"),
         ("ddp/frozen_encoder.py", "fsdp"),
+        # zero_grad() between forward and backward would clear the gathered parameters'
+        # gradients, not the shards': moved above the forward pass
+        ("fsdp/zero_grad_after_forward.py", "fsdp"),
     ],
 )
 def test_converted_trains_like_the_original_on_two_ranks(tmp_path, name, target):

@@ -29,9 +29,12 @@ from autoaccel.convert.transforms.fully_sharded.gather_state_dicts import Gather
 from autoaccel.convert.transforms.fully_sharded.guard_rank_zero import GuardRankZeroGathering
 from autoaccel.convert.transforms.fully_sharded.refuse_horovod import RefuseHorovod
 from autoaccel.convert.transforms.fully_sharded.shard_model import ShardModel
+from autoaccel.convert.transforms.fully_sharded.zero_grad_before_forward import (
+    ZeroGradBeforeForward,
+)
 
 _REPLACED = {
-    WrapModel: [ShardModel],
+    WrapModel: [ShardModel, ZeroGradBeforeForward],
     MigrateHorovod: [RefuseHorovod],
     DestroyProcessGroup: [DestroyAfterModels],
     GuardRankZero: [
