@@ -99,7 +99,10 @@ class SetSamplerEpoch(DistributedStep):
                 if self.line_of(target) < start
                 for name in bound_names(target.target)
             ]
-            candidates += [(info.scope.owner(name), name, name) for name in local]
+            iterators = self._iterators(info.node.body)  # `batches = iter(loader)`: no sampler
+            candidates += [
+                (info.scope.owner(name), name, name) for name in local if name not in iterators
+            ]
             if info.cls is not None:
                 candidates += [
                     (info.cls.family, attr, f"self.{attr}")
@@ -116,6 +119,18 @@ class SetSamplerEpoch(DistributedStep):
         if step.loader in holders:
             return step.loader
         return holders[0] if holders else None
+
+    def _iterators(self, body: cst.CSTNode) -> set[str]:
+        """The names `body` binds to an iterator, `iter(...)`: it reads the loader's
+        batches, but has no `.sampler` of its own."""
+        return {
+            name
+            for assign in find(body, cst.Assign)
+            if isinstance(assign.value, cst.Call)
+            and "builtins.iter" in self.qualified_names(assign.value.func)
+            for target in assign.targets
+            for name in bound_names(target.target)
+        }
 
     def _insert(self, epoch_loop: cst.For, loader: str) -> None:
         epoch = name_key(epoch_loop.target)
