@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find, is_false
 from autoaccel.lint.rule import Invalid, LintRule
@@ -78,6 +79,14 @@ class EvalWithoutNoGrad(LintRule):
         # The outputs are backpropagated after the loop.
         _SETUP + "outs = []\nfor x, y in loader:\n    outs.append(model(x))\n"
         "torch.cat(outs).sum().backward()\n",
+        # A DDP wrapper of a model the code does not show (a base class of another module
+        # assigns `self.model`): no more a known model than what it wraps.
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "from torch.nn.parallel import DistributedDataParallel\n"
+        "from exp_basic import ExpBasic\nloader = DataLoader(ds)\nclass Exp(ExpBasic):\n"
+        "    def wrap(self):\n        self.ddp_model = DistributedDataParallel(self.model)\n"
+        "    def vali(self):\n        for x, y in loader:\n"
+        "            out = self.ddp_model(x)\n",
     ]
     INVALID = [
         Invalid(
@@ -227,7 +236,7 @@ class EvalWithoutNoGrad(LintRule):
                 if isinstance(func, cst.Attribute) and func.attr.value == "forward"
                 else func
             )
-            if name_key(target) in self.script.models:  # type: ignore[arg-type]
+            if self._is_model(target):
                 found.append(call)
                 continue
             key = name_key(func)
@@ -236,6 +245,19 @@ class EvalWithoutNoGrad(LintRule):
                 for function in self.functions[callee]:
                     found.extend(self._forwards(function.body, seen | {callee}))
         return found
+
+    def _is_model(self, node: cst.BaseExpression) -> bool:
+        """Whether `node` holds a model of the script: a DDP or DataParallel wrapper counts
+        only when the code shows what it wraps (`DistributedDataParallel(self.model)` of a
+        `self.model` only another module's base class assigns is no more known than that
+        model: `convert` made such a wrapper a finding of its second pass only)."""
+        if name_key(node) not in self.script.models:
+            return False
+        program = self.script.program
+        held = [o for o in self.script.values(node) if o.kind is Kind.MODULE]
+        if program is None or not held:
+            return True
+        return any(not o.parallel or program.read((o, "wraps")) for o in held)
 
     def _graph_used_elsewhere(self, loop: cst.For) -> bool:
         """A backward pass in the loop's function (or module), outside the loop and
