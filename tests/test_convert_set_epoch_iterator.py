@@ -18,3 +18,21 @@ def test_the_epoch_is_set_on_the_loader_not_on_its_iterator() -> None:
     )
     assert "self.loader.sampler.set_epoch(i)" in conversion.converted
     assert "batches.sampler" not in conversion.converted
+
+
+def test_a_new_pass_over_the_loader_gets_a_new_shuffle() -> None:
+    """fixtures/ddp/next_batches.py has no epoch loop: batches come from `next()` and the
+    iterator is made again in `except StopIteration:`, where the sampler's epoch goes up
+    (without it every pass read the order of the first, unlike the original's shuffle)."""
+    fixture = FIXTURE.with_name("next_batches.py")
+    conversion = convert_source(
+        fixture.read_text(), ConvertOptions(target="ddp", amp="off"), "next_batches.py"
+    )
+    assert (
+        "            except StopIteration:\n"
+        "                if DISTRIBUTED:\n"
+        "                    # a new pass over the data: a new shuffle\n"
+        "                    self.loader.sampler.set_epoch(self.loader.sampler.epoch + 1)\n"
+        "                batches = iter(self.loader)\n"
+    ) in conversion.converted
+    assert not [s for s in conversion.log.skipped if s.what == "set_epoch"]

@@ -15,6 +15,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Program
 from autoaccel.analysis.shapes import bound_names, find, method_calls
 from autoaccel.analysis.training import LoopRole, StepLoop
+from autoaccel.cst_edit import code_of
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -39,6 +40,7 @@ class SetSamplerEpoch(DistributedStep):
                 loop.function is not None
                 and _epoch_loop(loop) is None
                 and not method_calls(loop.function.node.body, "set_epoch")
+                and not new_passes(loop, self._program)  # its own module sets it there
             ):
                 # the training function of another module, called in an epoch loop here
                 sites = [s for s in self._program.calls_of(loop.function) if self._here(s)]
@@ -51,6 +53,8 @@ class SetSamplerEpoch(DistributedStep):
             return  # the function that trains an epoch sets it (`train_sampler.set_epoch(epoch)`)
         if _epoch_loop(loop) is not None:
             self._set_epoch_around([loop.node], loop)
+            return
+        if self._set_epoch_on_new_pass(loop):
             return
         sites = self._program.calls_of(loop.function) if loop.function is not None else []
         if any(not self._here(site) for site in sites):
@@ -120,6 +124,23 @@ class SetSamplerEpoch(DistributedStep):
             return step.loader
         return holders[0] if holders else None
 
+    def _set_epoch_on_new_pass(self, loop: StepLoop) -> bool:
+        """Batches drawn with `next()`, the iterator made again once the loader runs out
+        (`except StopIteration: batches = iter(loader)`): each new pass is an epoch, so the
+        sampler's epoch goes up by one just before it. Whether there was one."""
+        passes = new_passes(loop, self._program)
+        for line, loader in passes:
+            sampler = f"{code_of(loader)}.sampler"
+            self.before.setdefault(line, []).extend(
+                parse_statements(
+                    f"if {DISTRIBUTED}:\n"
+                    "    # a new pass over the data: a new shuffle\n"
+                    f"    {sampler}.set_epoch({sampler}.epoch + 1)\n"
+                )
+            )
+            self.changed(line, f"`{sampler}.set_epoch(...)`: a new shuffle every pass")
+        return bool(passes)
+
     def _iterators(self, body: cst.CSTNode) -> set[str]:
         """The names `body` binds to an iterator, `iter(...)`: it reads the loader's
         batches, but has no `.sampler` of its own."""
@@ -160,3 +181,34 @@ def _epoch_loop(step: StepLoop) -> cst.For | None:
         if isinstance(ancestor, cst.For):
             return ancestor
     return None
+
+
+# What an exhausted iterator raises, and the handlers that catch it.
+_STOPS = frozenset({"builtins.StopIteration", "builtins.Exception", "builtins.BaseException"})
+
+
+def new_passes(loop: StepLoop, program: Program) -> list[tuple[cst.CSTNode, cst.BaseExpression]]:
+    """The lines of `except StopIteration:` handlers (or a bare `except:`, `except
+    Exception:`) in `loop`'s function that make an iterator of its training loader again
+    (`batches = iter(loader)`), each with that loader's expression."""
+    module = loop.module
+    assert module is not None
+    scope = loop.function.node if loop.function is not None else loop.node
+    found: list[tuple[cst.CSTNode, cst.BaseExpression]] = []
+    for handler in find(scope, cst.ExceptHandler):
+        caught = module.index.qualified_names(handler.type) if handler.type else _STOPS
+        if not caught & _STOPS:
+            continue
+        for line in handler.body.body:
+            for assign in find(line, cst.Assign):
+                value = assign.value
+                if not (
+                    isinstance(value, cst.Call)
+                    and value.args
+                    and "builtins.iter" in module.index.qualified_names(value.func)
+                ):
+                    continue
+                loader = value.args[0].value
+                if program.values_of(loader, module) & loop.loaders:
+                    found.append((line, loader))
+    return found
