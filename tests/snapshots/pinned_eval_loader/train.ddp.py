@@ -52,6 +52,9 @@ class Solver:
             try:
                 x, y = next(data_iter)
             except StopIteration:
+                if DISTRIBUTED:
+                    # a new pass over the data: a new shuffle
+                    self.loader.sampler.set_epoch(self.loader.sampler.epoch + 1)
                 data_iter = iter(self.loader)
                 x, y = next(data_iter)
             x = x.to(self.device)
