@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Program
 from autoaccel.analysis.shapes import bound_names, find, method_calls
@@ -144,11 +145,12 @@ class SetSamplerEpoch(DistributedStep):
     def _iterators(self, body: cst.CSTNode) -> set[str]:
         """The names `body` binds to an iterator, `iter(...)`: it reads the loader's
         batches, but has no `.sampler` of its own."""
+        index = self.script.index
+        assert index is not None
         return {
             name
             for assign in find(body, cst.Assign)
-            if isinstance(assign.value, cst.Call)
-            and "builtins.iter" in self.qualified_names(assign.value.func)
+            if _iterated(assign.value, index) is not None
             for target in assign.targets
             for name in bound_names(target.target)
         }
@@ -201,14 +203,18 @@ def new_passes(loop: StepLoop, program: Program) -> list[tuple[cst.CSTNode, cst.
             continue
         for line in handler.body.body:
             for assign in find(line, cst.Assign):
-                value = assign.value
-                if not (
-                    isinstance(value, cst.Call)
-                    and value.args
-                    and "builtins.iter" in module.index.qualified_names(value.func)
-                ):
-                    continue
-                loader = value.args[0].value
-                if program.values_of(loader, module) & loop.loaders:
+                loader = _iterated(assign.value, module.index)
+                if loader is not None and program.values_of(loader, module) & loop.loaders:
                     found.append((line, loader))
     return found
+
+
+def _iterated(value: cst.BaseExpression, index: ModuleIndex) -> cst.BaseExpression | None:
+    """`loader` of `iter(loader)` (an iterator: the loader's batches, no `.sampler`)."""
+    if (
+        isinstance(value, cst.Call)
+        and value.args
+        and "builtins.iter" in index.qualified_names(value.func)
+    ):
+        return value.args[0].value
+    return None
