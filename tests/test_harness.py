@@ -267,6 +267,19 @@ def test_main_writes_the_record_and_reports_errors(tmp_path):
     assert json.loads((tmp_path / "record-0.json").read_text())["exit"] == "error: ValueError: boom"
 
 
+@pytest.mark.parametrize(
+    "script_args",
+    [["--epoch", "3"], ["--ep", "1"], ["--seed", "5", "--max-steps", "9", "--epoch-steps", "2"]],
+    ids=["prefix-of-two-options", "prefix-of-one-option", "same-names"],
+)
+def test_the_script_s_arguments_reach_it_untouched(script_args):
+    """torchfm's `--epoch 3` was taken for an ambiguous abbreviation of `--epoch-steps` /
+    `--epoch-samples`: the harness exited 2, and convert said the original fails."""
+    ns = harness.arguments(["--losses-out", "r.json", "--max-steps", "4", "train.py", *script_args])
+    assert (ns.max_steps, ns.seed, ns.epoch_steps) == (4, None, None)
+    assert (ns.script, ns.args) == ("train.py", script_args)
+
+
 def test_capture_hands_over_the_loaders_before_training(tmp_path):
     script = write(
         tmp_path,

@@ -656,9 +656,14 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The harness's options, then the script and its own arguments, untouched: no option
+    of the harness is abbreviated, so a script's `--epoch 3` is not taken for an ambiguous
+    `--epoch-steps`/`--epoch-samples`."""
     parser = argparse.ArgumentParser(
-        prog="python -m autoaccel.run.harness", description=__doc__.split("\n")[0]
+        prog="python -m autoaccel.run.harness",
+        description=__doc__.split("\n")[0],
+        allow_abbrev=False,
     )
     parser.add_argument("--losses-out", required=True, help="JSON output path; {rank} is replaced")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after N training steps")
@@ -687,7 +692,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
-    ns = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = arguments(argv)
     epoch_cut = (
         EpochCut(ns.epoch_steps, ns.epoch_samples) if ns.epoch_steps or ns.epoch_samples else None
     )
