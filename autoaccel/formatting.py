@@ -1,11 +1,12 @@
-"""Black's style for inserted code only: a changed statement (or `with` header) that
-grew past the line length is re-formatted with black; every other byte stays as it was,
+"""Black's style for inserted code only: a changed statement (or `with`/`for` header)
+that grew past the line length is re-formatted with black; every other byte stays as it was,
 and inserted lines end with the file's newline."""
 
 from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
+from typing import TypeVar
 
 import libcst as cst
 
@@ -18,6 +19,23 @@ from autoaccel.source import python_tree
 
 LINE_LENGTH = 88
 
+# The fields of a compound statement's header (everything but its body and the lines
+# around it), for the headers that a rewrite lengthens: an inserted autocast, a sharded
+# argument of the loop's batch maker.
+Header = cst.With | cst.For
+HeaderT = TypeVar("HeaderT", cst.With, cst.For)
+_HEADER_FIELDS: dict[type[Header], tuple[str, ...]] = {
+    cst.With: ("items", "lpar", "rpar", "whitespace_after_with", "whitespace_before_colon"),
+    cst.For: (
+        "target",
+        "iter",
+        "whitespace_after_for",
+        "whitespace_before_in",
+        "whitespace_after_in",
+        "whitespace_before_colon",
+    ),
+}
+
 
 def _changed_long_lines(before: str, after: str) -> set[int]:
     new = source_lines(after)
@@ -29,14 +47,14 @@ def _changed_long_lines(before: str, after: str) -> set[int]:
 
 
 class _FormatStatements(cst.CSTTransformer):
-    """Replaces the `statements` and the `with` headers in `headers` with black's
+    """Replaces the `statements` and the `with`/`for` headers in `headers` with black's
     formatting, at the column each starts on (the values); visits only the compound
     statements `around` them, so every other statement stays the node it was."""
 
     def __init__(
         self,
         statements: dict[cst.BaseStatement, int],
-        headers: dict[cst.With, int],
+        headers: dict[Header, int],
         around: set[cst.BaseStatement],
     ) -> None:
         super().__init__()
@@ -62,25 +80,27 @@ class _FormatStatements(cst.CSTTransformer):
         return statement.with_changes(leading_lines=updated_node.leading_lines)
 
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
-        """A long `with` header (e.g. an inserted autocast): only the header is
-        re-formatted; the body keeps its bytes."""
+        return self._format_header(original_node, updated_node)
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        return self._format_header(original_node, updated_node)
+
+    def _format_header(self, original_node: HeaderT, updated_node: HeaderT) -> HeaderT:
+        """A long header: only the header is re-formatted; the body (and an `else:`)
+        keeps its bytes."""
         column = self.headers.get(original_node)
         if column is None:
             return updated_node
         header = updated_node.with_changes(
             body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]),
             leading_lines=[],
+            **({"orelse": None} if isinstance(updated_node, cst.For) else {}),
         )
         statement = _black_statement(cst.Module(body=[header]).code, column)
-        if not isinstance(statement, cst.With):
+        if type(statement) is not type(updated_node):
             return updated_node
-        return updated_node.with_changes(
-            items=statement.items,
-            lpar=statement.lpar,
-            rpar=statement.rpar,
-            whitespace_after_with=statement.whitespace_after_with,
-            whitespace_before_colon=statement.whitespace_before_colon,
-        )
+        fields = _HEADER_FIELDS[type(updated_node)]
+        return updated_node.with_changes(**{f: getattr(statement, f) for f in fields})
 
 
 def _black_statement(code: str, column: int) -> cst.BaseStatement | None:
@@ -124,19 +144,19 @@ def _format_statements(
     module: cst.Module, code: str, lines: set[int], spans: Spans | None
 ) -> cst.Module:
     """`module` (whose code is `code`, its top-level statements at `spans` when known)
-    with each statement and `with` header that has a line in `lines` black-formatted.
+    with each statement and `with`/`for` header that has a line in `lines` black-formatted.
     Where the statements are comes from CPython's parse: only the statements are
     visited, no position computed."""
     located = _statement_lines(module, code, lines, spans)
     text = source_lines(code)
     touched: dict[cst.BaseStatement, int] = {}
-    headers: dict[cst.With, int] = {}
+    headers: dict[Header, int] = {}
     for statement, where in located.items():
         column = len(INDENT.match(text[where.own - 1]).group())  # type: ignore[union-attr]
         if isinstance(statement, cst.SimpleStatementLine) and not _is_string(statement):
             if any(line in lines for line in range(where.own, where.last + 1)):
                 touched[statement] = column
-        elif isinstance(statement, cst.With):
+        elif isinstance(statement, (cst.With, cst.For)):
             body = statement.body
             colon = (
                 located[body.body[0]].first - 1

@@ -25,6 +25,29 @@ def test_changed_long_with_header_is_wrapped_and_body_kept():
     assert all(len(line) <= 88 for line in formatted.splitlines())
 
 
+def test_changed_long_for_header_is_wrapped_and_body_and_else_kept():
+    """`--to ddp` shards the rows a loop's batch maker is passed (`shard_rows(train_x)`)."""
+    before = (
+        "for x, y in get_batches(train_x, train_y, args.batch_size, True):\n"
+        "    step(x,  y)  # keep\n"
+        "else:\n"
+        "    done( )\n"
+    )
+    call = "get_batches(shard_rows(train_x), shard_rows(train_y), per_process_batch_size(args.batch_size), True)"
+    after = before.replace("get_batches(train_x, train_y, args.batch_size, True)", call)
+    assert format_inserted_code(before, after) == (
+        "for x, y in get_batches(\n"
+        "    shard_rows(train_x),\n"
+        "    shard_rows(train_y),\n"
+        "    per_process_batch_size(args.batch_size),\n"
+        "    True,\n"
+        "):\n"
+        "    step(x,  y)  # keep\n"
+        "else:\n"
+        "    done( )\n"
+    )
+
+
 def test_unchanged_long_lines_are_left_alone():
     source = f"{LONG_CALL}\n    y = model(x)\n"
     assert format_inserted_code(source, source + "z = 1\n") == source + "z = 1\n"
