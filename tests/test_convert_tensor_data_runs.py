@@ -18,9 +18,10 @@ pytestmark = pytest.mark.runs
 
 PROBE = textwrap.dedent("""\
     # Run a script and write probe-<RANK>.json: the token ids every training forward of an
-    # Embedding read, the offsets every unseeded torch.randint drew, the samples every
-    # DataLoader yielded, what Python's random.sample and random.randrange drew, and the
-    # sum of what each torch.randn drew.
+    # Embedding read, the first column of the rows every training forward of a Linear read,
+    # the offsets every unseeded torch.randint drew, the samples every DataLoader yielded,
+    # what Python's random.sample and random.randrange drew, and the sum of what each
+    # torch.randn drew.
     import json
     import os
     import random
@@ -30,7 +31,7 @@ PROBE = textwrap.dedent("""\
     import torch
     from torch.utils.data import DataLoader
 
-    seen = {"tokens": [], "offsets": [], "samples": [], "draws": [], "states": []}
+    seen = {"tokens": [], "rows": [], "offsets": [], "samples": [], "draws": [], "states": []}
     randn = torch.randn
     sample, randrange = random.sample, random.randrange
 
@@ -60,6 +61,15 @@ PROBE = textwrap.dedent("""\
         return embedding_forward(self, input)
 
 
+    linear_forward = torch.nn.Linear.forward
+
+
+    def recording_linear(self, input):
+        if torch.is_grad_enabled():
+            seen["rows"].append([round(v, 5) for v in input.reshape(-1, input.shape[-1])[:, 0].tolist()])
+        return linear_forward(self, input)
+
+
     def recording_randint(*args, **kwargs):
         drawn = randint(*args, **kwargs)
         if "generator" not in kwargs:
@@ -74,6 +84,7 @@ PROBE = textwrap.dedent("""\
 
 
     torch.nn.Embedding.forward, torch.randint, DataLoader.__iter__ = recording_forward, recording_randint, recording_iter
+    torch.nn.Linear.forward = recording_linear
     random.sample, random.randrange = recording_sample, recording_randrange
     torch.randn = recording_randn
     script, sys.argv = sys.argv[1], sys.argv[1:]
@@ -116,6 +127,30 @@ def test_batchify_ranks_read_disjoint_columns_that_make_up_the_batch(tmp_path):
     for step, (whole, first, second) in enumerate(zip(original, rank0, rank1)):
         assert [len(row) for row in first] == [len(row) for row in second] == [2] * len(whole), step
         assert [a + b for a, b in zip(first, second)] == whole, step
+
+
+def test_permuted_rows_ranks_read_disjoint_rows_in_as_many_steps(tmp_path):
+    """fixtures/ddp/permuted_batches.py (was refused: "takes its batches from `train_x`"): 55
+    rows, a batch of 8 on 2 ranks; in each epoch each rank reads its own 27 rows (ids in the
+    first column, / 100) in 7 steps of at most 4, together all rows but the last."""
+    rank0, rank1 = (probe["rows"] for probe in _ranks("ddp/permuted_batches.py", (), tmp_path))
+    assert len(rank0) == len(rank1) == 2 * 7
+    assert all(len(batch) <= 4 for batch in rank0 + rank1)
+    for epoch in (slice(0, 7), slice(7, 14)):
+        first, second = (
+            [round(v * 100) for b in rank[epoch] for v in b] for rank in (rank0, rank1)
+        )
+        assert len(first) == len(set(first)) == len(second) == len(set(second)) == 27
+        assert set(first) | set(second) == set(range(54))
+
+
+def test_permuted_rows_one_process_trains_as_before(tmp_path):
+    """Run with plain `python`, the converted fixture batches all rows as the original does."""
+    name = "ddp/permuted_batches.py"
+    converted, original = run_script(_converted(name, tmp_path)), run_script(FIXTURES_DIR / name)
+    _check(converted, name)
+    _check(original, name)
+    assert converted.stdout == original.stdout != ""
 
 
 def test_randint_ranks_draw_different_offsets_each_a_share_of_the_batch(tmp_path):

@@ -39,7 +39,7 @@ INSERTED: dict[str, frozenset[str]] = {
             "DISTRIBUTED", "RANK", "LOCAL_RANK", "WORLD_SIZE", "backend",
             "LOCAL_WORLD_SIZE", "CPUS_PER_PROCESS", "per_process_batch_size",
             "sync_gradients", "no_sync", "on_any_rank", "every_process", "first_process_decides", "all_reduce_sums",
-            "average_over_processes", "sum_over_processes", "NoWriter", "ShardedDraws", "ShardedStream",
+            "average_over_processes", "sum_over_processes", "NoWriter", "ShardedDraws", "ShardedStream", "shard_rows",
             "shard_model", "full_state_dict", "load_full_state_dict",
             "full_optimizer_state_dict", "load_full_optimizer_state_dict", "ModelWithLoss",
             "LossInForward", "MethodAsForward",

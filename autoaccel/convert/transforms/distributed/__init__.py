@@ -25,6 +25,7 @@ from autoaccel.convert.transforms.distributed.scale_summed_loss import ScaleSumm
 from autoaccel.convert.transforms.distributed.seed_each_rank import SeedEachRank
 from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
 from autoaccel.convert.transforms.distributed.shard_evaluation import ShardEvaluation
+from autoaccel.convert.transforms.distributed.shard_permuted_rows import ShardPermutedRows
 from autoaccel.convert.transforms.distributed.shard_stream_columns import ShardStreamColumns
 from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
 from autoaccel.convert.transforms.distributed.share_node_cpus import ShareNodeCpus
@@ -43,6 +44,7 @@ DDP_STEPS = [
     WrapModel,
     MigrateHorovod,  # after WrapModel: fp16 compression hooks onto the DDP wrapper
     ShardStreamColumns,
+    ShardPermutedRows,
     ShardTrainLoader,
     FollowPerProcessBatch,
     ShareNodeCpus,

@@ -22,6 +22,7 @@ import libcst.matchers as m
 from autoaccel.analysis.fresh_data import HOST_SEEDS, Generator, fresh_draws, generator_of
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.permuted_rows import permuted_batches
 from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, names_in
 from autoaccel.analysis.script_model import LoopRole, Missing, ScriptModel
@@ -109,7 +110,7 @@ _DECIDED = (
     "the proof run before writing checks that the processes train on different data;"
     " `--no-verify` refuses, `--allow-partial` writes it unchecked"
 )
-_HELPER = f'''
+BATCH_HELPER_CODE = f'''
 def {BATCH_HELPER}(global_batch_size):
     """Each process loads an equal share of the original (global) batch."""
     if global_batch_size % {WORLD_SIZE}:
@@ -148,7 +149,7 @@ class ShardTrainLoader(DistributedStep):
             if not self.shards(node, call):
                 self._shard(call)
         if self.helper_needed:
-            self.define_helper(node, BATCH_HELPER, _HELPER)
+            self.define_helper(node, BATCH_HELPER, BATCH_HELPER_CODE)
             self.imports.append("import warnings")
         if self.shared_draws_needed:
             self.define_helper(node, SHARED_DRAW, _SHARED_DRAW_CLASS)
@@ -170,6 +171,8 @@ class ShardTrainLoader(DistributedStep):
                 step.node,
             )
             return
+        if permuted_batches(step, self.script) is not None:
+            return  # ShardPermutedRows gives each process its rows
         generators = fresh_draws(step) or self._round_draws(step)
         source = batch_source(step.node, self.script.index)
         if generators:
