@@ -37,6 +37,7 @@ from autoaccel.convert.pipeline import (
 )
 from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY
 from autoaccel.convert.transforms.data_parallel import settle_project_refusals
+from autoaccel.convert.transforms.distributed._base import checkpointing_modules
 from autoaccel.fileio import SourceFile, read_source
 from autoaccel.source import parse
 
@@ -103,6 +104,7 @@ def find_project(script: Path, source: SourceFile) -> Project | None:
     holding = {loop.module for loop in steps} | {o.module for loop in steps for o in loop.loaders}
     # the module of a step function another module's loop calls (its forward gets autocast)
     holding |= {function.module for loop in steps for function in loop.step_functions}
+    holding |= checkpointing_modules(program, training)  # their saves go on rank 0 (ddp)
     if loaded.unreadable and not steps:
         name, why = next(iter(loaded.unreadable.items()))
         raise ConversionError(

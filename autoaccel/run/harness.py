@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import gc
+import glob
 import io
 import json
 import os
@@ -421,10 +422,19 @@ class _StepRecorder:
 
         def load(f, *args, **kwargs):
             if isinstance(f, (str, os.PathLike)):
-                f = self.redirected.get(os.path.abspath(f), f)
+                f = self.redirected.get(os.path.abspath(f)) or self._saved_by_another_rank(f) or f
             return original(f, *args, **kwargs)
 
         return load
+
+    def _saved_by_another_rank(self, path: str | os.PathLike) -> str | None:
+        """The file in `scratch` that another process saved `path` to (rank 0 saves the
+        checkpoint every rank loads), None when none did."""
+        if self.scratch is None:
+            return None
+        name = os.path.abspath(path).strip(os.sep).replace(os.sep, "__")
+        saved = sorted(self.scratch.glob(f"rank*-{glob.escape(name)}"))
+        return str(saved[0]) if saved else None
 
     def _kept_optimizer(self, original: Callable) -> Callable:
         def init(optimizer, *args, **kwargs):

@@ -13,11 +13,17 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Program, Values
-from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, DISTRIBUTED_SAMPLER, LoopRole
+from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Program, SourceModule, Values
+from autoaccel.analysis.script_model import (
+    DISTRIBUTED_DATA_PARALLEL,
+    DISTRIBUTED_SAMPLER,
+    LoopRole,
+    ScriptModel,
+)
 from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
-from autoaccel.analysis.side_effects import find_side_effects
-from autoaccel.analysis.training import StepLoop
+from autoaccel.analysis.side_effects import find_side_effects, function_writes
+from autoaccel.analysis.training import StepLoop, Training
+from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
 from autoaccel.cst_edit import add_import, add_imports, keyword_value
@@ -89,6 +95,78 @@ def rank_zero(statements: Statements) -> cst.If:
     ]
     guard = cst.ensure_type(cst.parse_statement(f"if {RANK} == 0:\n    pass\n"), cst.If)
     return guard.with_changes(body=cst.IndentedBlock(body=body), leading_lines=leading)
+
+
+def sole_callee(program: Program | None, call: cst.Call) -> FunctionInfo | None:
+    """The function of the project that `call` runs, if it runs one alone."""
+    callees = program.callees.get(call, ()) if program is not None else ()
+    return next(iter(callees)) if len(callees) == 1 else None
+
+
+def runs_save(program: Program | None, call: cst.Call) -> bool:
+    """Whether `call` runs a function of the project that calls `torch.save`, itself or
+    through the functions it calls (`early_stopping(val_loss, model, path)`)."""
+    seen: set[cst.FunctionDef] = set()
+    calls = [call]
+    while calls:
+        for function in program.callees.get(calls.pop(), ()) if program is not None else ():
+            if function.node in seen:
+                continue
+            seen.add(function.node)
+            inner = find(function.node, cst.Call)
+            index = function.module.index
+            if any("torch.save" in index.qualified_names(c.func) for c in inner):
+                return True
+            calls.extend(inner)
+    return False
+
+
+def _saves_among_other_work(program: Program | None, call: cst.Call) -> bool:
+    """Whether `call` runs a method of a class of the project that saves a checkpoint
+    (`runs_save`) besides doing other work (a helper function is guarded or refused where
+    it is called, `guard_rank_zero.py`): `early_stopping(val_loss, model, path)`, whose
+    `EarlyStopping.__call__` counts the epochs without progress and, on progress, calls
+    its `save_checkpoint()`. A guard of the call would skip that work on the other ranks:
+    its module is converted, the save guarded where it is."""
+    helper = sole_callee(program, call)
+    if helper is None or helper.cls is None or not runs_save(program, call):
+        return False
+
+    def callee_in(inner: cst.Call) -> cst.FunctionDef | None:
+        function = sole_callee(program, inner)
+        return function.node if function is not None and function.module is helper.module else None
+
+    module = helper.module
+    writes = function_writes(module.tree, module.index, callee_in).get(helper.node)
+    return writes is None or not writes.only
+
+
+def checkpointing_modules(program: Program | None, training: Training) -> set[SourceModule]:
+    """The modules of the project whose functions the training loops' modules call to
+    save a checkpoint among other work (`_saves_among_other_work`): converted with them."""
+    modules = {
+        s.module
+        for s in training.step_loops.values()
+        if s.role is LoopRole.TRAIN and s.module is not None
+    }
+    return {
+        helper.module
+        for module in modules
+        for call in find(module.tree, cst.Call)
+        if (helper := sole_callee(program, call)) is not None
+        and helper.module not in modules
+        and _saves_among_other_work(program, call)
+    }
+
+
+def rank_zero_checkpointing(script: ScriptModel, options: ConvertOptions) -> set[SourceModule]:
+    """`checkpointing_modules`, whose saves go on rank 0, under `--to ddp`. Under `--to
+    fsdp` none: such a helper is given the sharded model, whose state dict every process
+    must gather before rank 0 saves it; it is refused where it is called
+    (`GuardRankZeroGathering`)."""
+    if options.target != "ddp":
+        return set()
+    return checkpointing_modules(script.program, script.training)
 
 
 @dataclass(frozen=True)

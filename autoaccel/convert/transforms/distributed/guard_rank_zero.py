@@ -35,6 +35,8 @@ from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
     parse_statements,
     rank_zero,
+    rank_zero_checkpointing,
+    sole_callee,
 )
 from autoaccel.cst_edit import code_of, is_docstring, keyword_value, set_keyword
 
@@ -118,7 +120,7 @@ class GuardRankZero(DistributedStep):
         """What `call` writes when it runs a function of a module the conversion leaves as
         it is (the modules it converts guard their own writers) that does nothing but
         write, or that writes files and must run on every rank (refused)."""
-        helper = self._sole_callee(call)
+        helper = sole_callee(self.script.program, call)
         if helper is None or helper.module in self._converted_modules:
             return None
         if helper.module not in self.writes_of:
@@ -139,23 +141,20 @@ class GuardRankZero(DistributedStep):
         self.helpers[call] = helper
         return writes.kind
 
-    def _sole_callee(self, call: cst.Call) -> FunctionInfo | None:
-        """The function of the project that `call` runs, if it runs one alone."""
-        callees = self.script.callees(call)
-        return next(iter(callees)) if len(callees) == 1 else None
-
     def _callee_in(self, module: SourceModule, call: cst.Call) -> cst.FunctionDef | None:
         """The function of `module` that `call` runs, if it runs one alone."""
-        function = self._sole_callee(call)
+        function = sole_callee(self.script.program, call)
         return function.node if function is not None and function.module is module else None
 
     @cached_property
     def _converted_modules(self) -> set[SourceModule]:
         """This module and those a project conversion rewrites with it: where training
-        loops, the loaders they read and the step functions they call are."""
+        loops, the loaders they read, the step functions they call and the checkpointing
+        helpers they call (`checkpointing_modules`) are."""
         steps = [s for s in self.script.training.step_loops.values() if s.role is LoopRole.TRAIN]
         modules = {s.module for s in steps} | {o.module for s in steps for o in s.loaders}
-        return modules | {f.module for s in steps for f in s.step_functions} | {self.script.module}
+        modules |= {f.module for s in steps for f in s.step_functions}
+        return modules | rank_zero_checkpointing(self.script, self.options) | {self.script.module}
 
     def _make_on_every_rank(self, call: cst.Call) -> None:
         """`os.makedirs(path)` stays on every process, with `exist_ok=True`: the others

@@ -19,6 +19,7 @@ from autoaccel.convert.transforms.distributed._base import (
     INIT_PROCESS_GROUP,
     has_setup_block,
     parse_statements,
+    rank_zero_checkpointing,
 )
 from autoaccel.convert.transforms.inserted_names import name_refusal
 from autoaccel.cst_edit import add_import, leading_import_block
@@ -99,10 +100,11 @@ class InitProcessGroup(Transform):
         return module
 
     def _trains_here(self) -> bool:
-        """Whether this module (one the script imports) holds a training step loop, or a
-        DataLoader that one reads: the module the DDP changes go into."""
+        """Whether this module (one the script imports) holds a training step loop, a
+        DataLoader that one reads, or a checkpointing helper it calls: the module the DDP
+        changes go into."""
         here = self.script.module
-        return any(
+        return here in rank_zero_checkpointing(self.script, self.options) or any(
             loop.role is LoopRole.TRAIN
             and (loop.module is here or any(o.module is here for o in loop.loaders))
             for loop in self.script.training.step_loops.values()

@@ -18,6 +18,7 @@ from autoaccel.convert.transforms.distributed._base import (
     LOCAL_RANK,
     DistributedStep,
     parse_statements,
+    runs_save,
 )
 from autoaccel.cst_edit import keyword_value, set_keyword
 
@@ -34,7 +35,7 @@ class LoadOnEveryRank(DistributedStep):
         calls = sorted(find(node, cst.Call), key=self.line_of)
         for call in calls:
             names = self.qualified_names(call.func)
-            if "torch.save" in names:
+            if "torch.save" in names or runs_save(self.script.program, call):
                 saved = True
             elif "torch.load" in names:
                 if keyword_value(call, "map_location") is None:
