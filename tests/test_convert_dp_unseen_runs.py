@@ -21,7 +21,9 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dp"
 DP = ConvertOptions(target="dp", amp="off")
 
 
-@pytest.mark.parametrize("name", ["conditional_forward.py", "infinite_loader.py"])
+@pytest.mark.parametrize(
+    "name", ["conditional_forward.py", "infinite_loader.py", "annotated_step.py"]
+)
 def test_unseen_shape_trains_like_the_original(name: str, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     fixture = FIXTURES / name

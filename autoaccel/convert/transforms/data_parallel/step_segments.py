@@ -137,8 +137,12 @@ def assigned(statement: cst.CSTNode) -> set[str]:
 
 
 def read(statement: cst.CSTNode) -> set[str]:
-    """Variable names a statement reads (attribute names and keywords left out)."""
+    """Variable names a statement reads (attribute names, keywords and the annotations of
+    local variables, which Python does not evaluate, left out)."""
     names = {id(n): n.value for n in find(statement, cst.Name)}
+    for annotation in find(statement, cst.Annotation):
+        for name in find(annotation, cst.Name):
+            names.pop(id(name), None)
     for node in find(statement, (cst.Attribute, cst.Arg)):
         inner = node.attr if isinstance(node, cst.Attribute) else node.keyword
         if inner is not None:
@@ -1221,7 +1225,9 @@ def _compound(s: cst.CSTNode) -> str:
 
 
 def _plain_line(s: cst.CSTNode) -> bool:
-    return m.matches(s, m.SimpleStatementLine(body=[m.Assign() | m.AugAssign()]))
+    """`y = f(x)`, `y += f(x)`, `y: T = f(x)` alone on its line."""
+    assignment = m.Assign() | m.AugAssign() | m.AnnAssign(value=m.MatchIfTrue(bool))
+    return m.matches(s, m.SimpleStatementLine(body=[assignment]))
 
 
 def _lines(s: cst.CSTNode) -> list[cst.CSTNode]:
