@@ -312,6 +312,7 @@ verified = runs_fixture(start_runs)
         "imported_encoder.py",
         "printed_samples.py",
         "printed_translation.py",
+        "loader_subclass.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

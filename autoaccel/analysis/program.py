@@ -37,10 +37,11 @@ from enum import Enum
 from typing import NamedTuple
 
 import libcst as cst
+import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, Scope, from_module, run_visitors
 from autoaccel.analysis.losses import is_loss_module
-from autoaccel.analysis.shapes import bound_name_nodes
+from autoaccel.analysis.shapes import bound_name_nodes, find
 
 DATALOADER = "torch.utils.data.DataLoader"
 TENSOR_DATASET = "torch.utils.data.TensorDataset"
@@ -170,9 +171,41 @@ class ClassInfo:
         return any(q in qualified for c in self.mro() for q in c.external_bases)
 
     @property
+    def is_forwarding_loader(self) -> bool:
+        """Whether it is a DataLoader subclass whose `__init__`s (if any) take `*args,
+        **kwargs` and hand them all to the base's (Conv-TasNet's `AudioDataLoader`, which
+        only sets its own `collate_fn`): a call of it takes a sampler like DataLoader's."""
+        if not self.derives_from(DATALOADER):
+            return False
+        for cls in self.mro():
+            init = cls.methods.get("__init__")
+            if init is not None and not _forwards_everything(init.node):
+                return False
+        return True
+
+    @property
     def is_module(self) -> bool:
         """Whether its instances are `torch.nn.Module`s."""
         return any(q.startswith(_MODULE_BASES) for c in self.mro() for q in c.external_bases)
+
+
+def _forwards_everything(init: cst.FunctionDef) -> bool:
+    """`def __init__(self, *args, **kwargs)` that calls `super().__init__(*args, **kwargs)`."""
+    params = init.params
+    if (
+        len(params.params) != 1
+        or params.kwonly_params
+        or params.posonly_params
+        or not isinstance(params.star_arg, cst.Param)
+        or params.star_kwarg is None
+    ):
+        return False
+    star, double = params.star_arg.name.value, params.star_kwarg.name.value
+    handed_on = m.Call(
+        func=m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("__init__")),
+        args=[m.Arg(m.Name(star), star="*"), m.Arg(m.Name(double), star="**")],
+    )
+    return any(m.matches(call, handed_on) for call in find(init.body, cst.Call))
 
 
 @dataclass(eq=False)
@@ -771,6 +804,8 @@ class Program:
         for obj in self._eval(node.func, module):
             if obj.kind is Kind.CLASS and obj.cls is not None:
                 kind = Kind.MODULE if obj.cls.is_module else Kind.INSTANCE
+                if obj.cls.is_forwarding_loader:
+                    kind = Kind.LOADER
                 made.add(self.obj(kind, node, module, cls=obj.cls))
         return made
 
