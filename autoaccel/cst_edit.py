@@ -5,6 +5,7 @@ Inserted code follows black's style; everything around it keeps its bytes.
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import libcst as cst
@@ -104,16 +105,21 @@ def add_imports(module: cst.Module, names: tuple[str, ...]) -> cst.Module:
     return module
 
 
-def add_import(module: cst.Module, statement: str) -> cst.Module:
+def add_import(
+    module: cst.Module, statement: str, needed_by: cst.BaseStatement | None = None
+) -> cst.Module:
     """`module` with the import line `statement` (`import os`, `import a.b as c`,
-    `from a import b as c`) unless that exact line is there. A standard-library line
-    joins the leading standard-library imports, a torch line the torch imports, each in
-    isort's order (`import x` before `from x import y`, then by module); any other goes
-    after the leading imports. Only the line taking over the top of a section moves the
-    comments and blank lines above it."""
+    `from a import b as c`) unless that exact line is there (above `needed_by`, the
+    first statement of the module's body that uses it, when given: a line further down
+    binds the name too late). A standard-library line joins the leading standard-library
+    imports, a torch line the torch imports, each in isort's order (`import x` before
+    `from x import y`, then by module); any other goes after the leading imports. Only
+    the line taking over the top of a section moves the comments and blank lines above
+    it."""
     new = cst.parse_statement(statement + "\n")
     body = list(module.body)
-    if any(s.with_changes(leading_lines=[]).deep_equals(new) for s in body):
+    above = itertools.takewhile(lambda s: s is not needed_by, body)
+    if any(s.with_changes(leading_lines=[]).deep_equals(new) for s in above):
         return module
     start, end = leading_import_block(module)
     keys = {i: _import_key(body[i]) for i in range(start, end)}  # of the leading imports

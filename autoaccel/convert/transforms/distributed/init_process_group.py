@@ -88,7 +88,8 @@ class InitProcessGroup(Transform):
             return tree
         _, end = leading_import_block(tree)
         body = list(tree.body)
-        body[end:end] = parse_statements(SETUP_BLOCK if self.script.uses_cuda else CPU_SETUP_BLOCK)
+        block = parse_statements(SETUP_BLOCK if self.script.uses_cuda else CPU_SETUP_BLOCK)
+        body[end:end] = block
         self.changed(
             tree.body[end - 1] if end else tree.body[0],
             "process group from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE);"
@@ -96,7 +97,7 @@ class InitProcessGroup(Transform):
         )
         module = tree.with_changes(body=body)
         for statement in ("import os", "import torch", DIST_IMPORT):
-            module = add_import(module, statement)
+            module = add_import(module, statement, needed_by=block[0])
         return module
 
     def _trains_here(self) -> bool:
@@ -115,13 +116,14 @@ class InitProcessGroup(Transform):
         environment too; the script's own set-up block starts the process group."""
         _, end = leading_import_block(tree)
         body = list(tree.body)
-        body[end:end] = parse_statements(MODULE_NAMES)
+        block = parse_statements(MODULE_NAMES)
+        body[end:end] = block
         self.changed(
             tree.body[end - 1] if end else tree.body[0],
             "RANK, LOCAL_RANK and WORLD_SIZE from torchrun's environment (the script starts"
             " the process group)",
         )
-        return add_import(tree.with_changes(body=body), "import os")
+        return add_import(tree.with_changes(body=body), "import os", needed_by=block[0])
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.qualified_names(node.func)
