@@ -18,10 +18,10 @@ from functools import lru_cache
 
 import libcst as cst
 
-from autoaccel.analysis.index import children
+from autoaccel.analysis.index import children, descendants
 from autoaccel.analysis.program import Kind, SourceModule
 from autoaccel.analysis.script_model import ScriptModel
-from autoaccel.analysis.shapes import is_false, is_method_call, is_name
+from autoaccel.analysis.shapes import find, is_attribute, is_false, is_method_call, is_name
 from autoaccel.cst_edit import keyword_value
 
 
@@ -77,6 +77,8 @@ class LossReductions:
         return Reduction.NONE
 
     def _binary(self, node: cst.BinaryOperation, place: _Place, seen: frozenset) -> Reduction:
+        if isinstance(node.operator, cst.Divide):
+            return self._divided(node.left, node.right, place, seen)
         left, right = self._of(node.left, place, seen), self._of(node.right, place, seen)
         if isinstance(node.operator, (cst.Add, cst.Subtract)):
             return left.plus(right)
@@ -84,11 +86,24 @@ class LossReductions:
             if Reduction.NONE in (left, right):
                 return right if left is Reduction.NONE else left  # a constant factor
             return Reduction.MIXED
-        if isinstance(node.operator, cst.Divide) and right is Reduction.NONE:
-            if left is Reduction.SUM:
-                return Reduction.MEAN if is_batch_size(node.right) else Reduction.MIXED
-            return left
         return Reduction.NONE if left is right is Reduction.NONE else Reduction.MIXED
+
+    def _divided(
+        self,
+        dividend: cst.BaseExpression,
+        divisor: cst.BaseExpression,
+        place: _Place,
+        seen: frozenset,
+    ) -> Reduction:
+        """`dividend / divisor`: a sum divided by the size of the batch it sums over is a
+        mean of this process's share; divided by anything else (a constant, the size of
+        the dataset) it stays a scaled sum the tool does not scale."""
+        left, right = self._of(dividend, place, seen), self._of(divisor, place, seen)
+        if right is not Reduction.NONE:
+            return Reduction.MIXED
+        if left is Reduction.SUM:
+            return Reduction.MEAN if _counts(divisor, dividend, place) else Reduction.MIXED
+        return left
 
     def _call(self, node: cst.Call, place: _Place, seen: frozenset) -> Reduction:
         names = place.module.index.qualified_names(node.func)
@@ -99,6 +114,9 @@ class LossReductions:
             return Reduction.SUM if everything else Reduction.MIXED
         if names & MEANS or is_method_call(node, "mean"):
             return Reduction.MEAN
+        if is_method_call(node, "div") and len(node.args) == 1:  # `bce.div(batch_size)`
+            dividend = node.func.value  # type: ignore[attr-defined]
+            return self._divided(dividend, node.args[0].value, place, seen)
         functions = self.script.program.callees.get(node, set()) if self.script.program else set()
         returned = [
             (value, _Place(f.node, f.module))
@@ -152,22 +170,61 @@ def _reduces_everything(call: cst.Call, positional: int) -> bool:
 
 
 def is_batch_size(node: cst.BaseExpression) -> bool:
-    """A divisor that makes a sum a mean of this process's share: `len(x)`, `x.size(0)`, `x.shape[0]`: the size of the batch this process holds."""
-    if isinstance(node, cst.Call) and is_name(node.func, "len"):
-        return True
+    """A count of samples: `len(x)`, `x.size(0)`, `x.shape[0]`."""
+    return _measured(node) is not None
+
+
+def _measured(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`x` in `len(x)`, `x.size(0)`, `x.shape[0]`."""
+    if isinstance(node, cst.Call) and is_name(node.func, "len") and len(node.args) == 1:
+        return node.args[0].value
     if is_method_call(node, "size"):
         args = node.args  # type: ignore[attr-defined]
-        return (
-            len(args) == 1 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0"
-        )
-    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute):
+        if len(args) == 1 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0":
+            return node.func.value  # type: ignore[attr-defined]
+    if isinstance(node, cst.Subscript) and is_attribute(node.value, "shape"):
         index = node.slice[0].slice if len(node.slice) == 1 else None
-        return (
-            node.value.attr.value == "shape"
-            and isinstance(index, cst.Index)
+        if (
+            isinstance(index, cst.Index)
             and isinstance(index.value, cst.Integer)
             and index.value.value == "0"
-        )
+        ):
+            return node.value.value  # type: ignore[attr-defined]
+    return None
+
+
+def _counts(divisor: cst.BaseExpression, dividend: cst.BaseExpression, place: _Place) -> bool:
+    """`divisor` counts the samples `dividend` sums over: the size of a tensor the
+    dividend is computed from (`bce / x.size(0)`, `bce.div(batch_size)` after
+    `batch_size = len(x)`), not of the dataset or a constant."""
+    sizes = [divisor]
+    if isinstance(divisor, cst.Name):
+        sizes = assigned_values(place.scope, divisor.value)
+    measured = [_measured(size) for size in sizes]
+    return bool(measured) and all(
+        tensor is not None and _reads(dividend, tensor, place.scope, frozenset())
+        for tensor in measured
+    )
+
+
+def _reads(
+    expression: cst.BaseExpression, tensor: cst.BaseExpression, scope: cst.CSTNode, seen: frozenset
+) -> bool:
+    """Whether `expression` is computed from `tensor`: it holds it, or a name it reads
+    is assigned from it in `scope`."""
+    labels = {id(n.attr) for n in find(expression, cst.Attribute)}  # `.size`, `reduction=`
+    labels |= {id(n.keyword) for n in find(expression, cst.Arg) if n.keyword is not None}
+    for node in descendants(expression):
+        if id(node) in labels:
+            continue
+        if node.deep_equals(tensor):
+            return True
+        if isinstance(node, cst.Name) and node.value not in seen:
+            if any(
+                _reads(value, tensor, scope, seen | {node.value})
+                for value in assigned_values(scope, node.value)
+            ):
+                return True
     return False
 
 
