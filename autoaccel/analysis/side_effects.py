@@ -1,11 +1,14 @@
 """What a training script does to the outside world: prints (and progress bars written to
-`sys.stdout`), checkpoint saves, file writes (figures and animations of matplotlib too).
+`sys.stdout`), checkpoint saves, file writes (figures and animations of matplotlib too),
+plots sent to a visdom server.
 
 Found in one walk over the file's `ModuleIndex` (parents and imported names), so the distributed target can run each of them
 on one process only. Every effect comes with the statement that would be guarded (the
 `with open(...)` block around a write, or the line of a call) and whether it is already
 limited to one rank. Functions that do nothing but write (`save_checkpoint`) are listed
-apart: guarding their body once beats guarding each line.
+apart: guarding their body once beats guarding each line. So are functions that write and
+keep state for their own output only (`output_functions`): a progress bar that times its
+steps in module globals, a logger's `log()` that sums the losses it prints in `self`.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ import libcst as cst
 from autoaccel.analysis.index import ModuleIndex, run_visitors
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import rank_guarded
-from autoaccel.analysis.shapes import is_attribute
+from autoaccel.analysis.shapes import bound_name_nodes, find, is_attribute
 
 
 class EffectKind(Enum):
     PRINT = "print"
     CHECKPOINT = "checkpoint save"
     FILE_WRITE = "file write"
-    EXPERIMENT_LOG = "experiment log"  # a run of Weights & Biases: one per process otherwise
+    # a run of Weights & Biases, a visdom plot: one per process otherwise
+    EXPERIMENT_LOG = "experiment log"
     # `os.makedirs(...)`: no file's contents; the other processes may read what is there
     DIRECTORY = "directory creation"
 
@@ -75,6 +79,8 @@ _WRITING_METHODS = frozenset(
 # What matplotlib's figures and animations write with (`anim.save("gan.gif")`): `save`
 # is a write only on an object that a call of matplotlib made.
 _MATPLOTLIB_SAVES = frozenset({"save", "savefig"})
+# What a visdom client sends to its server: any method of a `visdom.Visdom()` (`viz.line`).
+_VISDOM = "visdom.Visdom"
 OPENS = frozenset({"builtins.open", "io.open"})
 # Identifiers that say "which process am I": `rank`, `RANK`, `args.local_rank`,
 # `dist.get_rank()`, `is_main_process()`, `is_master`.
@@ -96,6 +102,10 @@ class SideEffects:
     effects: list[SideEffect] = field(default_factory=list)
     # Functions whose every statement writes or computes a local for a write.
     writer_functions: set[cst.FunctionDef] = field(default_factory=set)
+    # Functions that write, return nothing, and otherwise only update locals, globals no
+    # other code reads, and attributes of their `self`: the names of those attributes
+    # (other code must not read them either, which one module cannot tell).
+    output_functions: dict[cst.FunctionDef, frozenset[str]] = field(default_factory=dict)
 
 
 # The kind of what a call of the project's own functions writes, None when it is not a
@@ -119,6 +129,7 @@ class _Collector(cst.CSTVisitor):
         self.found = SideEffects()
         self.function_effects: dict[cst.FunctionDef, list[SideEffect]] = {}
         self.matplotlib_objects: set[str] = set()  # names bound to what matplotlib made
+        self.visdom_objects: set[str] = set()  # names bound to `visdom.Visdom()`
 
     def visit_Call(self, node: cst.Call) -> None:
         kind = self._kind(node)
@@ -126,14 +137,22 @@ class _Collector(cst.CSTVisitor):
             self._add(kind, node, self._statement(node))
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if isinstance(node.value, cst.Call) and any(
-            name.startswith("matplotlib.") for name in self.index.qualified_names(node.value.func)
-        ):
+        made_by = (
+            self.index.qualified_names(node.value.func)
+            if isinstance(node.value, cst.Call)
+            else frozenset()
+        )
+        objects = (
+            self.matplotlib_objects
+            if any(name.startswith("matplotlib.") for name in made_by)
+            else self.visdom_objects if _VISDOM in made_by else None
+        )
+        if objects is not None:
             for assigned in node.targets:
                 target = assigned.target  # `fig, ax = plt.subplots()` binds both
                 tuple_like = isinstance(target, (cst.Tuple, cst.List))
                 parts = [e.value for e in target.elements] if tuple_like else [target]  # type: ignore[attr-defined]
-                self.matplotlib_objects |= {key for key in map(name_key, parts) if key is not None}
+                objects |= {key for key in map(name_key, parts) if key is not None}
         # `wandb.run.name = ...`: the run exists on the process that started it only.
         if any(
             name.startswith("wandb.")
@@ -159,10 +178,19 @@ class _Collector(cst.CSTVisitor):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         effects = self.function_effects.get(original_node)
-        if effects and all(e.statement is not None and not e.guarded for e in effects):
-            writes = {e.statement for e in effects}
-            if all(_only_writes(s, writes) for s in original_node.body.body):
-                self.found.writer_functions.add(original_node)
+        if not effects or any(e.guarded for e in effects):
+            return
+        writes = {e.statement for e in effects}
+        body = original_node.body
+        if (
+            None not in writes
+            and isinstance(body, cst.IndentedBlock)
+            and all(_only_writes(s, writes) for s in body.body)
+        ):
+            self.found.writer_functions.add(original_node)
+        keeps = _OwnState(original_node, writes, self.index).attributes()
+        if keeps is not None:
+            self.found.output_functions[original_node] = keeps
 
     # -- what a call does -------------------------------------------------------------
     def _kind(self, call: cst.Call) -> EffectKind | None:
@@ -175,8 +203,12 @@ class _Collector(cst.CSTVisitor):
         if not names and is_attribute(call.func, *_WRITING_METHODS):
             return EffectKind.FILE_WRITE
         func = call.func
-        if is_attribute(func, *_MATPLOTLIB_SAVES):
-            return EffectKind.FILE_WRITE if name_key(func.value) in self.matplotlib_objects else None  # type: ignore[attr-defined]
+        if isinstance(func, cst.Attribute) and name_key(func.value) in self.visdom_objects:
+            return EffectKind.EXPERIMENT_LOG
+        if isinstance(func, cst.Attribute) and is_attribute(func, *_MATPLOTLIB_SAVES):
+            return (
+                EffectKind.FILE_WRITE if name_key(func.value) in self.matplotlib_objects else None
+            )
         return self.project_calls(call) if self.project_calls is not None else None
 
     # -- where it sits --------------------------------------------------------------
@@ -214,7 +246,7 @@ def _opens_for_writing(call: cst.Call) -> bool:
     return True  # a mode we cannot read may write
 
 
-def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement]) -> bool:
+def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement | None]) -> bool:
     """A write, a docstring, an assignment to plain local names, or a block of those."""
     if statement in writes:
         return True
@@ -228,17 +260,132 @@ def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement]) -
             or isinstance(small, cst.Pass)
             for small in statement.body
         )
-    if isinstance(statement, cst.If):
-        branches: list[cst.BaseSuite] = [statement.body]
-        orelse = statement.orelse
-        while orelse is not None:
-            branches.append(orelse.body)
-            orelse = orelse.orelse if isinstance(orelse, cst.If) else None
-        return all(
-            isinstance(b, cst.IndentedBlock) and all(_only_writes(s, writes) for s in b.body)
-            for b in branches
+    return isinstance(statement, cst.If) and _blocks_all(
+        statement, lambda s: _only_writes(s, writes)
+    )
+
+
+def _blocks_all(statement: cst.If | cst.For, test: Callable[[cst.BaseStatement], bool]) -> bool:
+    """Whether every statement of every block of `statement` (its `elif`s and `else`
+    too) passes `test`; False for a one-line block (`if x: y`)."""
+    blocks: list[cst.BaseSuite] = [statement.body]
+    orelse = statement.orelse
+    while orelse is not None:
+        blocks.append(orelse.body)
+        orelse = orelse.orelse if isinstance(orelse, cst.If) else None
+    return all(isinstance(b, cst.IndentedBlock) and all(map(test, b.body)) for b in blocks)
+
+
+_DISPLAYS = (
+    cst.List, cst.Dict, cst.Set, cst.Tuple, cst.ListComp, cst.DictComp, cst.SetComp,
+    cst.SimpleString, cst.FormattedString, cst.ConcatenatedString,
+)  # fmt: skip
+
+
+class _OwnState:
+    """What a function that writes keeps besides, when that is its own: the attributes of
+    its `self` it sets or changes; None when it returns a value, changes anything else
+    (a parameter's contents, a global that code after its `def` reads) or calls anything
+    but a write or a method of a display it made (`lines.append(...)`)."""
+
+    def __init__(
+        self, function: cst.FunctionDef, writes: set[cst.BaseStatement | None], index: ModuleIndex
+    ) -> None:
+        self.function = function
+        self.writes = writes
+        self.index = index
+        self.globals = {n.name.value for g in find(function, cst.Global) for n in g.names}
+        # locals that only ever hold a display of the function's own (`lines = []`):
+        # calling their methods changes nothing outside it
+        bound: dict[str, list[cst.BaseExpression | None]] = {}
+        for node in find(function.body, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
+            if isinstance(node, cst.Assign):
+                targets, value = [t.target for t in node.targets], node.value
+            elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+                targets, value = [node.target], None
+            for target in targets:
+                for name in bound_name_nodes(target):
+                    bound.setdefault(name.value, []).append(value if target is name else None)
+        parameters = {p.name.value for p in find(function.params, cst.Param)}
+        self.fresh = {
+            name
+            for name, values in bound.items()
+            if name not in parameters and all(isinstance(v, _DISPLAYS) for v in values)
+        }
+        params = function.params.params
+        in_class = isinstance(index.parent(index.parent(function)), cst.ClassDef)  # type: ignore[arg-type]
+        self.self_name = params[0].name.value if in_class and params else None
+        self.kept: set[str] = set()
+
+    def attributes(self) -> frozenset[str] | None:
+        body = self.function.body
+        if find(body, (cst.Yield, cst.Lambda, cst.FunctionDef, cst.ClassDef)) or any(
+            r.value is not None for r in find(body, cst.Return)
+        ):
+            return None
+        if not isinstance(body, cst.IndentedBlock) or not all(map(self._keeps, body.body)):
+            return None
+        return None if self._globals_read_elsewhere() else frozenset(self.kept)
+
+    def _keeps(self, statement: cst.BaseStatement) -> bool:
+        if statement in self.writes:
+            return True
+        if isinstance(statement, (cst.If, cst.For)):
+            return _blocks_all(statement, self._keeps)
+        return isinstance(statement, cst.SimpleStatementLine) and all(
+            self._small(small) for small in statement.body
         )
-    return False
+
+    def _small(self, small: cst.BaseSmallStatement) -> bool:
+        if isinstance(small, cst.Assign):
+            return all(self._own(t.target) for t in small.targets)
+        if isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+            return self._own(small.target)
+        if isinstance(small, cst.Expr):
+            value = small.value
+            if isinstance(value, cst.SimpleString):
+                return True
+            func = value.func if isinstance(value, cst.Call) else None
+            receiver = func.value if isinstance(func, cst.Attribute) else None
+            return isinstance(receiver, cst.Name) and receiver.value in self.fresh
+        return isinstance(small, (cst.Pass, cst.Global, cst.Return, cst.Break, cst.Continue))
+
+    def _own(self, target: cst.BaseExpression) -> bool:
+        """Whether assigning to `target` (or changing it) changes state of the function's
+        own: a name, an element of a display it made, an attribute of `self` (kept)."""
+        if isinstance(target, (cst.Tuple, cst.List)):
+            return all(self._own(e.value) for e in target.elements)
+        root, first = target, None
+        while isinstance(root, (cst.Attribute, cst.Subscript)):
+            root, first = root.value, root
+        if not isinstance(root, cst.Name):
+            return False
+        if first is None or root.value in self.fresh:
+            return True
+        if root.value == self.self_name and isinstance(first, cst.Attribute):
+            self.kept.add(first.attr.value)
+            return True
+        return False
+
+    def _globals_read_elsewhere(self) -> bool:
+        """Whether code outside the function reads a global it sets, other than the
+        top-level statements before its `def`."""
+        module = self.index.module
+        statements: list[cst.CSTNode] = list(module.body)
+        position = statements.index([self.function, *self.index.ancestors(self.function)][-2])
+        for name in find(module, cst.Name) if self.globals else ():
+            ancestors = list(self.index.ancestors(name))
+            parent = ancestors[0]
+            if (
+                name.value not in self.globals
+                or self.function in ancestors
+                or isinstance(parent, (cst.Attribute, cst.Arg))  # `x.name`, `f(name=...)`
+                and name in (getattr(parent, "attr", None), getattr(parent, "keyword", None))
+            ):
+                continue
+            if statements.index(ancestors[-2]) >= position:
+                return True
+        return False
 
 
 def find_side_effects(
@@ -255,6 +402,9 @@ def find_side_effects(
 class Writes(NamedTuple):
     kind: EffectKind  # the weightiest: a checkpoint save, then a file write, then a print
     only: bool  # the function does nothing but write
+    # the attributes of `self` it keeps when it only writes and keeps state of its own
+    # (`SideEffects.output_functions`), None when it does other work
+    keeps: frozenset[str] | None = None
 
 
 def function_writes(
@@ -281,7 +431,9 @@ def function_writes(
                 kinds.setdefault(effect.function, []).append(effect.kind)
         now = {
             function: Writes(
-                min(found_kinds, key=_SEVERITY.index), function in effects.writer_functions
+                min(found_kinds, key=_SEVERITY.index),
+                function in effects.writer_functions,
+                effects.output_functions.get(function),
             )
             for function, found_kinds in kinds.items()
         }

@@ -1,11 +1,13 @@
 """Only rank 0 prints, saves checkpoints and writes files.
 
 Each such statement (adjacent ones together) goes under `if RANK == 0:`; a function that
-does nothing but write returns early on the other ranks. A call of such a function of a
-module the conversion leaves as it is (`save_experiment(...)` of a utils module) is a
-write too, guarded where it is called; a writing function of such a module that also
-communicates with the other processes (or, under FSDP, is given the sharded model) is
-refused with the line of its call.
+does nothing but write returns early on the other ranks, and so does one that writes and
+keeps state that only its own output reads (a progress bar timing its steps in globals, a
+logger's `log()` summing losses in `self`: `own_output`). A call of such a function of a
+module the conversion leaves as it is (`save_experiment(...)`, `progress_bar(...)`,
+`logger.log(...)` of a utils module) is a write too, guarded where it is called; a writing
+function of such a module that also communicates with the other processes (or, under
+FSDP, is given the sharded model) is refused with the line of its call.
 Statements already guarded by a rank test are left alone. See
 `autoaccel.analysis.side_effects` for what counts.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 import libcst as cst
 
 from autoaccel.analysis.positions import Positions
-from autoaccel.analysis.program import FunctionInfo, SourceModule
+from autoaccel.analysis.program import ClassInfo, FunctionInfo, SourceModule
 from autoaccel.analysis.shapes import find, name_calls
 from autoaccel.analysis.side_effects import (
     OPENS,
@@ -79,8 +81,11 @@ class GuardRankZero(DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         self.helpers: dict[cst.Call, FunctionInfo] = {}
         self.writes_of: dict[SourceModule, dict[cst.FunctionDef, Writes]] = {}
+        self.output_functions: dict[SourceModule, dict[cst.FunctionDef, frozenset[str]]] = {}
+        self.kept_read: dict[cst.Call, tuple[SourceModule, cst.Attribute]] = {}
         found = find_side_effects(node, self.script.index, self._helper_write)
-        writers = {f for f in found.writer_functions if not self.runs_on_every_rank(node, f)}
+        own = {f for f, keeps in found.output_functions.items() if self.own_output(f, keeps)}
+        writers = {f for f in found.writer_functions | own if not self.runs_on_every_rank(node, f)}
         for function in writers:
             self._return_early(function)
         groups: dict[cst.CSTNode, list[SideEffect]] = {}
@@ -92,11 +97,15 @@ class GuardRankZero(DistributedStep):
                 self._make_on_every_rank(effect.call)  # type: ignore[arg-type]
                 continue
             helper = self.helpers.get(effect.call)  # type: ignore[arg-type]
+            read = self.kept_read.get(effect.call)  # type: ignore[arg-type]
+            if read is not None:
+                self._keep_on_every_rank(effect, helper, *read)  # type: ignore[arg-type]
+                continue
             why = helper and self.helper_on_every_rank(node, effect.call, helper)  # type: ignore[arg-type]
             if why:
                 self.skipped(
                     f"rank-0 {effect.kind.value}",
-                    f"`{helper.name}()` ({_where(helper)}) writes on every process, and only"  # type: ignore[union-attr]
+                    f"`{helper.name}()` ({_where(helper.module, helper.node)}) writes on every process, and only"  # type: ignore[union-attr]
                     f" rank 0 may: {why}; put its writes under `if {RANK} == 0:` by hand",
                     effect.call,
                     wrong=True,
@@ -128,10 +137,17 @@ class GuardRankZero(DistributedStep):
                 helper.module.tree, helper.module.index, partial(self._callee_in, helper.module)
             )
         writes = self.writes_of[helper.module].get(helper.node)
+        if writes is not None and writes.keeps is not None and not writes.only:
+            read = self._kept_read(helper.node, writes.keeps)
+            if read is not None and writes.kind is not EffectKind.DIRECTORY:
+                self.kept_read[call] = read
+                self.helpers[call] = helper
+                return writes.kind
         if (
             writes is None
             or writes.kind is EffectKind.DIRECTORY
             or not writes.only
+            and not self.own_output(helper.node, writes.keeps)
             and (
                 writes.kind is EffectKind.PRINT
                 or not self.helper_on_every_rank(self.script.module.tree, call, helper)
@@ -140,6 +156,56 @@ class GuardRankZero(DistributedStep):
             return None
         self.helpers[call] = helper
         return writes.kind
+
+    def own_output(self, function: cst.FunctionDef, keeps: frozenset[str] | None) -> bool:
+        """Whether `function`, which writes and keeps the attributes `keeps` of its `self`
+        (`SideEffects.output_functions`; None: it does other work), may run on rank 0
+        alone: no code of the project reads those attributes but its class's `__init__`
+        and such functions (`_kept_read`)."""
+        program = self.script.program
+        return (
+            keeps is not None
+            and program is not None
+            and function in program.functions
+            and self._kept_read(function, keeps) is None
+        )
+
+    def _kept_read(
+        self, function: cst.FunctionDef, keeps: frozenset[str]
+    ) -> tuple[SourceModule, cst.Attribute] | None:
+        """Where other code reads an attribute `function` keeps: a logger's `self.epoch`
+        no, an early stopper's `self.early_stop`, which the training loop reads, yes."""
+        program = self.script.program
+        cls = program.functions[function].cls  # type: ignore[union-attr]
+        family = cls.family if cls is not None else None
+        return next(
+            (
+                (module, attribute)
+                for module in program.modules  # type: ignore[union-attr]
+                for attribute in find(module.tree, cst.Attribute)
+                if attribute.attr.value in keeps and self._reads_kept(module, attribute, family)
+            ),
+            None,
+        )
+
+    def _reads_kept(
+        self, module: SourceModule, attribute: cst.Attribute, family: ClassInfo | None
+    ) -> bool:
+        """Whether `attribute` of `module` reads what an instance of `family` keeps,
+        other than in its `__init__` or a function of `SideEffects.output_functions`."""
+        program = self.script.program
+        own = program.class_of_self(attribute.value, module)  # type: ignore[union-attr]
+        if own is not None and own.family is family:
+            method = next(
+                a for a in module.index.ancestors(attribute) if isinstance(a, cst.FunctionDef)
+            )
+            if module not in self.output_functions:
+                self.output_functions[module] = find_side_effects(
+                    module.tree, module.index
+                ).output_functions
+            return method.name.value != "__init__" and method not in self.output_functions[module]
+        values = program.values_of(attribute.value, module)  # type: ignore[union-attr]
+        return any(o.cls is not None and o.cls.family is family for o in values)
 
     def _callee_in(self, module: SourceModule, call: cst.Call) -> cst.FunctionDef | None:
         """The function of `module` that `call` runs, if it runs one alone."""
@@ -155,6 +221,19 @@ class GuardRankZero(DistributedStep):
         modules = {s.module for s in steps} | {o.module for s in steps for o in s.loaders}
         modules |= {f.module for s in steps for f in s.step_functions}
         return modules | rank_zero_checkpointing(self.script, self.options) | {self.script.module}
+
+    def _keep_on_every_rank(
+        self, effect: SideEffect, helper: FunctionInfo, module: SourceModule, read: cst.Attribute
+    ) -> None:
+        """The call of `helper`, which writes and keeps what other code reads, stays on
+        every process (noted): rank 0 alone would leave the others' state behind."""
+        self.skipped(
+            f"rank-0 {effect.kind.value}",
+            f"`{helper.name}()` ({_where(helper.module, helper.node)}) writes on every process:"
+            f" it also keeps `{code_of(read)}`, which {Path(module.path or module.name).name}"
+            f" reads, so every process runs it; put its writes under `if {RANK} == 0:` by hand",
+            effect.call,
+        )
 
     def _make_on_every_rank(self, call: cst.Call) -> None:
         """`os.makedirs(path)` stays on every process, with `exist_ok=True`: the others
@@ -235,7 +314,7 @@ class GuardRankZero(DistributedStep):
             self.changed(run[0], f"{' and '.join(kinds)} on rank 0 only", code)
 
 
-def _where(function: FunctionInfo) -> str:
-    """`utils_io.py:7`: where `function` is defined."""
-    line = Positions(function.module.tree)[function.node].start.line
-    return f"{Path(function.module.path or function.module.name).name}:{line}"
+def _where(module: SourceModule, node: cst.CSTNode) -> str:
+    """`utils_io.py:7`: where `node` of `module` is."""
+    line = Positions(module.tree)[node].start.line
+    return f"{Path(module.path or module.name).name}:{line}"
