@@ -191,8 +191,6 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     start = 0
     if args.resume and os.path.exists(CHECKPOINT):
-        if DISTRIBUTED:
-            dist.barrier()  # rank 0 may still be writing it
         checkpoint = torch.load(
             CHECKPOINT, map_location={"cuda:0": f"cuda:{LOCAL_RANK}"}
         )

@@ -3,7 +3,7 @@ imports, and where a script's scopes, training functions and models are."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -103,9 +103,13 @@ def sole_callee(program: Program | None, call: cst.Call) -> FunctionInfo | None:
     return next(iter(callees)) if len(callees) == 1 else None
 
 
-def runs_save(program: Program | None, call: cst.Call) -> bool:
-    """Whether `call` runs a function of the project that calls `torch.save`, itself or
-    through the functions it calls (`early_stopping(val_loss, model, path)`)."""
+def runs_a_call(
+    program: Program | None,
+    call: cst.Call,
+    found: Callable[[cst.Call, SourceModule], bool],
+) -> bool:
+    """Whether `call` runs a function of the project with a call that is `found` (given
+    the call and its module), itself or through the functions it calls."""
     seen: set[cst.FunctionDef] = set()
     calls = [call]
     while calls:
@@ -114,11 +118,18 @@ def runs_save(program: Program | None, call: cst.Call) -> bool:
                 continue
             seen.add(function.node)
             inner = find(function.node, cst.Call)
-            index = function.module.index
-            if any("torch.save" in index.qualified_names(c.func) for c in inner):
+            if any(found(c, function.module) for c in inner):
                 return True
             calls.extend(inner)
     return False
+
+
+def runs_save(program: Program | None, call: cst.Call) -> bool:
+    """Whether `call` runs a function of the project that calls `torch.save`, itself or
+    through the functions it calls (`early_stopping(val_loss, model, path)`)."""
+    return runs_a_call(
+        program, call, lambda c, module: "torch.save" in module.index.qualified_names(c.func)
+    )
 
 
 def _saves_among_other_work(program: Program | None, call: cst.Call) -> bool:
