@@ -264,10 +264,12 @@ def become(request: dict) -> list[str]:
     # `python SCRIPT` the script's folder
     sys.path[0] = os.path.dirname(os.path.abspath(script)) if script else os.getcwd()
     sys.argv = [script or harness.__file__, *request["argv"]]
-    # `random` reseeds itself in a forked child; NumPy's global generator does not (a fresh
-    # process seeds it from the OS)
+    # `random` reseeds itself in a forked child; NumPy's and torch's global generators do
+    # not (a fresh process seeds them from the OS)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
     return request["argv"]
 
 
@@ -306,6 +308,8 @@ def become_command(request: dict, shim: str) -> str:
         sys.executable = shim  # its workers start through the shim, and are forked too
     if "numpy" in sys.modules:  # as in `become`
         sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
     return module
 
 

@@ -18,49 +18,111 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoaccel.analysis.fresh_data import RANDOM_DRAWS
+from autoaccel.analysis.fresh_data import HOST_DRAWS, RANDOM_DRAWS
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     RANK,
+    MANUAL_SEED,
     DistributedStep,
     fresh_name,
     parse_statements,
     setup_block_end,
 )
 from autoaccel.convert.transforms.inserted_names import variable_names
-from autoaccel.cst_edit import keyword_value
+from autoaccel.cst_edit import bound_name, code_of, keyword_value
 
 _RESEED = f"""\
 # Same model and data on every process so far; from here each draws its own random
 # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
 if {DISTRIBUTED}:
-    torch.manual_seed(torch.initial_seed() + {RANK})
-"""
-_SEED_ALIKE = f"""\
+{{lines}}"""
+_UNSEEDED = """\
 # Not seeded, and random numbers are drawn before training: every process takes rank 0's
 # seed, to build the same model, data and targets.
-if {DISTRIBUTED}:
+"""
+_PARTLY_SEEDED = """\
+# {generators}: not seeded, and drawn from before training. Every process takes rank 0's
+# seed, to build the same data.
+"""
+_SEED_ALIKE = f"""\
+{{comment}}if {DISTRIBUTED}:
     {{seed}} = [torch.initial_seed()]
     dist.broadcast_object_list({{seed}}, src=0)
-    torch.manual_seed({{seed}}[0])
-"""
+{{lines}}"""
+_TORCH, _PYTHON, _NUMPY = "torch", "random", "numpy.random"
+# Each global generator: the calls that seed it, and those that draw from it before
+# training (torch's `random_split` draws a permutation: a held-out split).
+_SEEDS = {
+    _TORCH: frozenset({MANUAL_SEED}),
+    _PYTHON: frozenset({"random.seed"}),
+    _NUMPY: frozenset({"numpy.random.seed"}),
+}
+_DRAWS = {
+    _TORCH: RANDOM_DRAWS
+    | {"torch.utils.data.random_split", "torch.utils.data.dataset.random_split"},
+    _PYTHON: frozenset(n for n in HOST_DRAWS if n.startswith("random.")),
+    _NUMPY: frozenset(n for n in HOST_DRAWS if n.startswith("numpy.random.")),
+}
+# How each generator is seeded alike from `{seed}`, and per process before training.
+_ALIKE = {
+    _TORCH: "torch.manual_seed({seed}[0])",
+    _PYTHON: "random.seed({seed}[0])",
+    _NUMPY: "{np}.random.seed({seed}[0] % 2**32)",
+}
+_PER_RANK = {
+    _TORCH: f"torch.manual_seed(torch.initial_seed() + {RANK})",
+    _PYTHON: f"random.seed({{seed}}[0] + {RANK})",
+    _NUMPY: f"{{np}}.random.seed(({{seed}}[0] + {RANK}) % 2**32)",
+}
 
 
 class SeedEachRank(DistributedStep):
     DESCRIPTION = "Re-seed each process with its rank when training starts."
-    needs = ("seed", "rand", "normal", "bernoulli", "multinomial", "poisson")
+    needs = ("seed", "rand", "normal", "bernoulli", "multinomial", "poisson", "shuffle", "choice")
 
     def visit_Module(self, node: cst.Module) -> None:
         seeds = self.seed_calls(node)
-        if not seeds and self.in_entry_script:
-            self._seed_alike(node)
+        if any(mentions_rank(arg.value) for call in seeds for arg in call.args):
+            return  # seeded per rank by the author
+        start = self._seeded_start(node, seeds) if seeds else self._training_start(node)
+        if start is None:
             return
-        if not seeds or any(mentions_rank(arg.value) for call in seeds for arg in call.args):
-            return  # unseeded processes already differ; or seeded per rank by the author
-        start = next((m.training for m in self.trained_models(node) if m.training), None)
+        alike = self._drawn_unseeded(node, start, seeds) if self.in_entry_script else []
+        if not seeds and not alike:
+            return  # unseeded processes already differ, as they should
+        names = {"seed": fresh_name("shared_seed", variable_names(node)), "np": "np"}
+        if _NUMPY in alike:
+            names["np"] = self._numpy_name(node) or "np"
+            self.imports += ["import numpy as np"] * (self._numpy_name(node) is None)
+        if alike:
+            setup = setup_block_end(node)
+            comment = _PARTLY_SEEDED.format(generators=_listed(alike))
+            lines = "".join(f"    {_ALIKE[g]}\n" for g in alike).format(**names)
+            code = _SEED_ALIKE.format(
+                comment=_UNSEEDED if _TORCH in alike else comment, seed=names["seed"], lines=lines
+            )
+            self.after.setdefault(setup, []).extend(parse_statements(code))
+            self.imports += ["import random"] * (_PYTHON in alike)
+            self.changed(
+                setup,
+                f"every process seeds {_listed(alike)} with rank 0's seed: the script draws"
+                " random numbers before training",
+            )
+        per_rank = [_TORCH] * bool(seeds) + alike
+        lines = "".join(f"    {_PER_RANK[g]}\n" for g in per_rank).format(**names)
+        self.before.setdefault(start, []).extend(parse_statements(_RESEED.format(lines=lines)))
+        self.changed(start, f"each process re-seeded with seed + {RANK} before training")
+
+    def _training_start(self, module: cst.Module) -> cst.BaseStatement | None:
+        """The statement that starts training the first model trained in `module`."""
+        return next((m.training for m in self.trained_models(module) if m.training), None)
+
+    def _seeded_start(self, module: cst.Module, seeds: list[cst.Call]) -> cst.BaseStatement | None:
+        """Where training starts after the script seeds; None, said, when not found."""
+        start = self._training_start(module)
         for seed in (
             seeds if start is None else ()
         ):  # the model is built elsewhere (a Trainer's `__init__`)
@@ -77,30 +139,32 @@ class SeedEachRank(DistributedStep):
                 f" with `torch.manual_seed(seed + {RANK})` once the model is built, by hand",
                 seeds[0],
             )
-            return
-        self.before.setdefault(start, []).extend(parse_statements(_RESEED))
-        self.changed(start, f"each process re-seeded with seed + {RANK} before training")
+        return start
 
-    def _seed_alike(self, module: cst.Module) -> None:
-        """In a script that does not seed but draws random numbers before training: rank
-        0's seed for every process after the set-up block, and a re-seed by rank before
-        training. (Otherwise unseeded processes differ already, as they should.)"""
-        start = next((m.training for m in self.trained_models(module) if m.training), None)
-        if start is None or not self._draws_before(module, start):
-            return
-        seed = fresh_name("shared_seed", variable_names(module))
-        setup = setup_block_end(module)
-        self.after.setdefault(setup, []).extend(parse_statements(_SEED_ALIKE.format(seed=seed)))
-        self.changed(
-            setup,
-            "every process seeded with rank 0's seed: the script draws random numbers before training",
-        )
-        self.before.setdefault(start, []).extend(parse_statements(_RESEED))
-        self.changed(start, f"each process re-seeded with seed + {RANK} before training")
+    def _drawn_unseeded(
+        self, module: cst.Module, start: cst.BaseStatement, seeds: list[cst.Call]
+    ) -> list[str]:
+        """The global generators (torch's, Python's, NumPy's) that the script never seeds
+        and that draw random numbers before `start`: each process would build its own model,
+        data split or targets. torch's counts as seeded when `seeds` is not empty."""
+        unseeded = [g for g in (_PYTHON, _NUMPY) if not self.seed_calls(module, _SEEDS[g])]
+        return [
+            g for g in [_TORCH] * (not seeds) + unseeded if self._draws_before(module, start, g)
+        ]
 
-    def _draws_before(self, module: cst.Module, start: cst.BaseStatement) -> bool:
+    @staticmethod
+    def _numpy_name(module: cst.Module) -> str | None:
+        """The name the module's `import numpy [as np]` binds, if it has one."""
+        for statement in module.body:
+            for small in getattr(statement, "body", ()):
+                for alias in small.names if isinstance(small, cst.Import) else ():
+                    if code_of(alias.name) == "numpy":
+                        return bound_name(alias)
+        return None
+
+    def _draws_before(self, module: cst.Module, start: cst.BaseStatement, generator: str) -> bool:
         """Whether the statements that run before `start` (those before it in its block,
-        and the module's own) draw from torch's global generator, directly or in the
+        and the module's own) draw from the global `generator`, directly or in the
         functions of the project they call."""
         block = self.scope_block(start)
         body = list(block.body)
@@ -108,20 +172,27 @@ class SeedEachRank(DistributedStep):
         if block is not module:
             statements += [s for s in module.body if not self.script.runs_training(s)]
         return any(
-            self._draws(call, self.script.index, set())
+            self._draws(call, self.script.index, generator, set())
             for statement in statements
             if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
             for call in find(statement, cst.Call)
         )
 
-    def _draws(self, call: cst.Call, index: ModuleIndex, seen: set) -> bool:
-        """Whether `call` (of the module `index` indexes) draws from the global generator,
-        or runs a function of the project that does."""
-        if index.qualified_names(call.func) & RANDOM_DRAWS:
+    def _draws(self, call: cst.Call, index: ModuleIndex, generator: str, seen: set) -> bool:
+        """Whether `call` (of the module `index` indexes) draws from the global
+        `generator`, or runs a function of the project that does."""
+        if index.qualified_names(call.func) & _DRAWS[generator]:
             return keyword_value(call, "generator") is None
         for function in self.script.callees(call) - seen:
             seen.add(function)
             inner = function.module.index
-            if any(self._draws(c, inner, seen) for c in find(function.node.body, cst.Call)):
+            if any(
+                self._draws(c, inner, generator, seen) for c in find(function.node.body, cst.Call)
+            ):
                 return True
         return False
+
+
+def _listed(generators: list[str]) -> str:
+    """`torch, random and numpy.random`: the modules whose generators are seeded."""
+    return " and ".join(filter(None, [", ".join(generators[:-1]), generators[-1]]))
