@@ -8,7 +8,11 @@ z)`, a shape error on every process. In the training step, such shape arguments 
 the per-process batch; a print or log keeps the variable, unless it divides a sum the
 training loop adds up (`running_loss / (batch_size * i)`: under DDP a sum over this
 process's batches, so ~1/WORLD_SIZE of the original average); any other use in the step
-(where the tool cannot tell which batch it means) is refused with its line.
+(where the tool cannot tell which batch it means) is refused with its line. Buffers made
+before the loop and read by the step follow too: CycleGAN copied each batch into
+`input_A = Tensor(opt.batchSize, ...)` (`Tensor` a legacy tensor type) and compared with
+labels `Tensor(opt.batchSize).fill_(1.0)`, a shape error, or for one sample a process a
+broadcast copy that trains it `batchSize` times.
 """
 
 from __future__ import annotations
@@ -16,16 +20,17 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import TENSOR_TYPES, Kind
 from autoaccel.analysis.script_model import Missing, Unknown
 from autoaccel.analysis.shapes import find, is_method_call, is_name
-from autoaccel.convert.transforms.distributed._base import WORLD_SIZE, DistributedStep
+from autoaccel.convert.transforms.distributed._base import WORLD_SIZE, DistributedStep, builds
 from autoaccel.convert.transforms.distributed.shard_train_loader import BATCH_HELPER
 
-# Calls whose positional arguments are a shape: torch's tensor factories and the
-# tensor methods that take sizes.
+# Calls whose positional arguments are a shape: torch's tensor factories, the tensor
+# types (`torch.FloatTensor(4, 3)`), and the tensor methods that take sizes.
 SHAPE_FACTORIES = frozenset(
     f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "rand", "randn", "randint")
-)
+) | frozenset({"torch.Tensor", *TENSOR_TYPES})
 SHAPE_METHODS = ("reshape", "view", "expand", "new_ones", "new_zeros", "new_empty", "new_full")
 # Calls that only show a value: a batch-size there is left as the script wrote it.
 SHOWING = frozenset({"builtins.print", "logging.info", "logging.debug", "logging.warning"})
@@ -45,13 +50,16 @@ class FollowPerProcessBatch(DistributedStep):
         in_training = {
             read for code in self.train_code() for read in find(code, (cst.Name, cst.Attribute))
         }
+        trained = {key for read in in_training if (key := name_key(read)) is not None}
         for read in find(node, (cst.Name, cst.Attribute)):
-            if name_key(read) not in sizes or self._is_part_of_name(read):
+            if size_key(read) not in sizes or self._is_part_of_name(read):
                 continue
             if self._shown(read):
                 self._follow_printed(read)
             elif read in in_training:
                 self._follow(read)
+            elif self._shapes_a_buffer_of_the_step(read, trained):
+                self._shape(read, "a tensor the training step reads")
 
     def _batch_size_variables(self) -> set[str]:
         """The variables (`batch_size`, `args.batch_size`) the sharded training loaders
@@ -68,7 +76,7 @@ class FollowPerProcessBatch(DistributedStep):
                     continue
                 if isinstance(value, cst.Call) and is_name(value.func, BATCH_HELPER) and value.args:
                     value = value.args[0].value
-                key = name_key(value)
+                key = size_key(value)
                 if key is not None and not isinstance(value, cst.Subscript):
                     found.add(key)
         return found
@@ -101,26 +109,36 @@ class FollowPerProcessBatch(DistributedStep):
             self.per_process.add(read)
             self.changed(
                 read,
-                f"`{name_key(read)}` counts the samples of a printed average of this"
-                f" process's batches: `{BATCH_HELPER}({name_key(read)})`",
+                f"`{size_key(read)}` counts the samples of a printed average of this"
+                f" process's batches: `{BATCH_HELPER}({size_key(read)})`",
             )
 
+    def _shapes_a_buffer_of_the_step(self, read: cst.BaseExpression, trained: set[str]) -> bool:
+        """`read` shapes a tensor made outside the step and bound to a name the step reads
+        (`input_A = Tensor(opt.batchSize, 3, H, W)`)."""
+        if not self._is_shape_argument(read, list(self.ancestors(read))):
+            return False
+        statement = self.statement_of(read)
+        return any(builds(statement, key) for key in trained)
+
+    def _shape(self, read: cst.BaseExpression, tensor: str) -> None:
+        self.per_process.add(read)
+        self.changed(
+            read,
+            f"`{size_key(read)}` shapes {tensor}: it takes the per-process batch,"
+            f" `{BATCH_HELPER}({size_key(read)})`",
+        )
+
     def _follow(self, read: cst.BaseExpression) -> None:
-        ancestors = list(self.ancestors(read))
-        if self._is_shape_argument(read, ancestors):
-            self.per_process.add(read)
-            self.changed(
-                read,
-                f"`{name_key(read)}` shapes a tensor of the training step: it takes the"
-                f" per-process batch, `{BATCH_HELPER}({name_key(read)})`",
-            )
+        if self._is_shape_argument(read, list(self.ancestors(read))):
+            self._shape(read, "a tensor of the training step")
             return
         self.skipped(
             "per-process batch",
-            f"the training step uses the global batch size `{name_key(read)}`, while each"
-            f" process loads `{name_key(read)} // {WORLD_SIZE}` samples; use the batch's own"
+            f"the training step uses the global batch size `{size_key(read)}`, while each"
+            f" process loads `{size_key(read)} // {WORLD_SIZE}` samples; use the batch's own"
             " size (`len(x)`) or the per-process one by hand, or convert with"
-            f" `--per-process-batch` (each process then loads `{name_key(read)}` samples, a"
+            f" `--per-process-batch` (each process then loads `{size_key(read)}` samples, a"
             f" global batch `{WORLD_SIZE}` times larger)",
             read,
             wrong=True,
@@ -140,6 +158,7 @@ class FollowPerProcessBatch(DistributedStep):
         return isinstance(call, cst.Call) and (
             bool(self.qualified_names(call.func) & SHAPE_FACTORIES)
             or is_method_call(call, *SHAPE_METHODS)
+            or any(value.kind is Kind.TENSOR_TYPE for value in self.script.values(call.func))
         )
 
     def edited(self) -> list[cst.CSTNode]:
@@ -159,3 +178,12 @@ class FollowPerProcessBatch(DistributedStep):
         if original not in self.per_process:
             return updated
         return cst.Call(cst.Name(BATCH_HELPER), [cst.Arg(updated)])
+
+
+def size_key(node: cst.BaseExpression) -> str | None:
+    """`name_key`, or the dotted name of an option: `args.batch_size`, `opt.batchSize`."""
+    key = name_key(node)
+    if key is None and isinstance(node, cst.Attribute):
+        base = size_key(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return key
