@@ -36,6 +36,7 @@ from autoaccel.patching import patched
 
 FACTS_ENV = "AUTOACCEL_FACTS_OUT"
 _WRITE_MODES = frozenset("wax+")
+MAX_ELEMENTS = 16  # a longer tuple or list argument is noted by its type only
 _AUTOACCEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 
 
@@ -332,6 +333,8 @@ def _class_name(obj: Any) -> str:
 
 
 def _shape(value: Any) -> Any:
+    if isinstance(value, (tuple, list)) and len(value) <= MAX_ELEMENTS:
+        return [_shape(v) for v in value]  # what a tuple holds: `nn.DataParallel` splits each
     shape = getattr(value, "shape", None)
     return list(shape) if shape is not None and not callable(shape) else type(value).__name__
 

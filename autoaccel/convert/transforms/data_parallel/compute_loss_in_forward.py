@@ -27,6 +27,7 @@ from autoaccel.convert.transforms.data_parallel.step_segments import (
     Segment,
     SegmentFinder,
     assigned,
+    displays_a_container,
     is_autocast_block,
     read,
     training_backward_calls,
@@ -454,6 +455,12 @@ class ComputeLossInForward(StatementRewrite):
             return f"`{model}(...)` returns the loss itself, which needs no wrapper"
         if not single_positional(call):
             return f"`{model}(...)` takes more than one input; `nn.DataParallel` splits every argument along dimension 0 (a recurrent state too)"
+        held = call.args[0].value
+        if isinstance(held, cst.Name) and any(
+            displays_a_container(s, held.value)
+            for s in find(loop.node.body, cst.SimpleStatementLine)
+        ):
+            return f"`{model}(...)` gets a tuple (`{held.value}`), each tensor of which `nn.DataParallel` splits"
         return self._site_from_call(loop, model, call)
 
     def _site_from_call(self, loop: StepLoop, model: str, call: cst.Call) -> _Site | str:

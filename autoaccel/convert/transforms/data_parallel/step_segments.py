@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import libcst as cst
 import libcst.matchers as m
@@ -37,10 +36,8 @@ from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find
 from autoaccel.cst_edit import code_of, keyword_value
+from autoaccel.facts.model import BatchFirst, batch_first
 from autoaccel.facts.resolve import FactsResolver
-
-if TYPE_CHECKING:
-    from autoaccel.facts.model import BatchFirst
 
 # In the reason of a refusal that a short run of the script can answer (`convert` runs it).
 RUN_CAN_TELL = "a short run of the script can show whether it is batch-first"
@@ -310,6 +307,7 @@ class SegmentFinder:
             self._check_per_sample(
                 s, s is loss_line or bool(assigned(s)) and assigned(s) <= scalars
             )
+            self._check_shared_state(s)
         in_order = [part for s in chain for part in _in_reading_order(s)]
         inputs = self._inputs(
             in_order, [*self._enclosing_before(statement), *statements[:first], *before], models
@@ -608,6 +606,7 @@ class SegmentFinder:
         moved = self._moved(before_chain)
         models = {m.split(".")[0] for m in self.models}
         inputs = []
+        outside: list[str] = []  # tensors made before the step (full-batch training: none split)
         for name in wanted:
             if name in replicated or (name in models and name not in batch):
                 continue
@@ -620,7 +619,17 @@ class SegmentFinder:
                 )
             if name in batch:
                 inputs.append(name)
-                if name not in flattened:  # (for a flattened one, the code claims nothing)
+                if displays_a_container(line, name):
+                    self._by_the_run(
+                        name,
+                        f"`{name}` is a tuple (or list) made in the step: `nn.DataParallel` splits"
+                        " every tensor it holds along dimension 0, and not each is known to be"
+                        " batch-first (a graph's `edge_index`, of shape (2, E), is not)",
+                        line,
+                        self._model_arguments(chain, name),
+                        held_batch_first,
+                    )
+                elif name not in flattened:  # (for a flattened one, the code claims nothing)
                     self._agrees_with_run(name, chain, line)
             elif name in defined or defined_in_loop_after(chain, name):
                 raise Refused(
@@ -653,6 +662,8 @@ class SegmentFinder:
                     " be batch-first: `nn.DataParallel` would split it along dimension 0",
                     lines.get(name, chain[0]),
                 )
+            elif self._tensor_made_outside(name):
+                outside.append(name)
             if name in flattened:
                 self._by_the_run(
                     name,
@@ -665,6 +676,13 @@ class SegmentFinder:
                     ),  # the run saw it where a model got it as it is
                     FactsResolver.argument_batch_first,
                 )
+        if inputs and outside:
+            raise Refused(
+                f"`{outside[0]}` is a tensor made outside the step, sized for the whole batch on"
+                " one device: every GPU would read that same tensor with only its part of the"
+                " batch; make it in the step from the batch (`torch.ones(x.size(0))`)",
+                next(s for s in chain if outside[0] in read(s)),
+            )
         on_host = [n for n in inputs if n in batch and n not in moved]
         if on_host and len(on_host) < len([n for n in inputs if n in batch]):
             name = on_host[0]
@@ -695,7 +713,7 @@ class SegmentFinder:
         if self.facts is None:
             return
         for call, index in self._model_arguments(chain, name):
-            shown = self.facts.argument_batch_first(call, index)
+            shown = held_batch_first(self.facts, call, index)
             if shown.known is False:
                 raise Refused(
                     f"`{name}` comes from the batch, so the code takes it as batch-first, but the"
@@ -742,6 +760,55 @@ class SegmentFinder:
                 for call in untaken
             )
         )
+
+    def _tensor_made_outside(self, name: str) -> bool:
+        """Every binding of `name` in the script makes a tensor (`ones = torch.ones(n)`,
+        `target = Tensor(n).fill_(1.0)`): read by a step that does not bind it."""
+        values = [
+            s.body[0].value  # type: ignore[attr-defined]
+            for s in find(self.t.tree, cst.SimpleStatementLine)
+            if name in assigned(s) and m.matches(s, m.SimpleStatementLine(body=[m.Assign()]))
+        ]
+        return bool(values) and all(self._makes_a_tensor(v) for v in values)
+
+    def _makes_a_tensor(self, value: cst.BaseExpression | None) -> bool:
+        """`torch.ones(n).to(device)`, `Tensor(n).fill_(1.0)` with `Tensor` a tensor type."""
+        while isinstance(value, cst.Call):
+            if self.t.qualified_names(value.func) & (_FACTORIES | {"torch.tensor"}) or (
+                self.script.program is not None
+                and any(
+                    o.kind is Kind.TENSOR_TYPE
+                    for o in self.script.program.values_of(value.func, self.script.module)
+                )
+            ):
+                return True
+            if "torch.autograd.Variable" in self.t.qualified_names(value.func) and value.args:
+                value = value.args[0].value
+            else:
+                value = value.func.value if isinstance(value.func, cst.Attribute) else None
+        return False
+
+    def _check_shared_state(self, s: cst.CSTNode) -> None:
+        """`pool.query(fake)` with `pool` an object of the project: under `nn.DataParallel`
+        every GPU's thread would call the one object, whose state would mix them."""
+        if self.script.program is None:
+            return
+        for call in find(s, cst.Call):
+            if not isinstance(call.func, cst.Attribute):
+                continue
+            owners = self.script.program.values_of(call.func.value, self.script.module)
+            called = self.script.program.values_of(call.func, self.script.module)
+            if (
+                owners
+                and all(o.kind is Kind.INSTANCE for o in owners)
+                and not any(o.kind in (Kind.MODULE, Kind.CRITERION) for o in called)
+            ):
+                raise Refused(
+                    f"`{code_of(call.func)}(...)` calls an object of the project, which keeps"
+                    " state: under `nn.DataParallel` every GPU would call that one object at"
+                    " once with its part of the batch, mixing them in its state",
+                    s,
+                )
 
     def _step_loop(self):
         for ancestor in self.t.ancestors(self.backward):
@@ -1216,6 +1283,42 @@ def is_autocast_block(transform, node: cst.CSTNode) -> bool:
         and transform.qualified_names(item.item.func) & _AUTOCAST
         for item in node.items
     )
+
+
+def displays_a_container(line: cst.CSTNode, name: str) -> bool:
+    """`graph = (x, edge_index)`: `name` bound to a tuple, list or dict display."""
+    return m.matches(
+        line,
+        m.SimpleStatementLine(
+            body=[
+                m.Assign(
+                    targets=[m.AssignTarget(target=m.Name(name))],
+                    value=m.Tuple() | m.List() | m.Dict(),
+                )
+            ]
+        ),
+    )
+
+
+def held_batch_first(facts: FactsResolver, call: cst.Call, index: int) -> BatchFirst:
+    """Whether the positional argument `index` of `call` was batch-first on every call the
+    run made there; for a tuple or list, whether every element was (`nn.DataParallel`
+    splits each along dimension 0)."""
+    forwards = facts.forwards_at(call)
+    held = [seen.args[index] for f in forwards for seen in f.seen if index < len(seen.args)]
+    sizes = {len(shape) for shape in held}
+    if not held or len(sizes) != 1 or not all(map(_holds_elements, held)):
+        return facts.argument_batch_first(call, index)
+    for element in range(sizes.pop()):
+        shown = batch_first(forwards, lambda seen, e=element: seen.args[index][e])  # type: ignore[misc]
+        if shown.known is not True:
+            return BatchFirst(shown.known, f"its element {element}: {shown.why}")
+    return BatchFirst(True, f"each of its {len(held[0])} elements is batch-first")
+
+
+def _holds_elements(shape: object) -> bool:
+    """A recorded tuple or list (its elements' shapes), not a tensor's shape (numbers)."""
+    return isinstance(shape, tuple) and bool(shape) and not any(isinstance(d, int) for d in shape)
 
 
 def _compound(s: cst.CSTNode) -> str:
