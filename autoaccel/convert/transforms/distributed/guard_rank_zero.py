@@ -97,11 +97,11 @@ class GuardRankZero(DistributedStep):
                 self._make_on_every_rank(effect.call)  # type: ignore[arg-type]
                 continue
             helper = self.helpers.get(effect.call)  # type: ignore[arg-type]
+            why = helper and self.helper_on_every_rank(node, effect.call, helper)  # type: ignore[arg-type]
             read = self.kept_read.get(effect.call)  # type: ignore[arg-type]
-            if read is not None:
+            if read is not None and not why:
                 self._keep_on_every_rank(effect, helper, *read)  # type: ignore[arg-type]
                 continue
-            why = helper and self.helper_on_every_rank(node, effect.call, helper)  # type: ignore[arg-type]
             if why:
                 self.skipped(
                     f"rank-0 {effect.kind.value}",
@@ -226,13 +226,15 @@ class GuardRankZero(DistributedStep):
         self, effect: SideEffect, helper: FunctionInfo, module: SourceModule, read: cst.Attribute
     ) -> None:
         """The call of `helper`, which writes and keeps what other code reads, stays on
-        every process (noted): rank 0 alone would leave the others' state behind."""
+        every process: rank 0 alone would leave the others' state behind. Noted; refused
+        when it writes files (the processes would race on them)."""
         self.skipped(
             f"rank-0 {effect.kind.value}",
             f"`{helper.name}()` ({_where(helper.module, helper.node)}) writes on every process:"
             f" it also keeps `{code_of(read)}`, which {Path(module.path or module.name).name}"
             f" reads, so every process runs it; put its writes under `if {RANK} == 0:` by hand",
             effect.call,
+            wrong=effect.kind is not EffectKind.PRINT,
         )
 
     def _make_on_every_rank(self, call: cst.Call) -> None:
