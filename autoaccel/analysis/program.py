@@ -289,6 +289,8 @@ class Program:
         self._methods_by_name: dict[str, list[tuple[ClassInfo, FunctionInfo]]] | None = None
         self._not_modules: set[tuple[str, int]] = set()  # (dotted, id(origin)) resolving to none
         self._not_imported: set[int] = set()  # ids of names no module of the project binds
+        self._exports: dict[int, dict[str, frozenset[str]]] = {}  # id(module) -> its names
+        self._following: set[tuple[int, str]] = set()  # names of modules being re-exported
         self._owners: dict[int, Scope | None] = {}  # id of a name -> the scope it reads
         self._memo: dict[int, set[Obj]] = {}  # id of a node -> `_eval`'s answer, for now
         # (id(module scope), name) -> [(position, unconditional)] of its versions, sorted
@@ -333,9 +335,9 @@ class Program:
         for handler, *args in self._constraints:
             if handler is Program._define:
                 handler(self, *args)  # classes are linked to their bases by name first
+        self._find_versions()  # (which a base's name is read through)
         self._link_classes()
         self._functions_by_scope = {id(f.scope): f for f in self.functions.values()}
-        self._find_versions()
         self._pending = set(range(len(self._constraints)))
         self._drain()
         opened: set[FunctionInfo] = set()
@@ -526,7 +528,29 @@ class Program:
             self._store((function.scope, param), self._eval(arg.value, module))
         for arg in call.args:
             if arg.keyword is not None:
-                self._store((function.scope, arg.keyword.value), self._eval(arg.value, module))
+                values = self._eval(arg.value, module)
+                self._store((function.scope, arg.keyword.value), values)
+                if function.node.params.star_kwarg is not None:
+                    # what `**kwargs` holds, for a call that hands it on
+                    # (`super().__init__(**kwargs)`)
+                    self._store((function.scope, f"**{arg.keyword.value}"), values)
+            elif arg.star == "**":
+                self._forward_keywords(function, arg.value, module)
+
+    def _forward_keywords(
+        self, function: FunctionInfo, passed: cst.BaseExpression, module: SourceModule
+    ) -> None:
+        """Bind the parameters of `function` to the keyword arguments that the caller's
+        `**kwargs`, passed on as `passed`, received."""
+        owner = self._owner(passed, module) if isinstance(passed, cst.Name) else None
+        caller = self.function_of_scope(owner) if owner is not None else None
+        star = caller.node.params.star_kwarg if caller is not None else None
+        if not isinstance(star, cst.Param) or star.name.value != passed.value:  # type: ignore[attr-defined]
+            return
+        params = function.node.params
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            name = param.name.value
+            self._store((function.scope, name), self._read((caller.scope, f"**{name}")))  # type: ignore[union-attr]
 
     # -- module-level names, read in order ---------------------------------------------
     def _find_versions(self) -> None:
@@ -753,10 +777,28 @@ class Program:
             elif obj.cls is not None and obj.kind in (Kind.MODULE, Kind.INSTANCE):
                 found |= self._read((obj.cls.family, attr))
             elif obj.kind is Kind.SOURCE_MODULE and obj.source is not None:
-                found |= self._read_at(obj.source.scope, attr, END)
+                found |= self._read_at(obj.source.scope, attr, END) or self._reexported(
+                    obj.source, attr
+                )
                 nested = self._resolve_module(f"{obj.source.name}.{attr}", obj.source)
                 if nested is not None:
                     found.add(self.obj(Kind.SOURCE_MODULE, nested.tree, nested, source=nested))
+        return found
+
+    def _reexported(self, source: SourceModule, attr: str) -> set[Obj]:
+        """What the name `attr` of `source` holds when an import of `source` binds it: a
+        package's `from .base import Trainer`, read as `pkg.Trainer`."""
+        exports = self._exports.get(id(source))
+        if exports is None:
+            exports = self._exports[id(source)] = source.index.exports(source.name)
+        key = (id(source), attr)
+        if key in self._following:
+            return set()  # a cycle of imports
+        self._following.add(key)
+        found: set[Obj] = set()
+        for dotted in exports.get(attr, ()):
+            found |= self._project_name(dotted, source) or set()
+        self._following.discard(key)
         return found
 
     def _subscript(self, node: cst.Subscript, module: SourceModule) -> set[Obj]:
@@ -863,6 +905,8 @@ class Program:
         to (None when the call passes every argument itself, as for a plain function)."""
         func = call.func
         found: list[tuple[FunctionInfo, set[Obj] | None]] = []
+        if isinstance(func, cst.Attribute) and _is_super(func.value):
+            return self._base_method(call, func.attr.value, module)
         if isinstance(func, cst.Attribute):
             own = self.class_of_self(func.value, module)
             if own is not None:
@@ -903,6 +947,21 @@ class Program:
                     if info is not None:
                         found.append((info, {obj} if info.is_classmethod else None))
         return found
+
+    def _base_method(
+        self, call: cst.Call, name: str, module: SourceModule
+    ) -> list[tuple[FunctionInfo, set[Obj] | None]]:
+        """`super().name(...)` in a method: the method of a base of its class, bound to
+        the method's `self`."""
+        caller = self._site(call, module)
+        if not isinstance(caller, FunctionInfo) or caller.cls is None or not caller.is_method:
+            return []
+        bases = [c for c in caller.cls.mro() if c is not caller.cls and name in c.methods]
+        if not bases:
+            return []
+        method = bases[0].methods[name]
+        receiver = self._read((caller.scope, caller.positional[0])) if caller.positional else None
+        return [(method, receiver if method.is_method else None)]
 
     def _overrides(self, own: ClassInfo, name: str) -> list[FunctionInfo]:
         """`self.name(...)` in a method of `own`: the method `own` resolves, and the
@@ -1055,6 +1114,11 @@ def _absolute(dotted: str, origin: SourceModule) -> str:
     package = origin.package.split(".") if origin.package else []
     package = package[: len(package) - level + 1]
     return ".".join([*package, dotted.lstrip(".")]).strip(".")
+
+
+def _is_super(node: cst.BaseExpression) -> bool:
+    """`super()` (without arguments)."""
+    return isinstance(node, cst.Call) and not node.args and is_name(node.func, "super")
 
 
 def _dotted_root(node: cst.BaseExpression) -> cst.Name | None:
