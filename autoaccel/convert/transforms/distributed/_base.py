@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import libcst as cst
@@ -103,6 +103,14 @@ def sole_callee(program: Program | None, call: cst.Call) -> FunctionInfo | None:
     return next(iter(callees)) if len(callees) == 1 else None
 
 
+def callee_in(
+    program: Program | None, module: SourceModule, call: cst.Call
+) -> cst.FunctionDef | None:
+    """The function of `module` that `call` runs, if it runs one alone."""
+    function = sole_callee(program, call)
+    return function.node if function is not None and function.module is module else None
+
+
 def runs_a_call(
     program: Program | None,
     call: cst.Call,
@@ -142,13 +150,9 @@ def _saves_among_other_work(program: Program | None, call: cst.Call) -> bool:
     helper = sole_callee(program, call)
     if helper is None or helper.cls is None or not runs_save(program, call):
         return False
-
-    def callee_in(inner: cst.Call) -> cst.FunctionDef | None:
-        function = sole_callee(program, inner)
-        return function.node if function is not None and function.module is helper.module else None
-
     module = helper.module
-    writes = function_writes(module.tree, module.index, callee_in).get(helper.node)
+    by_function = function_writes(module.tree, module.index, partial(callee_in, program, module))
+    writes = by_function.get(helper.node)
     return writes is None or not writes.only
 
 

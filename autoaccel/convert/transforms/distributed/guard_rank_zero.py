@@ -35,6 +35,7 @@ from autoaccel.analysis.training import LoopRole
 from autoaccel.convert.transforms.distributed._base import (
     RANK,
     DistributedStep,
+    callee_in,
     parse_statements,
     rank_zero,
     rank_zero_checkpointing,
@@ -134,7 +135,9 @@ class GuardRankZero(DistributedStep):
             return None
         if helper.module not in self.writes_of:
             self.writes_of[helper.module] = function_writes(
-                helper.module.tree, helper.module.index, partial(self._callee_in, helper.module)
+                helper.module.tree,
+                helper.module.index,
+                partial(callee_in, self.script.program, helper.module),
             )
         writes = self.writes_of[helper.module].get(helper.node)
         if writes is not None and writes.keeps is not None and not writes.only:
@@ -206,11 +209,6 @@ class GuardRankZero(DistributedStep):
             return method.name.value != "__init__" and method not in self.output_functions[module]
         values = program.values_of(attribute.value, module)  # type: ignore[union-attr]
         return any(o.cls is not None and o.cls.family is family for o in values)
-
-    def _callee_in(self, module: SourceModule, call: cst.Call) -> cst.FunctionDef | None:
-        """The function of `module` that `call` runs, if it runs one alone."""
-        function = sole_callee(self.script.program, call)
-        return function.node if function is not None and function.module is module else None
 
     @cached_property
     def _converted_modules(self) -> set[SourceModule]:
