@@ -37,7 +37,7 @@ from autoaccel.convert.pipeline import (
 )
 from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY
 from autoaccel.convert.transforms.data_parallel import settle_project_refusals
-from autoaccel.convert.transforms.distributed._base import checkpointing_modules
+from autoaccel.convert.transforms.distributed._base import converted_modules
 from autoaccel.fileio import SourceFile, read_source
 from autoaccel.source import parse
 
@@ -101,10 +101,7 @@ def find_project(script: Path, source: SourceFile) -> Project | None:
     training = find_training(program)
     # (a module that only evaluates, or only builds loaders nothing trains on, keeps its code)
     steps = [loop for loop in training.step_loops.values() if loop.role is LoopRole.TRAIN]
-    holding = {loop.module for loop in steps} | {o.module for loop in steps for o in loop.loaders}
-    # the module of a step function another module's loop calls (its forward gets autocast)
-    holding |= {function.module for loop in steps for function in loop.step_functions}
-    holding |= checkpointing_modules(program, training)  # their saves go on rank 0 (ddp)
+    holding = converted_modules(program, training)
     if loaded.unreadable and not steps:
         name, why = next(iter(loaded.unreadable.items()))
         raise ConversionError(

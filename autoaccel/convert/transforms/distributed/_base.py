@@ -18,12 +18,10 @@ from autoaccel.analysis.script_model import (
     DISTRIBUTED_DATA_PARALLEL,
     DISTRIBUTED_SAMPLER,
     LoopRole,
-    ScriptModel,
 )
 from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
 from autoaccel.analysis.side_effects import find_side_effects, function_writes
 from autoaccel.analysis.training import StepLoop, Training
-from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
 from autoaccel.cst_edit import add_import, add_imports, keyword_value
@@ -156,32 +154,51 @@ def _saves_among_other_work(program: Program | None, call: cst.Call) -> bool:
     return writes is None or not writes.only
 
 
-def checkpointing_modules(program: Program | None, training: Training) -> set[SourceModule]:
-    """The modules of the project whose functions the training loops' modules call to
-    save a checkpoint among other work (`_saves_among_other_work`): converted with them."""
-    modules = {
-        s.module
-        for s in training.step_loops.values()
-        if s.role is LoopRole.TRAIN and s.module is not None
-    }
-    return {
-        helper.module
-        for module in modules
-        for call in find(module.tree, cst.Call)
-        if (helper := sole_callee(program, call)) is not None
-        and helper.module not in modules
-        and _saves_among_other_work(program, call)
-    }
+def converted_modules(
+    program: Program | None, training: Training, target: str | None = None
+) -> set[SourceModule]:
+    """The modules of the project a conversion to `target` rewrites: those the distributed
+    changes go into (`distributed_modules`) and those of the step functions the training
+    loops call (their forward gets autocast)."""
+    steps = [s for s in training.step_loops.values() if s.role is LoopRole.TRAIN]
+    functions = {f.module for s in steps for f in s.step_functions}
+    return distributed_modules(program, training, target) | functions
 
 
-def rank_zero_checkpointing(script: ScriptModel, options: ConvertOptions) -> set[SourceModule]:
-    """`checkpointing_modules`, whose saves go on rank 0, under `--to ddp`. Under `--to
-    fsdp` none: such a helper is given the sharded model, whose state dict every process
-    must gather before rank 0 saves it; it is refused where it is called
-    (`GuardRankZeroGathering`)."""
-    if options.target != "ddp":
-        return set()
-    return checkpointing_modules(script.program, script.training)
+def distributed_modules(
+    program: Program | None, training: Training, target: str | None = None
+) -> set[SourceModule]:
+    """The modules of the project the distributed changes go into: where the training
+    step loops are and the loaders they read, and the modules of the checkpointing
+    helpers they call (`_saves_among_other_work`), whose saves go on rank 0. Under `--to
+    fsdp` not those of a helper given a trained model: every process must gather its
+    state dict before rank 0 saves it, so the call is refused where it is
+    (`GuardRankZeroGathering`). `target` None: what any target may change."""
+    steps = [s for s in training.step_loops.values() if s.role is LoopRole.TRAIN]
+    loop_modules = {s.module for s in steps if s.module is not None}
+    return (
+        loop_modules
+        | {o.module for s in steps for o in s.loaders}
+        | {
+            helper.module
+            for module in loop_modules
+            for call in find(module.tree, cst.Call)
+            if (helper := sole_callee(program, call)) is not None
+            and helper.module not in loop_modules
+            and _saves_among_other_work(program, call)
+            and not (target == "fsdp" and _given_trained_model(program, training, call, module))
+        }
+    )
+
+
+def _given_trained_model(
+    program: Program | None, training: Training, call: cst.Call, module: SourceModule
+) -> bool:
+    """Whether an argument of `call` may hold a model the training updates."""
+    return program is not None and any(
+        not program.flat_values_of(arg.value, module).isdisjoint(training.trained)
+        for arg in call.args
+    )
 
 
 @dataclass(frozen=True)

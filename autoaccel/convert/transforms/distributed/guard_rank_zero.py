@@ -31,14 +31,13 @@ from autoaccel.analysis.side_effects import (
     function_writes,
     opening_mode,
 )
-from autoaccel.analysis.training import LoopRole
 from autoaccel.convert.transforms.distributed._base import (
     RANK,
     DistributedStep,
     callee_in,
     parse_statements,
     rank_zero,
-    rank_zero_checkpointing,
+    converted_modules,
     sole_callee,
 )
 from autoaccel.cst_edit import code_of, is_docstring, keyword_value, set_keyword
@@ -212,13 +211,11 @@ class GuardRankZero(DistributedStep):
 
     @cached_property
     def _converted_modules(self) -> set[SourceModule]:
-        """This module and those a project conversion rewrites with it: where training
-        loops, the loaders they read, the step functions they call and the checkpointing
-        helpers they call (`checkpointing_modules`) are."""
-        steps = [s for s in self.script.training.step_loops.values() if s.role is LoopRole.TRAIN]
-        modules = {s.module for s in steps} | {o.module for s in steps for o in s.loaders}
-        modules |= {f.module for s in steps for f in s.step_functions}
-        return modules | rank_zero_checkpointing(self.script, self.options) | {self.script.module}
+        """This module and those a project conversion rewrites with it."""
+        script = self.script
+        return converted_modules(script.program, script.training, self.options.target) | {
+            script.module
+        }
 
     def _keep_on_every_rank(
         self, effect: SideEffect, helper: FunctionInfo, module: SourceModule, read: cst.Attribute

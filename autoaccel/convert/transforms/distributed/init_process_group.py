@@ -19,7 +19,7 @@ from autoaccel.convert.transforms.distributed._base import (
     INIT_PROCESS_GROUP,
     has_setup_block,
     parse_statements,
-    rank_zero_checkpointing,
+    distributed_modules,
 )
 from autoaccel.convert.transforms.inserted_names import name_refusal
 from autoaccel.cst_edit import add_import, leading_import_block
@@ -101,14 +101,10 @@ class InitProcessGroup(Transform):
         return module
 
     def _trains_here(self) -> bool:
-        """Whether this module (one the script imports) holds a training step loop, a
-        DataLoader that one reads, or a checkpointing helper it calls: the module the DDP
-        changes go into."""
-        here = self.script.module
-        return here in rank_zero_checkpointing(self.script, self.options) or any(
-            loop.role is LoopRole.TRAIN
-            and (loop.module is here or any(o.module is here for o in loop.loaders))
-            for loop in self.script.training.step_loops.values()
+        """Whether this module (one the script imports) is one the DDP changes go into."""
+        script = self.script
+        return script.module in distributed_modules(
+            script.program, script.training, self.options.target
         )
 
     def _read_environment(self, tree: cst.Module) -> cst.Module:
