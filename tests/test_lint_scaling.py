@@ -1,6 +1,11 @@
 """Lint time and memory grow linearly with the file size, up to a size limit that is
 met (1 MiB: ~8 CPU-s of dense training code, benchmarks/results/lint_scaling.md);
-pathological texts within it lint like any other, and Ctrl-C ends a run at once."""
+pathological texts within it lint like any other, and Ctrl-C ends a run at once.
+
+The pathological texts are a quarter of the limit, their time bounds a quarter of the
+full size's: linear, as measured (a 964 KB line 10.6 CPU-s, 227 KB 2.3; a million carriage
+returns 5.6, 250,000 1.4), so a blow-up worse than linear still fails them, in a quarter
+of the time."""
 
 from __future__ import annotations
 
@@ -106,22 +111,22 @@ def test_ctrl_c_ends_a_lint_of_the_largest_file_within_a_second(tmp_path):
 
 
 @pytest.mark.runs
-def test_a_megabyte_line_lints_in_seconds(tmp_path):
+def test_a_quarter_megabyte_line_lints_in_seconds(tmp_path):
     line = tmp_path / "line.py"
     line.write_text(
         "import torch\n"
-        + "; ".join(f"a{i} = torch.zeros({i})" for i in range(34_000))
+        + "; ".join(f"a{i} = torch.zeros({i})" for i in range(8_500))
         + "\n"
         + LOADER
     )
     start = time.process_time()
     result = lint_file(line, Overrides(), Mode.CHECK)
     assert [(d.line, d.code) for d in result.diagnostics if d.code == "ACC101"] == [(4, "ACC101")]
-    assert time.process_time() - start < 25
+    assert time.process_time() - start < 6
 
 
 @pytest.mark.runs
-def test_a_million_carriage_returns_lint_in_seconds():
+def test_a_quarter_million_carriage_returns_lint_in_seconds():
     start = time.process_time()
-    assert found("import torch  #" + "\r" * 1_000_000 + LOADER) == [(1_000_002, 10, "ACC101")]
-    assert time.process_time() - start < 15
+    assert found("import torch  #" + "\r" * 250_000 + LOADER) == [(250_002, 10, "ACC101")]
+    assert time.process_time() - start < 4
