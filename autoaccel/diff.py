@@ -185,6 +185,13 @@ def original_line(history: list[tuple[str, str]], line: int) -> int:
     return line
 
 
+def inserted(before: str, after: str, line: int) -> bool:
+    """Whether line `line` of `after` is one that `before` has nothing in place of."""
+    return any(
+        tag == "insert" and j1 < line <= j2 for tag, _, _, j1, j2 in line_opcodes(before, after)
+    )
+
+
 def _line_before(before: str, after: str, line: int) -> int:
     """The line of `before` that line `line` of `after` comes from. Lines deleted
     just above `line` are not it; a line past the end of `after` is as far past the

@@ -120,11 +120,13 @@ def test_original_script_resumes_from_the_fsdp_checkpoint(fsdp_runs, tmp_path):
 
 
 def test_verify_checks_an_fsdp_conversion(tmp_path):
-    """`convert --to fsdp --verify`: the parameters compared across the ranks are the
-    DTensors gathered whole."""
+    """`convert --to fsdp --verify` with the default bf16 policy: the parameters compared
+    across the ranks are the DTensors gathered whole. loss_in_optimizer.py's loss module,
+    whose (no) parameters the optimizer holds, is sharded too: `shard_model()` used to ask
+    `next(model.parameters())` whether it is on a GPU, a StopIteration here."""
     proc = autoaccel(
-        "convert", FSDP_FIXTURES / "conv_net.py",
-        "--to", "fsdp", "--amp", "off", "--verify", "--verify-steps", "6", "-o", "out.py",
+        "convert", FSDP_FIXTURES / "loss_in_optimizer.py",
+        "--to", "fsdp", "--verify", "-o", "out.py",
         cwd=tmp_path,
     )  # fmt: skip
     _check(proc, "convert --to fsdp --verify")
@@ -133,4 +135,4 @@ def test_verify_checks_an_fsdp_conversion(tmp_path):
         in proc.stdout + proc.stderr
     )
     assert "--verify FAIL" not in proc.stdout + proc.stderr
-    assert (tmp_path / "out.py").is_file()
+    assert "    shard_model(criterion)\n" in (tmp_path / "out.py").read_text()

@@ -135,6 +135,8 @@ def test_a_line_of_the_converted_copy_is_named_as_the_users_line(tmp_path, monke
     monkeypatch.chdir(project)
     place = user_place(project / "train.py", converted / "train.py", converted)
     assert place(str(converted / "train.py"), 6) == "train.py:3"
+    # a line the conversion added is named so: the fault is the conversion's
+    assert place(str(converted / "train.py"), 4) == "train.py:2 (in code the conversion added)"
     assert place(str(converted / "lib" / "loops.py"), 2) == os.path.join("lib", "loops.py") + ":2"
     assert place(f"{TORCH}/nn/modules/module.py", 1778) is None
     assert place("<frozen runpy>", 88) is None

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from autoaccel.convert.log import DIFFERENT_DATA
-from autoaccel.diff import original_line
+from autoaccel.diff import inserted, original_line
 from autoaccel.facts.user_code import is_user_file
 from autoaccel.fileio import write_atomic
 from autoaccel.run.harness import EpochCut
@@ -262,7 +262,8 @@ def user_place(script: Path, copy: Path, converted: Path) -> Place:
             texts = [item.read_text(encoding="utf-8", errors="replace") for item in (user, path)]
         except OSError:
             return _shown(user, line)
-        return _shown(user, original_line([(texts[0], texts[1])], line))
+        shown = _shown(user, original_line([(texts[0], texts[1])], line))
+        return f"{shown} (in code the conversion added)" if inserted(*texts, line) else shown
 
     return place
 

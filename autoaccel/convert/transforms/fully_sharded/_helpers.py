@@ -42,7 +42,11 @@ def shard_code(options: ConvertOptions, forward_methods: bool = False) -> tuple[
             "        # parameters, gradients and optimizer state on the CPU between uses\n"
             '        policies["offload_policy"] = CPUOffloadPolicy()\n'
         )
-    on_gpu = "    if next(model.parameters()).is_cuda:\n" + "".join(policies) if policies else ""
+    on_gpu = (
+        "    if any(parameter.is_cuda for parameter in model.parameters()):\n" + "".join(policies)
+        if policies
+        else ""
+    )
     code = f'''
 def {SHARD}(model):
     """FSDP2: each process keeps 1/WORLD_SIZE of the parameters, gradients and optimizer

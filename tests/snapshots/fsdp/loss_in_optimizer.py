@@ -1,0 +1,112 @@
+"""A regression whose loss is a module of its own, handed to the optimizer with the model
+(AWD-LSTM's SplitCrossEntropyLoss has parameters in some configurations, none in others:
+this one has none)."""
+import gc
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+# Distributed training: torchrun starts one process per GPU and sets RANK, LOCAL_RANK
+# and WORLD_SIZE. Run with plain `python`, the script is a single process, as before.
+DISTRIBUTED = "LOCAL_RANK" in os.environ
+RANK = int(os.environ.get("RANK", 0))
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))
+if DISTRIBUTED:
+    dist.init_process_group("gloo", init_method="env://")
+
+
+def per_process_batch_size(global_batch_size):
+    """Each process loads an equal share of the original (global) batch."""
+    if global_batch_size % WORLD_SIZE:
+        warnings.warn(
+            f"batch size {global_batch_size} does not divide by {WORLD_SIZE} processes:"
+            f" each loads {global_batch_size // WORLD_SIZE}"
+        )
+    return max(1, global_batch_size // WORLD_SIZE)
+
+
+def shard_model(model):
+    """FSDP2: each process keeps 1/WORLD_SIZE of the parameters, gradients and optimizer
+    state. Each repeated block (a child of the outermost ModuleLists and Sequentials,
+    e.g. transformer layers) gathers its parameters only while it computes; the root
+    holds the rest. Every process starts from rank 0's values, as under DDP (a model
+    built after a per-process seed would otherwise start from a different draw)."""
+    if torch.distributed.is_initialized():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            torch.distributed.broadcast(tensor.data, src=0)
+    policies = {}
+    containers = [model]
+    while containers:
+        module = containers.pop()
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            for block in module:
+                if any(True for _ in block.parameters()):
+                    fully_shard(block, **policies)
+        else:
+            containers.extend(module.children())
+    fully_shard(model, **policies)
+
+
+class ScaledLoss(nn.Module):
+    def __init__(self, scale=1.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, output, target):
+        return self.scale * nn.functional.mse_loss(output, target)
+
+
+def main():
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = x @ torch.randn(8, 1)
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, shuffle=True) if DISTRIBUTED else None
+    loader = DataLoader(
+        dataset,
+        batch_size=per_process_batch_size(32),
+        shuffle=sampler is None,
+        sampler=sampler,
+    )
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    # sharded with FSDP2 when distributed: each process keeps a share of the
+    # parameters, gradients and optimizer state
+    if DISTRIBUTED:
+        shard_model(model)
+    criterion = ScaledLoss()
+    # sharded with FSDP2 when distributed: each process keeps a share of the
+    # parameters, gradients and optimizer state
+    if DISTRIBUTED:
+        shard_model(criterion)
+    params = list(model.parameters()) + list(criterion.parameters())
+    optimizer = torch.optim.SGD(params, lr=0.05)
+    # Same model and data on every process so far; from here each draws its own random
+    # numbers (noise, dropout, augmentation), as the GPUs of one big batch would.
+    if DISTRIBUTED:
+        torch.manual_seed(torch.initial_seed() + RANK)
+    for epoch in range(2):
+        if DISTRIBUTED:
+            loader.sampler.set_epoch(epoch)
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            loss = criterion(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+        if RANK == 0:
+            print(f"epoch {epoch}: loss {loss.item():.4f}")
+
+
+if __name__ == "__main__":
+    main()
+
+    if DISTRIBUTED:
+        # free the models first: left to the exit, they can abort the process
+        gc.collect()
+        dist.destroy_process_group()
