@@ -37,7 +37,8 @@ together, what the one process covered.
 reads it back from there), and every file opened for writing (``open``, ``io.open``: so also
 ``np.save``, ``savefig``, ``Path.write_text``, a Pillow ``anim.save``, TensorBoard event files;
 reads of such a path read it back from there), so that a trial run leaves the script's files
-alone. Files under the temporary folder, the caches and Python's own folders are the
+alone; the folders it makes (``os.makedirs``, ``Path.mkdir``) are recorded in
+``made_folders``, for the runner to remove once every process has ended. Files under the temporary folder, the caches and Python's own folders are the
 libraries' and are left where they go.
 
 With ``AUTOACCEL_FACTS_OUT=PATH`` in the environment, `autoaccel.facts.recorder` also
@@ -135,6 +136,8 @@ class StepRecord:
     sample_ids: list[Any] = field(default_factory=list)  # per step: [pass, indices] or None
     saves: list[str] = field(default_factory=list)  # paths torch.save wrote
     writes: list[str] = field(default_factory=list)  # other paths opened for writing, once each
+    # folders of the script's it made with `scratch` (left empty: their files went there)
+    made_folders: list[str] = field(default_factory=list)
     write_sites: dict[str, str] = field(
         default_factory=dict
     )  # path -> `file:line` of the script's code
@@ -276,6 +279,8 @@ class _StepRecorder:
         stack.enter_context(patched(builtins, "print", self._recording_print))
         if self.scratch is not None:
             stack.enter_context(patched(torch, "load", self._redirected_load))
+            # `os.makedirs` and `Path.mkdir` call it
+            stack.enter_context(patched(os, "mkdir", self._recording_mkdir))
         stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._kept_optimizer))
         stack.enter_context(
             patched(torch.nn.parallel.DistributedDataParallel, "__init__", self._kept_wrapper)
@@ -403,6 +408,20 @@ class _StepRecorder:
             return original(redirected, mode, *args, **kwargs)
 
         return open_
+
+    def _recording_mkdir(self, original: Callable) -> Callable:
+        """Record each folder of the script's made (`run_script` removes it afterwards,
+        empty: the files written into it went to `scratch`)."""
+
+        def mkdir(path, *args, **kwargs):
+            result = original(path, *args, **kwargs)
+            if isinstance(path, (str, os.PathLike)):
+                made = os.path.abspath(path)
+                if self.folders.the_scripts(made):
+                    self.record.made_folders.append(made)
+            return result
+
+        return mkdir
 
     def _recording_print(self, original: Callable) -> Callable:
         """Keep the first `MAX_PRINTED` lines printed to the terminal (not to a file)."""

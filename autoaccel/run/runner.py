@@ -132,12 +132,22 @@ def run_script(
         log.seek(0)
         output = log.read()
     ranks = [json.loads(path.read_text()) for path in sorted(records.glob("record-*.json"))]
+    remove_made_folders(ranks)
     if timed_out:
         error = f"error: stopped after {timeout:g} s (a process hung, or the steps take longer)"
         ranks = [{**rank, "exit": error} for rank in ranks] or [_empty_record(error)]
     if not ranks:
         ranks = [_empty_record(f"error: exit code {proc.returncode}")]
     return Run(merge_ranks(ranks), proc.returncode, output, ranks)
+
+
+def remove_made_folders(ranks: list[dict[str, Any]]) -> None:
+    """Remove the folders of the script's that a run with `scratch` made, deepest first,
+    those left empty (all, unless another program wrote into one meanwhile)."""
+    made = {folder for rank in ranks for folder in rank.get("made_folders", ())}
+    for folder in sorted(made, key=lambda path: path.count(os.sep), reverse=True):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 def _wait(
