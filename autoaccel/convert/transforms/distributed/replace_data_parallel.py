@@ -2,7 +2,8 @@
 
 `model = nn.DataParallel(model)` goes, and with it an `if torch.cuda.device_count() > 1:`
 around it that only prints; `model.module` becomes `model` (outside an
-`isinstance(model, nn.DataParallel)` test, which is simply never true any more).
+`isinstance(model, nn.DataParallel)` test, which is simply never true any more), also in
+another module of the project given the wrapper (`self.model.module` of a solver class).
 A checkpoint the unwrapped model loads has its `module.` prefix stripped first
 (`checkpoint_keys`). A functional `nn.parallel.data_parallel(...)` in a model's `forward` is reported: it
 would split each process's batch over GPUs that other processes use.
@@ -14,6 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import Kind, Obj
 from autoaccel.analysis.script_model import DATA_PARALLEL
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.checkpoint_keys import loads_into, strip_prefix
@@ -25,7 +27,7 @@ _PRINT_LINE = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Name("print
 
 class ReplaceDataParallel(DistributedStep):
     DESCRIPTION = "Remove nn.DataParallel; DistributedDataParallel replaces it."
-    needs = ("DataParallel", "data_parallel")
+    needs = ("DataParallel", "data_parallel", ".module")
     code = "ACC401"
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -61,9 +63,10 @@ class ReplaceDataParallel(DistributedStep):
         target = name_key(node.targets[0].target)
         inner = value.args[0].value
         line = self.parent(node)
-        if target is None or not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        if not _removable(node, line):
             self.skipped("nn.DataParallel", "remove this DataParallel wrapper by hand", node)
             return
+        assert target is not None and isinstance(line, cst.SimpleStatementLine)
         self.unwrapped.add(target)
         if name_key(inner) == target:
             removed = self._removable_if(line) or line
@@ -92,10 +95,27 @@ class ReplaceDataParallel(DistributedStep):
         if original_node.attr.value != "module":
             return updated_node
         key = name_key(original_node.value)
-        if key not in self.unwrapped or self._under_data_parallel_test(original_node):
+        if (
+            key not in self.unwrapped
+            and not self._removed_wrappers_only(original_node.value)
+            or self._under_data_parallel_test(original_node)
+        ):
             return updated_node
         self.changed(original_node, f"`{key}.module` -> `{key}`: the model is no longer wrapped")
         return updated_node.value
+
+    def _removed_wrappers_only(self, value: cst.BaseExpression) -> bool:
+        """Whether `value` holds only `nn.DataParallel` wrappers that this conversion
+        removes, in this module or another (the script's, given to a solver class), or
+        models such a removal left without a `module` (the script converted first)."""
+        program, module = self.script.program, self.script.module
+        if program is None or module is None:
+            return False
+        held = program.flat_values_of(value, module)
+        unwrapped = [obj for obj in held if obj.kind is Kind.MODULE and obj.parallel is None]
+        if unwrapped and program.flat_values_of(cst.Attribute(value, cst.Name("module")), module):
+            return False  # a model of the project's with a `module` of its own
+        return bool(held) and all(obj in unwrapped or _removed_wrapper(obj) for obj in held)
 
     def _under_data_parallel_test(self, node: cst.CSTNode) -> bool:
         return any(
@@ -106,3 +126,26 @@ class ReplaceDataParallel(DistributedStep):
             )
             for a in self.ancestors(node)
         )
+
+
+def _removable(assign: cst.Assign, line: cst.CSTNode | None) -> bool:
+    """Whether `assign` (`model = nn.DataParallel(model)`) is a statement of its own, to
+    a name or attribute: a wrapper this step removes."""
+    return (
+        name_key(assign.targets[0].target) is not None
+        and isinstance(line, cst.SimpleStatementLine)
+        and len(line.body) == 1
+    )
+
+
+def _removed_wrapper(obj: Obj) -> bool:
+    """Whether `obj` is an `nn.DataParallel` wrapper made where this step removes it."""
+    index = obj.module.index
+    assign = index.parent(obj.node)
+    return (
+        obj.parallel == "dp"
+        and isinstance(assign, cst.Assign)
+        and len(assign.targets) == 1
+        and assign.value is obj.node
+        and _removable(assign, index.parent(assign))
+    )
