@@ -313,6 +313,7 @@ verified = runs_fixture(start_runs)
         "printed_samples.py",
         "printed_translation.py",
         "loader_subclass.py",
+        "flow_loss_module.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

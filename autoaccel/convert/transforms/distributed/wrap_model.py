@@ -86,7 +86,9 @@ class WrapModel(DistributedStep):
         # A model the loops call beside ones whose parameters an optimizer gets, while
         # none gets its own, may be frozen (a distillation teacher, a DQN target). By
         # name: two models built by one function are one object to the analysis. So may
-        # one whose optimizers are all built on a condition (fine-tuning switched off).
+        # one whose optimizers are all built on a condition (fine-tuning switched off),
+        # and each of several when no optimizer is known to get any (its parameters come
+        # from a helper): one may be a loss module without parameters (RealNVP's).
         optimized = {
             model.key for model in models if not _optimized_on_condition(self, model.key)
         } & self.script.trained
@@ -97,7 +99,10 @@ class WrapModel(DistributedStep):
         for model in models:
             self.wrappers[model.key] = fresh_name(ddp_name(model.key), used)
             used.add(self.wrappers[model.key])
-            self._wrap(model, may_be_frozen=bool(optimized) and model.key not in optimized)
+            self._wrap(
+                model,
+                may_be_frozen=model.key not in optimized and (bool(optimized) or len(models) > 1),
+            )
 
     def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
         if model.key in self.trained_methods:
