@@ -15,9 +15,11 @@ import pytest
 from autoaccel.convert.command import needs_facts
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
+from autoaccel.convert.project_conversion import convert_project, find_project
 from autoaccel.convert.transforms.data_parallel.step_segments import RUN_CAN_TELL
 from autoaccel.facts.model import Forward, RunFacts, Seen, Site
 from autoaccel.facts.resolve import ConversionFacts
+from autoaccel.fileio import read_source
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "dp"
 DP = ConvertOptions(target="dp", amp="off")
@@ -142,7 +144,10 @@ def test_existing_data_parallel_is_upgraded() -> None:
     [
         pytest.param("recurrent_state.py", 28, "(a recurrent state)", id="recurrent-state"),
         pytest.param(
-            "forward_attribute.py", 29, "sets `self.aux` (line 17)", id="forward-attribute"
+            "forward_attribute.py",
+            29,
+            "sets `self.aux` (line 17)",
+            id="forward-attribute",
         ),
     ],
 )
@@ -150,6 +155,54 @@ def test_refused_naming_the_line(name: str, line: int, reason: str) -> None:
     skipped = [s for s in converted(name).log.skipped if s.wrong]
     assert len(skipped) == 1 and reason in skipped[0].reason
     assert skipped[0].line == line
+
+
+NET = """\
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def forward(self, x):
+        self.features = x
+        return self.layer(x)
+"""
+
+
+TRAIN_NET = """\
+import torch
+from net import Net
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=16)
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = Net().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+for x, y in loader:
+    x, y = x.to(device), y.to(device)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_forward_of_another_module_setting_an_attribute_is_refused_at_its_file(
+    tmp_path,
+) -> None:
+    """Proxy-Anchor (sixth unseen set): the model's class is in another file; its line
+    was looked up in the script's positions (internal error: KeyError)."""
+    (tmp_path / "net.py").write_text(NET)
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_NET)
+    project = find_project(script, read_source(script))
+    assert project is not None
+    result = convert_project(project, ConvertOptions(target="dp"), str(script))
+    (skipped,) = [s for f in result.files for s in f.conversion.log.skipped if s.wrong]
+    assert "`Net.forward` sets `self.features` (net.py:10)" in skipped.reason
 
 
 AMP = ConvertOptions(target="dp")  # the default mixed precision, as `convert` does

@@ -36,6 +36,7 @@ from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.shapes import find
 from autoaccel.cst_edit import code_of, keyword_value
+from autoaccel.convert.transforms.distributed._base import where
 from autoaccel.facts.model import BatchFirst, batch_first
 from autoaccel.facts.resolve import FactsResolver
 
@@ -1243,11 +1244,13 @@ class SegmentFinder:
                             and isinstance(node.value, cst.Name)
                             and node.value.value == "self"
                         ):
-                            line = ""
-                            if obj.module is self.script.module:
-                                line = f" (line {self.t.line_of(target)})"
+                            place = (
+                                f"line {self.t.line_of(target)}"
+                                if method.module is self.script.module
+                                else where(method.module, target)
+                            )
                             raise Refused(
-                                f"`{cls.name}.forward` sets `self.{node.attr.value}`{line}:"
+                                f"`{cls.name}.forward` sets `self.{node.attr.value}` ({place}):"
                                 " `nn.DataParallel` sets it on a replica, and the model never sees it",
                                 s,
                             )

@@ -13,6 +13,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Program, SourceModule, Values
 from autoaccel.analysis.script_model import (
     DISTRIBUTED_DATA_PARALLEL,
@@ -93,6 +94,12 @@ def rank_zero(statements: Statements) -> cst.If:
     ]
     guard = cst.ensure_type(cst.parse_statement(f"if {RANK} == 0:\n    pass\n"), cst.If)
     return guard.with_changes(body=cst.IndentedBlock(body=body), leading_lines=leading)
+
+
+def where(module: SourceModule, node: cst.CSTNode) -> str:
+    """`utils_io.py:7`: where `node` of `module` is."""
+    line = Positions(module.tree)[node].start.line
+    return f"{Path(module.path or module.name).name}:{line}"
 
 
 def sole_callee(program: Program | None, call: cst.Call) -> FunctionInfo | None:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import libcst as cst
 
-from autoaccel.analysis.positions import Positions
 from autoaccel.analysis.program import ClassInfo, FunctionInfo, SourceModule
 from autoaccel.analysis.shapes import find, name_calls
 from autoaccel.analysis.side_effects import (
@@ -39,6 +38,7 @@ from autoaccel.convert.transforms.distributed._base import (
     rank_zero,
     converted_modules,
     sole_callee,
+    where,
 )
 from autoaccel.cst_edit import code_of, is_docstring, keyword_value, set_keyword
 
@@ -105,7 +105,7 @@ class GuardRankZero(DistributedStep):
             if why:
                 self.skipped(
                     f"rank-0 {effect.kind.value}",
-                    f"`{helper.name}()` ({_where(helper.module, helper.node)}) writes on every process, and only"  # type: ignore[union-attr]
+                    f"`{helper.name}()` ({where(helper.module, helper.node)}) writes on every process, and only"  # type: ignore[union-attr]
                     f" rank 0 may: {why}; put its writes under `if {RANK} == 0:` by hand",
                     effect.call,
                     wrong=True,
@@ -225,7 +225,7 @@ class GuardRankZero(DistributedStep):
         when it writes files (the processes would race on them)."""
         self.skipped(
             f"rank-0 {effect.kind.value}",
-            f"`{helper.name}()` ({_where(helper.module, helper.node)}) writes on every process:"
+            f"`{helper.name}()` ({where(helper.module, helper.node)}) writes on every process:"
             f" it also keeps `{code_of(read)}`, which {Path(module.path or module.name).name}"
             f" reads, so every process runs it; put its writes under `if {RANK} == 0:` by hand",
             effect.call,
@@ -309,9 +309,3 @@ class GuardRankZero(DistributedStep):
                 else "ddp"
             )
             self.changed(run[0], f"{' and '.join(kinds)} on rank 0 only", code)
-
-
-def _where(module: SourceModule, node: cst.CSTNode) -> str:
-    """`utils_io.py:7`: where `node` of `module` is."""
-    line = Positions(module.tree)[node].start.line
-    return f"{Path(module.path or module.name).name}:{line}"
