@@ -56,13 +56,15 @@ class Project:
 
 
 def project_roots(script: Path) -> list[Path]:
-    """Where imports of the script are looked up: its folder, then its project root."""
+    """Where imports of the script are looked up: its folder, then its project root and
+    the root's `src/` folder (the src layout: the project's packages are installed from
+    there, and a script of theirs imports them by their names)."""
     folder = script.resolve().parent
     roots = [folder]
     for candidate in [folder, *folder.parents]:
         if any((candidate / marker).exists() for marker in _PROJECT_MARKERS):
-            if candidate != folder:
-                roots.append(candidate)
+            found = [candidate, candidate / "src"]
+            roots += [r for r in found if r != folder and r.is_dir()]
             break
     return roots
 

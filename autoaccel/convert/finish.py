@@ -319,8 +319,11 @@ def script_output(script: Path, output: Path | None, project: Project | None = N
 
 def in_copy(project: Project, folder: Path, path: Path) -> Path:
     """Where a file (or folder) of the project goes in a copy of it in `folder`: at its
-    place relative to the folder that holds all the files of the project."""
+    place relative to the folder that holds all the files of the project, and the
+    packages they are in (a src layout's `vision_transformer/`: imported by its name)."""
     root = Path(os.path.commonpath([p.resolve().parent for p in project.all_paths]))
+    while (root / "__init__.py").is_file():
+        root = root.parent
     resolved = path.resolve()
     return folder / resolved.relative_to(root) if resolved.is_relative_to(root) else folder
 

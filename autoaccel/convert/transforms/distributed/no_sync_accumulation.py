@@ -83,7 +83,17 @@ class NoSyncAccumulation(DistributedStep):
             for t in find(s, cst.AssignTarget)
         }
         tested = {n.value for n in find(condition.test, cst.Name)}
-        if first is None or len({key for _, key in used}) != 1 or tested & assigned:
+        # `do_step = (i + 1) % accumulation == 0` between the backward and the `if`
+        # moves above the forward, where the condition is computed
+        moved = [s for s in body[last + 1 : steps[0]] if _assigns(s) & tested]
+        if any(not _movable(s, assigned) for s in moved):
+            moved = [None]  # type: ignore[list-item]
+        if (
+            first is None
+            or len({key for _, key in used}) != 1
+            or tested & assigned
+            or None in moved
+        ):
             self.skipped(
                 "no_sync",
                 "gradient accumulation: run the forward and backward of the micro-steps that"
@@ -104,11 +114,11 @@ class NoSyncAccumulation(DistributedStep):
         head[-1] = with_node.with_changes(
             body=cst.IndentedBlock(body=[block[0].with_changes(leading_lines=[]), *block[1:]])
         )
-        head[0] = head[0].with_changes(
-            leading_lines=[*block[0].leading_lines, *head[0].leading_lines]
-        )
+        head = [*moved, *head]  # each moved statement with its comments
+        kept = [line for line in head[0].leading_lines if line.comment is not None]
+        head[0] = head[0].with_changes(leading_lines=[*block[0].leading_lines, *kept])
         self.replace[body[first]] = head
-        for statement in block[1:]:
+        for statement in [*block[1:], *moved]:
             self.replace[statement] = []
         self.replace[condition] = [condition.with_changes(test=cst.Name(SYNC))]
         self.imports.append("import contextlib")
@@ -144,3 +154,19 @@ class NoSyncAccumulation(DistributedStep):
         step = self.script.step_loops.get(loop)
         function = step.function if step is not None else None
         return function.cls if function is not None and function.is_method else None
+
+
+def _assigns(statement: cst.CSTNode) -> set[str]:
+    """The names `statement` assigns."""
+    return {name_key(t.target) for t in find(statement, cst.AssignTarget)} - {None}  # type: ignore[return-value]
+
+
+def _movable(statement: cst.CSTNode, assigned: set[str | None]) -> bool:
+    """Whether `statement` (`do_step = ...`) can run before the forward: one assignment
+    of a value that calls nothing but `len` and reads nothing the micro-step assigns."""
+    if not m.matches(statement, m.SimpleStatementLine(body=[m.Assign()])):
+        return False
+    value = statement.body[0].value  # type: ignore[attr-defined]
+    reads = {n.value for n in find(value, cst.Name)}
+    calls = find(value, cst.Call)
+    return all(m.matches(c.func, m.Name("len")) for c in calls) and not reads & assigned
