@@ -282,6 +282,16 @@ class ModuleIndex:
             found[exported] = meant
         return found
 
+    def unbound(self) -> frozenset[str]:
+        """The names read here that nothing binds, not even a builtin, and that a star
+        import may bind (no leading underscore): what a star import of a library, whose
+        exports are unknown, must have bound."""
+        return frozenset(
+            name
+            for name, scope, _ in self._accesses.values()
+            if not name.startswith("_") and not scope.lookup(name)
+        )
+
     def bind_star_import(
         self, statement: cst.ImportFrom, exports: dict[str, frozenset[str]]
     ) -> None:

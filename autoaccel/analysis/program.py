@@ -303,18 +303,27 @@ class Program:
     def _bind_star_imports(self) -> None:
         """Bind the names each `from module import *` of a module of the project takes
         from it (the star imports of that module first): `random`, `read_file` and
-        `CharRNN` of char-rnn's `from helpers import *` and `from model import *`."""
+        `CharRNN` of char-rnn's `from helpers import *` and `from model import *`. A
+        library's exports are unknown: it binds the names read that nothing else binds
+        (`tqdm` of `from tqdm import *`)."""
         done: set[int] = set()  # (a cycle of star imports binds what is bound so far)
 
         def bind(module: SourceModule) -> None:
             done.add(id(module))
+            libraries = []
             for statement, _, _ in module.index.star_imports:
-                source = self._resolve_module(_absolute(from_module(statement), module), module)
+                dotted = _absolute(from_module(statement), module)
+                source = self._resolve_module(dotted, module)
                 if source is None:
-                    continue  # a library
+                    libraries.append((statement, dotted))
+                    continue
                 if id(source) not in done:
                     bind(source)
                 module.index.bind_star_import(statement, source.index.exports(source.name))
+            unbound = module.index.unbound() if libraries else frozenset()
+            for statement, library in libraries:
+                exports = {name: frozenset({f"{library}.{name}"}) for name in unbound}
+                module.index.bind_star_import(statement, exports)
 
         for module in self.modules:
             if id(module) not in done:

@@ -32,7 +32,7 @@ from autoaccel.analysis.program import (
     SourceModule,
     argument,
 )
-from autoaccel.analysis.shapes import bound_names
+from autoaccel.analysis.shapes import bound_names, find, is_name
 
 
 class LoopRole(Enum):
@@ -292,16 +292,36 @@ class _Finder:
         )
 
     def _spelling(self, loop: cst.For | cst.While, module: SourceModule) -> str | None:
-        """The loader as the loop spells it: `loader` of `enumerate(tqdm(loader))`."""
+        """The loader as the loop spells it: `loader` of `enumerate(tqdm(loader))`, and of
+        `pbar` after `pbar = tqdm(enumerate(loader))`."""
         if isinstance(loop, cst.For):
-            iterable: cst.BaseExpression = loop.iter
-            while isinstance(iterable, cst.Call) and iterable.args:
-                iterable = iterable.args[0].value
-            return name_key(iterable)
+            iterable = _unwrapped(loop.iter)
+            wrapper = self._wrapper_held(iterable, module)
+            return name_key(_unwrapped(wrapper) if wrapper is not None else iterable)
         for call in self.calls_in.get(loop, ()):
             if self.around[call][0] is loop and _is_next(call, module):
                 return name_key(call.args[0].value)
         return None
+
+    def _wrapper_held(self, node: cst.BaseExpression, module: SourceModule) -> cst.Call | None:
+        """The call `node`, a name, is assigned once in its scope, when that call returns
+        what its first argument holds (`pbar = tqdm(enumerate(loader))`; not
+        `loader = DataLoader(data)`)."""
+        if not isinstance(node, cst.Name):
+            return None
+        index, name = module.index, node.value
+        scope = index.scopes[node].owner(name)
+        values = [
+            assign.value
+            for assign in find(module.tree, cst.Assign)
+            for target in assign.targets
+            if is_name(target.target, name) and index.scopes[target.target].owner(name) is scope
+        ]
+        if len(values) != 1 or not isinstance(values[0], cst.Call) or not values[0].args:
+            return None
+        call = values[0]
+        held = self.program.values_of(call, module)
+        return call if held and held == self.program.values_of(call.args[0].value, module) else None
 
     # -- what trains -----------------------------------------------------------------
     def _models(self) -> None:
@@ -351,6 +371,13 @@ def trains(training: Training, obj: Obj) -> bool:
 def _is_backward(call: cst.Call) -> bool:
     func = call.func
     return isinstance(func, cst.Attribute) and func.attr.value == "backward"
+
+
+def _unwrapped(iterable: cst.BaseExpression) -> cst.BaseExpression:
+    """`iterable` less the calls around it: `loader` of `enumerate(tqdm(loader))`."""
+    while isinstance(iterable, cst.Call) and iterable.args:
+        iterable = iterable.args[0].value
+    return iterable
 
 
 def _is_next(call: cst.Call, module: SourceModule) -> bool:
