@@ -35,6 +35,7 @@ from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
 from autoaccel.convert.transforms.data_parallel.wraps import wrapper_instances
 from autoaccel.cst_edit import add_imports, code_of
+from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts
 
 _FALLBACK_DEVICE = '"cuda" if torch.cuda.is_available() else "cpu"'
 _BCE = frozenset({"torch.nn.BCELoss", "torch.nn.functional.binary_cross_entropy"})
@@ -175,11 +176,30 @@ class AddAutocast(Transform):
                     loops[0].node,
                 )
             return
+        self.ran_models = self._ran_trained_models()
         for loop in loops:
             self._plan_loop(loop)
         for loop in elsewhere:
             if not self._under_autocast(loop):
                 self._plan_step_functions(loop)
+
+    def _ran_trained_models(self) -> set[cst.Call]:
+        """The calls of this module where the run of the script (if any) called a model
+        it trained: `model(x)` in a helper that receives the model (`train_epoch(loader,
+        model, ...)` of another module), which the code alone does not show to be one.
+        (Without them the second conversion would see the DDP wrapper the first one
+        built, a model, and add the autocast the first one did not.)"""
+        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
+        if given is None or self.script.index is None:
+            return set()
+        path = None if self.in_entry_script else self.context.filename
+        facts = given.resolver(self.script.index.module, self.position_of, path)
+        ran = {
+            facts.node_at(forward.site)
+            for model in facts.trained_models()
+            for forward in facts.facts.forwards_of(model.id)
+        }
+        return {call for call in ran if call is not None}
 
     def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
@@ -251,7 +271,9 @@ class AddAutocast(Transform):
         return any(self._is_model_call(call) for call in find(node, cst.Call))
 
     def _is_model_call(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and name_key(node.func) in self.script.models
+        return isinstance(node, cst.Call) and (
+            name_key(node.func) in self.script.models or node in self.ran_models
+        )
 
     def _is_loss(self, call: cst.Call) -> bool:
         return self._is_bce(call) or self.script.is_loss_call(call)

@@ -13,11 +13,13 @@ the conversion refuses it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
-from autoaccel.analysis.shapes import find, is_method_call
+from autoaccel.analysis.shapes import find, is_method_call, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -207,6 +209,13 @@ class ShardModel(DistributedStep):
                     f"this uses the optimizer of `{model.key}` before the model is ready to"
                     " shard; build the optimizer after the model is on its device, then convert",
                 )
+        received = self._received(model)
+        if received is not None:
+            return self._refuse(
+                model.anchor,
+                f"{received}; call `fully_shard({model.key})` once where it is built, before"
+                " its optimizer is, then convert",
+            )
         after = body[body.index(model.anchor) + 1 :]
         places = [(node, model.key) for node in [*after, *self.train_code()]]
         # The model under other names: `net` of `def export(net)` called as `export(model)`.
@@ -237,6 +246,38 @@ class ShardModel(DistributedStep):
                         " convert",
                     )
         return False
+
+    def _received(self, model: TrainedModel) -> str | None:
+        """Why `model` cannot be sharded in the function that receives it as a parameter
+        (`train_epoch(loader, model, criterion, optimizer)`), where its callers could not be
+        followed to shard it where they build it: a call of it runs in a loop (it would be
+        sharded again at each call), or it steps an optimizer it receives (built before the
+        call, that holds the parameters as they were before sharding). None if it can."""
+        program = self.script.program
+        function = self.scope_of(model.anchor)
+        info = program.functions.get(function) if program and function else None
+        if info is None or model.key not in info.positional:
+            return None
+        name = f"`{info.name}()`"
+        for site in program.calls_of(info):  # type: ignore[union-attr]
+            caller = program.module_of[site]  # type: ignore[union-attr]
+            for ancestor in caller.index.ancestors(site):
+                if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+                    break
+                if isinstance(ancestor, (cst.For, cst.While)):
+                    return (
+                        f"{name} receives `{model.key}` and is called in a loop of"
+                        f" {Path(caller.path or caller.name).name}, so `fully_shard` there would"
+                        " shard the sharded model again at each call"
+                    )
+        for step in method_calls(info.node.body, "step"):
+            optimizer = name_key(step.func.value)  # type: ignore[attr-defined]
+            if optimizer in self.script.optimizers and optimizer in info.positional:
+                return (
+                    f"{name} receives `{model.key}` and steps the optimizer `{optimizer}` its"
+                    " caller built from the parameters as they are before sharding"
+                )
+        return None
 
     def _refuse(self, node: cst.CSTNode, reason: str) -> bool:
         self.skipped("fully_shard", reason, node, wrong=True)
