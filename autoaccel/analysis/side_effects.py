@@ -348,7 +348,9 @@ class _OwnState:
             func = value.func if isinstance(value, cst.Call) else None
             receiver = func.value if isinstance(func, cst.Attribute) else None
             return isinstance(receiver, cst.Name) and receiver.value in self.fresh
-        return isinstance(small, (cst.Pass, cst.Global, cst.Return, cst.Break, cst.Continue))
+        return isinstance(
+            small, (cst.Pass, cst.Global, cst.Return, cst.Break, cst.Continue, cst.Assert)
+        )
 
     def _own(self, target: cst.BaseExpression) -> bool:
         """Whether assigning to `target` (or changing it) changes state of the function's

@@ -1,5 +1,6 @@
 """Experiment logs come from rank 0 only: TensorBoard writers, Weights & Biases runs the
-script keeps, and logger classes of the project over a writer (yunjey's `Logger`).
+script keeps, logger classes of the project (yunjey's `Logger` over a writer, bearpaw's
+over a file it opens) and `logging` file handlers.
 
 `writer = SummaryWriter(log_dir)` on every process made one event file per process in the
 same folder, and TensorBoard drew every process's curves (pytorch-vqvae logs its losses
@@ -8,16 +9,21 @@ made on rank 0; the other ranks get a `NoWriter()`, which does nothing whatever 
 asked, so the calls that log (`writer.add_scalar(...)` in a function the writer is passed
 to, `run.log(...)`, `with wandb.init() as run:` around the training) need no rank test of
 their own. (A plain `wandb.init(...)` statement, like `wandb.log(...)`, goes under `if
-RANK == 0:` with the prints: see `guard_rank_zero.py`.)
+RANK == 0:` with the prints: see `guard_rank_zero.py`.) A `logging.FileHandler(path)` is
+made on rank 0; the other ranks get a `logging.NullHandler()` in its place and keep the
+script's other handlers: each process's warnings and errors still reach the terminal.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import libcst as cst
 
-from autoaccel.analysis.program import ClassInfo
+from autoaccel.analysis.program import ClassInfo, SourceModule
 from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find, is_name
+from autoaccel.analysis.side_effects import OPENS, EffectKind, SideEffects, find_side_effects
 from autoaccel.convert.transforms.distributed._base import RANK, DistributedStep
 from autoaccel.cst_edit import replacing
 
@@ -36,6 +42,18 @@ _WRITER_FACTORIES = SUMMARY_WRITERS | {
     "tensorflow.summary.create_file_writer",
     "tensorflow.compat.v1.summary.FileWriter",
 }
+# The handlers of `logging` that open a file: one file per process otherwise.
+FILE_HANDLERS = frozenset(
+    {
+        "logging.FileHandler",
+        "logging.handlers.RotatingFileHandler",
+        "logging.handlers.TimedRotatingFileHandler",
+        "logging.handlers.WatchedFileHandler",
+    }
+)
+# What a logger that writes a file of its own may keep in `self` besides: containers it
+# fills (`self.numbers = {}`) and nothing (`self.file = None`).
+_OWN_VALUES = (cst.List, cst.Dict, cst.Set)
 HELPER = "NoWriter"
 _HELPER_CODE = f'''
 class {HELPER}:
@@ -71,7 +89,7 @@ class LogOnRankZero(DistributedStep):
             for call in find(node, cst.Call)
             if self._makes_a_writer(call) and not rank_guarded(call, self.ancestors(call))
         }
-        if self.writers:
+        if any(not self._is_a_file_handler(call) for call in self.writers):
             self.define_helper(node, HELPER, _HELPER_CODE)
 
     def _makes_a_writer(self, call: cst.Call) -> bool:
@@ -79,7 +97,7 @@ class LogOnRankZero(DistributedStep):
         project (see `_is_a_logger`)."""
         names, parent = self.qualified_names(call.func), self.parent(call)
         return (
-            bool(names & SUMMARY_WRITERS)
+            bool(names & (SUMMARY_WRITERS | FILE_HANDLERS))
             or (WANDB_INIT in names and not isinstance(parent, cst.Expr))
             or isinstance(parent, (cst.Assign, cst.AnnAssign))  # a logger kept in a name
             and any(
@@ -87,21 +105,115 @@ class LogOnRankZero(DistributedStep):
             )
         )
 
-    @staticmethod
-    def _is_a_logger(cls: ClassInfo | None) -> bool:
-        """A class of the project whose `__init__` makes a log writer and none of whose
-        methods returns a value (L1aoXingyu's and yunjey's `Logger`, over
-        `tf.summary.FileWriter`): its instance may be a `NoWriter()` elsewhere."""
+    def _is_a_logger(self, cls: ClassInfo | None) -> bool:
+        """A class of the project that derives from `SummaryWriter` (melgan's `MyWriter`)
+        or whose `__init__` makes a log writer (L1aoXingyu's and yunjey's `Logger`, over
+        `tf.summary.FileWriter`), none of whose methods returns a value; or one that
+        writes a file it opens in `__init__` (`_writes_its_own_file`): its instance may
+        be a `NoWriter()` elsewhere."""
         init = cls.method("__init__") if cls is not None else None
-        if init is None:
+        if cls is None or not cls.derives_from(*SUMMARY_WRITERS) and init is None:
             return False
-        index = init.module.index
+        if cls.derives_from(*SUMMARY_WRITERS) or any(
+            init.module.index.qualified_names(call.func) & _WRITER_FACTORIES  # type: ignore[union-attr]
+            for call in find(init.node, cst.Call)  # type: ignore[union-attr]
+        ):
+            return not any(
+                node.value is not None and not is_name(node.value, "None")
+                for node in find(cls.node, cst.Return)
+            )
+        return self._writes_its_own_file(cls)
+
+    def _writes_its_own_file(self, cls: ClassInfo) -> bool:
+        """Whether `cls` opens a file for writing in `__init__`, and every method of it
+        only writes (through that file, to the terminal, on matplotlib's figure) and keeps
+        state of its own that no other code reads (bearpaw's `Logger`: `set_names()`,
+        `append()` a row, `plot()`, `close()`)."""
+        own = self._own_attributes(cls)
+        found: dict[SourceModule, SideEffects] = {}
+        for ancestor in cls.mro():
+            module = ancestor.module
+            if module not in found:
+                found[module] = find_side_effects(
+                    module.tree, module.index, partial(self._logs, cls, module, own)
+                )
+        init = cls.method("__init__")
+        return (
+            any(
+                effect.function is init.node  # type: ignore[union-attr]
+                and effect.kind is EffectKind.FILE_WRITE
+                and init.module.index.qualified_names(effect.call.func) & OPENS  # type: ignore[union-attr]
+                for effect in found[init.module].effects  # type: ignore[union-attr]
+            )
+            and all(
+                method.node in found[ancestor.module].output_functions
+                for ancestor in cls.mro()
+                for method in ancestor.methods.values()
+            )
+            and not self._read_elsewhere(cls)
+        )
+
+    def _set_on_self(self, cls: ClassInfo) -> dict[str, list[cst.BaseExpression]]:
+        """The values the methods of `cls` assign to each attribute of their `self`."""
+        program = self.script.program
+        assigned: dict[str, list[cst.BaseExpression]] = {}
+        for ancestor in cls.mro():
+            for assign in find(ancestor.node, cst.Assign):
+                for target in assign.targets:
+                    attribute = target.target
+                    if isinstance(attribute, cst.Attribute) and program.class_of_self(  # type: ignore[union-attr]
+                        attribute.value, ancestor.module
+                    ):
+                        assigned.setdefault(attribute.attr.value, []).append(assign.value)
+        return assigned
+
+    def _own_attributes(self, cls: ClassInfo) -> frozenset[str]:
+        """The attributes of `self` that only ever hold a container of the class's own,
+        None, or a file or writer it opens: changing them changes nothing elsewhere."""
+        module = cls.module
+        return frozenset(
+            name
+            for name, values in self._set_on_self(cls).items()
+            if all(
+                isinstance(value, _OWN_VALUES)
+                or is_name(value, "None")
+                or isinstance(value, cst.Call)
+                and module.index.qualified_names(value.func) & (OPENS | _WRITER_FACTORIES)
+                for value in values
+            )
+        )
+
+    def _logs(
+        self, cls: ClassInfo, module: SourceModule, own: frozenset[str], call: cst.Call
+    ) -> EffectKind | None:
+        """For `find_side_effects` over the module of `cls`: a call of a method of what its
+        `self` owns (`self.file.write(...)`, `self.numbers[name].append(x)`), or one that
+        draws on matplotlib's figure, counts as a write of the logger's."""
+        if any(n.startswith("matplotlib.pyplot.") for n in module.index.qualified_names(call.func)):
+            return EffectKind.FILE_WRITE
+        receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+        while isinstance(receiver, (cst.Attribute, cst.Subscript)):
+            if isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name):
+                owner = self.script.program.class_of_self(receiver.value, module)  # type: ignore[union-attr]
+                if owner is not None and owner.family is cls.family and receiver.attr.value in own:
+                    return EffectKind.FILE_WRITE
+            receiver = receiver.value
+        return None
+
+    def _read_elsewhere(self, cls: ClassInfo) -> bool:
+        """Whether code outside the methods of `cls` reads an attribute its instances
+        keep (`logger.names`): a `NoWriter()` has none."""
+        program = self.script.program
+        kept = self._set_on_self(cls)
         return any(
-            index.qualified_names(call.func) & _WRITER_FACTORIES
-            for call in find(init.node, cst.Call)
-        ) and not any(
-            node.value is not None and not is_name(node.value, "None")
-            for node in find(cls.node, cst.Return)  # type: ignore[union-attr]
+            attribute.attr.value in kept
+            and program.class_of_self(attribute.value, module) is None  # type: ignore[union-attr]
+            and any(
+                o.cls is not None and o.cls.family is cls.family
+                for o in program.values_of(attribute.value, module)  # type: ignore[union-attr]
+            )
+            for module in program.modules  # type: ignore[union-attr]
+            for attribute in find(module.tree, cst.Attribute)
         )
 
     def edited(self) -> list[cst.CSTNode]:
@@ -112,14 +224,27 @@ class LogOnRankZero(DistributedStep):
             return updated_node
         self.changed(
             original_node,
-            f"{self._writer_kind(original_node)} made on rank 0 only; the other ranks log"
-            f" through `{HELPER}()`, which does nothing",
+            (
+                "`logging` file handler made on rank 0 only; the other ranks log through"
+                " their other handlers (a `logging.NullHandler()` in its place)"
+                if self._is_a_file_handler(original_node)
+                else f"{self._writer_kind(original_node)} made on rank 0 only; the other ranks"
+                f" log through `{HELPER}()`, which does nothing"
+            ),
         )
-        chosen = cst.parse_expression(f"WRITER if {RANK} == 0 else {HELPER}()")
+        if self._is_a_file_handler(original_node):
+            self.imports.append("import logging")
+            other = "logging.NullHandler()"
+        else:
+            other = f"{HELPER}()"
+        chosen = cst.parse_expression(f"WRITER if {RANK} == 0 else {other}")
         assert isinstance(chosen, cst.IfExp)
         return replacing(
             original_node, self.parent(original_node), chosen.with_changes(body=updated_node)
         )
+
+    def _is_a_file_handler(self, call: cst.Call) -> bool:
+        return bool(self.qualified_names(call.func) & FILE_HANDLERS)
 
     def _writer_kind(self, call: cst.Call) -> str:
         names = self.qualified_names(call.func)
