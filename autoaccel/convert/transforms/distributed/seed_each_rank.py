@@ -95,8 +95,10 @@ class SeedEachRank(DistributedStep):
             return  # unseeded processes already differ, as they should
         names = {"seed": fresh_name("shared_seed", variable_names(node)), "np": "np"}
         if _NUMPY in alike:
-            names["np"] = self._numpy_name(node) or "np"
-            self.imports += ["import numpy as np"] * (self._numpy_name(node) is None)
+            numpy = self._numpy_name(node)
+            names["np"] = numpy or "np"
+            if numpy is None:
+                self.imports.append("import numpy as np")
         if alike:
             setup = setup_block_end(node)
             comment = _PARTLY_SEEDED.format(generators=_listed(alike))
