@@ -314,6 +314,7 @@ verified = runs_fixture(start_runs)
         "printed_translation.py",
         "loader_subclass.py",
         "flow_loss_module.py",
+        "trainer_epoch_method.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

@@ -109,11 +109,17 @@ class SetSamplerEpoch(DistributedStep):
                 (info.scope.owner(name), name, name) for name in local if name not in iterators
             ]
             if info.cls is not None:
-                candidates += [
-                    (info.cls.family, attr, f"self.{attr}")
-                    for (owner, attr) in program.values
-                    if owner is info.cls.family and isinstance(attr, str)
-                ]
+                candidates += _attributes(program, info.cls.family, "self")
+            # an attribute of an object of the project's (`trainer.train_loader` of a
+            # `trainer.training(epoch)` called in the loop)
+            candidates += [
+                candidate
+                for name in local
+                if name not in iterators
+                for obj in program.read((info.scope.owner(name), name))
+                if obj.cls is not None
+                for candidate in _attributes(program, obj.cls.family, name)
+            ]
         scope = self.script.module.scope
         candidates += [(scope, name, name) for name in scope.bindings]
         holders = [
@@ -172,6 +178,16 @@ class SetSamplerEpoch(DistributedStep):
             parse_statements(f"if {DISTRIBUTED}:\n    {loader}.sampler.set_epoch({epoch})\n")
         )
         self.changed(first, f"`{loader}.sampler.set_epoch({epoch})`: a new shuffle every epoch")
+
+
+def _attributes(program: Program, family: object, spelled: str) -> list[tuple[object, str, str]]:
+    """The attributes of the objects of a class `family`, each as (owner, name,
+    spelling), spelled on `spelled` (`self.train_loader`)."""
+    return [
+        (family, attr, f"{spelled}.{attr}")
+        for (owner, attr) in program.values
+        if owner is family and isinstance(attr, str)
+    ]
 
 
 def _epoch_loop(step: StepLoop) -> cst.For | None:
