@@ -904,8 +904,10 @@ def test_a_weights_and_biases_run_the_script_keeps_is_made_on_rank_zero(start, m
             "for x, y in tqdm(loader) if RANK == 0 else loader:",
             "for x, y in tqdm(loader) if RANK == 0 else loader:",
         ),
+        # disentangling-VAE's `**kwargs` held `disable` already: a second was a TypeError
+        ("for i in trange(10, **kwargs):", "for i in trange(10, **kwargs):"),
     ],
-    ids=["tqdm", "trange", "own-disable", "rank-guarded"],
+    ids=["tqdm", "trange", "own-disable", "rank-guarded", "keywords-from-kwargs"],
 )
 def test_progress_bars_are_drawn_on_rank_zero_only(bar, drawn):
     """Every process drew its bars over the same terminal (unseen public scripts); a bar

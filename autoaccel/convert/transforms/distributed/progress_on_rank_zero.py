@@ -3,7 +3,8 @@ process over the same terminal (a text classifier's and a diffusion model's trai
 on unseen public code). `disable=RANK != 0` keeps the loop as it is (a disabled bar still
 passes its iterable through, and `bar.set_postfix(...)` still works) and draws nothing on the
 other ranks. A bar that already says when it is disabled, or sits under a rank test, is left
-alone.
+alone; so is one whose keywords come from `**kwargs` (which may say `disable` already: a
+second one is a TypeError), with a note.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ class ProgressOnRankZero(DistributedStep):
             and keyword_value(call, "disable") is None
             and not rank_guarded(call, self.ancestors(call))
         }
+        for call in [c for c in self.bars if any(a.star == "**" for a in c.args)]:
+            self.bars.discard(call)
+            self.skipped(
+                "progress bar on rank 0",
+                f"its keywords come from `**`: add `disable={RANK} != 0` to them by hand (every"
+                " process draws this bar)",
+                call,
+            )
 
     def edited(self) -> list[cst.CSTNode]:
         return [*self.planned_statements(), *self.bars]
