@@ -315,6 +315,7 @@ verified = runs_fixture(start_runs)
         "loader_subclass.py",
         "flow_loss_module.py",
         "trainer_epoch_method.py",
+        "random_offsets_with_eval.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

@@ -16,6 +16,7 @@ import libcst as cst
 
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.program import FunctionInfo, Program
 from autoaccel.analysis.shapes import bound_names, find, is_method_call
 from autoaccel.analysis.training import StepLoop
 from autoaccel.cst_edit import keyword_value
@@ -47,24 +48,62 @@ class Generator(Enum):
     HOST = "Python's or NumPy's"
 
 
-def fresh_draws(step: StepLoop) -> frozenset[Generator]:
+def fresh_draws(step: StepLoop, program: Program | None = None) -> frozenset[Generator]:
     """The global generators each iteration of `step` draws its data from, when it
     indexes no tensor by a loop counter or a parameter of the functions it calls (empty
-    when it reads a dataset, or draws nothing)."""
+    when it reads a dataset, or draws nothing). Code under `torch.no_grad()` is not the
+    step's data (former's validation every N batches slices the test set by a counter),
+    nor, given the `program`, the functions only it calls."""
     if step.module is None:
         return frozenset()
+    evaluation = {
+        node
+        for block in _evaluations(step.node.body, step.module.index)
+        for node in find(block, (cst.Call, cst.Subscript))
+    }
+    outside = [c for c in find(step.node.body, cst.Call) if c not in evaluation]
+    reached = step.reached if program is None else _reached(program, outside) & set(step.reached)
     places = [(step.node.body, step.module, set(_loop_names(step.node)))]
     places += [
         (f.node.body, f.module, set(f.positional) - {"self"})
-        for f in step.reached
+        for f in reached
         if not (f.cls and f.cls.is_module)
     ]
     drawn: set[Generator | None] = set()
     for body, module, counters in places:
-        drawn.update(generator_of(call, module.index) for call in find(body, cst.Call))
-        if any(_indexes_by(subscript, counters) for subscript in find(body, cst.Subscript)):
+        calls = [c for c in find(body, cst.Call) if c not in evaluation]
+        drawn.update(generator_of(call, module.index) for call in calls)
+        subscripts = [s for s in find(body, cst.Subscript) if s not in evaluation]
+        if any(_indexes_by(subscript, counters) for subscript in subscripts):
             return frozenset()
     return frozenset(drawn - {None})  # type: ignore[arg-type]
+
+
+_NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+
+
+def _evaluations(body: cst.CSTNode, index: ModuleIndex) -> list[cst.With]:
+    """The `with torch.no_grad():` blocks of `body`."""
+    return [
+        block
+        for block in find(body, cst.With)
+        if any(
+            isinstance(item.item, cst.Call) and index.qualified_names(item.item.func) & _NO_GRAD
+            for item in block.items
+        )
+    ]
+
+
+def _reached(program: Program, calls: list[cst.Call]) -> set[FunctionInfo]:
+    """The functions of the project `calls` run, directly or through others."""
+    found: set[FunctionInfo] = set()
+    pending = list(calls)
+    while pending:
+        for function in program.callees.get(pending.pop(), ()):
+            if function not in found:
+                found.add(function)
+                pending.extend(find(function.node.body, cst.Call))
+    return found
 
 
 def generator_of(call: cst.Call, index: ModuleIndex) -> Generator | None:

@@ -26,6 +26,7 @@ from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.shapes import bound_names, find, is_method_call
 from autoaccel.analysis.training import StepLoop
+from autoaccel.convert.transforms.distributed.progress_on_rank_zero import PROGRESS_BARS
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     RANK,
@@ -142,7 +143,10 @@ def batch_source(loop: cst.For | cst.While, index: ModuleIndex) -> cst.BaseExpre
     return iterable
 
 
-_COUNTERS = frozenset({"builtins.range", "itertools.count"})
+# What counts instead of yielding batches (`tqdm.trange(n)` too: "batches from `n`" said none)
+_COUNTERS = frozenset(
+    {"builtins.range", "itertools.count", *(n for n in PROGRESS_BARS if n.endswith("trange"))}
+)
 
 
 class ShardStreamColumns(DistributedStep):

@@ -173,7 +173,7 @@ class ShardTrainLoader(DistributedStep):
             return
         if permuted_batches(step, self.script) is not None:
             return  # ShardPermutedRows gives each process its rows
-        generators = fresh_draws(step) or self._round_draws(step)
+        generators = fresh_draws(step, self.script.program) or self._round_draws(step)
         source = batch_source(step.node, self.script.index)
         if generators:
             self._draw_per_process(module, step, generators)
