@@ -83,7 +83,7 @@ class LossReductions:
         if isinstance(node, (cst.BinaryOperation, cst.AugAssign)):  # `loss /= n`
             left = node.left if isinstance(node, cst.BinaryOperation) else node.target
             right = node.right if isinstance(node, cst.BinaryOperation) else node.value
-            return self._binary(left, node.operator, right, place, seen)  # type: ignore[arg-type]
+            return self._binary(left, node.operator, right, place, seen)
         if isinstance(node, cst.Call):
             return self._call(node, place, seen)
         return Reduction.NONE
@@ -255,10 +255,11 @@ def _counts(divisor: cst.BaseExpression, dividend: cst.BaseExpression, place: _P
     dividend is computed from (`bce / x.size(0)`, `bce.div(batch_size)` after
     `batch_size = len(x)`, `batch_size, channels = x.size()`), not of the dataset or a
     constant."""
-    sizes = [divisor]
+    sizes: list[Value] = [divisor]
     if isinstance(divisor, cst.Name):
         sizes = assigned_values(place.scope, divisor.value)
-    measured = [_measured(size) for size in sizes]
+    # (`n /= 2`, a statement, measures nothing)
+    measured = [_measured(s) if isinstance(s, cst.BaseExpression) else None for s in sizes]
     if isinstance(divisor, cst.Name):
         measured += _unpacked_sizes(place.scope, divisor.value)
     return bool(measured) and all(
@@ -289,7 +290,7 @@ def _shape_of(node: cst.BaseExpression) -> cst.BaseExpression | None:
 
 
 def _reads(
-    expression: cst.BaseExpression, tensor: cst.BaseExpression, scope: cst.CSTNode, seen: frozenset
+    expression: Value, tensor: cst.BaseExpression, scope: cst.CSTNode, seen: frozenset
 ) -> bool:
     """Whether `expression` is computed from `tensor`: it holds it, or a name it reads
     is assigned from it in `scope`."""
@@ -321,7 +322,7 @@ def reaching_values(read: cst.Name, scope: cst.CSTNode, index: ModuleIndex) -> l
         if isinstance(parent, (cst.For, cst.While)) and parent is not scope:
             found += _assigned_in(parent, read.value)
         if isinstance(parent, (cst.IndentedBlock, cst.Module)):
-            before = parent.body[: parent.body.index(node)]  # type: ignore[arg-type]
+            before = parent.body[: parent.body.index(node)]
             for statement in reversed(before):
                 if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                     continue
@@ -385,7 +386,9 @@ def _assignments_among(nodes: Iterable[cst.CSTNode]) -> dict[str, list[Value]]:
 def _own_nodes(scope: cst.CSTNode) -> Iterable[cst.CSTNode]:
     """The nodes of `scope` (a function, module or statement), without those of functions
     and classes defined in it."""
-    stack = [scope.body] if isinstance(scope, cst.FunctionDef) else children(scope)[::-1]
+    stack: list[cst.CSTNode] = (
+        [scope.body] if isinstance(scope, cst.FunctionDef) else children(scope)[::-1]
+    )
     while stack:
         node = stack.pop()
         if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):

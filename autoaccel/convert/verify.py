@@ -263,7 +263,11 @@ def user_place(script: Path, copy: Path, converted: Path) -> Place:
         except OSError:
             return _shown(user, line)
         shown = _shown(user, original_line([(texts[0], texts[1])], line))
-        return f"{shown} (in code the conversion added)" if inserted(*texts, line) else shown
+        return (
+            f"{shown} (in code the conversion added)"
+            if inserted(texts[0], texts[1], line)
+            else shown
+        )
 
     return place
 

@@ -115,8 +115,9 @@ class NoSyncAccumulation(DistributedStep):
             body=cst.IndentedBlock(body=[block[0].with_changes(leading_lines=[]), *block[1:]])
         )
         head = [*moved, *head]  # each moved statement with its comments
-        kept = [line for line in head[0].leading_lines if line.comment is not None]
-        head[0] = head[0].with_changes(leading_lines=[*block[0].leading_lines, *kept])
+        opening = cst.ensure_type(head[0], cst.SimpleStatementLine)  # moved or inserted
+        kept = [line for line in opening.leading_lines if line.comment is not None]
+        head[0] = opening.with_changes(leading_lines=[*block[0].leading_lines, *kept])
         self.replace[body[first]] = head
         for statement in [*block[1:], *moved]:
             self.replace[statement] = []

@@ -24,7 +24,7 @@ from autoaccel.convert.transforms.distributed._base import WORLD_SIZE, Distribut
 
 COMMENT = "# a sum: DDP averages over processes"
 WIDENED_COMMENT = "# DDP: the whole batch's size"
-PARENS = {"lpar": [cst.LeftParen()], "rpar": [cst.RightParen()]}
+PARENS: dict[str, list] = {"lpar": [cst.LeftParen()], "rpar": [cst.RightParen()]}
 REFUSED = {
     Reduction.MIXED: "this training loss mixes a sum over the batch (or a mean divided by the"
     " batch's size) with other terms: DDP averages gradients over processes and each computes"
