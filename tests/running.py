@@ -181,6 +181,16 @@ def run_autoaccel(
     return _python({"module": "autoaccel"}, [*map(str, args)], Path(cwd), _env(env), timeout)
 
 
+def convert_in_copy(
+    tmp_path: Path, project: Path, script: str, *args: object
+) -> subprocess.CompletedProcess:
+    """`autoaccel convert SCRIPT ARGS` in a copy of the fixture `project` folder (under
+    `tmp_path / "project"`), so that what its runs write stays in the test's folder."""
+    folder = tmp_path / "project"
+    shutil.copytree(project, folder)
+    return run_autoaccel("convert", script, *args, cwd=folder)
+
+
 # The fork server: one process that has imported torch and the harness, forking one child
 # per harness run (tests/forkserver.py). A run skips the ~1.1 s CPU of `import torch` (the
 # runs tests make ~180 harness runs). The tests' `python -m autoaccel` runs (`convert`,

@@ -6,21 +6,16 @@ proof run."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from running import FIXTURES_DIR, run_autoaccel
+from running import FIXTURES_DIR, convert_in_copy
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.runs
 
 
 def convert(tmp_path, target: str):
-    folder = tmp_path / "project"
-    shutil.copytree(FIXTURES_DIR / "facts" / "exp_base_class", folder)
-    out = tmp_path / "out"
-    args = ("main.py", "--to", target, "-o", out, "--", "--epochs", "2")
-    return run_autoaccel("convert", *args, cwd=folder)
+    args = ("--to", target, "-o", tmp_path / "out", "--", "--epochs", "2")
+    return convert_in_copy(tmp_path, FIXTURES_DIR / "facts" / "exp_base_class", "main.py", *args)
 
 
 def test_converted_experiment_class_passes_its_proof(tmp_path):
