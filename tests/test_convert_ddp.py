@@ -245,6 +245,17 @@ def test_data_parallel_under_another_name_becomes_an_alias():
     assert code == "net = model\n"
 
 
+def test_data_parallel_moved_to_the_gpu_goes_and_the_move_stays():
+    """bearpaw's `model = torch.nn.DataParallel(model).cuda()` was kept and then wrapped in
+    DDP: on two GPUs or more, DataParallel refuses parameters off cuda:0 on every rank but
+    rank 0 (on a CPU it does nothing, so no proof run could see it)."""
+    code, _ = run_step(
+        ReplaceDataParallel,
+        "model = torch.nn.DataParallel(model).cuda()\ntorch.save(model.module.state_dict(), 'm.pt')\n",
+    )
+    assert code == "model = model.cuda()\ntorch.save(model.state_dict(), 'm.pt')\n"
+
+
 # -- DDP wrapper -----------------------------------------------------------------------------
 WRAPPED = dedent("""\
     # trained through DDP when distributed: gradients are averaged in backward()

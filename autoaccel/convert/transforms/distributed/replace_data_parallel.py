@@ -16,7 +16,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind, Obj
-from autoaccel.analysis.script_model import DATA_PARALLEL
+from autoaccel.analysis.script_model import DATA_PARALLEL, strip_device_moves
 from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.checkpoint_keys import loads_into, strip_prefix
 from autoaccel.convert.transforms.distributed._base import DistributedStep
@@ -53,26 +53,28 @@ class ReplaceDataParallel(DistributedStep):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
+        wrap = strip_device_moves(value)  # `nn.DataParallel(model).cuda()` too
         if not (
-            isinstance(value, cst.Call)
-            and DATA_PARALLEL in self.qualified_names(value.func)
+            isinstance(wrap, cst.Call)
+            and DATA_PARALLEL in self.qualified_names(wrap.func)
             and len(node.targets) == 1
-            and value.args
+            and wrap.args
         ):
             return
         target = name_key(node.targets[0].target)
-        inner = value.args[0].value
+        inner = wrap.args[0].value
         line = self.parent(node)
         if not _removable(node, line):
             self.skipped("nn.DataParallel", "remove this DataParallel wrapper by hand", node)
             return
         assert target is not None and isinstance(line, cst.SimpleStatementLine)
         self.unwrapped.add(target)
-        if name_key(inner) == target:
+        if name_key(inner) == target and wrap is value:
             removed = self._removable_if(line) or line
             self.replace[removed] = []
-        else:
-            self.replace[line] = [line.with_changes(body=[node.with_changes(value=inner)])]
+        else:  # `model = model.cuda()`: the move stays
+            unwrapped = inner if wrap is value else value.deep_replace(wrap, inner)
+            self.replace[line] = [line.with_changes(body=[node.with_changes(value=unwrapped)])]
         self.changed(
             node, "`nn.DataParallel` removed: each process trains its own replica under DDP"
         )
@@ -146,6 +148,6 @@ def _removed_wrapper(obj: Obj) -> bool:
         obj.parallel == "dp"
         and isinstance(assign, cst.Assign)
         and len(assign.targets) == 1
-        and assign.value is obj.node
+        and strip_device_moves(assign.value) is obj.node
         and _removable(assign, index.parent(assign))
     )
