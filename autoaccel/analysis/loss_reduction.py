@@ -35,6 +35,7 @@ class Reduction(Enum):
     SCALED = "scaled"  # a sum divided by a number not known to count its samples (`/ 255`)
     OVER_BATCH = "mean / batch size"  # a mean divided again by its batch's size
     MIXED = "mixed"  # one of those combined with other terms
+    EITHER = "either"  # one of several values, reduced differently: the branch that runs decides
 
     def plus(self, other: Reduction) -> Reduction:
         """The reduction of `a + b` (or `a - b`), or of a name bound to `a` or `b`."""
@@ -46,6 +47,14 @@ class Reduction(Enum):
         if pair == {Reduction.MEAN, Reduction.NONE}:
             return Reduction.MEAN  # a mean plus a constant (a regulariser) stays a mean
         return Reduction.MIXED
+
+    def either(self, other: Reduction) -> Reduction:
+        """The reduction of a name bound to `a` in one branch and `b` in another (or of a
+        function that returns either)."""
+        if self is Reduction.MIXED or other is Reduction.MIXED:
+            return Reduction.MIXED
+        combined = self.plus(other)
+        return Reduction.EITHER if combined is Reduction.MIXED else combined
 
 
 # What a name is bound to: an expression, or the statement `name /= v` itself.
@@ -76,7 +85,7 @@ class LossReductions:
                 if isinstance(value, (cst.Integer, cst.Float)) or id(value) in seen:
                     continue  # `loss = 0` before `loss += ...`; `loss = loss + x` in a loop
                 kind = self._of(value, place, seen | {id(value)})
-                result = kind if result is None else result.plus(kind)
+                result = kind if result is None else result.either(kind)
             return result or Reduction.NONE
         if isinstance(node, cst.UnaryOperation):
             return self._of(node.expression, place, seen)
@@ -158,7 +167,7 @@ class LossReductions:
         if returned:
             result = self._of(returned[0][0], returned[0][1], seen)
             for value, where in returned[1:]:
-                result = result.plus(self._of(value, where, seen))
+                result = result.either(self._of(value, where, seen))
             return result
         inner = [self._of(a.value, place, seen) for a in node.args]
         if is_method_call(node):

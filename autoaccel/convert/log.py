@@ -18,6 +18,9 @@ Workers = Literal["auto", "keep"]
 # (`autoaccel.convert.verify`): it decides what a conversion cannot see, how each process
 # draws its data.
 DIFFERENT_DATA = "processes train on different data"
+# Its check that the losses follow the original's: it decides a loss whose reduction
+# depends on which branch runs (a summed CTC divided by the batch in one, a mean in the other).
+LOSS_CLOSE = "loss close to the original's"
 
 
 @dataclass(frozen=True)

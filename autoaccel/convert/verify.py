@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autoaccel.convert.log import DIFFERENT_DATA
+from autoaccel.convert.log import DIFFERENT_DATA, LOSS_CLOSE
 from autoaccel.diff import inserted, original_line
 from autoaccel.facts.user_code import is_user_file
 from autoaccel.fileio import write_atomic
@@ -589,7 +589,7 @@ def _close_loss(original: Run, ddp: Run) -> Check:
     itself with another seed, while a trend down the curve is no noise).
     The processes' losses are averaged per step; a summed loss left unscaled shows as
     half the original's."""
-    name = "loss close to the original's"
+    name = LOSS_CLOSE
     steps = min(len(original.record["losses"]), len(ddp.record["losses"]))
     if steps < 2:
         return Check(name, True, f"{steps} step(s): too few to compare")

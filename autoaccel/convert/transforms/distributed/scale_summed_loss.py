@@ -18,6 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.loss_reduction import LossReductions, Reduction
+from autoaccel.convert.log import LOSS_CLOSE
 from autoaccel.analysis.program import SourceModule
 from autoaccel.analysis.shapes import is_binary, is_method_call, is_name, method_calls
 from autoaccel.convert.transforms.distributed._base import WORLD_SIZE, DistributedStep, where
@@ -37,6 +38,13 @@ REFUSED = {
     f" 1/{WORLD_SIZE} of the original's if that number stays as it was; multiply the loss by"
     f" {WORLD_SIZE} by hand",
 }
+EITHER = (
+    "this training loss is reduced differently in different branches (a sum divided by the"
+    " batch's size in one, a mean in another, say): whether DDP's average over processes keeps"
+    " its scale depends on the branch that runs"
+    f" ({LOSS_CLOSE}: the proof run before writing compares the losses with the original's;"
+    " `--no-verify` refuses)"
+)
 OVER_BATCH_ELSEWHERE = (
     "this training loss is a mean divided again by the batch's size at {where}, which the"
     " conversion does not edit for it: each process divides by the size of its share, so every"
@@ -78,6 +86,8 @@ class ScaleSummedLoss(DistributedStep):
                     )
                 elif kind is Reduction.OVER_BATCH:
                     self._widen(call, reductions.batch_divisors)
+                elif kind is Reduction.EITHER:
+                    self.skipped("loss scale", EITHER, call, wrong=True, proof=LOSS_CLOSE)
                 elif kind in REFUSED:
                     self.skipped("summed loss", REFUSED[kind], call, wrong=True)
 
