@@ -316,6 +316,7 @@ verified = runs_fixture(start_runs)
         "flow_loss_module.py",
         "trainer_epoch_method.py",
         "random_offsets_with_eval.py",
+        "sampler_in_branch.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

@@ -591,6 +591,26 @@ class ShardTrainLoader(DistributedStep):
         }
         return size.elements[0] if offsets & indexes or iterated & indexes else None
 
+    def _alternative(self, call: cst.Call) -> str | None:
+        """The name of the loader `call` makes under an `if` (Proxy-Anchor's `if args.IPC:`
+        batch sampler), when the same name gets a loader without a sampler in another
+        branch: which one trains is the run's to tell."""
+        assign = self.parent(call)
+        key = name_key(assign.targets[0].target) if isinstance(assign, cst.Assign) else None
+        if key is None or not any(isinstance(a, cst.If) for a in self.ancestors(call)):
+            return None
+        for other in train_loader_calls(self.script):
+            parent = self.parent(other)
+            if (
+                other is not call
+                and isinstance(parent, cst.Assign)
+                and name_key(parent.targets[0].target) == key
+                and keyword_value(other, "sampler") is None
+                and keyword_value(other, "batch_sampler") is None
+            ):
+                return key
+        return None
+
     def _shard(self, call: cst.Call) -> None:
         if self.script.streams(call):
             self._split_stream(call)
@@ -603,11 +623,19 @@ class ShardTrainLoader(DistributedStep):
             self._draw_independently(call)
             return
         if sampler is not None or keyword_value(call, "batch_sampler"):
+            alternative = self._alternative(call)
             self.skipped(
                 "DistributedSampler",
-                "the training DataLoader already has a sampler; make it shard by rank by hand",
+                "the training DataLoader already has a sampler; make it shard by rank by hand"
+                + (
+                    f" (it is made under a condition, `{alternative}` otherwise: where the proof"
+                    f" runs before writing, its check that the {DIFFERENT_DATA} decides)"
+                    if alternative
+                    else ""
+                ),
                 call,
                 wrong=True,
+                proof=DIFFERENT_DATA if alternative else "",
             )
             return
         shuffle = keyword_value(call, "shuffle")
