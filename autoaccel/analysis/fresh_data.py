@@ -16,8 +16,8 @@ import libcst as cst
 
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Program
-from autoaccel.analysis.shapes import bound_names, find, is_method_call
+from autoaccel.analysis.program import Program
+from autoaccel.analysis.shapes import bound_names, find, is_method_call, is_no_grad_block
 from autoaccel.analysis.training import StepLoop
 from autoaccel.cst_edit import keyword_value
 
@@ -58,11 +58,12 @@ def fresh_draws(step: StepLoop, program: Program | None = None) -> frozenset[Gen
         return frozenset()
     evaluation = {
         node
-        for block in _evaluations(step.node.body, step.module.index)
+        for block in find(step.node.body, cst.With)
+        if is_no_grad_block(block, step.module.index.qualified_names)
         for node in find(block, (cst.Call, cst.Subscript))
     }
     outside = [c for c in find(step.node.body, cst.Call) if c not in evaluation]
-    reached = step.reached if program is None else _reached(program, outside) & set(step.reached)
+    reached = step.reached if program is None else program.reached_by(outside) & set(step.reached)
     places = [(step.node.body, step.module, set(_loop_names(step.node)))]
     places += [
         (f.node.body, f.module, set(f.positional) - {"self"})
@@ -77,33 +78,6 @@ def fresh_draws(step: StepLoop, program: Program | None = None) -> frozenset[Gen
         if any(_indexes_by(subscript, counters) for subscript in subscripts):
             return frozenset()
     return frozenset(drawn - {None})  # type: ignore[arg-type]
-
-
-_NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
-
-
-def _evaluations(body: cst.CSTNode, index: ModuleIndex) -> list[cst.With]:
-    """The `with torch.no_grad():` blocks of `body`."""
-    return [
-        block
-        for block in find(body, cst.With)
-        if any(
-            isinstance(item.item, cst.Call) and index.qualified_names(item.item.func) & _NO_GRAD
-            for item in block.items
-        )
-    ]
-
-
-def _reached(program: Program, calls: list[cst.Call]) -> set[FunctionInfo]:
-    """The functions of the project `calls` run, directly or through others."""
-    found: set[FunctionInfo] = set()
-    pending = list(calls)
-    while pending:
-        for function in program.callees.get(pending.pop(), ()):
-            if function not in found:
-                found.add(function)
-                pending.extend(find(function.node.body, cst.Call))
-    return found
 
 
 def generator_of(call: cst.Call, index: ModuleIndex) -> Generator | None:

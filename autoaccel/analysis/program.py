@@ -291,6 +291,7 @@ class Program:
         self._not_imported: set[int] = set()  # ids of names no module of the project binds
         self._exports: dict[int, dict[str, frozenset[str]]] = {}  # id(module) -> its names
         self._following: set[tuple[int, str]] = set()  # names of modules being re-exported
+        self._calls_in: dict[FunctionInfo | None, list[cst.Call]] | None = None  # own calls
         self._owners: dict[int, Scope | None] = {}  # id of a name -> the scope it reads
         self._memo: dict[int, set[Obj]] = {}  # id of a node -> `_eval`'s answer, for now
         # (id(module scope), name) -> [(position, unconditional)] of its versions, sorted
@@ -387,6 +388,22 @@ class Program:
     def calls_of(self, function: FunctionInfo) -> list[cst.Call]:
         """The calls of the program that may run `function`, in the order of `calls`."""
         return [call for call in self.calls if function in self.callees.get(call, ())]
+
+    def reached_by(self, calls: Iterable[cst.Call]) -> set[FunctionInfo]:
+        """The functions of the project `calls` run, directly or through the calls of
+        those functions."""
+        if self._calls_in is None:
+            self._calls_in = {}
+            for call in self.calls:
+                self._calls_in.setdefault(self.function_of.get(call), []).append(call)
+        found: set[FunctionInfo] = set()
+        pending = list(calls)
+        while pending:
+            for function in self.callees.get(pending.pop(), ()):
+                if function not in found:
+                    found.add(function)
+                    pending.extend(self._calls_in.get(function, ()))
+        return found
 
     def values_of(self, node: cst.BaseExpression, module: SourceModule) -> Values:
         """What `node`, an expression of `module`, may hold."""

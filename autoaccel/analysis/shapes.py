@@ -8,6 +8,7 @@ with them too: each `m.findall` is a full LibCST visitor pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import TypeVar
 
@@ -17,6 +18,8 @@ from autoaccel.analysis.index import descendants
 from autoaccel.analysis.names import name_key
 
 NodeT = TypeVar("NodeT", bound=cst.CSTNode)
+# The context managers under which no gradient is recorded.
+NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 
 
 def is_name(node: cst.CSTNode | None, *values: str) -> bool:
@@ -37,6 +40,17 @@ def is_false(node: cst.CSTNode | None) -> bool:
 def is_attribute(node: cst.CSTNode | None, *attributes: str) -> bool:
     """`x.attr` with `attr` one of `attributes` (any when none are given)."""
     return isinstance(node, cst.Attribute) and (not attributes or node.attr.value in attributes)
+
+
+def is_no_grad_block(
+    node: cst.CSTNode, qualified_names: Callable[[cst.CSTNode], frozenset[str]]
+) -> bool:
+    """`with torch.no_grad():` (or `torch.inference_mode()`), its names resolved by
+    `qualified_names`."""
+    return isinstance(node, cst.With) and any(
+        isinstance(item.item, cst.Call) and qualified_names(item.item.func) & NO_GRAD
+        for item in node.items
+    )
 
 
 def is_method_call(node: cst.CSTNode | None, *methods: str) -> bool:

@@ -226,18 +226,7 @@ class _Finder:
         cache = self.__dict__.setdefault("_reachable_cache", {})
         if loop in cache:
             return cache[loop]
-        found: set[FunctionInfo] = set()
-        stack = [
-            f for call in self.calls_in.get(loop, ()) for f in self.program.callees.get(call, ())
-        ]
-        while stack:
-            function = stack.pop()
-            if function in found:
-                continue
-            found.add(function)
-            for call in self.calls_of.get(function, ()):
-                stack.extend(self.program.callees.get(call, ()))
-        cache[loop] = found
+        cache[loop] = found = self.program.reached_by(self.calls_in.get(loop, ()))
         return found
 
     def _inside(self, inner: cst.CSTNode, outer: cst.CSTNode) -> bool:

@@ -10,12 +10,11 @@ from autoaccel.analysis.losses import is_loss_module
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind, Obj
 from autoaccel.analysis.script_model import LoopRole
-from autoaccel.analysis.shapes import BindingVisitor, bound_names, find, method_calls
+from autoaccel.analysis.shapes import NO_GRAD, BindingVisitor, bound_names, find, method_calls
 from autoaccel.lint.rule import Invalid, LintRule
 from autoaccel.rules.acc301_missing_autocast import LayerSizes
 from autoaccel.rules.acc401_data_parallel import offers_distributed
 
-NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 LINEAR = frozenset({"torch.nn.Linear", "torch.nn.LazyLinear"})
 # Methods that keep one value per sample one per sample (`out.squeeze(1)`, `out.view(-1)`).
 _SHAPE_METHODS = frozenset(

@@ -34,7 +34,7 @@ import libcst.matchers as m
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
-from autoaccel.analysis.shapes import find
+from autoaccel.analysis.shapes import find, is_no_grad_block
 from autoaccel.cst_edit import code_of, keyword_value
 from autoaccel.convert.transforms.distributed._base import where
 from autoaccel.facts.model import BatchFirst, batch_first
@@ -59,7 +59,6 @@ _FACTORIES = frozenset(
 _AUTOCAST = frozenset(
     {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"}
 )
-_NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 # Distances between every two rows (of one tensor, or of the first two arguments).
 _PAIRWISE = frozenset({"torch.cdist", "torch.pdist", "torch.nn.functional.pdist"})
 # A function or method of the project (`select(x)`, `self.selector.get_triplets(x)`).
@@ -188,10 +187,7 @@ class SegmentFinder:
         """A model call whose outputs carry no gradients: under `torch.no_grad()` (or
         `inference_mode()`), or of a model no optimizer trains."""
         return not self._trains(call) or any(
-            isinstance(item.item, cst.Call) and self.t.qualified_names(item.item.func) & _NO_GRAD
-            for block in self.t.ancestors(call)
-            if isinstance(block, cst.With)
-            for item in block.items
+            is_no_grad_block(block, self.t.qualified_names) for block in self.t.ancestors(call)
         )
 
     def _frozen_only(self, statement: cst.CSTNode) -> bool:

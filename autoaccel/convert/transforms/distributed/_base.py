@@ -20,7 +20,13 @@ from autoaccel.analysis.script_model import (
     DISTRIBUTED_SAMPLER,
     LoopRole,
 )
-from autoaccel.analysis.shapes import called_function, find, is_method_call, is_name
+from autoaccel.analysis.shapes import (
+    called_function,
+    find,
+    is_method_call,
+    is_name,
+    is_no_grad_block,
+)
 from autoaccel.analysis.side_effects import find_side_effects, function_writes
 from autoaccel.analysis.training import StepLoop, Training
 from autoaccel.convert.transform import StatementRewrite, same_nodes
@@ -43,7 +49,6 @@ INIT_PROCESS_GROUP = frozenset(
     }
 )
 # Context managers under which a forward pass records no graph (nothing to train).
-NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
 
 Statements = list[cst.BaseStatement]
 Scope = cst.FunctionDef | None  # None: module level
@@ -653,11 +658,7 @@ class DistributedStep(StatementRewrite):
         return [
             call for call in self.step_calls(module)
             if self.script.model_method(call) and not any(
-                isinstance(a, cst.With) and any(
-                    isinstance(i.item, cst.Call) and self.qualified_names(i.item.func) & NO_GRAD
-                    for i in a.items
-                )
-                for a in self.ancestors(call)
+                is_no_grad_block(a, self.qualified_names) for a in self.ancestors(call)
             )
         ]  # fmt: skip
 
