@@ -337,11 +337,16 @@ def reaching_values(read: cst.Name, scope: cst.CSTNode, index: ModuleIndex) -> l
                     continue
                 found += _assigned_in(statement, read.value)
                 if _binds(statement, read.value):
-                    return list({id(v): v for v in found}.values())
+                    return _distinct(found)
         if parent is scope:
-            return list({id(v): v for v in found}.values())
+            return _distinct(found)
         node = parent
     return assigned_values(scope, read.value)  # not read in `scope`
+
+
+def _distinct(values: list[Value]) -> list[Value]:
+    """`values` without repeats of a node, in order."""
+    return list({id(v): v for v in values}.values())
 
 
 def _assigned_in(statement: cst.CSTNode, name: str) -> list[Value]:

@@ -38,8 +38,9 @@ reads it back from there), and every file opened for writing (``open``, ``io.ope
 ``np.save``, ``savefig``, ``Path.write_text``, a Pillow ``anim.save``, TensorBoard event files;
 reads of such a path read it back from there), so that a trial run leaves the script's files
 alone; the folders it makes (``os.makedirs``, ``Path.mkdir``) are recorded in
-``made_folders``, for the runner to remove once every process has ended. Files under the temporary folder, the caches and Python's own folders are the
-libraries' and are left where they go.
+``made_folders``, for the runner to remove once every process has ended. Files under the
+temporary folder, the caches and Python's own folders are the libraries' and are left where
+they go.
 
 With ``AUTOACCEL_FACTS_OUT=PATH`` in the environment, `autoaccel.facts.recorder` also
 records what the script makes and calls, keyed to source positions, into PATH (JSON; see

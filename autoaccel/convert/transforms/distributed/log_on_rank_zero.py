@@ -84,6 +84,7 @@ class LogOnRankZero(DistributedStep):
     DESCRIPTION = "Make log writers (TensorBoard, kept wandb runs, loggers) on rank 0 only."
 
     def visit_Module(self, node: cst.Module) -> None:
+        self.loggers: dict[ClassInfo, bool] = {}  # `_is_a_logger`, once per class
         self.writers = {
             call
             for call in find(node, cst.Call)
@@ -101,18 +102,25 @@ class LogOnRankZero(DistributedStep):
             or (WANDB_INIT in names and not isinstance(parent, cst.Expr))
             or isinstance(parent, (cst.Assign, cst.AnnAssign))  # a logger kept in a name
             and any(
-                obj.node is call and self._is_a_logger(obj.cls) for obj in self.script.values(call)
+                obj.node is call and obj.cls is not None and self._is_a_logger(obj.cls)
+                for obj in self.script.values(call)
             )
         )
 
-    def _is_a_logger(self, cls: ClassInfo | None) -> bool:
+    def _is_a_logger(self, cls: ClassInfo) -> bool:
+        """`_logs_only(cls)`, asked once per class."""
+        if cls not in self.loggers:
+            self.loggers[cls] = self._logs_only(cls)
+        return self.loggers[cls]
+
+    def _logs_only(self, cls: ClassInfo) -> bool:
         """A class of the project that derives from `SummaryWriter` (melgan's `MyWriter`)
         or whose `__init__` makes a log writer (L1aoXingyu's and yunjey's `Logger`, over
         `tf.summary.FileWriter`), none of whose methods returns a value; or one that
         writes a file it opens in `__init__` (`_writes_its_own_file`): its instance may
         be a `NoWriter()` elsewhere."""
-        init = cls.method("__init__") if cls is not None else None
-        if cls is None or not cls.derives_from(*SUMMARY_WRITERS) and init is None:
+        init = cls.method("__init__")
+        if not cls.derives_from(*SUMMARY_WRITERS) and init is None:
             return False
         if cls.derives_from(*SUMMARY_WRITERS) or any(
             init.module.index.qualified_names(call.func) & _WRITER_FACTORIES  # type: ignore[union-attr]

@@ -86,13 +86,11 @@ class NoSyncAccumulation(DistributedStep):
         # `do_step = (i + 1) % accumulation == 0` between the backward and the `if`
         # moves above the forward, where the condition is computed
         moved = [s for s in body[last + 1 : steps[0]] if _assigns(s) & tested]
-        if any(not _movable(s, assigned) for s in moved):
-            moved = [None]  # type: ignore[list-item]
         if (
             first is None
             or len({key for _, key in used}) != 1
             or tested & assigned
-            or None in moved
+            or not all(_movable(s, assigned) for s in moved)
         ):
             self.skipped(
                 "no_sync",

@@ -138,7 +138,7 @@ class ShardTrainLoader(DistributedStep):
         self.streams: set[cst.CSTNode] = set()  # dataset arguments wrapped in ShardedStream
         self.draw_sizes: dict[cst.Element, str] = {}  # `(batch_size,)` of an offset draw
         self.agreed: set[cst.BaseExpression] = set()  # tests that go through `every_process()`
-        loaders = train_loader_calls(self.script)
+        self.loader_calls = loaders = train_loader_calls(self.script)
         for loop in self.script.step_loops.values():
             if loop.role is not LoopRole.TRAIN or loop.loaders:
                 continue
@@ -599,7 +599,7 @@ class ShardTrainLoader(DistributedStep):
         key = name_key(assign.targets[0].target) if isinstance(assign, cst.Assign) else None
         if key is None or not any(isinstance(a, cst.If) for a in self.ancestors(call)):
             return None
-        for other in train_loader_calls(self.script):
+        for other in self.loader_calls:
             parent = self.parent(other)
             if (
                 other is not call
