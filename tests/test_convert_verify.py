@@ -64,6 +64,9 @@ ORIGINAL = Run(
 )  # fmt: skip
 
 
+VALUES = "printed and logged averages and totals as the original's"
+
+
 def _failed(found: list[Check]) -> dict[str, str]:
     return {check.name: check.detail for check in found if not check.passed}
 
@@ -74,7 +77,7 @@ def test_a_good_distributed_run_passes_every_check():
     assert [c.name for c in found] == [
         "every process finishes", "processes train on different data",
         "parameters equal on every process", "the optimizers update the model",
-        "one process writes each file", "printed averages and totals as the original's",
+        "one process writes each file", VALUES,
         "loss close to the original's",
     ]  # fmt: skip
 
@@ -181,10 +184,7 @@ def test_a_printed_average_off_by_the_processes_fails(printed, passes):
     found = _failed(checks(original, _run(_rank(0, printed=printed), _rank(1))))
     assert (found == {}) is passes, found
     if not passes:
-        assert (
-            "`epoch #: avg loss #` prints 0.6 where the original prints 1.2"
-            in found["printed averages and totals as the original's"]
-        )
+        assert "`epoch #: avg loss #` prints 0.6 where the original prints 1.2" in found[VALUES]
 
 
 @pytest.mark.parametrize(
@@ -209,9 +209,86 @@ def test_a_printed_sum_is_compared_per_unit_of_the_losses_since_its_last_print(p
     found = _failed(checks(original, _run(rank0, rank1)))
     assert (found == {}) is passes, found
     if not passes:
-        assert (
-            "0.50 times per unit of loss" in found["printed averages and totals as the original's"]
+        assert "0.50 times per unit of loss" in found[VALUES]
+
+
+@pytest.mark.parametrize(
+    "logged, passes",
+    [
+        # melgan: the sum over rank 0's half of the validation set over the whole set's size
+        ([["validation.g_loss", 22.2, 0], ["validation.g_loss", 9.3, 4]], False),
+        ([["validation.g_loss", 40.1, 0], ["validation.g_loss", 19.0, 4]], True),
+        ([["lr", 0.05, 0], ["lr", 0.025, 4]], True),  # no average or total: not compared
+    ],
+    ids=["halved", "right", "unlabelled"],
+)
+def test_a_logged_average_off_by_the_processes_fails_with_its_tag(logged, passes):
+    """A value the script logs only (TensorBoard, wandb) is compared by its tag, as a
+    printed one by its line; the failure names the tag and the user's line that logs it."""
+    original = Run(
+        {**ORIGINAL.record,
+         "logged": [["validation.g_loss", 44.0, 0], ["validation.g_loss", 17.5, 4], ["lr", 0.1, 0],
+                    ["lr", 0.05, 4]],
+         "log_sites": {"validation.g_loss": "writer.py:17"}}, 0, "",
+    )  # fmt: skip
+    found = _failed(checks(original, _run(_rank(0, logged=logged), _rank(1))))
+    assert (found == {}) is passes, found
+    if not passes:
+        assert found[VALUES].startswith(
+            "tag `validation.g_loss` (writer.py:17) logs 22.2 where the original logs 44"
         )
+
+
+@pytest.mark.parametrize(
+    "logged, passes",
+    [
+        # rank 0's own losses summed over the whole set's size: half per unit of loss
+        ([["epoch/loss_sum", 0.125, 2], ["epoch/loss_sum", 0.2, 4]], False),
+        ([["epoch/loss_sum", 0.25, 2], ["epoch/loss_sum", 0.4, 4]], True),
+        # a loss logged every step: rank 0's own batch, half the original's once by chance
+        ([["train/loss", loss, step + 1] for step, loss in enumerate([1.0, 1.5, 2.0, 1.5])], True),
+    ],
+    ids=["halved-per-unit-of-loss", "right", "per-step"],
+)
+def test_a_logged_value_is_compared_per_unit_of_the_losses_since_its_last_log(logged, passes):
+    """As a printed sum (see above): the steps done when a value was logged give the
+    losses it covers."""
+    original = Run(
+        {**ORIGINAL.record, "losses": [1.0, 3.0, 2.0, 2.0],
+         "logged": [["epoch/loss_sum", 0.4, 2], ["epoch/loss_sum", 0.4, 4],
+                    *([["train/loss", loss, step + 1]
+                       for step, loss in enumerate([1.0, 3.0, 2.0, 2.0])])]},
+        0, "",
+    )  # fmt: skip
+    rank0 = _rank(0, losses=[1.0, 1.5, 2.0, 1.5], logged=logged)
+    rank1 = _rank(1, losses=[1.0, 4.5, 2.0, 2.5])  # the ranks' mean: the original's losses
+    found = _failed(checks(original, _run(rank0, rank1)))
+    assert (found == {}) is passes, found
+    if not passes:
+        assert "tag `epoch/loss_sum` logs 0.125" in found[VALUES]
+        assert "0.50 times per unit of loss" in found[VALUES]
+
+
+@pytest.mark.parametrize(
+    "label, counts",
+    [
+        ("validation.g_loss", True),
+        ("val/loss", True),
+        ("loss_avg", True),
+        ("Loss_D", True),
+        ("train_total", True),
+        ("losses", False),
+        ("lossless", False),
+        ("summary", False),
+        ("meaning", False),
+        ("accuracy", False),
+    ],
+)
+def test_a_tag_counts_as_an_average_by_its_words(label, counts):
+    """Underscores, dots and slashes part the words of a tag; a longer word is not one."""
+    original = Run({**ORIGINAL.record, "logged": [[label, 2.0, 2], [label, 2.0, 4]]}, 0, "")
+    rank0 = _rank(0, logged=[[label, 1.0, 2], [label, 1.0, 4]])
+    assert (VALUES in _failed(checks(original, _run(rank0, _rank(1))))) is counts
 
 
 def test_draws_with_replacement_may_meet_on_two_processes():
@@ -371,6 +448,25 @@ def test_tensorboard_logs_come_from_rank_zero_only(tmp_path):
     (original,) = (tmp_path / "original" / "logs").iterdir()
     (converted,) = (tmp_path / "logs").iterdir()
     assert converted.read_text() == original.read_text() and original.read_text().count("\n") == 12
+
+
+@pytest.mark.runs
+def test_a_validation_average_logged_halved_is_refused(tmp_path):
+    """fixtures/ddp/logged_validation.py (melgan's shape): the conversion shards the
+    validation loader, and `validate()` logs the sum over rank 0's half divided by the
+    whole set's size to TensorBoard only: half the original's. Before, the proof saw the
+    printed lines only, and the conversion was written."""
+    stubs = Path(__file__).resolve().parent / "stubs"
+    proc = run_autoaccel(
+        "convert", str(DDP_FIXTURES / "logged_validation.py"), "--to", "ddp", "--amp", "off",
+        "--verify", "--verify-steps", "8", "-o", "ddp.py",
+        cwd=tmp_path, env={"PYTHONPATH": str(stubs)}, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 1 and not (tmp_path / "ddp.py").exists(), proc.stderr
+    assert (
+        f"--verify FAIL {VALUES}: tag `validation.g_loss` (logged_validation.py:27) logs"
+        in proc.stderr
+    )
 
 
 @pytest.mark.runs

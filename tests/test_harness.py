@@ -6,6 +6,7 @@ The scripts run in this process (`runpy`), so these tests pay for `import torch`
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from dataclasses import asdict
 
@@ -285,6 +286,75 @@ def test_folders_a_trial_run_makes_are_recorded_and_removed_afterwards(tmp_path,
     assert record.made_folders == made
     remove_made_folders([asdict(record)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch", "train.py"]
+
+
+def test_logged_numbers_and_messages_are_recorded_with_their_steps(tmp_path, monkeypatch):
+    """The scalars a script logs to TensorBoard (a project's `SummaryWriter` subclass,
+    `add_scalars`) or wandb (`wandb.log`, the `log` of the run `wandb.init` made), patched
+    once the script imports their module, with the steps done and where the script logged
+    each tag; images and the like are left out. A logging message two handlers handle is
+    kept once, with the printed lines; one no handler takes is not."""
+    write(tmp_path, """\
+        class SummaryWriter:
+            def add_scalar(self, tag, scalar_value, global_step=None):
+                pass
+
+            def add_scalars(self, main_tag, tag_scalar_dict, global_step=None):
+                pass
+        """, "tensorboardX.py")  # fmt: skip
+    write(tmp_path, """\
+        class Run:
+            def log(self, data, step=None):
+                pass
+
+        def init():
+            global log
+            log = Run().log
+        """, "wandb.py")  # fmt: skip
+    for module in ("tensorboardX", "wandb"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    script = """\
+        import io
+        import logging
+
+        import torch
+        import wandb
+        from tensorboardX import SummaryWriter
+
+
+        class Writer(SummaryWriter):
+            def log_validation(self, loss, step):
+                self.add_scalar("validation.g_loss", loss, step)
+
+
+        log = logging.getLogger("test_harness.logged")
+        log.propagate = False
+        log.setLevel(logging.INFO)
+        log.handlers = [logging.StreamHandler(), logging.StreamHandler(io.StringIO())]
+        writer = Writer()
+        wandb.init()
+        model = torch.nn.Linear(2, 1)
+        for step in range(2):
+            model(torch.ones(1, 2)).sum().backward()
+            writer.log_validation(torch.tensor(0.5 * step), step)
+            writer.add_scalars("val", {"loss": 1.0, "image": "x"}, step)
+            wandb.log({"train/loss_avg": step, "hist": [1, 2]})
+            log.info("val loss %.2f", 0.25 * step)
+            log.debug("not shown %d", step)
+        """
+    record = harness.record_steps(write(tmp_path, script), [])
+    assert record.exit == "ok"
+    assert record.logged == [
+        [tag, value, step + 1]
+        for step in range(2)
+        for tag, value in (
+            ("validation.g_loss", 0.5 * step), ("val/loss", 1.0), ("train/loss_avg", step)
+        )
+    ]  # fmt: skip
+    assert record.log_sites["validation.g_loss"] == "train.py:11"
+    assert record.printed == ["val loss 0.00", "val loss 0.25"] and record.printed_steps == [1, 2]
+    writer = sys.modules["tensorboardX"].SummaryWriter
+    assert writer.add_scalar.__qualname__ == "SummaryWriter.add_scalar", "patched for the run only"
 
 
 def test_main_writes_the_record_and_reports_errors(tmp_path):

@@ -26,12 +26,13 @@ the fixtures:
   and some parameters change at all;
 * no file is written by more than one process (names equal but for their numbers count
   as one file: TensorBoard names its event files by process id and time);
-* the averages and totals the original prints (numbers labelled loss, avg, mean, total,
-  sum, matched by the text of their line and the order printed) are not off by the
-  number of processes in every line (a shard's sum divided by the whole set's size
-  prints half). Not "within the noise of another seed": a few printed numbers give no
-  estimate of that noise, and early in training a single batch's loss or an accuracy
-  differs between seeds by far more than the 30% the loss check allows;
+* the averages and totals the original prints or logs (numbers labelled loss, avg, mean,
+  total, sum, matched by the text of their line and the order printed; the scalars given
+  to TensorBoard or wandb under such a tag, by their tag) are not off by the number of
+  processes in every line (a shard's sum divided by the whole set's size prints half).
+  Not "within the noise of another seed": a few printed numbers give no estimate of that
+  noise, and early in training a single batch's loss or an accuracy differs between
+  seeds by far more than the 30% the loss check allows;
 * the loss stays close to the original's (the mean over the second half of the steps).
 """
 
@@ -42,7 +43,7 @@ import os
 import re
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,10 @@ NOISE_SIGMAS = 3
 # A printed average or total off by the number of processes, within this much.
 PROCESS_FACTOR_TOLERANCE = 0.15
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-_AVERAGE_LABEL = re.compile(r"\b(?:avg|average|mean|total|sum|loss)\b", re.IGNORECASE)
+# A word of a label or tag: `val/loss`, `validation.g_loss` and `loss_avg` too (not `losses`).
+_AVERAGE_LABEL = re.compile(
+    r"(?<![^\W_])(?:avg|average|mean|total|sum|loss)(?![^\W_])", re.IGNORECASE
+)
 ORIGINAL_RUNS = "the original runs"
 # Errors a process gets because another one failed: its peer's connection closed, a
 # collective that timed out waiting, torchrun's SIGTERM to the processes left.
@@ -511,14 +515,16 @@ def _one_writer(ranks: list[dict[str, Any]]) -> Check:
 
 def _printed_values(original: Run, rank: dict[str, Any]) -> Check:
     """Each average or total the original prints (a number after `loss`, `avg`, `mean`,
-    `total` or `sum` in its line), as rank 0 prints it in the lines of the same text:
-    not off by the number of processes in all of them (see the module docstring). Each
-    number is compared as it is, and relative to the mean loss of the steps (of that
-    process) since the same line was last printed: a sum of one process's losses divided
-    by the whole set's size is then half of the original's, whatever noise the two runs'
-    training adds."""
-    name = "printed averages and totals as the original's"
+    `total` or `sum` in its line) or logs (a scalar of such a tag), as rank 0 prints it in
+    the lines of the same text, or logs it under the same tag: not off by the number of
+    processes in all of them (see the module docstring). Each number is compared as it
+    is, and relative to the mean loss of the steps (of that process) since the same line
+    was last printed (the tag logged): a sum of one process's losses divided by the whole
+    set's size is then half of the original's, whatever noise the two runs' training
+    adds."""
+    name = "printed and logged averages and totals as the original's"
     mine = _averages(original.record, original.record.get("losses") or [])
+    sites = original.record.get("log_sites") or {}  # the user's lines: the original ran them
     theirs = _averages(rank, rank.get("losses") or [])
     compared = 0
     for key, values in mine.items():
@@ -532,47 +538,69 @@ def _printed_values(original: Run, rank: dict[str, Any]) -> Check:
         for found in (ratios, relative if len(relative) == len(pairs) else []):
             if found and all(_off_by_processes(r) for r in found):
                 (line, column), (expected, _), (printed, _) = key, *pairs[0]
+                if column is None:
+                    site = f" ({sites[line]})" if line in sites else ""
+                    shown, what, place, each = f"tag `{line}`{site}", "logs", "", "value(s) logged"
+                else:
+                    shown, what, place, each = (
+                        f"`{line}`",
+                        "prints",
+                        f"number {column + 1} of the line; ",
+                        "line(s)",
+                    )
                 return Check(
                     name,
                     False,
-                    f"`{line}` prints {printed:.4g} where the original prints {expected:.4g} (number"
-                    f" {column + 1} of the line; {found[0]:.2f} times{' per unit of loss' if found is relative else ''},"
-                    f" and so in each of the {len(pairs)} line(s)): off by the number of processes"
+                    f"{shown} {what} {printed:.4g} where the original {what} {expected:.4g}"
+                    f" ({place}{found[0]:.2f} times{' per unit of loss' if found is relative else ''},"
+                    f" and so in each of the {len(pairs)} {each}): off by the number of processes"
                     " (a sum over one process's share divided by the whole set's size?)",
                 )
     if not compared:
-        return Check(name, True, "no printed average or total in both runs: not checked")
+        return Check(name, True, "no printed or logged average or total in both runs: not checked")
     return Check(
         name,
         True,
-        f"{compared} printed average(s) or total(s), none off by the number of processes",
+        f"{compared} printed or logged average(s) or total(s), none off by the number of processes",
     )
+
+
+# A labelled number: its printed line's text (numbers as `#`) and its place in the line,
+# or the tag it was logged under (place None).
+_Label = tuple[str, int | None]
 
 
 def _averages(
     record: dict[str, Any], losses: list[float]
-) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
-    """The numbers labelled as averages or totals in a run's printed lines, by the line's
-    text (numbers as `#`) and their place in it, in the order printed, each with the mean
-    of `losses` over the steps since the same line was printed before (None: no step)."""
-    lines, steps = record.get("printed") or [], record.get("printed_steps") or []
-    found: dict[tuple[str, int], list[tuple[float, float | None]]] = {}
-    last_step: dict[tuple[str, int], int] = {}
-    for index, line in enumerate(lines):
-        numbers = list(_NUMBER.finditer(line))
-        start = 0
-        for column, number in enumerate(numbers):
-            if _AVERAGE_LABEL.search(line, start, number.start()):
-                key = (_NUMBER.sub("#", line), column)
-                step = steps[index] if index < len(steps) else None
-                since = losses[last_step.get(key, 0) : step] if step is not None else []
-                found.setdefault(key, []).append(
-                    (float(number.group()), statistics.fmean(since) if since else None)
-                )
-                if step is not None:
-                    last_step[key] = step
-            start = number.end()
+) -> dict[_Label, list[tuple[float, float | None]]]:
+    """The numbers labelled as averages or totals in a run's printed lines and logged
+    scalars, by `_Label`, in the order printed (logged), each with the mean of `losses` over
+    the steps since the same label was printed (logged) before (None: no step)."""
+    found: dict[_Label, list[tuple[float, float | None]]] = {}
+    last_step: dict[_Label, int] = {}
+    for key, value, step in _labelled(record):
+        since = losses[last_step.get(key, 0) : step] if step is not None else []
+        found.setdefault(key, []).append((value, statistics.fmean(since) if since else None))
+        if step is not None:
+            last_step[key] = step
     return found
+
+
+def _labelled(record: dict[str, Any]) -> Iterator[tuple[_Label, float, int | None]]:
+    """The numbers after `loss`, `avg`, `mean`, `total` or `sum` in a run's printed lines,
+    then the scalars it logged under such a tag, each with its label and the steps done
+    by then (None: not recorded)."""
+    lines, steps = record.get("printed") or [], record.get("printed_steps") or []
+    for index, line in enumerate(lines):
+        step = steps[index] if index < len(steps) else None
+        start = 0
+        for column, number in enumerate(_NUMBER.finditer(line)):
+            if _AVERAGE_LABEL.search(line, start, number.start()):
+                yield (_NUMBER.sub("#", line), column), float(number.group()), step
+            start = number.end()
+    for tag, value, step in record.get("logged") or []:
+        if _AVERAGE_LABEL.search(tag):
+            yield (tag, None), value, step
 
 
 def _off_by_processes(ratio: float) -> bool:

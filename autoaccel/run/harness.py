@@ -48,7 +48,12 @@ records what the script makes and calls, keyed to source positions, into PATH (J
 
 The record also has ``saves`` (the paths each ``torch.save`` call wrote), ``writes`` (each
 other path the script opened for writing, once), ``printed`` (the first lines ``print``
-wrote to the terminal, at most `MAX_PRINTED`) and ``printed_steps`` (the steps done by then), and
+wrote to the terminal, and the messages of the script's ``logging`` calls that a handler
+handled, at most `MAX_PRINTED`) and ``printed_steps`` (the steps done by then), ``logged``
+(``[tag, value, steps done]`` of each number the script logged with a TensorBoard
+``SummaryWriter``'s ``add_scalar``/``add_scalars`` or ``wandb.log``, at most `MAX_PRINTED`;
+their classes are patched once the script imports their module, which the harness never
+imports itself) and ``log_sites`` (where the script's code logged each tag first), and
 ``param_digest`` (per optimizer, then per model wrapped in DDP, the sum and the sum of
 absolute values of its parameters at the end, in float64: equal on every rank of a distributed run when the gradients were
 synchronised), and ``first_param_digest``, the same at the first step, before any update
@@ -73,10 +78,12 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import functools
 import gc
 import glob
 import io
 import json
+import logging
 import os
 import platform
 import random
@@ -87,13 +94,13 @@ import tempfile
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoaccel.facts.user_code import user_frame
+from autoaccel.facts.user_code import is_user_file, user_frame
 from autoaccel.patching import patched
 
 # Attribute set on tensors returned by GradScaler.scale: the scale tensor they carry.
@@ -108,6 +115,12 @@ PROGRESS_INTERVAL = 0.2  # seconds between two writes of the progress file
 FORCE_AUTOCAST_ENV = "AUTOACCEL_FORCE_AUTOCAST"
 _WRITE_MODES = frozenset("wax+")
 MAX_PRINTED = 500  # lines of `printed`: what a check compares, not a log
+# Where scripts log numbers: module -> the class whose methods are patched, and those methods.
+_SCALAR_LOGGERS = {
+    "torch.utils.tensorboard": ("SummaryWriter", ("add_scalar", "add_scalars")),
+    "tensorboardX": ("SummaryWriter", ("add_scalar", "add_scalars")),
+    "wandb": ("Run", ("log",)),  # `wandb.log` is the `log` of the run `wandb.init` made
+}
 
 
 class StopScript(BaseException):
@@ -144,6 +157,8 @@ class StepRecord:
     )  # path -> `file:line` of the script's code
     printed: list[str] = field(default_factory=list)  # lines print wrote to the terminal
     printed_steps: list[int] = field(default_factory=list)  # the steps done when each was printed
+    logged: list[list[Any]] = field(default_factory=list)  # [tag, value, steps done] per scalar
+    log_sites: dict[str, str] = field(default_factory=dict)  # tag -> `file:line` that logged it
     param_digest: list[list[float]] = field(default_factory=list)  # per optimizer: [sum, abs sum]
     first_param_digest: list[list[float]] = field(default_factory=list)  # the same, at step 1
     end_time: float | None = None
@@ -265,12 +280,15 @@ class _StepRecorder:
         self.wrapped: list[Any] = []  # every model the script wrapped in DDP
         # taken when the script ends its process group (FSDP's shards gather through it)
         self.digest: list[list[float]] | None = None
+        self.stack = ExitStack()  # the patches, also those made once the script imports a logger
+        self.unwatched = dict(_SCALAR_LOGGERS)  # scalar loggers not imported (nor patched) yet
+        self.last_logged: logging.LogRecord | None = None  # its other handlers: kept already
 
     def patches(self, align_loader_rng: bool) -> ExitStack:
         import torch
         from torch.utils.data import DataLoader, dataloader
 
-        stack = ExitStack()
+        stack = self.stack
         stack.enter_context(patched(torch.Tensor, "backward", self._backward))
         stack.enter_context(patched(torch.amp.GradScaler, "scale", _marking_scale))
         stack.enter_context(patched(dataloader._BaseDataLoaderIter, "__next__", self._next))
@@ -278,6 +296,9 @@ class _StepRecorder:
         for owner in (builtins, io):  # `Path.open` and `write_text` call `io.open`
             stack.enter_context(patched(owner, "open", self._recording_open))
         stack.enter_context(patched(builtins, "print", self._recording_print))
+        stack.enter_context(patched(logging.Handler, "handle", self._recording_handled))
+        stack.enter_context(patched(builtins, "__import__", self._watching_imports))
+        self._watch_scalar_loggers()
         if self.scratch is not None:
             stack.enter_context(patched(torch, "load", self._redirected_load))
             # `os.makedirs` and `Path.mkdir` call it
@@ -372,14 +393,14 @@ class _StepRecorder:
 
         return save
 
-    def _note_site(self, path: str | os.PathLike) -> None:
-        """Keep where the script's code wrote `path` first: the innermost frame of the
-        user's code (a helper of the project, not numpy's `save` nor matplotlib's
-        `savefig`), as `file:line`."""
+    def _note_site(self, path: str | os.PathLike, sites: dict[str, str] | None = None) -> None:
+        """Keep in `sites` (`write_sites`) where the script's code wrote `path` (logged a
+        tag) first: the innermost frame of the user's code (a helper of the project, not
+        numpy's `save` nor matplotlib's `savefig`), as `file:line`."""
         frame = user_frame(sys._getframe(2))
         if frame is not None:
             where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-            self.record.write_sites.setdefault(os.fspath(path), where)
+            (self.record.write_sites if sites is None else sites).setdefault(os.fspath(path), where)
 
     def _redirect(self, path: str | os.PathLike) -> str | os.PathLike:
         """Where a write to `path` goes: a file of its own in `scratch` (`path` without one)."""
@@ -425,17 +446,95 @@ class _StepRecorder:
         return mkdir
 
     def _recording_print(self, original: Callable) -> Callable:
-        """Keep the first `MAX_PRINTED` lines printed to the terminal (not to a file)."""
+        """Keep the lines printed to the terminal (not to a file)."""
 
         def print_(*args, sep=" ", end="\n", file=None, flush=False):
             if file in (None, sys.stdout, sys.stderr) and len(self.record.printed) < MAX_PRINTED:
-                text = (sep if sep is not None else " ").join(map(str, args))
-                lines = text.splitlines()[: MAX_PRINTED - len(self.record.printed)]
-                self.record.printed.extend(lines)
-                self.record.printed_steps.extend([len(self.record.times)] * len(lines))
+                self._keep_lines((sep if sep is not None else " ").join(map(str, args)))
             return original(*args, sep=sep, end=end, file=file, flush=flush)
 
         return print_
+
+    def _recording_handled(self, original: Callable) -> Callable:
+        """Keep the message of each record the script's code logs that a handler formatted
+        (into a log file, onto the terminal), once however many handlers did."""
+
+        def handle(handler, record):
+            handled = original(handler, record)
+            message = getattr(record, "message", None)  # set by `Formatter.format`
+            if message is not None and record is not self.last_logged:
+                self.last_logged = record
+                if is_user_file(record.pathname):
+                    self._keep_lines(message)
+            return handled
+
+        return handle
+
+    def _keep_lines(self, text: str) -> None:
+        """Keep the lines of `text` in `printed`, up to `MAX_PRINTED` in all."""
+        lines = text.splitlines()[: MAX_PRINTED - len(self.record.printed)]
+        self.record.printed.extend(lines)
+        self.record.printed_steps.extend([len(self.record.times)] * len(lines))
+
+    def _watching_imports(self, original: Callable) -> Callable:
+        """Patch a scalar logger once the script has imported its module."""
+
+        def import_(*args, **kwargs):
+            module = original(*args, **kwargs)
+            if self.unwatched:
+                self._watch_scalar_loggers()
+            return module
+
+        return import_
+
+    def _watch_scalar_loggers(self) -> None:
+        """Patch the methods of the scalar loggers whose module is imported by now (and
+        done: a package's own imports find it half made), those its version has."""
+        recorders = {
+            "add_scalar": self._recording_scalar,
+            "add_scalars": self._recording_scalars,
+            "log": self._recording_scalar_dict,
+        }
+        for module, (name, methods) in list(self.unwatched.items()):
+            owner = getattr(sys.modules.get(module), name, None)
+            if owner is not None:
+                del self.unwatched[module]
+                for method in filter(functools.partial(hasattr, owner), methods):
+                    self.stack.enter_context(patched(owner, method, recorders[method]))
+
+    def _recording_scalar(self, original: Callable) -> Callable:
+        def add_scalar(writer, tag, scalar_value, *args, **kwargs):
+            self._keep_scalars({tag: scalar_value})
+            return original(writer, tag, scalar_value, *args, **kwargs)
+
+        return add_scalar
+
+    def _recording_scalars(self, original: Callable) -> Callable:
+        def add_scalars(writer, main_tag, tag_scalar_dict, *args, **kwargs):
+            self._keep_scalars(tag_scalar_dict, f"{main_tag}/")
+            return original(writer, main_tag, tag_scalar_dict, *args, **kwargs)
+
+        return add_scalars
+
+    def _recording_scalar_dict(self, original: Callable) -> Callable:
+        def log(run, data, *args, **kwargs):
+            self._keep_scalars(data)
+            return original(run, data, *args, **kwargs)
+
+        return log
+
+    def _keep_scalars(self, values: Any, prefix: str = "") -> None:
+        """Keep each number of the dict `values` (a tensor of one element too) with its tag
+        (after `prefix`) and the steps done, up to `MAX_PRINTED` in all; images, histograms
+        and the like are left out."""
+        for tag, value in values.items() if isinstance(values, Mapping) else ():
+            try:
+                number = float(value)
+            except (TypeError, ValueError, RuntimeError):
+                continue
+            if len(self.record.logged) < MAX_PRINTED:
+                self.record.logged.append([f"{prefix}{tag}", number, len(self.record.times)])
+                self._note_site(f"{prefix}{tag}", self.record.log_sites)
 
     def _redirected_load(self, original: Callable) -> Callable:
         """A file the script saved (into `scratch`) loads from there."""
