@@ -13,11 +13,13 @@ without `.module`. On the CPU and on one GPU the converted step computes what it
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.project import SCRIPT
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole, StepLoop
 from autoaccel.analysis.shapes import find, method_calls, name_calls
 from autoaccel.convert.log import ConversionLog
@@ -30,6 +32,7 @@ from autoaccel.convert.transforms.data_parallel.step_segments import (
     displays_a_container,
     is_autocast_block,
     read,
+    step_attribute_set,
     training_backward_calls,
 )
 from autoaccel.convert.transforms.data_parallel.wraps import (
@@ -46,6 +49,19 @@ from autoaccel.convert.transforms.inserted_names import name_refusal
 from autoaccel.cst_edit import add_imports, code_of, keyword_value, leading_import_block
 
 _STEP = "loss inside forward (--to dp)"
+_MAIN_BLOCK = m.If(
+    test=m.Comparison(
+        left=m.Name("__name__"),
+        comparisons=[
+            m.ComparisonTarget(
+                operator=m.Equal(),
+                comparator=m.SimpleString("'__main__'") | m.SimpleString('"__main__"'),
+            )
+        ],
+    )
+)
+# Tensor methods and attributes that reorder dimensions (`x.t()`, `x.permute(1, 0, 2)`).
+_REORDERING = frozenset({"t", "T", "mT", "transpose", "permute", "swapaxes", "swapdims", "movedim"})
 _BY_HAND = (
     "; by hand: compute the loss in the `forward` of an `nn.Module` (the model itself, or a"
     " wrapper holding the model and its loss function), wrap that module in `nn.DataParallel`"
@@ -122,17 +138,14 @@ class ComputeLossInForward(StatementRewrite):
             reason, where = refusal
             self.skipped(_STEP, reason, where, wrong=True)
             return
-        # a loop in a function nothing in the program calls is another entry point's
+        # a loop in a function nothing in the program calls is another entry point's, one
+        # in the `__main__` test of an imported module the module's own
         self.unused = {
-            loop.node: function for loop in self.script.step_loops.values()
-            if loop.role is LoopRole.TRAIN and (function := uncalled_function(loop, self.script.program)) is not None
+            loop.node: why for loop in self.script.step_loops.values()
+            if loop.role is LoopRole.TRAIN and (why := self._never_runs(loop)) is not None
         }  # fmt: skip
-        for loop_node, function in self.unused.items():
-            self.skipped(
-                _STEP,
-                f"this training loop is in `{function.name}()`, which nothing in the program calls: left as it is",
-                loop_node,
-            )
+        for loop_node, why in self.unused.items():
+            self.skipped(_STEP, f"this training loop is {why}: left as it is", loop_node)
         planned_changes = len(self.log.changes)
         simple_reasons: dict[cst.CSTNode, str] = {}
         for loop in self.script.step_loops.values():
@@ -185,9 +198,29 @@ class ComputeLossInForward(StatementRewrite):
             return False
         modules = [
             loop.module for loop in self.script.training.step_loops.values()
-            if loop.role is LoopRole.TRAIN and uncalled_function(loop, self.script.program) is None
+            if loop.role is LoopRole.TRAIN and self._never_runs(loop) is None
         ]  # fmt: skip
         return bool(modules) and all(module is not self.script.module for module in modules)
+
+    def _never_runs(self, loop: StepLoop) -> str | None:
+        """Where `loop` is when the program never runs it: in a function nothing calls, or
+        in the `if __name__ == "__main__":` block of a module the script imports."""
+        function = uncalled_function(loop, self.script.program)
+        if function is not None:
+            return f"in `{function.name}()`, which nothing in the program calls"
+        module = loop.module
+        if module is None or module.name == SCRIPT:
+            return None
+        for statement in module.tree.body:
+            if m.matches(statement, _MAIN_BLOCK) and any(
+                n is loop.node for n in find(statement, type(loop.node))
+            ):
+                name = Path(module.path or module.name).name
+                return (
+                    f'in the `if __name__ == "__main__":` block of {name}, which runs when'
+                    f" {name} is run itself, not when the program imports it"
+                )
+        return None
 
     def _may_use_a_gpu(self) -> bool:
         """The script uses CUDA, or moves something with `.to(device)` to a device the code
@@ -446,6 +479,9 @@ class ComputeLossInForward(StatementRewrite):
         if len(called) > 1:
             return f"`{model}` is called {len(called)} times in this training step"
         call = called[0]
+        attribute = step_attribute_set(self, [call])
+        if attribute is not None:
+            return attribute.reason  # the general shape names its line
         assign = single_assign(self._parent(self._parent(call)))  # type: ignore[arg-type]
         if (
             assign is not None
@@ -461,6 +497,12 @@ class ComputeLossInForward(StatementRewrite):
             for s in find(loop.node.body, cst.SimpleStatementLine)
         ):
             return f"`{model}(...)` gets a tuple (`{held.value}`), each tensor of which `nn.DataParallel` splits"
+        if any(a.attr.value in _REORDERING for a in find(held, cst.Attribute)):
+            # `model(x.t())`: split along dimension 0, the sequence's; the general shape
+            # moves the transpose into each replica
+            return (
+                f"`{model}(...)` gets `{code_of(held)}`, whose dimension 0 may not be the batch's"
+            )
         return self._site_from_call(loop, model, call)
 
     def _site_from_call(self, loop: StepLoop, model: str, call: cst.Call) -> _Site | str:

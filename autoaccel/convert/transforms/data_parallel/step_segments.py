@@ -243,7 +243,11 @@ class SegmentFinder:
                 needed = needed - defs | read(s)  # `z = z.to(device)` needs the `z` made above
         if first is None:
             self._no_forward_pass(
-                owner, loss_name, [s for s in statements[:last] if s in producers], model_derived
+                owner,
+                loss_name,
+                [s for s in statements[:last] if s in producers],
+                model_derived,
+                needed,
             )
         chain_idx = sorted(i for i in chain_idx if i >= first)
         span = statements[first : last + 1]
@@ -331,6 +335,9 @@ class SegmentFinder:
             )
         kept = self._kept(lines, defined_in_chain, scalars, loss_name)
         reduce = self._reduce(lines, loss_name, loss_line)
+        attribute = step_attribute_set(self.t, [c for s in chain for c in self._model_calls(s)])
+        if attribute is not None:
+            raise attribute
         self._check_forward_attributes(chain)
         anchor = self._anchor(statement, span[0])
         params = self._params(models, inputs)
@@ -406,8 +413,11 @@ class SegmentFinder:
                 return first, None
             statement = outer
 
-    def _no_forward_pass(self, owner, loss_name: str, producers: list, model_derived: set) -> None:
-        """Why no line before the loss is a trained model's forward pass that can move."""
+    def _no_forward_pass(
+        self, owner, loss_name: str, producers: list, model_derived: set, needed: set[str]
+    ) -> None:
+        """Why no line before the loss is a trained model's forward pass that can move;
+        `needed`: the names the loss reads that no line of its block binds."""
         compound = next((s for s in producers if s in model_derived and not self._plain(s)), None)
         if compound is not None:
             raise Refused(
@@ -426,6 +436,26 @@ class SegmentFinder:
                 f"`{code_of(unknown.func)}(...)` computes `{loss_name}`, but the code does not show"
                 " it to be a model: a helper computing the forward pass, or a model whose class"
                 " is not visible where it is made",
+                owner,
+            )
+        forward = next(
+            (
+                (s, c)
+                for s in reversed(self._enclosing_before(owner))
+                if assigned(s) & needed
+                for c in find(s, cst.Call)
+                if self._maybe_a_model(c)
+            ),
+            None,
+        )
+        if forward is not None:
+            line, call = forward
+            raise Refused(
+                f"`{loss_name}` is computed in"
+                f" {_compound(self._statement_of(self.t.parent(owner)))} from"
+                f" `{min(assigned(line) & needed)}`, which `{code_of(call)}` computes before that"
+                " block: the lines from the forward pass to the loss must be in one block to"
+                " move into a function",
                 owner,
             )
         raise Refused(
@@ -1273,6 +1303,75 @@ class SegmentFinder:
                 n += 1
             params.append(name)
         return params
+
+
+def step_attribute_set(transform, calls: list[cst.Call]) -> Refused | None:
+    """A line of the step, before the first of the model `calls`, that sets an attribute
+    of a called model from the step (`model.batch_size = len(y)`) or from the model itself
+    (`model.hidden = model.init_hidden()`) where its class reads it (or its class is not
+    known): `nn.DataParallel` copies it to every replica, which runs on its part of the
+    batch with the whole batch's value."""
+    if not calls:
+        return None
+    first = min(transform.line_of(c) for c in calls)
+    step = next(
+        (
+            a
+            for a in transform.ancestors(calls[0])
+            if a in transform.script.step_loops or isinstance(a, cst.FunctionDef)
+        ),
+        None,
+    )
+    if step is None:
+        return None
+    bound = assigned(step.body)
+    if isinstance(step, cst.FunctionDef):
+        bound |= {p.name.value for p in (*step.params.params, *step.params.kwonly_params)}
+    else:
+        bound |= transform.script.step_loops[step].batch_names
+    classes = {
+        name_key(c.func): {o.cls for o in transform.script.values(c.func) if o.cls is not None}
+        for c in calls
+    }
+    for target in find(step.body, cst.AssignTarget):
+        node = target.target
+        model = name_key(node.value) if isinstance(node, cst.Attribute) else None
+        if model not in classes or transform.line_of(target) >= first:
+            continue
+        value = transform.parent(target).value
+        from_model = any(
+            isinstance(c.func, cst.Attribute) and name_key(c.func.value) == model
+            for c in find(value, cst.Call)
+        )
+        attr = node.attr.value
+        if (read(value) & bound or from_model) and (
+            not classes[model] or any(_reads_own(cls, attr) for cls in classes[model])
+        ):
+            return Refused(
+                f"the step sets `{model}.{attr}` before the forward pass: each `nn.DataParallel`"
+                " replica would see the whole batch's value",
+                transform.parent(transform.parent(target)),
+            )
+    return None
+
+
+def _reads_own(cls, attr: str) -> bool:
+    """Whether a method of `cls` (or of its project bases), `__init__` aside, reads
+    `self.<attr>`."""
+    for c in cls.mro():
+        for name, method in c.methods.items():
+            if name == "__init__":
+                continue
+            written = {
+                id(a) for t in find(method.node, cst.AssignTarget) for a in find(t, cst.Attribute)
+            }
+            if any(
+                id(a) not in written
+                and m.matches(a, m.Attribute(value=m.Name("self"), attr=m.Name(attr)))
+                for a in find(method.node, cst.Attribute)
+            ):
+                return True
+    return False
 
 
 def is_autocast_block(transform, node: cst.CSTNode) -> bool:
