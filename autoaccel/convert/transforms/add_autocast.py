@@ -1,8 +1,9 @@
 """Mixed precision: run the forward pass and loss under `torch.autocast`.
 
 `--amp bf16` (default) wraps, in every training step loop, the statements from the
-first model call up to the last assignment of each tensor whose `.backward()` is
-called in `with torch.autocast(device_type=..., dtype=torch.bfloat16, enabled=...):`;
+first model call (else the first call of a method of a model's class, `flow.log_probs(x)`)
+up to the last assignment of each tensor whose `.backward()` is called in
+`with torch.autocast(device_type=..., dtype=torch.bfloat16, enabled=...):`;
 evaluation loops get their model calls wrapped. The wrap goes where the forward pass and
 loss run: in the body of a micro-batch loop inside the step (`for mx, my in
 zip(x.chunk(4), y.chunk(4)):`), or in the step function the loop calls (`train_step()`),
@@ -469,6 +470,17 @@ class AddAutocast(Transform):
                 (j for j in range(previous + 1, loss_at + 1) if self._calls_model(statements[j])),
                 None,
             )
+            if start is None:
+                # the forward pass is a method of the model (`-flow.log_probs(x).mean()`);
+                # `--to ddp` calls it through a wrapper, a model call to a second conversion
+                start = next(
+                    (
+                        j
+                        for j in range(previous + 1, loss_at + 1)
+                        if any(self.script.model_method(c) for c in find(statements[j], cst.Call))
+                    ),
+                    None,
+                )
             if start is None and called_function(statements[loss_at], self.local_functions):
                 start = loss_at
             if start is None:

@@ -5,6 +5,9 @@ without `set_epoch` every epoch reads the same order. The call goes at the top o
 epoch loop, which is found around the training step loop, or around a call of the
 function that holds it (`for epoch ...: train(..., train_loader, ...)`), in this module
 or in another module of the project that calls it (`loops.train_one(...)` in `main()`).
+A loader built anew in the epoch loop (fresh samples every epoch) gets it right after it
+is built: its new `DistributedSampler` starts at epoch 0, and would shuffle every epoch's
+data in the same order.
 """
 
 from __future__ import annotations
@@ -67,9 +70,9 @@ class SetSamplerEpoch(DistributedStep):
         of `sites` (the step loop, or calls of the function that holds it)."""
         for site in sites:
             outer = next((a for a in self.ancestors(site) if isinstance(a, cst.For)), None)
-            loader = self._holder(outer, loop) if outer is not None else None
+            loader = self._holder(outer, loop, site) if outer is not None else None
             if loader is not None:
-                self._insert(outer, loader)  # type: ignore[arg-type]
+                self._insert(outer, loader, site)  # type: ignore[arg-type]
                 return
         self.skipped(
             "set_epoch",
@@ -87,21 +90,21 @@ class SetSamplerEpoch(DistributedStep):
     def _here(self, node: cst.CSTNode) -> bool:
         return self._program.module_of.get(node) is self.script.module
 
-    def _holder(self, epoch_loop: cst.For, step: StepLoop) -> str | None:
-        """A name that holds the training loader when `epoch_loop` starts: a parameter
-        or earlier assignment of its function, an attribute of `self`, or a global (an
-        alias made inside the epoch loop does not exist yet at its top)."""
+    def _holder(self, epoch_loop: cst.For, step: StepLoop, site: cst.CSTNode) -> str | None:
+        """A name that holds the training loader when `site` in `epoch_loop` runs: a
+        parameter or earlier assignment of its function (before the epoch loop, or in it
+        before `site`), an attribute of `self`, or a global."""
         program, loaders = self.script.program, step.loaders
         assert program is not None and self.script.module is not None
         function = self.scope_of(epoch_loop)
         info = program.functions.get(function) if function is not None else None
         candidates: list[tuple[object, str, str]] = []  # (owner, name, spelling)
         if info is not None:
-            start = self.line_of(epoch_loop)
+            at = self.line_of(site)
             local = [p.name.value for p in info.node.params.params] + [
                 name
                 for target in find(info.node.body, cst.AssignTarget)
-                if self.line_of(target) < start
+                if self.line_of(target) < at
                 for name in bound_names(target.target)
             ]
             iterators = self._iterators(info.node.body)  # `batches = iter(loader)`: no sampler
@@ -161,7 +164,9 @@ class SetSamplerEpoch(DistributedStep):
             for name in bound_names(target.target)
         }
 
-    def _insert(self, epoch_loop: cst.For, loader: str) -> None:
+    def _insert(self, epoch_loop: cst.For, loader: str, site: cst.CSTNode) -> None:
+        """`loader.sampler.set_epoch(epoch)` at the top of `epoch_loop`, or right after
+        the last statement of it before `site` that (re)builds `loader`."""
         epoch = name_key(epoch_loop.target)
         body = epoch_loop.body
         if epoch is None or not isinstance(body, cst.IndentedBlock):
@@ -173,11 +178,23 @@ class SetSamplerEpoch(DistributedStep):
             return
         if method_calls(body, "set_epoch"):
             return
-        first = body.body[0]
+        statements = list(body.body)
+        around = (site, *self.ancestors(site))  # (none in the body: in the loop's `else:`)
+        at = next((i for i, s in enumerate(statements) if any(s is a for a in around)), 0)
+        built = [i for i, s in enumerate(statements[:at]) if _binds(s, loader)]
+        first = statements[built[-1] + 1] if built else statements[0]
         self.before.setdefault(first, []).extend(
             parse_statements(f"if {DISTRIBUTED}:\n    {loader}.sampler.set_epoch({epoch})\n")
         )
         self.changed(first, f"`{loader}.sampler.set_epoch({epoch})`: a new shuffle every epoch")
+
+
+def _binds(statement: cst.BaseStatement, key: str) -> bool:
+    """Whether `statement` assigns the name or `self.` attribute `key`."""
+    return any(
+        name_key(target.target) == key or key in bound_names(target.target)
+        for target in find(statement, cst.AssignTarget)
+    )
 
 
 def _attributes(program: Program, family: object, spelled: str) -> list[tuple[object, str, str]]:
