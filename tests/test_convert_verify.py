@@ -452,13 +452,18 @@ def test_tensorboard_logs_come_from_rank_zero_only(tmp_path):
 
 @pytest.mark.runs
 def test_a_validation_average_logged_halved_is_refused(tmp_path):
-    """fixtures/ddp/logged_validation.py (melgan's shape): the conversion shards the
-    validation loader, and `validate()` logs the sum over rank 0's half divided by the
-    whole set's size to TensorBoard only: half the original's. Before, the proof saw the
-    printed lines only, and the conversion was written."""
+    """fixtures/ddp/logged_validation.py (melgan's shape) with `if train is True:`, which
+    the conversion does not read (`if train:` it does): it shards the validation loader
+    too, and `validate()` logs the sum over rank 0's half divided by the whole set's size
+    to TensorBoard only: half the original's. Before, the proof saw the printed lines
+    only, and the conversion was written."""
     stubs = Path(__file__).resolve().parent / "stubs"
+    source = (DDP_FIXTURES / "logged_validation.py").read_text()
+    (tmp_path / "logged_validation.py").write_text(
+        source.replace("    if train:\n", "    if train is True:\n")
+    )
     proc = run_autoaccel(
-        "convert", str(DDP_FIXTURES / "logged_validation.py"), "--to", "ddp", "--amp", "off",
+        "convert", "logged_validation.py", "--to", "ddp", "--amp", "off",
         "--verify", "--verify-steps", "8", "-o", "ddp.py",
         cwd=tmp_path, env={"PYTHONPATH": str(stubs)}, timeout=600,
     )  # fmt: skip

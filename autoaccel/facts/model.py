@@ -6,7 +6,8 @@ The JSON is what `autoaccel.facts.recorder` writes in the child process::
      "seconds": S, "files": {PATH: SHA256 of the file as it ran},
      "modules":    [{"id", "cls", "site", "direct"}],          # every nn.Module made
      "optimizers": [{"id", "cls", "site", "direct", "params", "modules", "roots"}],
-     "loaders" | "samplers" | "schedulers" | "scalers": [{"id", "cls", "site", "direct"}],
+     "loaders":    [{"id", "cls", "site", "direct", "batches", "trains"}],
+     "samplers" | "schedulers" | "scalers": [{"id", "cls", "site", "direct"}],
      "calls":    [{"kind": "backward" | "step" | "zero_grad", "site", "count", "object"}],
      "forwards": [{"module", "site", "count", "args", "seen"}],  # top-level module calls
      "writes":   [{"kind": "torch.save" | "open", "path", "site", "count"}],
@@ -19,8 +20,10 @@ object's site is the call that made it (`Net()`, not the `super().__init__()` in
 `Net`); `direct` is False when torch made it inside another call of the user's (the
 samplers a `DataLoader(...)` makes itself): its site is then that call. An optimizer's
 `modules` are the ids of the modules whose parameters it holds, all of them; its `roots`
-are those among them that are no submodule of another (the models it trains). `object`
-of a step or zero_grad is the optimizer's id. `args` of a forward are the shapes of its
+are those among them that are no submodule of another (the models it trains). A loader's
+`batches` counts the batches its iterators handed out, and `trains` is true when a
+`backward()` ran while the latest batch handed out (of any loader) was one of its own.
+`object` of a step or zero_grad is the optimizer's id. `args` of a forward are the shapes of its
 positional tensor arguments, or the type name of any other argument, at its first call;
 `seen` groups its calls by what they saw: ``[{"batch", "args", "outputs", "count"}]``, at
 most `MAX_SEEN` groups (their counts then add up to less than the forward's), where
@@ -85,6 +88,9 @@ class Made:
     params: int = 0
     modules: tuple[int, ...] = ()
     roots: tuple[int, ...] = ()
+    # loaders only: how many batches it handed out, and whether one fed a backward()
+    batches: int = 0
+    trains: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,6 +285,8 @@ def _made(data: dict[str, Any]) -> Made:
         data.get("params", 0),
         tuple(data.get("modules", ())),
         tuple(data.get("roots", ())),
+        data.get("batches", 0),
+        data.get("trains", False),
     )
 
 

@@ -10,8 +10,10 @@ methods: importing this module stays cheap, and `lint` never gets here.
 What it patches, and why each is cheap: the `__init__` of `nn.Module`, `Optimizer`,
 `DataLoader`, the samplers, `LRScheduler` and `GradScaler` (one frame walk per object
 made); `Tensor.backward` and `Optimizer.zero_grad`, and a global optimizer step pre-hook
-(one frame walk per call); global module forward hooks that count the nesting depth and
-look at the stack only for top-level calls (and note the shapes those got and returned);
+(one frame walk per call); `DataLoader.__iter__` and the iterators' `__next__` (which
+loader handed out the latest batch: a dict look-up per batch); global module forward hooks
+that count the nesting depth and look at the stack only for top-level calls (and note the
+shapes those got and returned);
 `torch.save`, `builtins.open` and `builtins.print`. The harness's own patches, under these,
 send the files written to its scratch folder.
 """
@@ -37,6 +39,7 @@ from autoaccel.patching import patched
 FACTS_ENV = "AUTOACCEL_FACTS_OUT"
 _WRITE_MODES = frozenset("wax+")
 MAX_ELEMENTS = 16  # a longer tuple or list argument is noted by its type only
+_LOADER_ATTR = "_autoaccel_fact_loader"  # on a DataLoader's iterator: the loader's fact id
 _AUTOACCEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 
 
@@ -60,6 +63,9 @@ class FactRecorder:
         self.forwards: list[dict[str, Any]] = []
         self.writes: list[dict[str, Any]] = []
         self.prints: list[dict[str, Any]] = []
+        self._batches: dict[int, int] = {}  # loader's fact id -> batches it handed out
+        self._latest_loader: int | None = None  # the loader that handed out the latest batch
+        self._trains: set[int] = set()  # loaders whose latest batch a backward() followed
         self._depth = 0  # module forwards under way
         self._under_way: tuple[dict[str, Any], int | None, list[Any]] | None = (
             None  # the top-level forward under way
@@ -147,6 +153,8 @@ class FactRecorder:
     def _backward(self, original: Callable) -> Callable:
         def backward(tensor, *args, **kwargs):
             self._call("backward", None, sys._getframe(1))
+            if self._latest_loader is not None:
+                self._trains.add(self._latest_loader)
             return original(tensor, *args, **kwargs)
 
         return backward
@@ -191,6 +199,26 @@ class FactRecorder:
                 else [_shape(output)]
             )
             _note(entry["seen"], {"batch": batch, "args": shapes, "outputs": outputs})
+
+    # -- batches --------------------------------------------------------------------------
+    def _iter(self, original: Callable) -> Callable:
+        def iterate(loader):
+            iterator = original(loader)
+            vars(iterator)[_LOADER_ATTR] = self._fact_id(loader)
+            return iterator
+
+        return iterate
+
+    def _next(self, original: Callable) -> Callable:
+        def next_batch(iterator):
+            batch = original(iterator)
+            number = vars(iterator).get(_LOADER_ATTR)
+            self._latest_loader = number
+            if number is not None:
+                self._batches[number] = self._batches.get(number, 0) + 1
+            return batch
+
+        return next_batch
 
     # -- writes and prints ----------------------------------------------------------------
     def _save(self, original: Callable) -> Callable:
@@ -244,12 +272,14 @@ class FactRecorder:
             register_module_forward_hook,
             register_module_forward_pre_hook,
         )
-        from torch.utils.data import DataLoader, sampler
+        from torch.utils.data import DataLoader, dataloader, sampler
 
         stack = ExitStack()
         stack.enter_context(patched(torch.nn.Module, "__init__", self._made("modules")))
         stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._made("optimizers")))
         stack.enter_context(patched(DataLoader, "__init__", self._made("loaders")))
+        stack.enter_context(patched(DataLoader, "__iter__", self._iter))
+        stack.enter_context(patched(dataloader._BaseDataLoaderIter, "__next__", self._next))
         samplers = [
             cls
             for cls in vars(sampler).values()
@@ -299,6 +329,14 @@ class FactRecorder:
             )
         made = {kind: [entry for _, entry in items] for kind, items in self._objects.items()}
         made["optimizers"] = optimizers
+        made["loaders"] = [
+            {
+                **entry,
+                "batches": self._batches.get(entry["id"], 0),
+                "trains": entry["id"] in self._trains,
+            }
+            for entry in made["loaders"]
+        ]
         record = {
             "version": VERSION,
             "script": self.script,

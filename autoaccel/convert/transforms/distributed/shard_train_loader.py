@@ -14,6 +14,7 @@ batches; when its steps run under a condition each process computes from its own
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 import libcst as cst
@@ -39,6 +40,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
     uncalled_function,
 )
+from autoaccel.convert.transforms.distributed.loader_flags import unselected_loaders
 from autoaccel.convert.transforms.distributed.shard_stream_columns import (
     batch_source,
     reads_batchified,
@@ -139,6 +141,19 @@ class ShardTrainLoader(DistributedStep):
         self.draw_sizes: dict[cst.Element, str] = {}  # `(batch_size,)` of an offset draw
         self.agreed: set[cst.BaseExpression] = set()  # tests that go through `every_process()`
         self.loader_calls = loaders = train_loader_calls(self.script)
+        for call, flag in unselected_loaders(self.script).items():
+            self._leave_whole(
+                call,
+                f"`{flag.function.name}()` makes it only where `{flag.name}` is {flag.value},"
+                f" and the training loops read its calls with `{flag.name}={not flag.value}`",
+            )
+        for call, batches in self._untrained(loaders).items():
+            loaders.discard(call)
+            self._leave_whole(
+                call,
+                f"the run of the script showed it: no backward() followed any of its {batches}"
+                " batches, while one followed those of another DataLoader",
+            )
         for loop in self.script.step_loops.values():
             if loop.role is not LoopRole.TRAIN or loop.loaders:
                 continue
@@ -158,6 +173,35 @@ class ShardTrainLoader(DistributedStep):
         if self.agreed:
             self.define_helper(node, EVERY_PROCESS, _EVERY_PROCESS_CODE)
             self.imports.append(DIST_IMPORT)
+
+    def _leave_whole(self, call: cst.Call, why: str) -> None:
+        self.skipped(
+            "DistributedSampler",
+            f"no training DataLoader: {why}; left whole: each process reads all of it",
+            call,
+        )
+
+    def _untrained(self, loaders: set[cst.Call]) -> dict[cst.Call, int]:
+        """The calls among `loaders` of a helper that makes several of them (a training and
+        a validation loader, chosen by a flag the analysis cannot read) whose every loader
+        the fact run iterated, each batch without a backward() after it, while another
+        loader fed one; each with the batches they handed out."""
+        facts = self.run_facts()
+        program = self.script.program
+        if facts is None or program is None or not any(x.trains for x in facts.facts.loaders):
+            return {}
+        helper = {call: program.function_of.get(call) for call in loaders}
+        several = {f for f, n in Counter(helper.values()).items() if f is not None and n > 1}
+        made = {
+            call: [x for x in facts.facts.loaders if facts.node_at(x.site) is call]
+            for call in loaders
+            if helper[call] in several
+        }
+        return {
+            call: sum(x.batches for x in items)
+            for call, items in made.items()
+            if items and all(x.batches and not x.trains for x in items)
+        }
 
     def _shard_without_loader(self, module: cst.Module, step: StepLoop) -> None:
         """A training loop that reads no DataLoader: left alone when the program never runs
@@ -882,14 +926,15 @@ class ShardTrainLoader(DistributedStep):
 
 def train_loader_calls(script: ScriptModel) -> set[cst.Call]:
     """The DataLoader calls of `script`'s module that a training loop of any module of
-    the program reads."""
+    the program reads, but those of a helper's branch that no call a training loop reads
+    selects (`unselected_loaders`)."""
     return {
         loader.node
         for loop in script.training.step_loops.values()
         if loop.role is LoopRole.TRAIN
         for loader in loop.loaders
         if loader.module is script.module and isinstance(loader.node, cst.Call)
-    }
+    } - unselected_loaders(script).keys()
 
 
 def _before_double_star(call: cst.Call) -> cst.Call:
