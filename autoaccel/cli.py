@@ -331,7 +331,11 @@ def convert(
             f"unexpected arguments {' '.join(script_args)!r} (the script's arguments, after `--`, are for the runs of --to ddp, fsdp and dp)"
         )
     unproven = _unproven(options, verify, no_run, write or output not in (None, STDOUT), from_stdin)
-    request = VerifyRequest(script_args or [], verify_steps) if unproven is None else None
+    request = (
+        VerifyRequest(script_args or [], verify_steps, per_process_batch=options.per_process_batch)
+        if unproven is None
+        else None
+    )
     # A run only where the target needs to know which model trains, of a script on disk;
     # when there is a proof, as long as its run of the original, which it then is too.
     facts = None if no_run or from_stdin else FactsRequest(script_args or [])

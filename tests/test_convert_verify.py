@@ -10,6 +10,7 @@ them on 2 CPU processes (gloo) and break a good conversion on purpose.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import Future
@@ -118,25 +119,29 @@ def test_files_that_differ_in_their_numbers_only_are_one_file():
     }
 
 
-def _passes(*orders: list[int]) -> list:
-    """Steps of two samples, pass by pass, in the given orders."""
+def _passes(*orders: list[int], size: int = 2) -> list:
+    """Steps of `size` samples, pass by pass, in the given orders."""
     return [
-        [number, order[i : i + 2]]
+        [number, order[i : i + size]]
         for number, order in enumerate(orders, 1)
-        for i in range(0, len(order), 2)
+        for i in range(0, len(order), size)
     ]
 
 
 def test_a_process_that_reads_the_same_order_every_epoch_fails_where_the_original_reshuffles():
     """A DistributedSampler never told `set_epoch` (the loader made in one module, the
     epochs counted in another): each process repeats its first epoch's order."""
-    original = Run({**ORIGINAL.record, "sample_ids": _passes([3, 0, 2, 1], [1, 2, 0, 3])}, 0, "")
+    original = Run(
+        {**ORIGINAL.record, "sample_ids": _passes([3, 0, 2, 1], [1, 2, 0, 3], size=4)}, 0, ""
+    )
     stale = _run(
         _rank(0, sample_ids=_passes([4, 0], [4, 0])), _rank(1, sample_ids=_passes([1, 5], [1, 5]))
     )
     failed = _failed(checks(original, stale))["processes train on different data"]
     assert failed.startswith("process 0 trains on its samples in the same order in every epoch")
-    unshuffled = Run({**ORIGINAL.record, "sample_ids": _passes([0, 1, 2, 3], [0, 1, 2, 3])}, 0, "")
+    unshuffled = Run(
+        {**ORIGINAL.record, "sample_ids": _passes([0, 1, 2, 3], [0, 1, 2, 3], size=4)}, 0, ""
+    )
     assert "processes train on different data" not in _failed(checks(unshuffled, stale))
 
 
@@ -300,6 +305,43 @@ def test_draws_with_replacement_may_meet_on_two_processes():
     assert "1 pass(es) drawn with replacement" in found[1].detail
 
 
+@pytest.mark.parametrize(
+    "batch, factor, passes",
+    [(4, 1, True), (5, 1, False), (4, 2, False), (2, 2, True)],
+    ids=["global", "rounded-down", "per-process-unkept", "per-process"],
+)
+def test_the_processes_train_on_the_original_s_global_batch(batch, factor, passes):
+    """bench33 F2 (lstmcls): `batch_size = 5` on 2 processes loads 2 each, a global batch
+    of 4 (25 steps an epoch, not 20). With `--per-process-batch` (`factor` 2) each keeps
+    the original's batch. The most common batch counts (an epoch's last one is smaller)."""
+    original = Run(
+        {**ORIGINAL.record, "sample_ids": [[1, list(range(batch))]] * 3 + [[1, [0]]]}, 0, ""
+    )
+    found = _failed(checks(original, _run(_rank(0), _rank(1)), batch_factor=factor))
+    assert ("processes train on different data" not in found) is passes
+    if batch == 5:
+        assert found["processes train on different data"] == (
+            "the processes train on a global batch of 4 samples a step where the original trains"
+            " on 5: 5 does not divide by 2 processes, and each loads its share rounded down;"
+            " give a batch size that divides by the number of processes"
+        )
+
+
+@pytest.mark.parametrize("converted_exit, passes", [("ok", True), ("max-steps", False)])
+def test_processes_stopped_before_the_end_the_original_reached_fail(converted_exit, passes):
+    """bench33 lstmcls: the original ran to its end in 15 steps (3 epochs of 5), the
+    processes (7 steps an epoch) were stopped after 20: their epoch ends, the figure and
+    the pickle written after the epochs, went unchecked."""
+    original = Run({**ORIGINAL.record, "exit": "ok"}, 0, "")
+    found = checks(original, _run(_rank(0, exit=converted_exit), _rank(1, exit=converted_exit)))
+    assert found[0].passed is passes
+    if not passes:
+        assert len(found) == 1 and found[0].detail == (
+            "the original ran to its end in 4 steps; the processes were stopped after 4,"
+            " before theirs"
+        )
+
+
 def test_processes_without_loader_indices_must_not_compute_the_same_losses():
     same = checks(ORIGINAL, _run(_rank(0, sample_ids=[None] * 4), _rank(1, sample_ids=[None] * 4)))
     assert "they train on the same data" in _failed(same)["processes train on different data"]
@@ -412,6 +454,23 @@ def test_each_ddp_fixture_converts_and_verifies(name, verified):
     ), proc.stderr
     assert (folder / "ddp.py").exists()
     assert not list(folder.glob("*.pt")) and not list(folder.glob("*.ckpt")), "saves go to scratch"
+
+
+@pytest.mark.runs
+def test_the_proof_reaches_the_end_and_refuses_a_global_batch_rounded_down(tmp_path):
+    """fixtures/ddp/epoch_end_plot (bench33 lstmcls): the original runs its 3 epochs (cut
+    to 5 steps) to the end in 15 steps; the processes, 2 samples a step each, need 21.
+    Stopped at 20, they never reached the end (nor the curve written after the epochs);
+    their global batch of 4 went unseen."""
+    shutil.copytree(DDP_FIXTURES / "epoch_end_plot", tmp_path, dirs_exist_ok=True)
+    proc = _convert("train.py", *DDP_OPTIONS, "-o", "ddp.py", cwd=tmp_path)
+    assert proc.returncode == 1 and not (tmp_path / "ddp.py").exists(), proc.stderr
+    assert "every process finishes: 2 processes, 21 steps each" in proc.stderr
+    assert "one process writes each file: 1 file(s) written" in proc.stderr
+    assert (
+        "FAIL processes train on different data: the processes train on a global batch of 4"
+        " samples a step where the original trains on 5" in proc.stderr
+    )
 
 
 @pytest.mark.runs

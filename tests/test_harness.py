@@ -6,6 +6,7 @@ The scripts run in this process (`runpy`), so these tests pay for `import torch`
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 from dataclasses import asdict
@@ -286,6 +287,34 @@ def test_folders_a_trial_run_makes_are_recorded_and_removed_afterwards(tmp_path,
     assert record.made_folders == made
     remove_made_folders([asdict(record)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch", "train.py"]
+
+
+def test_a_copy_into_a_folder_the_script_made_goes_to_scratch_mode_and_times_too(
+    tmp_path, monkeypatch
+):
+    """bench33 F7 (semseg): `shutil.copy(config, run_dir)` wrote the copy into scratch but
+    set its mode (`os.chmod`) on the real path, never written: FileNotFoundError, and the
+    proof called the original script broken. `copy2` sets the times (`os.utime`) too."""
+    script = write(
+        tmp_path,
+        """\
+        import os
+        import shutil
+
+        os.makedirs("runs/1")
+        shutil.copy("config.yml", "runs/1")
+        shutil.copy2("config.yml", "runs/1/again.yml")
+        with open("runs/1/config.yml") as f:
+            assert f.read() == "lr: 1"
+        """,
+    )
+    (tmp_path / "config.yml").write_text("lr: 1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scratch").mkdir()
+    record = harness.record_steps(script, [], scratch=tmp_path / "scratch")
+    assert record.exit == "ok", record.exit
+    assert os.listdir(tmp_path / "runs/1") == []
+    assert len(os.listdir(tmp_path / "scratch")) == 2
 
 
 def test_logged_numbers_and_messages_are_recorded_with_their_steps(tmp_path, monkeypatch):

@@ -97,7 +97,9 @@ def run_bench(
     crashed = any(run.failed for run in converteds)
     result["agree"] = result["agree"] and not crashed
     if verify:
-        result["verify"] = [asdict(check) for check in checks(originals[0], converteds[0])]
+        factor = (ranks or 1) if options.per_process_batch else 1  # the processes' batch, together
+        found = checks(originals[0], converteds[0], batch_factor=factor)
+        result["verify"] = [asdict(check) for check in found]
     if options.target == "fsdp" and not crashed:
         with err.status("one run of the --to ddp conversion, for its peak memory"):
             result["ddp_peak"] = ddp_peaks(script, script_args, options, steps, ranks, threads)

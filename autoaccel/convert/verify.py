@@ -14,12 +14,16 @@ parameters at the first step and at the end. The checks are the ones the tests m
 the fixtures:
 
 * every process finishes (a hang is stopped after the timeout); the check says how many
-  epoch ends the runs went through, or that none did (what runs after is not proven). A
+  epoch ends the runs went through, or that none did (what runs after is not proven).
+  Where the original ran to its end, the processes must reach theirs (they get twice the
+  steps: their epochs take more where their global batch is rounded down). A
   crash is named by its root cause: the first error that is not another process's
   consequence (a connection its peer closed, a collective that timed out, torchrun's
   SIGTERM), with the innermost line of the user's files in its traceback, the converted
   script's lines mapped back to the user's (`loops.py:12: AssertionError: ...`);
-* the processes train on disjoint samples (with no DataLoader: not on the same data);
+* the processes train on disjoint samples (with no DataLoader: not on the same data),
+  together on the original's batch a step (a batch that does not divide by the number of
+  processes is rounded down; `--per-process-batch`: on `PROCESSES` times it);
 * the parameters are equal on every process after the same steps;
 * the optimizers change the parameters they hold wherever the original's do (an
   optimizer built before the model was sharded holds tensors the model no longer uses),
@@ -43,6 +47,7 @@ import os
 import re
 import statistics
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -95,6 +100,7 @@ class VerifyRequest:
     steps: int = DEFAULT_STEPS
     timeout: float = DEFAULT_TIMEOUT_S
     original: Run | None = None
+    per_process_batch: bool = False  # the conversion keeps the batch per process, not global
 
     @property
     def epoch_steps(self) -> int:
@@ -166,7 +172,9 @@ def verify_ddp(
         ddp = run_script(
             copy,
             script_args,
-            steps,
+            # an original that ran to its end: room for the processes to reach theirs too,
+            # though their epochs take more steps (a global batch rounded down: < 2 times)
+            2 * steps if original.record["exit"] == "ok" else steps,
             scratch / "ddp",
             nproc=PROCESSES,
             import_from=copy_roots,
@@ -175,7 +183,12 @@ def verify_ddp(
             scratch=scratch,
             epoch_cut=None if epoch_samples is None else EpochCut(samples=epoch_samples),
         )
-        found = checks(original, ddp, user_place(script, copy, scratch / "converted"))
+        found = checks(
+            original,
+            ddp,
+            user_place(script, copy, scratch / "converted"),
+            PROCESSES if request.per_process_batch else 1,
+        )
     if all(c.passed for c in found):
         return found, ""
     crash = root_crash(ddp) if not found[0].passed else None
@@ -288,16 +301,27 @@ def write_one(script: Path, converted: str) -> WriteConversion:
     return write
 
 
-def checks(original: Run, ddp: Run, place: Place = own_code) -> list[Check]:
+def checks(original: Run, ddp: Run, place: Place = own_code, batch_factor: int = 1) -> list[Check]:
     """What the two runs show, one check per property (see the module docstring); a
-    crash is named at the frame `place` finds in the user's files."""
+    crash is named at the frame `place` finds in the user's files; the processes train
+    on `batch_factor` times the original's batch between them (`PROCESSES` where each
+    keeps the original's batch)."""
     ranks = sorted(ddp.ranks, key=lambda r: r.get("rank", 0))
     finished = _finished(ddp, ranks, place)
     if not finished.passed:
         return [finished]
+    if original.record["exit"] == "ok" and any(r["exit"] == "max-steps" for r in ranks):
+        return [
+            replace(
+                finished,
+                passed=False,
+                detail=f"the original ran to its end in {len(original.record['losses'])} steps;"
+                f" the processes were stopped after {len(ranks[0]['losses'])}, before theirs",
+            )
+        ]
     return [
         replace(finished, detail=f"{finished.detail}; {_epoch_ends(original)}"),
-        _disjoint(original, ranks),
+        _disjoint(original, ranks, batch_factor),
         _same_parameters(ranks),
         _parameters_train(original, ranks[0]),
         _one_writer(ranks),
@@ -369,12 +393,13 @@ def _epoch_ends(original: Run) -> str:
     return "no epoch ended in these steps: what runs after them is not proven"
 
 
-def _disjoint(original: Run, ranks: list[dict[str, Any]]) -> Check:
-    """Within each pass over the data, no sample on two processes, and a new order in
-    each pass where the original reshuffles (a DistributedSampler never told `set_epoch`
-    reads the same order every epoch). A sampler that draws with replacement (a process
-    meets a sample twice in one pass) may draw a sample on two processes by chance: not
-    counted then."""
+def _disjoint(original: Run, ranks: list[dict[str, Any]], batch_factor: int = 1) -> Check:
+    """Within each pass over the data, no sample on two processes, a new order in each
+    pass where the original reshuffles (a DistributedSampler never told `set_epoch` reads
+    the same order every epoch), and together `batch_factor` times the original's batch a
+    step (a batch that does not divide by the processes is rounded down). A sampler that
+    draws with replacement (a process meets a sample twice in one pass) may draw a sample
+    on two processes by chance: not counted then."""
     name = DIFFERENT_DATA
     passes: dict[int, list[list[int]]] = {}  # pass -> each rank's indices in it
     for position, rank in enumerate(ranks):
@@ -406,6 +431,9 @@ def _disjoint(original: Run, ranks: list[dict[str, Any]]) -> Check:
                 " original reshuffles: its DistributedSampler is not told the epoch (call"
                 " `loader.sampler.set_epoch(epoch)` at the start of every epoch)",
             )
+        batch, wanted = _step_batch(ranks), _step_batch([original.record])
+        if batch and wanted and batch != wanted * batch_factor:
+            return Check(name, False, _batch_differs(batch, wanted * batch_factor))
         how = f"; {replaced} pass(es) drawn with replacement" if replaced else ""
         return Check(
             name, True, f"{seen} samples, none trained on by two processes in the same epoch{how}"
@@ -416,6 +444,31 @@ def _disjoint(original: Run, ranks: list[dict[str, Any]]) -> Check:
             name, False, "every process computed the same losses: they train on the same data"
         )
     return Check(name, True, "no DataLoader indices; the processes' losses differ")
+
+
+def _step_batch(runs: list[dict[str, Any]]) -> int | None:
+    """The samples a step trains on, the processes' together: the most common count over
+    the steps with DataLoader indices (None: none has)."""
+    counts = Counter(
+        sum(len(ids[1]) for ids in step if ids is not None)
+        for step in zip(*(run.get("sample_ids") or [] for run in runs))
+    )
+    counts.pop(0, None)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _batch_differs(batch: int, wanted: int) -> str:
+    """Why a global batch of `batch` samples is not the `wanted` one."""
+    advice = (
+        f": {wanted} does not divide by {PROCESSES} processes, and each loads its share rounded"
+        " down; give a batch size that divides by the number of processes"
+        if wanted % PROCESSES
+        else ""
+    )
+    return (
+        f"the processes train on a global batch of {batch} samples a step where the original"
+        f" trains on {wanted}{advice}"
+    )
 
 
 def _repeats_its_order(record: dict[str, Any]) -> bool:

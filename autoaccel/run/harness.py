@@ -36,7 +36,8 @@ together, what the one process covered.
 ``--scratch DIR`` sends what ``torch.save`` writes into DIR (``torch.load`` of such a path
 reads it back from there), and every file opened for writing (``open``, ``io.open``: so also
 ``np.save``, ``savefig``, ``Path.write_text``, a Pillow ``anim.save``, TensorBoard event files;
-reads of such a path read it back from there), so that a trial run leaves the script's files
+reads of such a path read it back from there, and ``os.chmod``, ``os.utime`` change it there:
+``shutil.copy`` into a folder of the script's), so that a trial run leaves the script's files
 alone; the folders it makes (``os.makedirs``, ``Path.mkdir``) are recorded in
 ``made_folders``, for the runner to remove once every process has ended. Files under the
 temporary folder, the caches and Python's own folders are the libraries' and are left where
@@ -303,6 +304,8 @@ class _StepRecorder:
             stack.enter_context(patched(torch, "load", self._redirected_load))
             # `os.makedirs` and `Path.mkdir` call it
             stack.enter_context(patched(os, "mkdir", self._recording_mkdir))
+            for name in ("chmod", "utime"):  # `shutil.copy`, `copy2` set a copy's mode, times
+                stack.enter_context(patched(os, name, self._redirected_path))
         stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._kept_optimizer))
         stack.enter_context(
             patched(torch.nn.parallel.DistributedDataParallel, "__init__", self._kept_wrapper)
@@ -430,6 +433,16 @@ class _StepRecorder:
             return original(redirected, mode, *args, **kwargs)
 
         return open_
+
+    def _redirected_path(self, original: Callable) -> Callable:
+        """`original(path, ...)` changes the file in `scratch` that a write to `path` went to."""
+
+        def change(path, *args, **kwargs):
+            if isinstance(path, (str, os.PathLike)):
+                path = self.redirected.get(os.path.abspath(path), path)
+            return original(path, *args, **kwargs)
+
+        return change
 
     def _recording_mkdir(self, original: Callable) -> Callable:
         """Record each folder of the script's made (`run_script` removes it afterwards,

@@ -34,12 +34,14 @@ if DISTRIBUTED:
 
 def per_process_batch_size(global_batch_size):
     """Each process loads an equal share of the original (global) batch."""
+    share = max(1, global_batch_size // WORLD_SIZE)
     if global_batch_size % WORLD_SIZE:
         warnings.warn(
             f"batch size {global_batch_size} does not divide by {WORLD_SIZE} processes:"
-            f" each loads {global_batch_size // WORLD_SIZE}"
+            f" each loads {share}, {share * WORLD_SIZE} in all; give a batch size that"
+            f" divides by {WORLD_SIZE} to keep the global batch"
         )
-    return max(1, global_batch_size // WORLD_SIZE)
+    return share
 
 
 parser = argparse.ArgumentParser(description="MLP regression (deterministic)")
