@@ -357,6 +357,7 @@ def run_module(module: str) -> None:
 if __name__ == "__main__":
     # the imports every run would pay: torch, and what the harness patches
     import torch
+    import torch._dynamo  # noqa: F401  (the first `backward()` imports it: ~1.5 CPU-s a run)
     import torch.distributed
     import torch.nn.parallel
     import torch.utils.data  # noqa: F401
