@@ -14,6 +14,7 @@ from functools import cache
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.matchers._decorators import (
     CONSTRUCTED_LEAVE_MATCHER_ATTR,
@@ -251,6 +252,16 @@ class Transform(VisitorBasedCodemodCommand):
             return None
         return given.resolver(index.module, self.position_of)
 
+    def module_facts(self) -> FactsResolver | None:
+        """The facts of a short run of the script for this module's tree, the script's or
+        another module's of its project, when the conversion has them."""
+        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
+        index = self.script.index
+        if given is None or index is None:
+            return None
+        path = None if self.in_entry_script else self.context.filename
+        return given.resolver(index.module, self.position_of, path)
+
     @classmethod
     def enabled(cls, options: ConvertOptions) -> bool:
         """Whether the options ask for this step (default: always)."""
@@ -374,7 +385,36 @@ class Transform(VisitorBasedCodemodCommand):
         """Log a rewrite not made; `wrong`: the result trains wrongly without it, unless
         the check `proof` of the proof run shows it does not."""
         line = self.line_of(node) if node is not None else None
+        unbuilt = self._never_built(node) if wrong else []
+        if unbuilt:
+            names = ", ".join(f"`{name}`" for name in unbuilt)
+            skip = Skipped(what, line, f"left as it is (the run never built {names}): {reason}")
+            if skip not in self.log.skipped:
+                self.log.skipped.append(skip)
+            return
         self.log.skipped.append(Skipped(what, line, reason, wrong, proof))
+
+    def _never_built(self, node: cst.CSTNode | None) -> list[str]:
+        """The classes around `node` (where a refusal lies; None: the whole module) that
+        the run of the script never built: classes with a `backward()` call in which the
+        run, whose steps then ran elsewhere, recorded nothing (see
+        `FactsResolver.ran_within`). For `node` None, every `backward()` of the module
+        must lie in one. Empty where any code in question ran, or without facts of a run."""
+        facts = self.module_facts()
+        index = self.script.index
+        if facts is None or index is None or not facts.facts.ran_steps:
+            return []
+        unbuilt: dict[cst.ClassDef, None] = {}
+        for found in [node] if node is not None else m.findall(index.module, _BACKWARD):
+            owner = self._outermost_class(found)
+            if owner is None or not m.findall(owner, _BACKWARD) or facts.ran_within(owner):
+                return []
+            unbuilt[owner] = None
+        return [owner.name.value for owner in unbuilt]
+
+    def _outermost_class(self, node: cst.CSTNode) -> cst.ClassDef | None:
+        classes = [a for a in self.ancestors(node) if isinstance(a, cst.ClassDef)]
+        return classes[-1] if classes else None
 
 
 def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> bool:
@@ -404,6 +444,8 @@ def _uses_matcher_decorators(kind: type) -> bool:
     )
 
 
+# A `backward()` call: training code, whose run the facts record at its site.
+_BACKWARD = m.Call(func=m.Attribute(attr=m.Name("backward")))
 _SKIPPED = -1  # entered, in place of the count of edits, for a node the pass skips
 
 

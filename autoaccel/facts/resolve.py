@@ -15,13 +15,23 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import chain
 from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from autoaccel.facts.model import BatchFirst, Forward, Made, RunFacts, Seen, Site, batch_first
+from autoaccel.facts.model import (
+    OBJECT_KINDS,
+    BatchFirst,
+    Forward,
+    Made,
+    RunFacts,
+    Seen,
+    Site,
+    batch_first,
+)
 
 _NO_CODE = cst.Module([])
 
@@ -64,18 +74,18 @@ class FactsResolver:
     # -- positions ------------------------------------------------------------------------
     def _calls_by_line(self) -> dict[int, list[tuple[cst.Call, CodeRange]]]:
         if self._index is None:
-            positions = self._positions
-            if positions is None:
-                resolved = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(
-                    PositionProvider
-                )
-                positions = resolved.__getitem__
             index: dict[int, list[tuple[cst.Call, CodeRange]]] = {}
             for node in _calls(self.module):
-                where = positions(node)
+                where = self._position(node)
                 index.setdefault(self._original_line(where.start.line), []).append((node, where))
             self._index = index
         return self._index
+
+    def _position(self, node: cst.CSTNode) -> CodeRange:
+        if self._positions is None:
+            resolved = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+            self._positions = resolved.__getitem__
+        return self._positions(node)
 
     def char_column(self, line: int, byte_col: int, lines: list[str] | None = None) -> int:
         """The character column of a UTF-8 byte offset on `line` (1-based) of the source (or
@@ -146,6 +156,22 @@ class FactsResolver:
         return self.node_at(made.site)
 
     # -- questions ------------------------------------------------------------------------
+    def ran_within(self, node: cst.CSTNode) -> bool:
+        """Whether the run recorded anything at a site on the lines of `node` (an object
+        made, a call, a forward, a write, a print); True where it cannot tell (the file
+        changed since it ran). (The facts hold a file's digest when a site is in it.)"""
+        if self.path not in self.facts.files:
+            return False
+        if not self.current:
+            return True
+        where = self._position(node)
+        first = self._original_line(where.start.line)
+        last = self._original_line(where.end.line)
+        return any(
+            first <= site.line <= last and _real(site.path) == self.path
+            for site in _sites(self.facts)
+        )
+
     def trained_models(self) -> list[Made]:
         return self.facts.trained_modules()
 
@@ -208,6 +234,13 @@ def _calls(module: cst.Module) -> list[cst.Call]:
     return found
 
 
+def _sites(facts: RunFacts) -> Iterator[Site]:
+    """Every site the run recorded."""
+    made = (m.site for kind in OBJECT_KINDS for m in getattr(facts, kind))
+    recorded = (r.site for r in (*facts.calls, *facts.forwards, *facts.writes, *facts.prints))
+    return (site for site in chain(made, recorded) if site is not None)
+
+
 def _item(values: tuple, index: int) -> object:
     return values[index] if index < len(values) else None
 
@@ -254,6 +287,8 @@ class ConversionFacts:
         module at `path` (made once per tree)."""
         kept = self._resolvers.get(id(tree))
         if kept is not None and kept[0] is tree:
+            # (positions of this step: the step that made it may have ended its pass)
+            kept[1]._positions = positions
             return kept[1]
         from autoaccel.diff import original_line
 

@@ -267,12 +267,7 @@ class DistributedStep(StatementRewrite):
         """The facts of a short run of the script for this module's tree: the script's, or
         another module's of its project (a model may be built, trained and called in any
         of them: the loop of `train_eval.py` trains the model its caller built)."""
-        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
-        index = self.script.index
-        if given is None or index is None:
-            return None
-        path = None if self.in_entry_script else self.context.filename
-        return given.resolver(index.module, self.position_of, path)
+        return self.module_facts()
 
     def planned_statements(self) -> list[cst.CSTNode]:
         """The statements `rebuild` inserts around or replaces (for `edited`)."""
