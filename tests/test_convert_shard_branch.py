@@ -45,8 +45,8 @@ def notes(conversion) -> list[tuple[int | None, str]]:
         (
             "logged_validation.py",
             "    return DataLoader(data, batch_size=4, shuffle=False)\n",
-            18,
             19,
+            20,
         ),
     ],
 )

@@ -22,6 +22,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.fresh_data import HOST_SEEDS, Generator, fresh_draws, generator_of
 from autoaccel.analysis.index import ModuleIndex
+from autoaccel.analysis.loss_reduction import reaching_values
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.permuted_rows import permuted_batches
 from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
@@ -40,7 +41,11 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
     uncalled_function,
 )
-from autoaccel.convert.transforms.distributed.loader_flags import unselected_loaders
+from autoaccel.convert.transforms.distributed.loader_flags import (
+    Split,
+    training_splits,
+    unselected_loaders,
+)
 from autoaccel.convert.transforms.distributed.shard_stream_columns import (
     batch_source,
     reads_batchified,
@@ -143,6 +148,7 @@ class ShardTrainLoader(DistributedStep):
         self.draw_sizes: dict[cst.Element, str] = {}  # `(batch_size,)` of an offset draw
         self.agreed: set[cst.BaseExpression] = set()  # tests that go through `every_process()`
         self.loader_calls = loaders = train_loader_calls(self.script)
+        self.splits = training_splits(self.script)
         for call, flag in unselected_loaders(self.script).items():
             self._leave_whole(
                 call,
@@ -662,6 +668,9 @@ class ShardTrainLoader(DistributedStep):
             self._split_stream(call)
             return
         sampler = keyword_value(call, "sampler")
+        unset = self._none_assignment(call, sampler)
+        if unset is not None:
+            sampler = None  # `train_sampler = None`: no sampler
         if sampler is not None and self._weighted(sampler):
             self._share_draws(call, sampler)
             return
@@ -704,7 +713,22 @@ class ShardTrainLoader(DistributedStep):
                 wrong=True,
             )
             return
-        sampler = self._fresh(_sibling_name(target, "sampler"))
+        if unset is not None and not self._defined_before(dataset, unset, statement):
+            self.skipped(
+                "DistributedSampler",
+                f"the training DataLoader's sampler is `{code_of(unset.body[0])}` (no sampler), but"
+                " its dataset is not made before that line: make a DistributedSampler of the"
+                " dataset in its place by hand",
+                call,
+                wrong=True,
+            )
+            return
+        edits: dict[str, str] = {}
+        if unset is None:
+            sampler = self._fresh(_sibling_name(target, "sampler"))
+            edits["sampler"] = sampler
+        else:
+            sampler = code_of(unset.body[0].targets[0].target)  # type: ignore[attr-defined]
         dataset_name = name_key(dataset)
         if dataset_name is None:
             dataset_name = self._fresh(_sibling_name(target, "dataset"))
@@ -712,30 +736,71 @@ class ShardTrainLoader(DistributedStep):
             self.before.setdefault(statement, []).extend(
                 parse_statements(f"{dataset_name} = {code_of(dataset)}\n")
             )
-        edits: dict[str, str] = {"sampler": sampler}
         if shuffle is None or m.matches(shuffle, m.Name("False")):
             shuffled = "False"
+        elif m.matches(shuffle, _is_none(sampler)):  # `shuffle=(train_sampler is None)`
+            shuffled = "True"
         else:
             shuffled = code_of(shuffle)
             edits["shuffle"] = (
                 f"{sampler} is None" if shuffled == "True" else f"{shuffled} and {sampler} is None"
             )
         self._rewrite(call, edits)
-        self.before.setdefault(statement, []).extend(
-            parse_statements(
-                f"{sampler} = DistributedSampler({dataset_name}, shuffle={shuffled}) if {DISTRIBUTED} else None\n"
-            )
+        split = self.splits.get(call)
+        if split is not None and "batch_size" in edits:  # the other splits keep their batch
+            batch = code_of(keyword_value(call, "batch_size"))  # type: ignore[arg-type]
+            edits["batch_size"] = f"{edits['batch_size']} if {sampler} is not None else {batch}"
+        made = parse_statements(
+            f"{sampler} = DistributedSampler({dataset_name}, shuffle={shuffled})"
+            f" if {DISTRIBUTED}{'' if split is None else ' and ' + _selected(split)} else None\n"
         )
+        if unset is None:
+            self.before.setdefault(statement, []).extend(made)
+        else:  # in place of `train_sampler = None`
+            self.replace[unset] = [made[0].with_changes(leading_lines=unset.leading_lines)]
         self.imports.append(SAMPLER_IMPORT)
         self.changed(
             call,
             "training DataLoader reads its own shard through DistributedSampler"
             + ("" if shuffled == "False" else " (the shuffle moves into the sampler)")
             + (
+                ""
+                if split is None
+                else f", made only where `{split.name}` is {code_of(split.value)}, as in the calls"
+                f" the training loops read: `{split.function.name}()`'s other loaders stay whole"
+            )
+            + (
                 f"; per-process batch = global batch // {WORLD_SIZE}"
                 if "batch_size" in edits
                 else ""
             ),
+        )
+
+    def _none_assignment(
+        self, call: cst.Call, sampler: cst.BaseExpression | None
+    ) -> cst.SimpleStatementLine | None:
+        """`train_sampler = None`, in the block of the loader `call`, when it is the only
+        value of its `sampler=train_sampler`."""
+        if not isinstance(sampler, cst.Name):
+            return None
+        values = reaching_values(sampler, self.scope_of(call) or self.tree, self.script.index)
+        if len(values) != 1 or not is_name(values[0], "None"):
+            return None
+        statement = self.statement_of(values[0])
+        plain = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])
+        same_block = self.parent(statement) is self.parent(self.statement_of(call))
+        return statement if same_block and m.matches(statement, plain) else None  # type: ignore[return-value]
+
+    def _defined_before(
+        self, dataset: cst.BaseExpression, line: cst.CSTNode, statement: cst.CSTNode
+    ) -> bool:
+        """Whether `dataset` is a name that no statement from `line` to the loader's
+        `statement` (of one block) binds."""
+        name = name_key(dataset)
+        body = list(self.parent(statement).body)  # type: ignore[attr-defined]
+        between = body[body.index(line) : body.index(statement)]
+        return name is not None and not any(
+            name in bound_names(t.target) for s in between for t in find(s, cst.AssignTarget)
         )
 
     def _split_stream(self, call: cst.Call) -> None:
@@ -937,6 +1002,22 @@ def train_loader_calls(script: ScriptModel) -> set[cst.Call]:
         for loader in loop.loaders
         if loader.module is script.module and isinstance(loader.node, cst.Call)
     } - unselected_loaders(script).keys()
+
+
+def _is_none(name: str) -> m.Comparison:
+    """`name is None`."""
+    return m.Comparison(
+        left=m.Name(name), comparisons=[m.ComparisonTarget(m.Is(), comparator=m.Name("None"))]
+    )
+
+
+def _selected(split: Split) -> str:
+    """`flag == "train"`, `train` or `not train`: where the factory makes the training loader."""
+    if split.value.deep_equals(cst.Name("True")):
+        return split.name
+    if split.value.deep_equals(cst.Name("False")):
+        return f"not {split.name}"
+    return f"{split.name} == {code_of(split.value)}"
 
 
 def _before_double_star(call: cst.Call) -> cst.Call:
