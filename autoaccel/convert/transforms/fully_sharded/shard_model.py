@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import Kind
+from autoaccel.analysis.program import Kind, SourceModule
 from autoaccel.analysis.shapes import find, is_method_call, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -33,6 +33,7 @@ from autoaccel.convert.transforms.fully_sharded._helpers import (
     shard_code,
 )
 from autoaccel.convert.transforms.fully_sharded._sharded import given_to_shard
+from autoaccel.cst_edit import code_of
 
 _PARAMETERS = ("parameters", "named_parameters")
 # Methods that leave a module's parameters where they are (a sharded model takes them).
@@ -249,16 +250,21 @@ class ShardModel(DistributedStep):
 
     def _received(self, model: TrainedModel) -> str | None:
         """Why `model` cannot be sharded in the function that receives it as a parameter
-        (`train_epoch(loader, model, criterion, optimizer)`), where its callers could not be
-        followed to shard it where they build it: a call of it runs in a loop (it would be
-        sharded again at each call), or it steps an optimizer it receives (built before the
-        call, that holds the parameters as they were before sharding). None if it can."""
+        (`train_epoch(loader, model, criterion, optimizer)`), or as an attribute of `self`
+        that another module builds (ncf's `Engine.train_an_epoch()` trains the `self.model`
+        of a subclass's `__init__`), where its callers could not be followed to shard it
+        where they build it: a call of it runs in a loop (it would be sharded again at each
+        call), or it steps an optimizer it receives or that its class builds elsewhere
+        (before the call, holding the parameters as they were before sharding). None if it
+        can."""
         program = self.script.program
         function = self.scope_of(model.anchor)
         info = program.functions.get(function) if program and function else None
-        if info is None or model.key not in info.positional:
+        built = self._built_elsewhere(model.key)
+        if info is None or model.key not in info.positional and built is None:
             return None
         name = f"`{info.name}()`"
+        receives = f"receives `{model.key}`" if built is None else f"trains `{model.key}`, {built},"
         for site in program.calls_of(info):  # type: ignore[union-attr]
             caller = program.module_of[site]  # type: ignore[union-attr]
             for ancestor in caller.index.ancestors(site):
@@ -266,10 +272,18 @@ class ShardModel(DistributedStep):
                     break
                 if isinstance(ancestor, (cst.For, cst.While)):
                     return (
-                        f"{name} receives `{model.key}` and is called in a loop of"
+                        f"{name} {receives} and is called in a loop of"
                         f" {Path(caller.path or caller.name).name}, so `fully_shard` there would"
                         " shard the sharded model again at each call"
                     )
+        if built is not None:
+            bound = {name_key(t.target) for t in find(info.node, cst.AssignTarget)}
+            elsewhere = sorted(k for k in self.script.optimizers if k.startswith("self."))
+            if elsewhere and not bound.intersection(elsewhere):
+                return (
+                    f"{name} {receives} and steps `{elsewhere[0]}`, built before"
+                    " from the parameters as they are before sharding"
+                )
         for step in method_calls(info.node.body, "step"):
             optimizer = name_key(step.func.value)  # type: ignore[attr-defined]
             if optimizer in self.script.optimizers and optimizer in info.positional:
@@ -278,6 +292,23 @@ class ShardModel(DistributedStep):
                     " caller built from the parameters as they are before sharding"
                 )
         return None
+
+    def _built_elsewhere(self, key: str) -> str | None:
+        """Where the model `key`, an attribute of `self` this module never assigns, is
+        built in another module (a subclass's `__init__` sets it, then the base class's
+        builds the optimizer), as `_built_at` words it; None for any other model."""
+        if not key.startswith("self.") or any(
+            name_key(t.target) == key for t in find(self.script.module.tree, cst.AssignTarget)
+        ):
+            return None
+        made = sorted(
+            {
+                _built_at(o.module, o.node)
+                for o in self.script.held_by(key)
+                if o.kind is Kind.MODULE and o.module is not self.script.module
+            }
+        )
+        return f"built by {' and '.join(made)}" if made else None
 
     def _refuse(self, node: cst.CSTNode, reason: str) -> bool:
         self.skipped("fully_shard", reason, node, wrong=True)
@@ -289,6 +320,17 @@ def _shards_in_caller(handover: Handover) -> bool:
     once per epoch (it would shard it again), or after the caller built the model's
     optimizer (which would hold the unsharded parameters)."""
     return handover.in_loop or handover.optimized
+
+
+def _built_at(module: SourceModule, node: cst.CSTNode) -> str:
+    """The statement of `module` that makes `node`, with its function and file, as in
+    "`self.model = GMF(config)` in `GMFEngine.__init__()` (gmf.py)" (not a line number:
+    the lines of a module the conversion rewrites move)."""
+    ancestors = list(module.index.ancestors(node))
+    statement = next((a for a in ancestors if isinstance(a, cst.SimpleStatementLine)), node)
+    scopes = [a.name.value for a in ancestors if isinstance(a, (cst.FunctionDef, cst.ClassDef))]
+    scope = f" in `{'.'.join(reversed(scopes))}()`" if scopes else ""
+    return f"`{code_of(statement).strip()}`{scope} ({Path(module.path or module.name).name})"
 
 
 def _listed(methods: list[str], key: str = "", quote: str = "`") -> str:
