@@ -356,6 +356,7 @@ def run_module(module: str) -> None:
 
 if __name__ == "__main__":
     # the imports every run would pay: torch, and what the harness patches
+    environment = dict(os.environ)
     import torch
     import torch._dynamo  # noqa: F401  (the first `backward()` imports it: ~1.5 CPU-s a run)
     import torch.distributed
@@ -373,6 +374,11 @@ if __name__ == "__main__":
     warm_up = os.path.join(os.path.dirname(__file__), "..", "fixtures", "linear_exact.py")
     with open(warm_up, encoding="utf-8") as source:
         convert_source(source.read(), ConvertOptions(target="ddp", amp="off"))
+
+    # torch._dynamo's import sets TORCHINDUCTOR_CACHE_DIR, as it does in a fresh run once
+    # that imports it: the environment the runs are compared with is the one before
+    for name in os.environ.keys() - environment.keys():
+        del os.environ[name]
 
     # What was imported lives as long as the children: out of the cyclic collector's sight,
     # a child's collections do not walk it (nor copy the pages it touches on the way).

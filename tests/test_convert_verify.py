@@ -511,16 +511,16 @@ def test_tensorboard_logs_come_from_rank_zero_only(tmp_path):
 
 @pytest.mark.runs
 def test_a_validation_average_logged_halved_is_refused(tmp_path):
-    """fixtures/ddp/logged_validation.py (melgan's shape) with `if train is True:`, which
-    the conversion does not read (`if train:` it does): it shards the validation loader
-    too, and `validate()` logs the sum over rank 0's half divided by the whole set's size
-    to TensorBoard only: half the original's. Before, the proof saw the printed lines
-    only, and the conversion was written."""
+    """fixtures/ddp/logged_validation.py (melgan's shape) with the training loader's flag
+    given as `bool(1)`, which the conversion does not read (a literal `True` it does): it
+    shards the validation loader too, and `validate()` logs the sum over rank 0's half
+    divided by the whole set's size to TensorBoard only: half the original's. Before, the
+    proof saw the printed lines only, and the conversion was written."""
     stubs = Path(__file__).resolve().parent / "stubs"
     source = (DDP_FIXTURES / "logged_validation.py").read_text()
-    (tmp_path / "logged_validation.py").write_text(
-        source.replace("    if train:\n", "    if train is True:\n")
-    )
+    unread = source.replace("torch.randn(64, 1)), True)", "torch.randn(64, 1)), bool(1))")
+    assert unread != source
+    (tmp_path / "logged_validation.py").write_text(unread)
     proc = run_autoaccel(
         "convert", "logged_validation.py", "--to", "ddp", "--amp", "off",
         "--verify", "--verify-steps", "8", "-o", "ddp.py",
@@ -528,7 +528,7 @@ def test_a_validation_average_logged_halved_is_refused(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 1 and not (tmp_path / "ddp.py").exists(), proc.stderr
     assert (
-        f"--verify FAIL {VALUES}: tag `validation.g_loss` (logged_validation.py:27) logs"
+        f"--verify FAIL {VALUES}: tag `validation.g_loss` (logged_validation.py:28) logs"
         in proc.stderr
     )
 
