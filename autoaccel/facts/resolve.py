@@ -236,9 +236,15 @@ def _calls(module: cst.Module) -> list[cst.Call]:
 
 def _sites(facts: RunFacts) -> Iterator[Site]:
     """Every site the run recorded."""
-    made = (m.site for kind in OBJECT_KINDS for m in getattr(facts, kind))
-    recorded = (r.site for r in (*facts.calls, *facts.forwards, *facts.writes, *facts.prints))
-    return (site for site in chain(made, recorded) if site is not None)
+    made: list[Made] = [m for kind in OBJECT_KINDS for m in getattr(facts, kind)]
+    sites = chain(
+        (m.site for m in made),
+        (c.site for c in facts.calls),
+        (f.site for f in facts.forwards),
+        (w.site for w in facts.writes),
+        (p.site for p in facts.prints),
+    )
+    return (site for site in sites if site is not None)
 
 
 def _item(values: tuple, index: int) -> object:

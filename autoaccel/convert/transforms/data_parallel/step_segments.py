@@ -1335,7 +1335,9 @@ def step_attribute_set(transform, calls: list[cst.Call]) -> Refused | None:
     }
     for target in find(step.body, cst.AssignTarget):
         node = target.target
-        model = name_key(node.value) if isinstance(node, cst.Attribute) else None
+        if not isinstance(node, cst.Attribute):
+            continue
+        model = name_key(node.value)
         if model not in classes or transform.line_of(target) >= first:
             continue
         value = transform.parent(target).value

@@ -14,6 +14,7 @@ where another call passes something else.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import libcst as cst
 
@@ -24,6 +25,8 @@ from autoaccel.analysis.shapes import find, is_name
 from autoaccel.analysis.training import StepLoop
 
 _UNKNOWN = object()  # the value of an expression that is not a literal
+
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ def training_splits(script: ScriptModel) -> dict[cst.Call, Split]:
     call passes something else (`flag="val"`), with that parameter and literal."""
     program = script.program
     found: dict[cst.Call, Split] = {}
-    for loader, loops in _readers(script).items() if program is not None else ():
+    if program is None:
+        return found
+    for loader, loops in _readers(script).items():
         function = program.function_of.get(loader.node)
         if function is None or not isinstance(loader.node, cst.Call):
             continue
@@ -110,7 +115,7 @@ def _passed_anywhere(
         value = _passed(call, flag)
         caller = program.function_of.get(call)
         outer = _forwarded(value, caller)
-        if outer is None or caller in seen:
+        if outer is None or caller is None or caller in seen:
             found.append(value)
         else:
             found += _passed_anywhere(
@@ -199,7 +204,7 @@ def _values_read(loop: StepLoop, flag: Flag, program: Program) -> list[cst.BaseE
 
 
 def _read(
-    node: cst.BaseExpression,
+    node: cst.CSTNode,
     module: SourceModule,
     function: FunctionInfo | None,
     flag: Flag,
@@ -308,14 +313,14 @@ def _holds_loader(node: cst.BaseExpression, module: SourceModule, program: Progr
     return any(o.kind is Kind.LOADER for o in program.flat_values_of(node, module))
 
 
-def _joined(found: list[list[cst.Call] | None]) -> list[cst.Call] | None:
-    """All the calls `found`, or None where one of its lists is None."""
-    calls: list[cst.Call] = []
+def _joined(found: list[list[_Item] | None]) -> list[_Item] | None:
+    """All the items of the lists `found`, or None where one of them is None."""
+    items: list[_Item] = []
     for item in found:
         if item is None:
             return None
-        calls += item
-    return calls
+        items += item
+    return items
 
 
 def _passed(call: cst.Call, flag: Flag) -> cst.BaseExpression | None:

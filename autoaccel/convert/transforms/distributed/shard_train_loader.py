@@ -725,10 +725,10 @@ class ShardTrainLoader(DistributedStep):
             return
         edits: dict[str, str] = {}
         if unset is None:
-            sampler = self._fresh(_sibling_name(target, "sampler"))
-            edits["sampler"] = sampler
+            sampler_name = self._fresh(_sibling_name(target, "sampler"))
+            edits["sampler"] = sampler_name
         else:
-            sampler = code_of(unset.body[0].targets[0].target)  # type: ignore[attr-defined]
+            sampler_name = code_of(unset.body[0].targets[0].target)  # type: ignore[attr-defined]
         dataset_name = name_key(dataset)
         if dataset_name is None:
             dataset_name = self._fresh(_sibling_name(target, "dataset"))
@@ -738,20 +738,24 @@ class ShardTrainLoader(DistributedStep):
             )
         if shuffle is None or m.matches(shuffle, m.Name("False")):
             shuffled = "False"
-        elif m.matches(shuffle, _is_none(sampler)):  # `shuffle=(train_sampler is None)`
+        elif m.matches(shuffle, _is_none(sampler_name)):  # `shuffle=(train_sampler is None)`
             shuffled = "True"
         else:
             shuffled = code_of(shuffle)
             edits["shuffle"] = (
-                f"{sampler} is None" if shuffled == "True" else f"{shuffled} and {sampler} is None"
+                f"{sampler_name} is None"
+                if shuffled == "True"
+                else f"{shuffled} and {sampler_name} is None"
             )
         self._rewrite(call, edits)
         split = self.splits.get(call)
         if split is not None and "batch_size" in edits:  # the other splits keep their batch
             batch = code_of(keyword_value(call, "batch_size"))  # type: ignore[arg-type]
-            edits["batch_size"] = f"{edits['batch_size']} if {sampler} is not None else {batch}"
+            edits["batch_size"] = (
+                f"{edits['batch_size']} if {sampler_name} is not None else {batch}"
+            )
         made = parse_statements(
-            f"{sampler} = DistributedSampler({dataset_name}, shuffle={shuffled})"
+            f"{sampler_name} = DistributedSampler({dataset_name}, shuffle={shuffled})"
             f" if {DISTRIBUTED}{'' if split is None else ' and ' + _selected(split)} else None\n"
         )
         if unset is None:
@@ -783,7 +787,9 @@ class ShardTrainLoader(DistributedStep):
         value of its `sampler=train_sampler`."""
         if not isinstance(sampler, cst.Name):
             return None
-        values = reaching_values(sampler, self.scope_of(call) or self.tree, self.script.index)
+        index = self.script.index
+        assert index is not None
+        values = reaching_values(sampler, self.scope_of(call) or self.tree, index)
         if len(values) != 1 or not is_name(values[0], "None"):
             return None
         statement = self.statement_of(values[0])
@@ -792,12 +798,14 @@ class ShardTrainLoader(DistributedStep):
         return statement if same_block and m.matches(statement, plain) else None  # type: ignore[return-value]
 
     def _defined_before(
-        self, dataset: cst.BaseExpression, line: cst.CSTNode, statement: cst.CSTNode
+        self, dataset: cst.BaseExpression, line: cst.BaseStatement, statement: cst.CSTNode
     ) -> bool:
         """Whether `dataset` is a name that no statement from `line` to the loader's
         `statement` (of one block) binds."""
         name = name_key(dataset)
-        body = list(self.parent(statement).body)  # type: ignore[attr-defined]
+        block = self.parent(statement)
+        assert isinstance(block, cst.IndentedBlock | cst.Module)
+        body: list[cst.CSTNode] = list(block.body)
         between = body[body.index(line) : body.index(statement)]
         return name is not None and not any(
             name in bound_names(t.target) for s in between for t in find(s, cst.AssignTarget)

@@ -297,8 +297,11 @@ class ShardModel(DistributedStep):
         """Where the model `key`, an attribute of `self` this module never assigns, is
         built in another module (a subclass's `__init__` sets it, then the base class's
         builds the optimizer), as `_built_at` words it; None for any other model."""
-        if not key.startswith("self.") or any(
-            name_key(t.target) == key for t in find(self.script.module.tree, cst.AssignTarget)
+        module = self.script.module
+        if (
+            module is None
+            or not key.startswith("self.")
+            or any(name_key(t.target) == key for t in find(module.tree, cst.AssignTarget))
         ):
             return None
         made = sorted(
