@@ -46,7 +46,7 @@ def unselected_loaders(script: ScriptModel) -> dict[cst.Call, Flag]:
     if program is None:
         return {}
     found: dict[cst.Call, Flag] = {}
-    for loader, loops in _readers(script).items():
+    for loader, loops in training_readers(script).items():
         flag = selecting_flag(loader, program)
         if (
             isinstance(loader.node, cst.Call)
@@ -75,7 +75,7 @@ def training_splits(script: ScriptModel) -> dict[cst.Call, Split]:
     found: dict[cst.Call, Split] = {}
     if program is None:
         return found
-    for loader, loops in _readers(script).items():
+    for loader, loops in training_readers(script).items():
         function = program.function_of.get(loader.node)
         if function is None or not isinstance(loader.node, cst.Call):
             continue
@@ -94,7 +94,7 @@ def training_splits(script: ScriptModel) -> dict[cst.Call, Split]:
     return found
 
 
-def _readers(script: ScriptModel) -> dict[Obj, list[StepLoop]]:
+def training_readers(script: ScriptModel) -> dict[Obj, list[StepLoop]]:
     """The loaders of `script`'s module that training loops read, with those loops."""
     readers: dict[Obj, list[StepLoop]] = {}
     for loop in script.training.step_loops.values():

@@ -15,7 +15,7 @@ batches; when its steps run under a condition each process computes from its own
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import libcst as cst
 import libcst.matchers as m
@@ -42,7 +42,9 @@ from autoaccel.convert.transforms.distributed._base import (
     uncalled_function,
 )
 from autoaccel.convert.transforms.distributed.loader_flags import (
+    Flag,
     Split,
+    training_readers,
     training_splits,
     unselected_loaders,
 )
@@ -147,9 +149,10 @@ class ShardTrainLoader(DistributedStep):
         self.streams: set[cst.CSTNode] = set()  # dataset arguments wrapped in ShardedStream
         self.draw_sizes: dict[cst.Element, str] = {}  # `(batch_size,)` of an offset draw
         self.agreed: set[cst.BaseExpression] = set()  # tests that go through `every_process()`
-        self.loader_calls = loaders = train_loader_calls(self.script)
+        unselected = unselected_loaders(self.script)
+        self.loader_calls = loaders = train_loader_calls(self.script, unselected)
         self.splits = training_splits(self.script)
-        for call, flag in unselected_loaders(self.script).items():
+        for call, flag in unselected.items():
             self._leave_whole(
                 call,
                 f"`{flag.function.name}()` makes it only where `{flag.name}` is {flag.value},"
@@ -999,17 +1002,17 @@ class ShardTrainLoader(DistributedStep):
         )
 
 
-def train_loader_calls(script: ScriptModel) -> set[cst.Call]:
+def train_loader_calls(
+    script: ScriptModel, unselected: Mapping[cst.Call, Flag] | None = None
+) -> set[cst.Call]:
     """The DataLoader calls of `script`'s module that a training loop of any module of
     the program reads, but those of a helper's branch that no call a training loop reads
-    selects (`unselected_loaders`)."""
+    selects (`unselected`: `unselected_loaders(script)`, made here when not given)."""
+    if unselected is None:
+        unselected = unselected_loaders(script)
     return {
-        loader.node
-        for loop in script.training.step_loops.values()
-        if loop.role is LoopRole.TRAIN
-        for loader in loop.loaders
-        if loader.module is script.module and isinstance(loader.node, cst.Call)
-    } - unselected_loaders(script).keys()
+        loader.node for loader in training_readers(script) if isinstance(loader.node, cst.Call)
+    } - unselected.keys()
 
 
 def _is_none(name: str) -> m.Comparison:
