@@ -998,6 +998,32 @@ def test_module_level_ddp_model_is_freed_before_the_process_group():
     assert "import gc\n" in imports_of(DestroyProcessGroup, body)
 
 
+def test_an_instance_holding_the_ddp_model_is_freed_before_the_process_group():
+    """`self.ddp_model = DDP(...)` in a method of the project's class: the module-level
+    `trainer` keeps it alive to the exit, where it may abort the process or hang it (a CI
+    run of fixtures/facts/base_class/main.py, whose `exp` holds it, did); an instance of
+    a class that holds none (`logger`) stays."""
+    body = """\
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+
+            def fit(self):
+                self.ddp_model = DDP(self.model)
+
+        class Logger:
+            pass
+
+        logger = Logger()
+        trainer = Trainer(nn.Linear(4, 2))
+        trainer.fit()
+        """
+    code, _ = run_step(DestroyProcessGroup, body)
+    assert code.endswith("    del trainer\n    gc.collect()\n    dist.destroy_process_group()\n")
+
+
 def test_ddp_model_bound_in_a_block_or_a_function_is_not_deleted():
     """`del` of a name bound only under an `if`, or local to a function, would fail or
     do nothing."""

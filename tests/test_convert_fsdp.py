@@ -375,6 +375,38 @@ def test_module_level_sharded_model_and_optimizer_are_deleted_before_the_process
     )
 
 
+def test_an_instance_holding_the_sharded_model_is_deleted_before_the_process_group():
+    """`exp.train()` shards `self.model`: `exp` holds it, and `model` (what `train()`
+    returns) is it; both go first (the model the script built, never given to the
+    optimizer, `plain`, stays)."""
+    source = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+
+class Exp:
+    def __init__(self):
+        self.model = nn.Linear(4, 2)
+
+    def train(self):
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        for x, y in DataLoader(dataset, batch_size=32):
+            optimizer.zero_grad()
+            ((self.model(x) - y) ** 2).mean().backward()
+            optimizer.step()
+        return self.model
+
+
+plain = nn.Linear(4, 2)
+exp = Exp()
+model = exp.train()
+"""
+    text = convert_source(source, FSDP, "train.py").converted
+    assert "shard_model(self.model)" in text
+    assert text.endswith("    del exp, model\n    gc.collect()\n    dist.destroy_process_group()\n")
+
+
 def test_a_model_the_script_deletes_itself_is_not_deleted_again():
     """`del model` of the script's own, at the end: a second `del` would raise NameError."""
     text = convert_source(MODULE_LEVEL + "del model\n", FSDP, "train.py").converted

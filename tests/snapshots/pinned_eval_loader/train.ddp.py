@@ -89,5 +89,6 @@ if __name__ == "__main__":
 
     if DISTRIBUTED:
         # free the models first: left to the exit, they can abort the process
+        del solver
         gc.collect()
         dist.destroy_process_group()

@@ -10,6 +10,11 @@ told to exit inside a C++ destructor, and the process aborts ("terminate called 
 an active exception", exit -6); `dist.barrier()` first does not prevent it (below).
 Freed before the group (`del` of the module's names that hold them, then
 `gc.collect()` for the reference cycles), they go while the thread can still take the GIL.
+A wrapper kept in an attribute (`self.ddp_model = DDP(...)` in a method of the project's
+class) lives as long as the instance: the module-level name that holds the instance goes
+too (`del exp`). A CI run of fixtures/facts/base_class/main.py converted to ddp, whose
+`exp` kept it, had a rank end with exit 1 and no output after its last epoch (1 in ~20 CI
+runs; not reproduced in 70 runs here, loaded or not).
 
 Measured, two ranks under torchrun, 2 shared cores: a DDP model at module level, 20 steps,
 then destroy: 3 aborts in 16 runs; with `dist.barrier()` first 3 in 40; with `del` and
@@ -26,6 +31,7 @@ from collections.abc import Iterable
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.program import ClassInfo, Kind, Obj, Program
 from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -41,8 +47,41 @@ class DestroyProcessGroup(DistributedStep):
     entry_only = True
 
     def communicating(self, module: cst.Module) -> set[str]:
-        """The names that hold what communicates until it is freed: the DDP wrappers."""
-        return self.ddp_wrappers(module)
+        """The names that hold what communicates until it is freed: the DDP wrappers,
+        and what holds one (`exp`, whose `train()` sets `self.ddp_model = DDP(...)`)."""
+        return self.ddp_wrappers(module) | self.holders(module)
+
+    def communicating_objects(self, program: Program) -> set[Obj]:
+        """What communicates until it is freed: the DDP wrappers."""
+        return {o for o in program.objects(Kind.MODULE) if o.parallel == "ddp"}
+
+    def holders(self, module: cst.Module) -> set[str]:
+        """The module-level names of `module` bound to what communicates, or to an
+        instance of a class of the project that holds it in an attribute (or holds an
+        instance that does)."""
+        program, source = self.script.program, self.script.module
+        if program is None or source is None:
+            return set()
+        attributes: dict[ClassInfo, set[Obj]] = {}
+        for (owner, _), values in program.values.items():
+            if isinstance(owner, ClassInfo):
+                attributes.setdefault(owner, set()).update(values)
+        communicating = self.communicating_objects(program)
+        holding: set[ClassInfo] = set()
+
+        def holds(values: Iterable[Obj]) -> bool:
+            return any(o in communicating or (o.cls and o.cls.family in holding) for o in values)
+
+        while True:  # a class holds it when an attribute holds it or a holding instance
+            more = {f for f, values in attributes.items() if f not in holding and holds(values)}
+            if not more:
+                break
+            holding |= more
+        return {
+            name
+            for (owner, name), values in program.values.items()
+            if owner is source.scope and isinstance(name, str) and holds(values)
+        }
 
     def visit_Module(self, node: cst.Module) -> None:
         if method_calls(node, "destroy_process_group"):

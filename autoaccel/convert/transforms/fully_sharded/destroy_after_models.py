@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.program import Kind, Obj, Program
+from autoaccel.analysis.shapes import name_calls
+
 from autoaccel.convert.transforms.distributed.destroy_process_group import DestroyProcessGroup
+from autoaccel.convert.transforms.fully_sharded._helpers import SHARD
 from autoaccel.convert.transforms.fully_sharded._sharded import given_to_shard
 
 
@@ -15,5 +19,18 @@ class DestroyAfterModels(DestroyProcessGroup):
     )
 
     def communicating(self, module: cst.Module) -> set[str]:
-        """The sharded models, and the optimizers that hold their sharded parameters."""
-        return given_to_shard(module) | self.script.optimizers
+        """The sharded models, the optimizers that hold their sharded parameters, and
+        what holds either (`exp`, whose `train()` shards `self.model`)."""
+        return given_to_shard(module) | self.script.optimizers | self.holders(module)
+
+    def communicating_objects(self, program: Program) -> set[Obj]:
+        """The models given to `shard_model(...)` anywhere in the program, and the
+        optimizers."""
+        sharded = {
+            obj
+            for source in program.modules
+            for call in name_calls(source.tree, SHARD)
+            if call.args
+            for obj in program.values_of(call.args[0].value, source)
+        }
+        return sharded | set(program.objects(Kind.OPTIMIZER))
