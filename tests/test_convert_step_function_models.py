@@ -7,6 +7,8 @@ wrapper is handed down. fixtures/ddp/step_receives_model.py proves it by running
 
 from __future__ import annotations
 
+import pytest
+
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import Conversion, convert_source
 
@@ -125,3 +127,63 @@ def test_a_model_called_only_through_an_unroutable_helper_is_refused():
 
     assert [what for what, _ in refusals(conversion)] == ["DistributedDataParallel"]
     assert "DDP(" not in conversion.converted
+
+
+FACTORY = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def set_model():
+    model = nn.Linear(4, 1)
+    criterion = nn.MSELoss()
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return model, criterion
+
+
+def train(loader, model, criterion, optimizer):
+    for x, y in loader:
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+
+
+def main():
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+    model, criterion = set_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        train(loader, model, criterion, optimizer)
+
+
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    "returned, bound",
+    [("model, criterion", "model, criterion = set_model()"), ("model", "model = set_model()")],
+)
+def test_a_model_a_factory_returns_is_wrapped_where_the_caller_holds_it(returned, bound):
+    """SupContrast's `set_model()`: its `model` is gone once it returns, so the wrapper
+    is built in `main()` and handed to `train()` (before, it was planned in the factory,
+    no call reached it, and the conversion was refused)."""
+    script = FACTORY.replace("return model, criterion", f"return {returned}").replace(
+        "model, criterion = set_model()",
+        bound + ("\n    criterion = nn.MSELoss()" if returned == "model" else ""),
+    )
+
+    ddp, fsdp = convert(script, "ddp"), convert(script, "fsdp")
+
+    assert refusals(ddp) == [] and refusals(fsdp) == []
+    main = ddp.converted[ddp.converted.index("def main():") :]
+    assert main.index(bound) < main.index("ddp_model = DDP(") < main.index("optimizer = ")
+    assert "train(loader, ddp_model, criterion, optimizer)" in main
+    fsdp_main = fsdp.converted[fsdp.converted.index("def main():") :]
+    assert (
+        fsdp_main.index(bound)
+        < fsdp_main.index("shard_model(model)")
+        < fsdp_main.index("optimizer = ")
+    )

@@ -436,6 +436,7 @@ verified = runs_fixture(start_runs)
         "trainer_epoch_method.py",
         "random_offsets_with_eval.py",
         "sampler_in_branch.py",
+        "factory_returns_model.py",
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

@@ -130,6 +130,13 @@ class ScriptModel:
             return frozenset()
         return self.program.values_of(node, self.module)
 
+    def flat_values(self, node: cst.BaseExpression) -> Values:
+        """`values`, with containers replaced by what they hold (`set_model()` returning
+        `model, criterion` holds both)."""
+        if self.program is None or self.module is None:
+            return frozenset()
+        return self.program.flat_values_of(node, self.module)
+
     def device_types(self, node: cst.BaseExpression) -> frozenset[str]:
         """The device types (`cuda`, `cpu`, `devices.ACCELERATOR`, ...) the expression
         `node` of this module may name, wherever in the program its device was made;

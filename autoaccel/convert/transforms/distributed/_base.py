@@ -333,6 +333,12 @@ class DistributedStep(StatementRewrite):
     def scope_of(self, node: cst.CSTNode) -> Scope:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
 
+    def _returns(self, function: Scope, key: str) -> bool:
+        """Whether `function` returns what its name `key` holds (alone or in a tuple)."""
+        returned = [r.value for r in find(function, cst.Return) if r.value] if function else []
+        values = [e.value for v in returned if isinstance(v, cst.Tuple) for e in v.elements]
+        return any(name_key(v) == key for v in returned + values)
+
     def statement_of(self, node: cst.CSTNode) -> cst.BaseStatement:
         """The statement of a block (module, function, loop body) that holds `node`."""
         child = node
@@ -521,7 +527,9 @@ class DistributedStep(StatementRewrite):
                 found.sort(
                     key=lambda a: (
                         held.isdisjoint(self._bound_values(a)),
-                        a.value is None or held.isdisjoint(self.script.values(a.value)),
+                        a.value is None or held.isdisjoint(self.script.flat_values(a.value)),
+                        # a factory's (`set_model()` returns it): its caller holds it
+                        self._returns(self.scope_of(a), key),
                     )
                 )
             return found
@@ -742,11 +750,14 @@ class DistributedStep(StatementRewrite):
         self.skipped(what, reason, node, wrong=True)
 
     def _bound_values(self, assignment: cst.Assign | cst.AnnAssign) -> Values:
-        """What the assignment binds, where it has one target and one value."""
+        """What the assignment binds, where it has one target and one value (unpacked:
+        `model, criterion = set_model()` binds both)."""
         targets = assignment.targets if isinstance(assignment, cst.Assign) else [assignment]
         if len(targets) != 1 or assignment.value is None:
             return frozenset()
-        return self.script.values(targets[0].target) | self.script.values(assignment.value)
+        return self.script.flat_values(targets[0].target) | self.script.flat_values(
+            assignment.value
+        )
 
     def _ready(
         self,
