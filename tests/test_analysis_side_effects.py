@@ -142,6 +142,14 @@ def test_writer_function_does_nothing_but_write():
     assert {e.function.name.value for e in found.effects} == {"save_checkpoint"}
 
 
+def test_a_writer_may_delete_its_own_locals():
+    """SupContrast's `save_model()` ends with `del state`: still nothing but a write."""
+    source = "import torch\ndef save(model, path):\n    state = model.state_dict()\n    torch.save(state, path)\n    del state{}\n"
+    assert len(analyse(source.format("")).writer_functions) == 1
+    assert len(analyse(source.format(", path")).writer_functions) == 1
+    assert analyse(source.format(", model.weight")).writer_functions == set()
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -247,7 +247,8 @@ def _opens_for_writing(call: cst.Call) -> bool:
 
 
 def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement | None]) -> bool:
-    """A write, a docstring, an assignment to plain local names, or a block of those."""
+    """A write, a docstring, an assignment to plain local names or their `del` (SupContrast's
+    `save_model()` ends `del state`), or a block of those."""
     if statement in writes:
         return True
     if isinstance(statement, cst.SimpleStatementLine):
@@ -256,6 +257,7 @@ def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement | N
                 isinstance(small, cst.Assign)
                 and all(isinstance(t.target, cst.Name) for t in small.targets)
             )
+            or (isinstance(small, cst.Del) and _names_only(small.target))
             or (isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString))
             or isinstance(small, cst.Pass)
             for small in statement.body
@@ -263,6 +265,13 @@ def _only_writes(statement: cst.BaseStatement, writes: set[cst.BaseStatement | N
     return isinstance(statement, cst.If) and _blocks_all(
         statement, lambda s: _only_writes(s, writes)
     )
+
+
+def _names_only(target: cst.BaseExpression) -> bool:
+    """Whether `target` of a `del` names plain names only (`del a, b`)."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return all(_names_only(element.value) for element in target.elements)
+    return isinstance(target, cst.Name)
 
 
 def _blocks_all(statement: cst.If | cst.For, test: Callable[[cst.BaseStatement], bool]) -> bool:
