@@ -206,5 +206,6 @@ if __name__ == "__main__":
 
     if DISTRIBUTED:
         # free the models first: left to the exit, they can abort the process
+        del trainer
         gc.collect()
         dist.destroy_process_group()
