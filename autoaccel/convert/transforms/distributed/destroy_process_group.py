@@ -39,6 +39,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
 )
 
+_INSTANCES = (Kind.MODULE, Kind.INSTANCE)
 _MAIN = m.If(test=m.Comparison(left=m.Name("__name__")))
 
 
@@ -69,8 +70,11 @@ class DestroyProcessGroup(DistributedStep):
         communicating = self.communicating_objects(program)
         holding: set[ClassInfo] = set()
 
-        def holds(values: Iterable[Obj]) -> bool:
-            return any(o in communicating or (o.cls and o.cls.family in holding) for o in values)
+        def holds(values: Iterable[Obj]) -> bool:  # (an instance, not the class itself)
+            return any(
+                o in communicating or (o.kind in _INSTANCES and o.cls and o.cls.family in holding)
+                for o in values
+            )
 
         while True:  # a class holds it when an attribute holds it or a holding instance
             more = {f for f, values in attributes.items() if f not in holding and holds(values)}
