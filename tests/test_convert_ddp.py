@@ -1002,7 +1002,7 @@ def test_an_instance_holding_the_ddp_model_is_freed_before_the_process_group():
     """`self.ddp_model = DDP(...)` in a method of the project's class: the module-level
     `trainer` keeps it alive to the exit, where it may abort the process or hang it (a CI
     run of fixtures/facts/base_class/main.py, whose `exp` holds it, did); an instance of
-    a class that holds none (`logger`) stays."""
+    a class that holds none (`logger`) and the class itself (`Run`) stay."""
     body = """\
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -1017,7 +1017,8 @@ def test_an_instance_holding_the_ddp_model_is_freed_before_the_process_group():
             pass
 
         logger = Logger()
-        trainer = Trainer(nn.Linear(4, 2))
+        Run = Trainer  # the class, not an instance: nothing of it to free
+        trainer = Run(nn.Linear(4, 2))
         trainer.fit()
         """
     code, _ = run_step(DestroyProcessGroup, body)
@@ -1206,6 +1207,54 @@ def test_a_loop_that_stops_on_a_shared_value_is_left_alone():
     body = STOP_BODY.format(test="step == max_steps")
     code, log = run_step(StopTogether, body)
     assert (code, log.changes, log.skipped) == (body, [], [])
+
+
+EPOCH_STOP_BODY = """\
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+stopper = EarlyStopping(patience=1)
+done = False
+for epoch in range(100):
+    for x, y in loader:
+        output = (model(x) - y).pow(2).mean()
+        optimizer.zero_grad()
+        output.backward()
+        optimizer.step()
+        done = step_count > 10
+    val_loss = evaluate(model, val_loader)
+    stopper(val_loss)
+{stops}
+"""
+
+
+@pytest.mark.parametrize(
+    "test, agreed",
+    [
+        ("stopper.early_stop", True),  # the stopper, fed each process's own loss
+        ("val_loss > 1.0", True),
+        ("epoch >= max_epochs", False),  # the same on every process
+        ("done", False),  # set in the step loop, whose own breaks agree
+    ],
+)
+def test_an_epoch_loop_that_stops_on_what_it_computes_stops_on_every_process_at_once(test, agreed):
+    """LTSF-Linear's `early_stopping(vali_loss, ...)` then `if early_stopping.early_stop:
+    break`, each process validating its own draw: one left the epoch loop, the other
+    waited in its next DDP step (a hang of the seventh unseen set). The print stays
+    guarded: `on_any_rank` is no test of this process's rank."""
+    stops = f"    if {test}:\n        print('early stopping')\n        break"
+    code, _ = run_step(StopTogether, EPOCH_STOP_BODY.format(stops=stops))
+    expected = stops.replace(f"if {test}:", f"if on_any_rank({test}):") if agreed else stops
+    assert code.endswith(EPOCH_STOP_BODY.format(stops=expected))
+    rank_zero = convert_source(SETUP + EPOCH_STOP_BODY.format(stops=expected), DDP).converted
+    assert "            print('early stopping')" in rank_zero and "RANK == 0" in rank_zero
+
+
+def test_a_stop_that_one_process_decides_alone_is_left_alone():
+    """A collective under `if RANK == 0:` would wait forever for the others."""
+    stops = "    if RANK == 0:\n        if stopper.early_stop:\n            break"
+    body = EPOCH_STOP_BODY.format(stops=stops)
+    code, log = run_step(StopTogether, body)
+    assert (code, log.changes) == (body, [])
 
 
 # -- printed sizes -------------------------------------------------------------------------

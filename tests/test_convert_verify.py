@@ -437,6 +437,7 @@ verified = runs_fixture(start_runs)
         "random_offsets_with_eval.py",
         "sampler_in_branch.py",
         "factory_returns_model.py",
+        "early_stopping_epochs.py",  # before: a process left the epoch loop alone, the other crashed
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

@@ -11,6 +11,9 @@ from autoaccel.analysis.shapes import find, is_attribute, is_name
 
 # `rank`, `RANK`, `args.local_rank`, `dist.get_rank()`, `is_main_process()`, `is_master`.
 _RANK_WORD = re.compile(r"rank|(^|_)(main|master|primary|chief)(_|$)", re.I)
+# Not about this process's rank: `--to ddp`'s `on_any_rank(condition)` holds on every
+# process alike (`stop_together.py`); the `print` under it still needs a guard.
+_ON_EVERY_RANK = frozenset({"on_any_rank"})
 
 
 def names_in(node: cst.CSTNode) -> set[str]:
@@ -20,7 +23,7 @@ def names_in(node: cst.CSTNode) -> set[str]:
 
 def mentions_rank(node: cst.CSTNode) -> bool:
     """Whether `node` names the process rank."""
-    return any(_RANK_WORD.search(name) for name in names_in(node))
+    return any(_RANK_WORD.search(name) for name in names_in(node) - _ON_EVERY_RANK)
 
 
 def is_rank_exit(statement: cst.CSTNode) -> bool:

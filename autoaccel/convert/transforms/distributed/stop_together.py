@@ -6,6 +6,11 @@ those still training would wait forever in their next `backward()`. The conditio
 through `on_any_rank()`, which all-reduces it (MAX) over the processes: when it holds on
 any process, every process takes the branch. Run with plain `python`, it is the
 condition itself.
+
+So does an epoch loop that stops on the state of what it calls or computes each epoch
+(LTSF-Linear's `early_stopping(vali_loss, ...)`, then `if early_stopping.early_stop:
+break`): the losses each process averages differ, and a process that left the loop alone
+left the other waiting in its next DDP step (a hang of the seventh unseen set).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find, method_calls
 from autoaccel.convert.transforms.distributed._base import DIST_IMPORT, DISTRIBUTED, DistributedStep
 
@@ -55,21 +61,41 @@ class StopTogether(DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         self.tests: set[cst.BaseExpression] = set()
         for loop in self.train_loops():
-            per_process = _loss_values(loop)
-            for branch in find(loop.body, cst.If):
-                if agreed(branch.test) or not find(branch.body, cst.Break):
-                    continue
-                if _mentions(branch.test, per_process):
-                    self.tests.add(branch.test)
-                    self.changed(
-                        branch,
-                        "the loop stops on a loss each process computes from its own data:"
-                        f" `{HELPER}()` all-reduces the condition, so every process stops at"
-                        " the same step",
-                    )
+            self._agree(loop, _loss_values(loop), "step", loop)
+            epochs = next(
+                (
+                    a
+                    for a in self.ancestors(loop)
+                    if isinstance(a, (cst.For, cst.While, cst.FunctionDef))
+                ),
+                None,
+            )
+            if isinstance(epochs, (cst.For, cst.While)):
+                self._agree(epochs, _changed_each_pass(epochs, loop), "epoch", loop)
         if self.tests:
             self.define_helper(node, HELPER, _HELPER_CODE)
             self.imports.append(DIST_IMPORT)
+
+    def _agree(
+        self, loop: cst.For | cst.While, per_process: set[str], unit: str, steps: cst.CSTNode
+    ) -> None:
+        """Put the tests of `loop`'s breaks that read `per_process` through `HELPER` (an
+        epoch `loop`: those outside its step loop `steps`)."""
+        for branch in find(loop.body, cst.If):
+            if agreed(branch.test) or not find(branch.body, cst.Break) or branch.test in self.tests:
+                continue
+            if unit == "epoch" and any(a is steps for a in self.ancestors(branch)):
+                continue
+            if rank_guarded(branch, self.ancestors(branch)):
+                continue  # (one process runs it: a collective there would wait forever)
+            if _mentions(branch.test, per_process):
+                self.tests.add(branch.test)
+                self.changed(
+                    branch,
+                    f"the loop stops on a value each process computes from its own data:"
+                    f" `{HELPER}()` all-reduces the condition, so every process stops at"
+                    f" the same {unit}",
+                )
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if original_node.test not in self.tests:
@@ -116,3 +142,19 @@ def _loss_values(loop: cst.CSTNode) -> set[str]:
                     found.add(key)
                     grew = True
     return found
+
+
+def _changed_each_pass(loop: cst.For | cst.While, steps: cst.CSTNode) -> set[str]:
+    """The names an epoch loop's body binds, and those whose objects it calls or calls a
+    method of (`early_stopping(vali_loss)`, `stopper.step(loss)`), outside its step loop
+    `steps` (whose own breaks agree already): their state may differ between processes."""
+    inner = {id(node) for node in find(steps, (cst.AssignTarget, cst.Call))}
+    targets = [t for t in find(loop.body, cst.AssignTarget) if id(t) not in inner]
+    calls = [c for c in find(loop.body, cst.Call) if id(c) not in inner]
+    bound = {key for t in targets if (key := name_key(t.target))}
+    called = {
+        key
+        for call in calls
+        if (key := name_key(call.func.value if isinstance(call.func, cst.Attribute) else call.func))
+    }
+    return bound | called
