@@ -37,10 +37,11 @@ def test_early_stopping_saves_on_rank_zero_and_keeps_counting_on_every_rank():
         '        torch.save(model.state_dict(), path + "/checkpoint.pth")\n'
     ) in texts["tools.py"]
     assert 'RANK = int(os.environ.get("RANK", 0))' in texts["tools.py"]
-    # the call itself runs on every rank: its counting decides the `break`
+    # the call itself runs on every rank: its counting decides the `break`, which every
+    # rank then takes together (each may count from a validation loss of its own)
     assert (
         "            early_stopping(vali_loss, self.model, path)\n"
-        "            if early_stopping.early_stop:\n"
+        "            if on_any_rank(early_stopping.early_stop):\n"
     ) in texts["exp_model.py"]
 
 
