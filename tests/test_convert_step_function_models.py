@@ -187,3 +187,18 @@ def test_a_model_a_factory_returns_is_wrapped_where_the_caller_holds_it(returned
         < fsdp_main.index("shard_model(model)")
         < fsdp_main.index("optimizer = ")
     )
+
+
+def test_a_function_that_trains_then_returns_the_model_is_no_factory():
+    """LLMs-from-scratch's `main()` trains, then returns the model to the module, which
+    saves it: the wrapper stays in `main()`, where the training is (the module-level
+    name, bound after training, cannot be)."""
+    script = FACTORY.replace(
+        "        train(loader, model, criterion, optimizer)\n",
+        "        train(loader, model, criterion, optimizer)\n    return model\n",
+    ).replace("\nmain()\n", "\nmodel = main()\ntorch.save(model.state_dict(), 'model.pth')\n")
+
+    conversion = convert(script, "ddp")
+
+    assert refusals(conversion) == []
+    assert "train(loader, ddp_model, criterion, optimizer)" in conversion.converted

@@ -333,9 +333,12 @@ class DistributedStep(StatementRewrite):
     def scope_of(self, node: cst.CSTNode) -> Scope:
         return next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
 
-    def _returns(self, function: Scope, key: str) -> bool:
-        """Whether `function` returns what its name `key` holds (alone or in a tuple)."""
-        returned = [r.value for r in find(function, cst.Return) if r.value] if function else []
+    def _factory(self, function: Scope, key: str, training: set[str], loops: set) -> bool:
+        """Whether `function` returns what its name `key` holds (alone or in a tuple)
+        without training it (a `main()` that trains, then returns the model, is none)."""
+        if function is None or _trains_in(function.body, training, loops):
+            return False
+        returned = [r.value for r in find(function, cst.Return) if r.value]
         values = [e.value for v in returned if isinstance(v, cst.Tuple) for e in v.elements]
         return any(name_key(v) == key for v in returned + values)
 
@@ -529,7 +532,7 @@ class DistributedStep(StatementRewrite):
                         held.isdisjoint(self._bound_values(a)),
                         a.value is None or held.isdisjoint(self.script.flat_values(a.value)),
                         # a factory's (`set_model()` returns it): its caller holds it
-                        self._returns(self.scope_of(a), key),
+                        self._factory(self.scope_of(a), key, training, loops),
                     )
                 )
             return found
@@ -774,9 +777,7 @@ class DistributedStep(StatementRewrite):
         for statement in block.body:
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                 continue
-            if called_function(statement, training) or any(
-                n in loops for n in descendants(statement)
-            ):
+            if _trains_in(statement, training, loops):
                 trains = statement
                 break
             if builds(statement, key) or received:
@@ -809,6 +810,11 @@ class DistributedStep(StatementRewrite):
                 ):
                     return function
         return None
+
+
+def _trains_in(code: cst.CSTNode, training: set[str], loops: set) -> bool:
+    """Whether `code` calls one of the `training` functions or holds a training loop."""
+    return called_function(code, training) is not None or any(n in loops for n in descendants(code))
 
 
 def _space_new_definitions(body: Statements, existing: Sequence[cst.BaseStatement]) -> Statements:
