@@ -1398,11 +1398,34 @@ def test_tensorboard_writers_are_made_on_rank_zero_only():
         """
     code, log = run_step(LogOnRankZero, body)
     assert code.startswith("class NoWriter:\n")
-    assert 'writer = SummaryWriter("./logs") if RANK == 0 else NoWriter()\n' in code
-    assert 'with (SummaryWriter("./logs/final") if RANK == 0 else NoWriter()) as final:\n' in code
-    assert '(SummaryWriter("./logs/x") if RANK == 0 else NoWriter()).flush()\n' in code
+    assert 'writer = SummaryWriter("./logs") if RANK == 0 else NoWriter(log_dir="./logs")\n' in code
+    assert (
+        "with (\n"
+        '    SummaryWriter("./logs/final") if RANK == 0 else NoWriter(log_dir="./logs/final")\n'
+        ") as final:\n"
+    ) in code
+    assert (
+        '(SummaryWriter("./logs/x") if RANK == 0 else NoWriter(log_dir="./logs/x")).flush()\n'
+        in code
+    )
     assert '    kept = SummaryWriter("./logs/y")\n' in code
     assert len(log.changes) == 3
+
+
+def test_the_writer_of_the_other_ranks_tells_the_folder_of_rank_zeros():
+    """pytorch-semseg saves its best model (on rank 0) into `writer.file_writer.get_logdir()`,
+    which every process computes: a `NoWriter()` there made rank 1 fail in `os.path.join`."""
+    body = "from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter(log_dir=logdir)\n"
+    code, _ = run_step(LogOnRankZero, body)
+    assert (
+        "writer = SummaryWriter(log_dir=logdir) if RANK == 0 else NoWriter(log_dir=logdir)\n"
+        in code
+    )
+    namespace: dict = {}
+    exec(code[: code.index("\n\n\n")], namespace)  # the helper's class
+    writer = namespace["NoWriter"](log_dir="runs/7")
+    assert writer.file_writer.get_logdir() == writer.get_logdir() == writer.log_dir == "runs/7"
+    assert writer.add_scalar("loss", 1.0, 3) is writer  # and logs nothing
     namespace: dict = {}
     exec(code[: code.index("\n\n\n")], namespace)
     with namespace["NoWriter"]() as quiet:

@@ -136,7 +136,7 @@ def test_a_user_nowriter_class_is_kept_apart():
     source = (FIXTURES / "ddp" / "tensorboard_logs.py").read_text()
     extra = "\n\nclass NoWriter:\n    def __init__(self, path):\n        self.path = path\n"
     code = convert_source(source + extra, DDP).converted
-    assert "else NoWriter2()" in code and binds(code, "class NoWriter2")
+    assert "else NoWriter2(log_dir=" in code and binds(code, "class NoWriter2")
     assert extra in code
 
 

@@ -25,7 +25,7 @@ from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find, is_name
 from autoaccel.analysis.side_effects import OPENS, EffectKind, SideEffects, find_side_effects
 from autoaccel.convert.transforms.distributed._base import RANK, DistributedStep
-from autoaccel.cst_edit import replacing
+from autoaccel.cst_edit import code_of, replacing
 
 SUMMARY_WRITERS = frozenset(
     {
@@ -58,7 +58,14 @@ HELPER = "NoWriter"
 _HELPER_CODE = f'''
 class {HELPER}:
     """The log writer (SummaryWriter, wandb run, logger) of the ranks other than 0: it
-    does nothing, whatever it is asked."""
+    does nothing, whatever it is asked, but tells the folder rank 0's writer writes to
+    (paths are made from it)."""
+
+    def __init__(self, log_dir=None):
+        self.log_dir = self.logdir = log_dir
+
+    def get_logdir(self):
+        return self.log_dir
 
     def __getattr__(self, name):
         return self
@@ -244,12 +251,30 @@ class LogOnRankZero(DistributedStep):
             self.imports.append("import logging")
             other = "logging.NullHandler()"
         else:
-            other = f"{HELPER}()"
+            folder = self._log_dir(original_node)
+            other = f"{HELPER}(log_dir={code_of(folder)})" if folder else f"{HELPER}()"
         chosen = cst.parse_expression(f"WRITER if {RANK} == 0 else {other}")
         assert isinstance(chosen, cst.IfExp)
         return replacing(
             original_node, self.parent(original_node), chosen.with_changes(body=updated_node)
         )
+
+    def _log_dir(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The folder a SummaryWriter call names (`log_dir=`, tensorboardX's `logdir=`, or
+        the first argument): pytorch-semseg saves its best model into
+        `writer.file_writer.get_logdir()`, which every process computes."""
+        if not self.qualified_names(call.func) & SUMMARY_WRITERS:
+            return None
+        keyword = next(
+            (a for a in call.args if a.keyword and a.keyword.value in ("log_dir", "logdir")), None
+        )
+        first = (
+            call.args[0]
+            if call.args and not call.args[0].keyword and not call.args[0].star
+            else None
+        )
+        arg = keyword or first
+        return arg.value if arg else None
 
     def _is_a_file_handler(self, call: cst.Call) -> bool:
         return bool(self.qualified_names(call.func) & FILE_HANDLERS)
