@@ -58,3 +58,19 @@ def test_a_loader_built_at_top_level_in_the_epoch_loop() -> None:
         "        train_loader.sampler.set_epoch(epoch)\n"
         "    train_an_epoch(train_loader)\n"
     ) in converted
+
+
+def test_each_pass_of_a_while_loop_over_iterations_reshuffles() -> None:
+    """fixtures/ddp/iteration_passes.py (pytorch-semseg's shape): no epoch variable; every
+    pass of the `while` tells the sampler the next epoch. Before, no set_epoch was added
+    (the proof found every pass in the same order)."""
+    fixture = FIXTURE.parent / "iteration_passes.py"
+    conversion = convert_source(fixture.read_text(), DDP, fixture.name)
+    assert (
+        "    while i < max_iters and running:\n"
+        "        if DISTRIBUTED:\n"
+        "            # a new pass over the data: a new shuffle\n"
+        "            loader.sampler.set_epoch(loader.sampler.epoch + 1)\n"
+        "        for xb, yb in loader:\n"
+    ) in conversion.converted
+    assert not [s for s in conversion.log.skipped if s.what == "set_epoch"]

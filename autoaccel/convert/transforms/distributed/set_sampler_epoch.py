@@ -69,7 +69,9 @@ class SetSamplerEpoch(DistributedStep):
         """Set the epoch at the top of the innermost `for` loop of this module around one
         of `sites` (the step loop, or calls of the function that holds it)."""
         for site in sites:
-            outer = next((a for a in self.ancestors(site) if isinstance(a, cst.For)), None)
+            outer = next(
+                (a for a in self.ancestors(site) if isinstance(a, (cst.For, cst.While))), None
+            )
             loader = self._holder(outer, loop, site) if outer is not None else None
             if loader is not None:
                 self._insert(outer, loader, site)  # type: ignore[arg-type]
@@ -164,10 +166,14 @@ class SetSamplerEpoch(DistributedStep):
             for name in bound_names(target.target)
         }
 
-    def _insert(self, epoch_loop: cst.For, loader: str, site: cst.CSTNode) -> None:
+    def _insert(self, epoch_loop: cst.For | cst.While, loader: str, site: cst.CSTNode) -> None:
         """`loader.sampler.set_epoch(epoch)` at the top of `epoch_loop`, or right after
-        the last statement of it before `site` that (re)builds `loader`."""
-        epoch = name_key(epoch_loop.target)
+        the last statement of it before `site` that (re)builds `loader`; the sampler's
+        own epoch plus one in a `while` loop, which counts none (pytorch-semseg's `while
+        i <= train_iters:` around its pass over the loader)."""
+        sampler = f"{loader}.sampler"
+        counted = isinstance(epoch_loop, cst.For)
+        epoch = name_key(epoch_loop.target) if counted else f"{sampler}.epoch + 1"  # type: ignore[union-attr]
         body = epoch_loop.body
         if epoch is None or not isinstance(body, cst.IndentedBlock):
             self.skipped(
@@ -183,10 +189,14 @@ class SetSamplerEpoch(DistributedStep):
         at = next((i for i, s in enumerate(statements) if any(s is a for a in around)), 0)
         built = [i for i, s in enumerate(statements[:at]) if _binds(s, loader)]
         first = statements[built[-1] + 1] if built else statements[0]
+        note = "" if counted else "    # a new pass over the data: a new shuffle\n"
         self.before.setdefault(first, []).extend(
-            parse_statements(f"if {DISTRIBUTED}:\n    {loader}.sampler.set_epoch({epoch})\n")
+            parse_statements(f"if {DISTRIBUTED}:\n{note}    {sampler}.set_epoch({epoch})\n")
         )
-        self.changed(first, f"`{loader}.sampler.set_epoch({epoch})`: a new shuffle every epoch")
+        self.changed(
+            first,
+            f"`{sampler}.set_epoch({epoch})`: a new shuffle every {'epoch' if counted else 'pass'}",
+        )
 
 
 def _binds(statement: cst.BaseStatement, key: str) -> bool:
@@ -207,13 +217,14 @@ def _attributes(program: Program, family: object, spelled: str) -> list[tuple[ob
     ]
 
 
-def _epoch_loop(step: StepLoop) -> cst.For | None:
-    """The innermost `for` loop around `step` in its own function."""
+def _epoch_loop(step: StepLoop) -> cst.For | cst.While | None:
+    """The innermost loop around `step` in its own function (a `while` over training
+    iterations counts: each of its passes reads the loader once more)."""
     assert step.module is not None
     for ancestor in step.module.index.ancestors(step.node):
         if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
             return None
-        if isinstance(ancestor, cst.For):
+        if isinstance(ancestor, (cst.For, cst.While)):
             return ancestor
     return None
 
