@@ -92,7 +92,9 @@ class SetSamplerEpoch(DistributedStep):
     def _here(self, node: cst.CSTNode) -> bool:
         return self._program.module_of.get(node) is self.script.module
 
-    def _holder(self, epoch_loop: cst.For, step: StepLoop, site: cst.CSTNode) -> str | None:
+    def _holder(
+        self, epoch_loop: cst.For | cst.While, step: StepLoop, site: cst.CSTNode
+    ) -> str | None:
         """A name that holds the training loader when `site` in `epoch_loop` runs: a
         parameter or earlier assignment of its function (before the epoch loop, or in it
         before `site`), an attribute of `self`, or a global."""
