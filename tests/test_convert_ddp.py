@@ -1203,6 +1203,21 @@ def test_a_loop_that_stops_on_its_own_loss_stops_on_every_process_at_once(test):
     assert log.skipped == []
 
 
+def test_a_counter_set_under_a_test_of_the_loss_is_the_processes_own():
+    """DGI: `if loss < best: best, cnt_wait = loss, 0` / `else: cnt_wait += 1`, then
+    `if cnt_wait == patience: break`; each process counted from its own loss, one left
+    the loop and the other waited in its next all-reduce (the eighth unseen set)."""
+    body = STOP_BODY.format(test="cnt_wait == patience").replace(
+        "    if cnt_wait",
+        "    if loss < best:\n        best = loss\n        cnt_wait = 0\n"
+        "    else:\n        cnt_wait += 1\n    if cnt_wait",
+    )
+    code, _ = run_step(StopTogether, body)
+    assert code.endswith(
+        body.replace("if cnt_wait == patience:", "if on_any_rank(cnt_wait == patience):")
+    )
+
+
 def test_a_loop_that_stops_on_a_shared_value_is_left_alone():
     body = STOP_BODY.format(test="step == max_steps")
     code, log = run_step(StopTogether, body)

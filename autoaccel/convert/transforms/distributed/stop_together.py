@@ -127,20 +127,24 @@ def _mentions(node: cst.CSTNode, names: set[str]) -> bool:
 
 def _loss_values(loop: cst.CSTNode) -> set[str]:
     """Names of the tensors whose `.backward()` the loop calls, and of values computed
-    from them in the loop (`loss = output.item()`)."""
+    from them in the loop (`loss = output.item()`) or set under a test of them (DGI's
+    `cnt_wait += 1` in the `else:` of `if loss < best:`)."""
     found = {key for c in method_calls(loop, "backward") if (key := name_key(c.func.value))}  # type: ignore[attr-defined]
     assignments = find(loop, cst.Assign)
+    branches = find(loop, cst.If)
     grew = True
     while grew:
-        grew = False
+        size = len(found)
         for assign in assignments:
-            if not _mentions(assign.value, found):
-                continue
-            for target in assign.targets:
-                key = name_key(target.target)
-                if key and key not in found:
-                    found.add(key)
-                    grew = True
+            if _mentions(assign.value, found):
+                found |= {key for t in assign.targets if (key := name_key(t.target))}
+        for branch in branches:
+            if _mentions(branch.test, found):
+                set_here: list[cst.AssignTarget | cst.AugAssign] = find(
+                    branch, (cst.AssignTarget, cst.AugAssign)
+                )
+                found |= {key for t in set_here if (key := name_key(t.target))}
+        grew = len(found) > size
     return found
 
 
