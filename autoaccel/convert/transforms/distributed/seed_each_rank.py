@@ -81,7 +81,8 @@ _PER_RANK = {
 
 class SeedEachRank(DistributedStep):
     DESCRIPTION = "Re-seed each process with its rank when training starts."
-    needs = ("seed", "rand", "normal", "bernoulli", "multinomial", "poisson", "shuffle", "choice")
+    # (no `needs` words: the draws may be in any module of the project, bprmf's `data.py`;
+    # with them, the step ran only once another step's helper said "seed")
 
     def visit_Module(self, node: cst.Module) -> None:
         seeds = self.seed_calls(node)
@@ -158,7 +159,8 @@ class SeedEachRank(DistributedStep):
     def _numpy_name(module: cst.Module) -> str | None:
         """The name the module's `import numpy [as np]` binds, if it has one."""
         for statement in module.body:
-            for small in getattr(statement, "body", ()):
+            simple = statement.body if isinstance(statement, cst.SimpleStatementLine) else ()
+            for small in simple:
                 for alias in small.names if isinstance(small, cst.Import) else ():
                     if code_of(alias.name) == "numpy":
                         return bound_name(alias)
