@@ -214,6 +214,25 @@ def test_full_batch_is_said_only_of_a_loop_that_counts_its_steps():
     )
 
 
+def test_the_refusal_names_the_call_that_makes_the_batches():
+    """bprmf's `for u, i, j in dl.generate_data(batch_size=256):` was refused as taking
+    its batches "from `256`" (the keyword argument, unwrapped as `tqdm(loader)` is)."""
+    conversion = convert(dedent("""\
+        import torch
+        from data import Sampler
+        dl = Sampler()
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in dl.generate_data(batch_size=256):
+            loss = (model(x) - y).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """))
+    (skip,) = wrong(conversion.log)
+    assert "takes its batches from `dl.generate_data(batch_size=256)`" in skip.reason
+
+
 # -- a training loop of a function nothing calls: left alone ---------------------------------
 @pytest.mark.parametrize("options", [DDP, FSDP], ids=["ddp", "fsdp"])
 def test_a_training_loop_nothing_calls_is_left_alone(options):

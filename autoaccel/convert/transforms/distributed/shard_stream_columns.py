@@ -137,10 +137,14 @@ def batch_source(loop: cst.For | cst.While, index: ModuleIndex) -> cst.BaseExpre
     while isinstance(iterable, cst.Call):
         if index.qualified_names(iterable.func) & _COUNTERS:
             return None
-        if not iterable.args:
-            return iterable
-        iterable = iterable.args[0].value
+        first = iterable.args[0] if iterable.args else None
+        if first is None or first.keyword or isinstance(first.value, _LITERALS):
+            return iterable  # what makes the batches: `dl.generate_data(batch_size=256)`
+        iterable = first.value
     return iterable
+
+
+_LITERALS = (cst.Integer, cst.Float, cst.SimpleString)
 
 
 # What counts instead of yielding batches (`tqdm.trange(n)` too: "batches from `n`" said none)
