@@ -750,6 +750,25 @@ def test_adjacent_prints_and_saves_share_one_rank_zero_guard():
     assert [c.code for c in log.changes] == ["ddp", "ACC403"]
 
 
+def test_a_write_alone_in_a_one_line_if_joins_its_test():
+    """WideResNet-pytorch: `if args.tensorboard: configure("runs/%s" % name)` (the eighth
+    unseen set): the write is part of no statement of its own, and was refused."""
+    code, log = run_step(
+        GuardRankZero,
+        """\
+        from tensorboard_logger import configure
+        if args.tensorboard: configure("runs/x")
+        if a or b: print(a)
+        if a: print(a)
+        else: print(b)
+        """,
+    )
+    assert 'if args.tensorboard and RANK == 0: configure("runs/x")\n' in code
+    assert "if (a or b) and RANK == 0: print(a)\n" in code
+    assert "if a: print(a)\nelse: print(b)\n" in code  # (an `else`: left as it is)
+    assert [s.what for s in log.skipped if s.wrong] == []
+
+
 def test_a_print_that_runs_the_ddp_model_computes_it_on_every_rank_first():
     """A DDP forward broadcasts the model's buffers (BatchNorm): run on rank 0 alone under
     the print's guard, it aborted both processes (gloo: "Received data size doesn't match

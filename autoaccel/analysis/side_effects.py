@@ -68,6 +68,17 @@ _BY_NAME = {
     "wandb.save": EffectKind.EXPERIMENT_LOG,
     "wandb.finish": EffectKind.EXPERIMENT_LOG,
     "wandb.config.update": EffectKind.EXPERIMENT_LOG,
+    # tensorboard_logger's module-level logger (WideResNet-pytorch: `configure(...)`, then
+    # `log_value(...)`): one events file per process otherwise
+    "tensorboard_logger.configure": EffectKind.EXPERIMENT_LOG,
+    "tensorboard_logger.log_value": EffectKind.EXPERIMENT_LOG,
+    "tensorboard_logger.log_histogram": EffectKind.EXPERIMENT_LOG,
+    "tensorboard_logger.log_images": EffectKind.EXPERIMENT_LOG,
+    "mlflow.log_metric": EffectKind.EXPERIMENT_LOG,
+    "mlflow.log_metrics": EffectKind.EXPERIMENT_LOG,
+    "mlflow.log_param": EffectKind.EXPERIMENT_LOG,
+    "mlflow.log_params": EffectKind.EXPERIMENT_LOG,
+    "mlflow.log_artifact": EffectKind.EXPERIMENT_LOG,
 }
 # The calls that print (under ddp, run on rank 0 only).
 PRINTS = frozenset(name for name, kind in _BY_NAME.items() if kind is EffectKind.PRINT)

@@ -112,7 +112,7 @@ class GuardRankZero(DistributedStep):
                 )
                 continue
             if effect.statement is None:
-                if self._open_on_rank_zero(effect.call):  # type: ignore[arg-type]
+                if self._open_on_rank_zero(effect.call) or self._one_line_branch(effect):  # type: ignore[arg-type]
                     continue
                 self.skipped(
                     f"rank-0 {effect.kind.value}",
@@ -277,6 +277,28 @@ class GuardRankZero(DistributedStep):
         self.changed(
             line, "file opened for writing on rank 0 only: the other processes write to os.devnull"
         )
+        return True
+
+    def _one_line_branch(self, effect: SideEffect) -> bool:
+        """`if args.tensorboard: configure(...)`, the write alone in a one-line `if` with no
+        `else`: `and RANK == 0` joins its test. Whether it was one."""
+        line = self.parent(effect.call)
+        suite = self.parent(line) if isinstance(line, cst.Expr) else None
+        branch = self.parent(suite) if isinstance(suite, cst.SimpleStatementSuite) else None
+        if not (
+            isinstance(branch, cst.If)
+            and branch.body is suite
+            and branch.orelse is None
+            and len(suite.body) == 1
+            and branch not in self.replace
+            and not isinstance(self.parent(branch), cst.If)  # (an `elif`)
+        ):
+            return False
+        test = code_of(branch.test)
+        low = isinstance(branch.test, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr))
+        joined = cst.parse_expression(f"{f'({test})' if low else test} and {RANK} == 0")
+        self.replace[branch] = [branch.with_changes(test=joined)]
+        self.changed(branch, f"{effect.kind.value} on rank 0 only")
         return True
 
     def _return_early(self, function: cst.FunctionDef) -> None:
