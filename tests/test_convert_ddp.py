@@ -1446,6 +1446,27 @@ def test_tensorboard_writers_are_made_on_rank_zero_only():
     assert len(log.changes) == 3
 
 
+def test_logging_below_warnings_comes_from_rank_zero_only():
+    """mnist-gradient-accumulation (eighth unseen set): `logging.info("Saved best
+    model")` on every process, though only rank 0 saves; warnings still come from all."""
+    body = """\
+        import logging
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        if RANK == 0:
+            logging.basicConfig(level=logging.DEBUG)
+        logging.basicConfig(level=logging.INFO if RANK == 0 else logging.ERROR)
+        """
+    code, log = run_step(LogOnRankZero, body)
+    assert (
+        "logging.basicConfig(\n"
+        '    level=logging.INFO if RANK == 0 else logging.WARNING, format="%(message)s"\n'
+        ")\n"
+        "if RANK == 0:\n    logging.basicConfig(level=logging.DEBUG)\n"
+        "logging.basicConfig(level=logging.INFO if RANK == 0 else logging.ERROR)\n"
+    ) in code
+    assert len(log.changes) == 1
+
+
 def test_the_writer_of_the_other_ranks_tells_the_folder_of_rank_zeros():
     """pytorch-semseg saves its best model (on rank 0) into `writer.file_writer.get_logdir()`,
     which every process computes: a `NoWriter()` there made rank 1 fail in `os.path.join`."""

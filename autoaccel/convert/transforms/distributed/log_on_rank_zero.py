@@ -12,6 +12,8 @@ their own. (A plain `wandb.init(...)` statement, like `wandb.log(...)`, goes und
 RANK == 0:` with the prints: see `guard_rank_zero.py`.) A `logging.FileHandler(path)` is
 made on rank 0; the other ranks get a `logging.NullHandler()` in its place and keep the
 script's other handlers: each process's warnings and errors still reach the terminal.
+`logging.basicConfig(level=logging.INFO)` keeps that level on rank 0 only, WARNING on the
+others (mnist-gradient-accumulation's "Saved best model" came from every process).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from functools import partial
 import libcst as cst
 
 from autoaccel.analysis.program import ClassInfo, SourceModule
-from autoaccel.analysis.rank_guards import rank_guarded
+from autoaccel.analysis.rank_guards import mentions_rank, rank_guarded
 from autoaccel.analysis.shapes import find, is_name
 from autoaccel.analysis.side_effects import OPENS, EffectKind, SideEffects, find_side_effects
 from autoaccel.convert.transforms.distributed._base import RANK, DistributedStep
-from autoaccel.cst_edit import code_of, replacing
+from autoaccel.cst_edit import code_of, keyword_value, replacing, set_keyword
 
 SUMMARY_WRITERS = frozenset(
     {
@@ -54,6 +56,8 @@ FILE_HANDLERS = frozenset(
 # What a logger that writes a file of its own may keep in `self` besides: containers it
 # fills (`self.numbers = {}`) and nothing (`self.file = None`).
 _OWN_VALUES = (cst.List, cst.Dict, cst.Set)
+# `logging.basicConfig(level=...)`: the level of the processes other than rank 0 is WARNING.
+BASIC_CONFIG = "logging.basicConfig"
 HELPER = "NoWriter"
 _HELPER_CODE = f'''
 class {HELPER}:
@@ -99,6 +103,14 @@ class LogOnRankZero(DistributedStep):
         }
         if any(not self._is_a_file_handler(call) for call in self.writers):
             self.define_helper(node, HELPER, _HELPER_CODE)
+        self.levels = {
+            call
+            for call in find(node, cst.Call)
+            if BASIC_CONFIG in self.qualified_names(call.func)
+            and (level := keyword_value(call, "level")) is not None
+            and not mentions_rank(level)
+            and not rank_guarded(call, self.ancestors(call))
+        }
 
     def _makes_a_writer(self, call: cst.Call) -> bool:
         """A SummaryWriter, a wandb run whose value the script keeps, or a logger of the
@@ -232,9 +244,20 @@ class LogOnRankZero(DistributedStep):
         )
 
     def edited(self) -> list[cst.CSTNode]:
-        return [*self.planned_statements(), *self.writers]
+        return [*self.planned_statements(), *self.writers, *self.levels]
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self.levels:
+            level = code_of(keyword_value(updated_node, "level"))  # type: ignore[arg-type]
+            self.imports.append("import logging")
+            self.changed(
+                original_node,
+                "`logging` messages below warnings from rank 0 only: the others' info lines"
+                " repeated rank 0's",
+            )
+            return set_keyword(
+                updated_node, "level", f"{level} if {RANK} == 0 else logging.WARNING"
+            )
         if original_node not in self.writers:
             return updated_node
         self.changed(
