@@ -590,3 +590,35 @@ def test_run_showing_a_returned_element_batch_first_gathers_it(tmp_path: Path) -
     conversion = converted_with_facts(script, "model(x)", Seen(4, ((4, 4),), ((4, 2), (4, 2)), 5))
     assert refusals(conversion) == []
     assert "loss, features = loss_on_gpus(x, y)\n" in conversion.converted
+
+
+def test_batches_known_to_come_from_no_dataloader_are_not_taken_as_batch_first():
+    """keyed seq2seq (eighth unseen set, silently wrong on >= 2 GPUs): torchtext's
+    `BucketIterator` makes `[len, batch]` tensors, and the loss-in-forward DataParallel
+    split them along dimension 0, the time steps. Batches of a loader the analysis does
+    not know stay taken as batch-first (`for x, y in loader:`)."""
+    from autoaccel.convert.pipeline import convert_source
+
+    step = """\
+import torch
+import torch.nn.functional as F
+from torchtext.data import BucketIterator
+from model import Seq2Seq
+
+train_iter = BucketIterator(train, batch_size=32)
+model = Seq2Seq().cuda()
+optimizer = torch.optim.Adam(model.parameters())
+for batch in train_iter:
+    src, trg = batch.src.cuda(), batch.trg.cuda()
+    output = model(src, trg)
+    loss = F.nll_loss(output.view(-1, 10), trg.view(-1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+    refused = convert_source(step, DP).log.skipped
+    assert any(
+        "comes from batches no torch DataLoader makes" in s.reason for s in refused if s.wrong
+    )
+    unknown = step.replace("train_iter = BucketIterator(train, batch_size=32)\n", "")
+    assert "loss_on_gpus" in convert_source(unknown, DP).converted

@@ -34,9 +34,11 @@ import libcst.matchers as m
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
+from autoaccel.analysis.training import StepLoop
 from autoaccel.analysis.shapes import find, is_no_grad_block
 from autoaccel.cst_edit import code_of, keyword_value
 from autoaccel.convert.transforms.distributed._base import where
+from autoaccel.convert.transforms.distributed.shard_stream_columns import batch_source
 from autoaccel.facts.model import BatchFirst, batch_first
 from autoaccel.facts.resolve import FactsResolver
 
@@ -655,6 +657,17 @@ class SegmentFinder:
                         line,
                         self._model_arguments(chain, name),
                         held_batch_first,
+                    )
+                elif name not in flattened and _no_loader(loop, self.script):
+                    self._by_the_run(
+                        name,
+                        f"`{name}` comes from batches no torch DataLoader makes: whether its"
+                        " dimension 0 is the batch is not known (torchtext's iterators, and"
+                        " language models' `get_batch`, make sequence-first `[len, batch]`"
+                        " tensors), and `nn.DataParallel` splits along dimension 0",
+                        line,
+                        self._model_arguments(chain, name),
+                        FactsResolver.argument_batch_first,
                     )
                 elif name not in flattened:  # (for a flattened one, the code claims nothing)
                     self._agrees_with_run(name, chain, line)
@@ -1398,6 +1411,21 @@ def displays_a_container(line: cst.CSTNode, name: str) -> bool:
             ]
         ),
     )
+
+
+def _no_loader(loop: object, script) -> bool:
+    """Whether `loop` is a step loop whose batches are known to come from no torch
+    DataLoader (keyed seq2seq's torchtext `BucketIterator`: `[len, batch]` tensors); not
+    when what it reads is unknown."""
+    if not isinstance(loop, StepLoop) or loop.loaders or loop.role is not LoopRole.TRAIN:
+        return False
+    source = batch_source(loop.node, script.index) if isinstance(loop.node, cst.For) else None
+    values = script.flat_values(source) if source is not None else frozenset()
+    return bool(values) and all(o.kind in _NOT_LOADERS for o in values)
+
+
+# What batches come from that no DataLoader made: a library's iterator, a project's object.
+_NOT_LOADERS = frozenset({Kind.EXTERNAL, Kind.INSTANCE})
 
 
 def held_batch_first(facts: FactsResolver, call: cst.Call, index: int) -> BatchFirst:
