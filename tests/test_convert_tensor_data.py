@@ -272,15 +272,21 @@ def test_batches_drawn_with_pythons_random_need_no_sampler(name):
     assert "DDP(" in conversion.converted
 
 
-def test_pythons_random_seeded_alike_is_refused_at_the_seed():
+def test_pythons_random_seeded_alike_is_reseeded_by_rank_before_training():
+    """The replay buffer is sampled with `random`, which the script seeds alike: every
+    process would draw the same minibatches. Its stream is offset by the rank where
+    torch's is (this was refused, asking for a seed by hand)."""
     source = (
         (FIXTURES / "ddp/replay_buffer.py")
         .read_text()
         .replace("    torch.manual_seed(0)\n", "    torch.manual_seed(0)\n    random.seed(0)\n")
     )
-    (skip,) = wrong(convert(source).log)
-    assert skip.line == 49
-    assert "this seeds it alike on every process: all would draw the same ones" in skip.reason
+    conversion = convert(source)
+    assert not wrong(conversion.log)
+    assert (
+        "        torch.manual_seed(torch.initial_seed() + RANK)\n"
+        "        random.seed(random.getrandbits(64) + RANK)\n"
+    ) in conversion.converted
 
 
 def test_seeded_per_rank_draws_are_not_refused():

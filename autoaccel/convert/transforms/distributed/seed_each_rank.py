@@ -72,6 +72,13 @@ _ALIKE = {
     _PYTHON: "random.seed({seed}[0])",
     _NUMPY: "{np}.random.seed({seed}[0] % 2**32)",
 }
+# A generator the script seeds itself and draws from in training (SincNet's batches come
+# from `np.random` after `np.random.seed(seed)`): offset by the rank from its own stream,
+# which every process has seeded alike, so runs stay reproducible.
+_OWN_PER_RANK = {
+    _PYTHON: f"random.seed(random.getrandbits(64) + {RANK})",
+    _NUMPY: f"{{np}}.random.seed((int({{np}}.random.get_state()[1][0]) + {RANK}) % 2**32)",
+}
 _PER_RANK = {
     _TORCH: f"torch.manual_seed(torch.initial_seed() + {RANK})",
     _PYTHON: f"random.seed({{seed}}[0] + {RANK})",
@@ -92,7 +99,15 @@ class SeedEachRank(DistributedStep):
         if start is None:
             return
         alike = self._drawn_unseeded(node, start, seeds) if self.in_entry_script else []
-        if not seeds and not alike:
+        own = [
+            g
+            for g in (_PYTHON, _NUMPY)
+            if g not in alike
+            and (calls := self.seed_calls(node, _SEEDS[g]))
+            and not any(mentions_rank(a.value) for c in calls for a in c.args)
+            and self._draws_from(start, g)
+        ]
+        if not seeds and not alike and not own:
             return  # unseeded processes already differ, as they should
         names = {"seed": fresh_name("shared_seed", variable_names(node)), "np": "np"}
         if _NUMPY in alike:
@@ -115,7 +130,15 @@ class SeedEachRank(DistributedStep):
                 " random numbers before training",
             )
         per_rank = [_TORCH] * bool(seeds) + alike
-        lines = "".join(f"    {_PER_RANK[g]}\n" for g in per_rank).format(**names)
+        lines = "".join(f"    {_PER_RANK[g]}\n" for g in per_rank)
+        lines += "".join(f"    {_OWN_PER_RANK[g]}\n" for g in own)
+        lines = lines.format(**names)
+        if own and names["np"] == "np" and _NUMPY in own:
+            numpy = self._numpy_name(node)
+            if numpy is None:
+                self.imports.append("import numpy as np")
+            else:
+                lines = lines.replace("np.random", f"{numpy}.random")
         self.before.setdefault(start, []).extend(parse_statements(_RESEED.format(lines=lines)))
         self.changed(start, f"each process re-seeded with seed + {RANK} before training")
 
@@ -168,15 +191,27 @@ class SeedEachRank(DistributedStep):
 
     def _draws_before(self, module: cst.Module, start: cst.BaseStatement, generator: str) -> bool:
         """Whether the statements that run before `start` (those before it in its block,
-        and the module's own) draw from the global `generator`, directly or in the
-        functions of the project they call."""
+        and the module's own) draw from the global `generator`."""
         block = self.scope_block(start)
         body = list(block.body)
         statements = body[: body.index(start)] if start in body else []
         if block is not module:
             statements += [s for s in module.body if not self.script.runs_training(s)]
+        return self._any_draws(statements, generator)
+
+    def _draws_from(self, start: cst.BaseStatement, generator: str) -> bool:
+        """Whether `start` or the statements after it in its block draw from the global
+        `generator` (the training does)."""
+        body = list(self.scope_block(start).body)
+        return self._any_draws(body[body.index(start) :] if start in body else [start], generator)
+
+    def _any_draws(self, statements: list[cst.BaseStatement], generator: str) -> bool:
+        """Whether `statements` (not the definitions among them) draw from the global
+        `generator`, directly or in the functions of the project they call."""
+        index = self.script.index
+        assert index is not None
         return any(
-            self._draws(call, self.script.index, generator, set())
+            self._draws(call, index, generator, set())
             for statement in statements
             if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
             for call in find(statement, cst.Call)

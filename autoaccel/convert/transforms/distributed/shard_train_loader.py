@@ -391,11 +391,20 @@ class ShardTrainLoader(DistributedStep):
         )
 
     def _host_seeded_alike(self, module: cst.Module) -> bool:
-        """Refuse, and say so, when `random.seed(0)` (or NumPy's) seeds every process alike:
-        they would all draw the same batches. SeedEachRank re-seeds torch's stream only."""
+        """Refuse, and say so, when `random.seed(0)` (or NumPy's) seeds every process alike
+        and nothing re-seeds it by rank before training (SeedEachRank does where the
+        training draws from it): they would all draw the same batches."""
+        calls = [c for c in self.seed_calls(module, HOST_SEEDS) if c.args]
+        by_rank = {
+            name
+            for call in calls
+            if any(mentions_rank(a.value) for a in call.args)
+            for name in self.qualified_names(call.func)
+        }
         alike = [
-            call for call in self.seed_calls(module, HOST_SEEDS)
-            if call.args and not any(mentions_rank(a.value) for a in call.args)
+            call for call in calls
+            if not any(mentions_rank(a.value) for a in call.args)
+            and not self.qualified_names(call.func) & by_rank
         ]  # fmt: skip
         if not alike:
             return False
