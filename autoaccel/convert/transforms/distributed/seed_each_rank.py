@@ -110,7 +110,7 @@ class SeedEachRank(DistributedStep):
         if not seeds and not alike and not own:
             return  # unseeded processes already differ, as they should
         names = {"seed": fresh_name("shared_seed", variable_names(node)), "np": "np"}
-        if _NUMPY in alike:
+        if _NUMPY in alike + own:
             numpy = self._numpy_name(node)
             names["np"] = numpy or "np"
             if numpy is None:
@@ -130,15 +130,8 @@ class SeedEachRank(DistributedStep):
                 " random numbers before training",
             )
         per_rank = [_TORCH] * bool(seeds) + alike
-        lines = "".join(f"    {_PER_RANK[g]}\n" for g in per_rank)
-        lines += "".join(f"    {_OWN_PER_RANK[g]}\n" for g in own)
-        lines = lines.format(**names)
-        if own and names["np"] == "np" and _NUMPY in own:
-            numpy = self._numpy_name(node)
-            if numpy is None:
-                self.imports.append("import numpy as np")
-            else:
-                lines = lines.replace("np.random", f"{numpy}.random")
+        reseeds = [_PER_RANK[g] for g in per_rank] + [_OWN_PER_RANK[g] for g in own]
+        lines = "".join(f"    {line}\n" for line in reseeds).format(**names)
         self.before.setdefault(start, []).extend(parse_statements(_RESEED.format(lines=lines)))
         self.changed(start, f"each process re-seeded with seed + {RANK} before training")
 

@@ -7,7 +7,6 @@ import libcst as cst
 
 from autoaccel.analysis.program import Kind, Obj, Program
 from autoaccel.analysis.shapes import name_calls
-
 from autoaccel.convert.transforms.distributed.destroy_process_group import DestroyProcessGroup
 from autoaccel.convert.transforms.fully_sharded._helpers import SHARD
 from autoaccel.convert.transforms.fully_sharded._sharded import given_to_shard
