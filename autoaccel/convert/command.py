@@ -221,6 +221,7 @@ def _prove(modules: list[Module], project: Project | None, request: VerifyReques
     """`verified` of the converted script beside the original's modules, or of a copy of
     its project with the converted files (what `-o DIR` writes)."""
     script = modules[0].path
+    request = replace(request, batch_rounds=any(m.conversion.log.batch_rounds for m in modules))
     if project is None:
         return verified(script, write_one(script, modules[0].text), request, [])
     roots = project_roots(script)

@@ -81,3 +81,6 @@ class ConversionLog:
     launch: list[str] = field(default_factory=list)
     # Companion files (e.g. an sbatch script): name relative to the output's folder -> text.
     extra_files: dict[str, str] = field(default_factory=dict)
+    # The processes share batches that no DataLoader makes by rounds (`ShardBatchRounds`):
+    # the proof checks that each trains first on the original's batch at its rank.
+    batch_rounds: bool = False

@@ -101,6 +101,7 @@ class VerifyRequest:
     timeout: float = DEFAULT_TIMEOUT_S
     original: Run | None = None
     per_process_batch: bool = False  # the conversion keeps the batch per process, not global
+    batch_rounds: bool = False  # the processes share batches no DataLoader makes by rounds
 
     @property
     def epoch_steps(self) -> int:
@@ -188,6 +189,7 @@ def verify_ddp(
             ddp,
             user_place(script, copy, scratch / "converted"),
             PROCESSES if request.per_process_batch else 1,
+            request.batch_rounds,
         )
     if all(c.passed for c in found):
         return found, ""
@@ -301,11 +303,18 @@ def write_one(script: Path, converted: str) -> WriteConversion:
     return write
 
 
-def checks(original: Run, ddp: Run, place: Place = own_code, batch_factor: int = 1) -> list[Check]:
+def checks(
+    original: Run,
+    ddp: Run,
+    place: Place = own_code,
+    batch_factor: int = 1,
+    batch_rounds: bool = False,
+) -> list[Check]:
     """What the two runs show, one check per property (see the module docstring); a
     crash is named at the frame `place` finds in the user's files; the processes train
     on `batch_factor` times the original's batch between them (`PROCESSES` where each
-    keeps the original's batch)."""
+    keeps the original's batch), and share the original's batches by rounds where
+    `batch_rounds`."""
     ranks = sorted(ddp.ranks, key=lambda r: r.get("rank", 0))
     finished = _finished(ddp, ranks, place)
     if not finished.passed:
@@ -321,7 +330,11 @@ def checks(original: Run, ddp: Run, place: Place = own_code, batch_factor: int =
         ]
     return [
         replace(finished, detail=f"{finished.detail}; {_epoch_ends(original)}"),
-        _disjoint(original, ranks, batch_factor),
+        (
+            _batch_rounds(original, ranks)
+            if batch_rounds
+            else _disjoint(original, ranks, batch_factor)
+        ),
         _same_parameters(ranks),
         _parameters_train(original, ranks[0]),
         _one_writer(ranks),
@@ -444,6 +457,45 @@ def _disjoint(original: Run, ranks: list[dict[str, Any]], batch_factor: int = 1)
             name, False, "every process computed the same losses: they train on the same data"
         )
     return Check(name, True, "no DataLoader indices; the processes' losses differ")
+
+
+def _batch_rounds(original: Run, ranks: list[dict[str, Any]]) -> Check:
+    """Each process first trains on a batch of the original's first ones (by what its
+    models received: `batch_prints`) that no other process trains on first: the processes
+    make the original's batches alike and take their shares of them. What every recorded
+    step of the original received alike (an initial hidden state, a fixed noise) tells no
+    batch apart and is left out; what the processes share besides (noise drawn alike on
+    every process) tells none apart either."""
+    name = DIFFERENT_DATA
+    theirs = [set(step) for step in original.record.get("batch_prints") or []]
+    constant = set.intersection(*theirs) if len(theirs) > 1 else set()
+    known = set().union(*theirs) - constant
+    if not known:
+        return Check(
+            name,
+            False,
+            "not proven: the original's models received no tensors to tell its batches apart"
+            " by, so nothing shows that the processes make the same batches",
+        )
+    firsts = [set((rank.get("batch_prints") or [[]])[0]) - constant for rank in ranks]
+    for position, first in enumerate(firsts):
+        others = set().union(*(f for i, f in enumerate(firsts) if i != position))
+        if not (first - others) & known:
+            return Check(
+                name,
+                False,
+                f"process {position} first trains on data that is not one of the original's"
+                f" first {len(theirs)} batches, or that another process trains on too: the"
+                " processes do not make the same batches (a random generator that no process"
+                " seeds alike, an order that differs between processes?), so their shares"
+                " overlap",
+            )
+    return Check(
+        name,
+        True,
+        f"each of the {len(ranks)} processes first trains on its own one of the original's"
+        f" first {len(theirs)} batches: they share the original's batches by rounds",
+    )
 
 
 def _step_batch(runs: list[dict[str, Any]]) -> int | None:

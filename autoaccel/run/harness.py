@@ -63,7 +63,9 @@ samples it trained on,
 ``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
 DataLoader in the order the script starts them (the same order on every rank), or None when
 the loader has no indices (an ``IterableDataset``). Samples that two ranks both trained on
-in the same pass are then counted once (`autoaccel.run.runner.merge_ranks`).
+in the same pass are then counted once (`autoaccel.run.runner.merge_ranks`). Of the first
+steps, ``batch_prints`` has hashes of the data the step's models received
+(`autoaccel.run.batch_prints`): what tells batches apart that no DataLoader handed out.
 
 The record (JSON, written on every exit path; ``{rank}`` in PATH becomes ``$RANK``):
 ``losses``, ``times`` (``perf_counter`` at each step), ``samples`` (cumulative samples at each
@@ -102,6 +104,7 @@ from pathlib import Path
 from typing import Any
 
 from autoaccel.facts.user_code import is_user_file, user_frame
+from autoaccel.run.batch_prints import BatchPrints
 from autoaccel.patching import patched
 
 # Attribute set on tensors returned by GradScaler.scale: the scale tensor they carry.
@@ -149,6 +152,7 @@ class StepRecord:
     times: list[float] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
     sample_ids: list[Any] = field(default_factory=list)  # per step: [pass, indices] or None
+    batch_prints: list[list[str]] = field(default_factory=list)  # per first step: data hashes
     saves: list[str] = field(default_factory=list)  # paths torch.save wrote
     writes: list[str] = field(default_factory=list)  # other paths opened for writing, once each
     # folders of the script's it made with `scratch` (left empty: their files went there)
@@ -290,6 +294,8 @@ class _StepRecorder:
         from torch.utils.data import DataLoader, dataloader
 
         stack = self.stack
+        self.batch_prints = BatchPrints()
+        stack.callback(self.batch_prints.close)
         stack.enter_context(patched(torch.Tensor, "backward", self._backward))
         stack.enter_context(patched(torch.amp.GradScaler, "scale", _marking_scale))
         stack.enter_context(patched(dataloader._BaseDataLoaderIter, "__next__", self._next))
@@ -346,6 +352,7 @@ class _StepRecorder:
         self.record.samples.append(self.samples_seen)
         self.record.sample_ids.append(self.last_ids)
         self.last_ids = None
+        self.batch_prints.step()
         steps = len(self.record.times)
         if steps == 1:
             self.record.first_param_digest = self._param_digest()
@@ -666,6 +673,7 @@ class _StepRecorder:
         ]
         record.peak_rss_bytes = _peak_rss_bytes()
         record.param_digest = self.digest if self.digest is not None else self._param_digest()
+        record.batch_prints = self.batch_prints.prints
         record.exit = exit_status
         return record
 
