@@ -2,7 +2,9 @@
 bench31): when its `__init__` hands `*args, **kwargs` to DataLoader's, a call of it takes
 a DistributedSampler like DataLoader's (fixtures/ddp/loader_subclass.py; its `--verify`
 run is in tests/test_convert_verify.py); before, it was refused as "an object of the
-project's class". One that builds DataLoader's arguments itself stays refused."""
+project's class". One that builds DataLoader's arguments itself takes no sampler: every
+process shuffles alike and trains on every WORLD_SIZE-th of its batches
+(tests/test_convert_batch_rounds.py)."""
 
 from __future__ import annotations
 
@@ -51,6 +53,11 @@ def test_a_forwarding_subclass_takes_the_sampler() -> None:
     ],
     ids=["own-arguments", "drops-kwargs"],
 )
-def test_a_subclass_that_does_not_pass_every_argument_is_refused(init: str) -> None:
-    (refusal,) = [s for s in convert((FORWARDING, init)).log.skipped if s.wrong]
-    assert "an object of the project's class `StackingLoader`" in refusal.reason
+def test_a_subclass_that_does_not_pass_every_argument_shares_its_batches(init: str) -> None:
+    conversion = convert((FORWARDING, init))
+    assert [s for s in conversion.log.skipped if s.wrong] == []
+    assert "DistributedSampler(" not in conversion.converted
+    assert (
+        "    loader = ShardedBatches(StackingLoader(dataset, batch_size=8, shuffle=True))\n"
+        in conversion.converted
+    )

@@ -2,8 +2,8 @@
 `batchify()` columns (word_language_model), `torch.randint` offsets (nanoGPT's
 `get_batch()`), a project `IterableDataset`, minibatches drawn with Python's `random` (a
 replay buffer, random chunks of a text), and what is refused with its reason: full-batch
-training, a project's own batching class, draws seeded alike, steps that each process
-takes on its own condition. A training loop that nothing calls is left alone.
+training, draws seeded alike, steps that each process takes on its own condition (a
+project's own batching class is shared by rounds: tests/test_convert_batch_rounds.py). A training loop that nothing calls is left alone.
 What the ranks really read is checked in tests/test_convert_tensor_data_runs.py."""
 
 from __future__ import annotations
@@ -203,36 +203,6 @@ def test_full_batch_refusal_on_the_command_line(cli, tmp_path):
     assert not (tmp_path / "ddp.py").exists()
 
 
-def test_full_batch_is_said_only_of_a_loop_that_counts_its_steps():
-    """A loop over something other than `range()` takes batches from it: never full-batch."""
-    conversion = convert_fixture("ddp/project_batcher.py")
-    (skip,) = wrong(conversion.log)
-    assert skip.line == 50  # `for tokens, labels in batches:`
-    assert skip.reason.startswith(
-        "this training loop takes its batches from `batches`, an object of the project's class"
-        " `BucketBatches`: no DistributedSampler can shard it"
-    )
-
-
-def test_the_refusal_names_the_call_that_makes_the_batches():
-    """bprmf's `for u, i, j in dl.generate_data(batch_size=256):` was refused as taking
-    its batches "from `256`" (the keyword argument, unwrapped as `tqdm(loader)` is)."""
-    conversion = convert(dedent("""\
-        import torch
-        from data import Sampler
-        dl = Sampler()
-        model = torch.nn.Linear(4, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x, y in dl.generate_data(batch_size=256):
-            loss = (model(x) - y).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        """))
-    (skip,) = wrong(conversion.log)
-    assert "takes its batches from `dl.generate_data(batch_size=256)`" in skip.reason
-
-
 # -- a training loop of a function nothing calls: left alone ---------------------------------
 @pytest.mark.parametrize("options", [DDP, FSDP], ids=["ddp", "fsdp"])
 def test_a_training_loop_nothing_calls_is_left_alone(options):
@@ -375,3 +345,17 @@ def test_lines_of_the_original_stay_byte_identical(name):
         if line in rewritten:
             continue
         position = converted.index(line, position) + 1
+
+
+@pytest.mark.parametrize("options", [DDP, FSDP], ids=["ddp", "fsdp"])
+def test_a_walk_from_a_random_start_is_refused(options):
+    """Ninth unseen set F1 (Char-RNN-PyTorch): `ptr = np.random.randint(...)` then a walk
+    over the whole corpus. The draw was taken for batches each process draws its own of,
+    and every process trained on all of the corpus (exit 0, silently wrong)."""
+    conversion = convert_fixture("ddp/random_start_walk.py", options)
+    (skip,) = wrong(conversion.log)
+    assert skip.line == 35  # `while ptr + WINDOW + 1 <= len(corpus):`
+    assert skip.reason.startswith(
+        "this training loop walks its data in order from a position it advances, so every"
+        " process would walk all of it"
+    )

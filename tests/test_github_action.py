@@ -318,7 +318,7 @@ def test_a_refused_ddp_preview_shows_as_a_failure_with_the_reason(tmp_path, monk
     from autoaccel.ci.github import convert_section
 
     script = tmp_path / "train.py"
-    script.write_text(TRAIN.replace("for x, y in loader:", "for x, y in zip(xs, ys):"))
+    script.write_text(TRAIN.replace("for x, y in loader:", "for step in range(100):"))
     monkeypatch.chdir(tmp_path)
     section = convert_section([Path("train.py")], "--to ddp")
     assert "`autoaccel convert train.py` failed:" in section

@@ -23,7 +23,7 @@ import libcst as cst
 from autoaccel.analysis.index import ModuleIndex, run_visitors
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import rank_guarded
-from autoaccel.analysis.shapes import bound_name_nodes, find, is_attribute
+from autoaccel.analysis.shapes import bound_name_nodes, find, is_attribute, is_name
 
 
 class EffectKind(Enum):
@@ -327,6 +327,7 @@ class _OwnState:
                 for name in bound_name_nodes(target):
                     bound.setdefault(name.value, []).append(value if target is name else None)
         parameters = {p.name.value for p in find(function.params, cst.Param)}
+        self.module_functions = {f.name.value for f in find(index.module, cst.FunctionDef)}
         self.fresh = {
             name
             for name, values in bound.items()
@@ -358,9 +359,9 @@ class _OwnState:
 
     def _small(self, small: cst.BaseSmallStatement) -> bool:
         if isinstance(small, cst.Assign):
-            return all(self._own(t.target) for t in small.targets)
+            return all(self._own(t.target) for t in small.targets) and self._idle(small.value)
         if isinstance(small, (cst.AugAssign, cst.AnnAssign)):
-            return self._own(small.target)
+            return self._own(small.target) and self._idle(small.value)
         if isinstance(small, cst.Expr):
             value = small.value
             if isinstance(value, cst.SimpleString):
@@ -371,6 +372,22 @@ class _OwnState:
         return isinstance(
             small, (cst.Pass, cst.Global, cst.Return, cst.Break, cst.Continue, cst.Assert)
         )
+
+    def _idle(self, value: cst.BaseExpression | None) -> bool:
+        """Whether computing `value` may do no work of the program: it calls no method of
+        its `self` (SimGNN's `fit()` prints, and trains in `loss_sum +=
+        self.process_batch(batch)`), nor a function of the module."""
+        for call in find(value, cst.Call) if value is not None else ():
+            func = call.func
+            if isinstance(func, cst.Name) and func.value in self.module_functions:
+                return False
+            if (
+                isinstance(func, cst.Attribute)
+                and self.self_name is not None
+                and is_name(func.value, self.self_name)
+            ):
+                return False
+        return True
 
     def _own(self, target: cst.BaseExpression) -> bool:
         """Whether assigning to `target` (or changing it) changes state of the function's

@@ -24,6 +24,7 @@ from autoaccel.convert.transforms.distributed.replace_data_parallel import Repla
 from autoaccel.convert.transforms.distributed.scale_summed_loss import ScaleSummedLoss
 from autoaccel.convert.transforms.distributed.seed_each_rank import SeedEachRank
 from autoaccel.convert.transforms.distributed.set_sampler_epoch import SetSamplerEpoch
+from autoaccel.convert.transforms.distributed.shard_batch_rounds import ShardBatchRounds
 from autoaccel.convert.transforms.distributed.shard_evaluation import ShardEvaluation
 from autoaccel.convert.transforms.distributed.shard_permuted_rows import ShardPermutedRows
 from autoaccel.convert.transforms.distributed.shard_stream_columns import ShardStreamColumns
@@ -46,6 +47,7 @@ DDP_STEPS = [
     ShardStreamColumns,
     ShardPermutedRows,
     ShardTrainLoader,
+    ShardBatchRounds,
     FollowPerProcessBatch,
     ShareNodeCpus,
     SetSamplerEpoch,

@@ -31,6 +31,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
     setup_block_end,
 )
+from autoaccel.convert.transforms.distributed.shard_batch_rounds import shared_loops
 from autoaccel.convert.transforms.inserted_names import variable_names
 from autoaccel.cst_edit import bound_name, code_of, keyword_value
 
@@ -46,6 +47,10 @@ _UNSEEDED = """\
 _PARTLY_SEEDED = """\
 # {generators}: not seeded, and drawn from before training. Every process takes rank 0's
 # seed, to build the same data.
+"""
+_SHARED_BATCHES = """\
+# {generators}: not seeded. Every process takes rank 0's seed, to make the same batches
+# (each trains on its share of them).
 """
 _SEED_ALIKE = f"""\
 {{comment}}if {DISTRIBUTED}:
@@ -95,6 +100,9 @@ class SeedEachRank(DistributedStep):
         seeds = self.seed_calls(node)
         if any(mentions_rank(arg.value) for call in seeds for arg in call.args):
             return  # seeded per rank by the author
+        if self.in_entry_script and shared_loops(self.script):
+            self._seed_alike(node, bool(seeds))
+            return
         start = self._seeded_start(node, seeds) if seeds else self._training_start(node)
         if start is None:
             return
@@ -134,6 +142,48 @@ class SeedEachRank(DistributedStep):
         lines = "".join(f"    {line}\n" for line in reseeds).format(**names)
         self.before.setdefault(start, []).extend(parse_statements(_RESEED.format(lines=lines)))
         self.changed(start, f"each process re-seeded with seed + {RANK} before training")
+
+    def _seed_alike(self, module: cst.Module, torch_seeded: bool) -> None:
+        """Batches that no DataLoader makes are shared out by rounds (`ShardBatchRounds`):
+        every process must make the same ones, so none is re-seeded by rank, and those of
+        the global generators the script draws from but never seeds take rank 0's seed."""
+        unseeded = [_TORCH] * (not torch_seeded) + [
+            g
+            for g in (_PYTHON, _NUMPY)
+            if not self.seed_calls(module, _SEEDS[g]) and self._imported(module, g)
+        ]
+        self.changed(
+            setup_block_end(module),
+            "no process is re-seeded by its rank: every process makes the same batches, and"
+            " trains on its share of them",
+        )
+        if not unseeded:
+            return
+        names = {"seed": fresh_name("shared_seed", variable_names(module)), "np": "np"}
+        if _NUMPY in unseeded:
+            numpy = self._numpy_name(module)
+            names["np"] = numpy or "np"
+            if numpy is None:
+                self.imports.append("import numpy as np")
+        lines = "".join(f"    {_ALIKE[g]}\n" for g in unseeded).format(**names)
+        comment = _SHARED_BATCHES.format(generators=_listed(unseeded))
+        code = _SEED_ALIKE.format(comment=comment, seed=names["seed"], lines=lines)
+        self.after.setdefault(setup_block_end(module), []).extend(parse_statements(code))
+        self.imports += ["import random"] * (_PYTHON in unseeded)
+
+    def _imported(self, module: cst.Module, generator: str) -> bool:
+        """Whether a module of the program imports `generator`'s module (`random`, `numpy`)."""
+        program = self.script.program
+        trees = [m.tree for m in program.modules] if program is not None else [module]
+        imported: list[str] = []
+        for tree in trees:
+            for statement in find(tree, (cst.Import, cst.ImportFrom)):
+                if isinstance(statement, cst.Import):
+                    imported += [code_of(alias.name) for alias in statement.names]
+                elif isinstance(statement, cst.ImportFrom) and statement.module is not None:
+                    imported.append(code_of(statement.module))
+        top = generator.split(".")[0]
+        return any(name.split(".")[0] == top for name in imported)
 
     def _training_start(self, module: cst.Module) -> cst.BaseStatement | None:
         """The statement that starts training the first model trained in `module`."""

@@ -127,6 +127,19 @@ def slices_by_counter(step: StepLoop) -> bool:
     ) or isinstance(step.node, cst.While)
 
 
+def walks_by_pointer(step: StepLoop) -> bool:
+    """Whether the loop slices a tensor at a position it advances itself (`x =
+    data[ptr:ptr + L]` ... `ptr += L`): it walks its data in order, all of it, whatever
+    random start it may draw first (a character RNN's `ptr = np.random.randint(100)`)."""
+    advanced = {name_key(a.target) for a in find(step.node.body, cst.AugAssign)}
+    return any(
+        name_key(name) in advanced
+        for subscript in find(step.node.body, cst.Subscript)
+        for element in subscript.slice
+        for name in find(element.slice, cst.Name)
+    )
+
+
 def batch_source(loop: cst.For | cst.While, index: ModuleIndex) -> cst.BaseExpression | None:
     """What a `for` loop takes its batches from: `train_loader` of `for i, (x, y) in
     enumerate(tqdm(train_loader))`; None when it counts (`range(epochs)`,

@@ -20,12 +20,12 @@ from collections.abc import Iterator, Mapping
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.fresh_data import HOST_SEEDS, Generator, fresh_draws, generator_of
+from autoaccel.analysis.fresh_data import HOST_SEEDS, Generator, fresh_draws
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.loss_reduction import reaching_values
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.permuted_rows import permuted_batches
-from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
+from autoaccel.analysis.program import FunctionInfo, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, names_in
 from autoaccel.analysis.script_model import LoopRole, Missing, ScriptModel
 from autoaccel.analysis.shapes import bound_names, find, is_name, is_true
@@ -48,10 +48,17 @@ from autoaccel.convert.transforms.distributed.loader_flags import (
     training_splits,
     unselected_loaders,
 )
+from autoaccel.convert.transforms.distributed.shard_batch_rounds import (
+    round_draws,
+    rounds,
+    shared_loops,
+    step_sites,
+)
 from autoaccel.convert.transforms.distributed.shard_stream_columns import (
     batch_source,
     reads_batchified,
     slices_by_counter,
+    walks_by_pointer,
 )
 from autoaccel.convert.transforms.distributed.stop_together import (
     EVERY_PROCESS,
@@ -165,9 +172,10 @@ class ShardTrainLoader(DistributedStep):
                 f"the run of the script showed it: no backward() followed any of its {batches}"
                 " batches, while one followed those of another DataLoader",
             )
+        shared = shared_loops(self.script)
         for loop in self.script.step_loops.values():
-            if loop.role is not LoopRole.TRAIN or loop.loaders:
-                continue
+            if loop.role is not LoopRole.TRAIN or loop.loaders or loop in shared:
+                continue  # ShardBatchRounds gives each process its share of `shared`
             if reads_batchified(loop.node, node):
                 continue  # ShardStreamColumns gives each process its columns
             self._shard_without_loader(node, loop)
@@ -228,14 +236,12 @@ class ShardTrainLoader(DistributedStep):
             return
         if permuted_batches(step, self.script) is not None:
             return  # ShardPermutedRows gives each process its rows
-        generators = fresh_draws(step, self.script.program) or self._round_draws(step)
-        source = batch_source(step.node, self.script.index)
+        # (a random start of a walk over all of the data draws no data: the walk is the data)
+        generators = fresh_draws(step, self.script.program) or (
+            frozenset() if walks_by_pointer(step) else round_draws(step, self.script)
+        )
         if generators:
             self._draw_per_process(module, step, generators)
-        elif source is not None:
-            self.skipped(
-                "DistributedSampler", self._not_a_torch_loader(source), step.node, wrong=True
-            )
         elif (maker := self._batch_maker(step)) is not None:
             self.skipped(
                 "DistributedSampler",
@@ -270,6 +276,16 @@ class ShardTrainLoader(DistributedStep):
                 step.node,
                 wrong=True,
             )
+        elif walks_by_pointer(step):
+            self.skipped(
+                "DistributedSampler",
+                "this training loop walks its data in order from a position it advances, so"
+                " every process would walk all of it; give each process its own contiguous"
+                f" part by hand (equal parts: `data.chunk({WORLD_SIZE})[{RANK}]` of a tensor"
+                f" whose length divides by {WORLD_SIZE}), so that all take as many steps",
+                step.node,
+                wrong=True,
+            )
         else:
             self.skipped(
                 "DistributedSampler",
@@ -296,25 +312,6 @@ class ShardTrainLoader(DistributedStep):
                 ):
                     return call
         return None
-
-    def _not_a_torch_loader(self, source: cst.BaseExpression) -> str:
-        """Why a loop over `source`, batches that no torch DataLoader makes, is refused."""
-        classes = {
-            o.cls
-            for o in self.script.values(source)
-            if o.kind is Kind.INSTANCE and o.cls is not None
-        }
-        if len(classes) == 1:
-            (cls,) = classes
-            what = f"an object of the project's class `{cls.name}`"
-        else:
-            what = "which the analysis cannot trace to a torch DataLoader"
-        return (
-            f"this training loop takes its batches from `{code_of(source)}`, {what}: no"
-            " DistributedSampler can shard it, and every process would train on all of it;"
-            f" give each process its share by hand (e.g. the indices `[{RANK}::{WORLD_SIZE}]`"
-            " of what it batches), or batch the data with torch's DataLoader"
-        )
 
     def _draw_per_process(
         self, module: cst.Module, step: StepLoop, generators: frozenset[Generator]
@@ -428,7 +425,7 @@ class ShardTrainLoader(DistributedStep):
         (its own environment, its own draws)."""
         program = self.script.program
         guards: dict[cst.If | cst.While, FunctionInfo | None] = {}
-        for site, module in self._step_sites(step):
+        for site, module in step_sites(step, self.script):
             if module is not self.script.module:
                 continue
             function = program.function_of.get(site) if program is not None else step.function
@@ -499,53 +496,10 @@ class ShardTrainLoader(DistributedStep):
             caller = program.function_of.get(call)
             yield from self._around(call, program.module_of[call].index, caller, seen | {function})
 
-    def _step_sites(self, step: StepLoop) -> list[tuple[cst.CSTNode, SourceModule]]:
-        """The step loop, and the calls of the program that run the function holding it,
-        directly or through others, each with its module."""
-        sites: list[tuple[cst.CSTNode, SourceModule]] = (
-            [(step.node, step.module)] if step.module else []
-        )
-        program = self.script.program
-        seen: set[FunctionInfo] = set()
-        todo = [step.function]
-        while program is not None and todo:
-            function = todo.pop()
-            if function is None or function in seen:
-                continue
-            seen.add(function)
-            for call in program.calls_of(function):
-                sites.append((call, program.module_of[call]))
-                todo.append(program.function_of.get(call))
-        return sites
-
-    def _rounds(
-        self, step: StepLoop
-    ) -> Iterator[tuple[cst.For | cst.While, cst.CSTNode, SourceModule]]:
-        """The loops around the training steps (around the loop, or around a call that
-        runs it), innermost first, each with that loop or call and its module."""
-        for site, module in self._step_sites(step):
-            for loop in module.index.ancestors(site):
-                if isinstance(loop, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                    break  # the calls of the function are sites of their own
-                if isinstance(loop, (cst.For, cst.While)):
-                    yield loop, site, module
-
-    def _round_draws(self, step: StepLoop) -> frozenset[Generator]:
-        """The global generators that a loop around the training steps draws from besides
-        them: a PPO round collects new rollouts (`agent.act(torch.randn(4))`), then trains
-        on all of them for a few steps. Each process collects its own."""
-        drawn = {
-            generator_of(call, module.index)
-            for loop, _, module in self._rounds(step)
-            for call in find(loop.body, cst.Call)
-            if step.node not in module.index.ancestors(call)
-        }
-        return frozenset(drawn - {None})  # type: ignore[arg-type]
-
     def _round_loop(self, step: StepLoop) -> tuple[cst.CSTNode, SourceModule] | None:
         """The training loop, or the call that runs it, inside a loop that does more than
         repeat it: a PPO agent's `agent.update()` inside its rollout loop."""
-        for loop, site, module in self._rounds(step):
+        for loop, site, module in rounds(step, self.script):
             calls = find(loop.body, cst.Call)
             if any(c is not site and step.node not in module.index.ancestors(c) for c in calls):
                 return site, module
