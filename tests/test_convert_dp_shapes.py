@@ -149,12 +149,42 @@ def test_existing_data_parallel_is_upgraded() -> None:
             "sets `self.aux` (line 17)",
             id="forward-attribute",
         ),
+        pytest.param(  # ninth unseen set F8 (Conditional_Diffusion_MNIST): was written
+            "device_kept_in_forward.py",
+            44,
+            "`Diffusion.forward` moves tensors to `self.device` (line 29)",
+            id="device-kept-in-forward",
+        ),
     ],
 )
 def test_refused_naming_the_line(name: str, line: int, reason: str) -> None:
     skipped = [s for s in converted(name).log.skipped if s.wrong]
     assert len(skipped) == 1 and reason in skipped[0].reason
     assert skipped[0].line == line
+
+
+def test_an_object_of_a_project_class_as_the_batch_is_refused() -> None:
+    """Ninth unseen set F7 (gcn-pytorch's `Data`): DataParallel hands every GPU the same
+    object, nothing split; it was written. The caller's loop is refused too (its step is
+    in `train()`)."""
+    skipped = [s for s in converted("graph_object_batch.py").log.skipped if s.wrong]
+    (refusal,) = [s for s in skipped if "`Graph`" in s.reason]
+    assert refusal.line == 30
+    assert refusal.reason.startswith(
+        "`graph` is an object of the class `Graph`, which `nn.DataParallel` does not split"
+    )
+
+
+def test_a_device_property_is_each_replica_s_own() -> None:
+    """`self.device` computed from the parameters (a property) moves nothing to one GPU."""
+    source = (FIXTURES / "device_kept_in_forward.py").read_text(encoding="utf-8")
+    source = source.replace("        self.device = device\n", "").replace(
+        "    def forward(self, x):\n        t =",
+        "    @property\n    def device(self):\n        return self.signal.device\n\n"
+        "    def forward(self, x):\n        t =",
+    )
+    conversion = convert_source(source, DP, "device_property.py")
+    assert [s for s in conversion.log.skipped if s.wrong] == []
 
 
 NET = """\
@@ -379,6 +409,15 @@ for x, y in loader:
 def test_per_gpu_losses_combine_as_the_loss_reduces(helper: str, loss: str, combined: str) -> None:
     code = convert_source(STEP.format(helper=helper, loss=loss), DP, "step.py").converted
     assert f"loss = loss_on_gpus(x, y).{combined}()  # {combined} of the per-GPU losses" in code
+
+
+def test_a_criterion_built_with_legacy_size_average_averages() -> None:
+    """Ninth unseen set F3 (siamese-pytorch's `BCEWithLogitsLoss(size_average=True)`, the
+    old spelling of a mean): refused as "does not average or sum over the batch"."""
+    helper = "criterion = nn.BCEWithLogitsLoss(size_average=True)\n"
+    source = STEP.format(helper=helper, loss="loss = criterion(out, y)")
+    code = convert_source(source, DP, "step.py").converted
+    assert "loss = model_with_loss(x, y).mean()  # mean of the per-GPU losses" in code
 
 
 @pytest.mark.parametrize(

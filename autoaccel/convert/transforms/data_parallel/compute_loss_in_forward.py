@@ -597,13 +597,14 @@ class ComputeLossInForward(StatementRewrite):
         key = name_key(call.func)
         if key not in self.script.criteria:
             return "mean"  # a functional loss called without keywords
-        reductions = set()
+        reductions: set[object] = set()
         for statement in find(self.tree, cst.SimpleStatementLine):
             assign = single_assign(statement)
             if assign is None or name_key(assign[0]) != key or not isinstance(assign[1], cst.Call):
                 continue
             if any(keyword_value(assign[1], legacy) for legacy in ("size_average", "reduce")):
-                return None
+                reductions.add(_legacy_reduction(assign[1]) or "?")
+                continue
             value = keyword_value(assign[1], "reduction")
             reductions.add(value.evaluated_value if isinstance(value, cst.SimpleString) else value)
         if reductions <= {None, "mean"}:

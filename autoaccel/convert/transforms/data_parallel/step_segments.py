@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import libcst as cst
 import libcst.matchers as m
@@ -42,6 +43,8 @@ from autoaccel.convert.transforms.distributed.shard_stream_columns import batch_
 from autoaccel.facts.model import BatchFirst, batch_first
 from autoaccel.facts.resolve import FactsResolver
 
+# What a forward may get that `nn.DataParallel` passes to every GPU as it is, rightly.
+_PASSED_AS_THEY_ARE = frozenset({"int", "float", "bool", "str", "NoneType"})
 # In the reason of a refusal that a short run of the script can answer (`convert` runs it).
 RUN_CAN_TELL = "a short run of the script can show whether it is batch-first"
 
@@ -648,6 +651,7 @@ class SegmentFinder:
                 )
             if name in batch:
                 inputs.append(name)
+                self._refuse_objects(chain, name, line)
                 if displays_a_container(line, name):
                     self._by_the_run(
                         name,
@@ -732,6 +736,39 @@ class SegmentFinder:
                 lines.get(name, chain[0]),
             )
         return inputs
+
+    def _refuse_objects(self, chain, name: str, line: cst.CSTNode) -> None:
+        """Refuse `name` where a model of the chain gets an object of a class of the
+        project (gcn's `Data`): `nn.DataParallel` splits tensors and tuples, lists and
+        dicts of them, and hands any other object to every GPU as it is."""
+        for call, index in self._model_arguments(chain, name):
+            if index is None:
+                continue
+            argument = [a for a in call.args if a.keyword is None][index].value
+            classes = sorted(
+                o.cls.name
+                for o in self.script.values(argument)
+                if o.kind is Kind.INSTANCE and o.cls is not None and not o.cls.is_module
+            )
+            seen = self.facts.forwards_at(call) if self.facts is not None else []
+            kinds = sorted(
+                {
+                    held
+                    for f in seen
+                    for s in f.seen
+                    if index < len(s.args)
+                    and isinstance(held := s.args[index], str)
+                    and held not in _PASSED_AS_THEY_ARE
+                }
+            )
+            what = classes or kinds
+            if what:
+                raise Refused(
+                    f"`{name}` is an object of the class `{what[0]}`, which `nn.DataParallel`"
+                    " does not split: it hands every GPU the same object, with its tensors on the"
+                    " first; pass the model its tensors (or tuples, lists, dicts of them)",
+                    line,
+                )
 
     def _model_arguments(self, chain, name: str) -> list[tuple[cst.Call, int | None]]:
         """The model calls of the chain that get `name` as it is, and its position."""
@@ -1268,31 +1305,47 @@ class SegmentFinder:
         return "mean"
 
     def _check_forward_attributes(self, chain) -> None:
-        """`self.x = ...` in a replicated model's `forward` is set on a replica and lost."""
+        """What a replicated model's `forward` does that holds on one GPU only: `self.x =
+        ...` is set on a replica and lost; `.to(self.device)` moves every replica's part
+        of the batch to the one device stored when the model was built."""
         for s in chain:
             for call in self._model_calls(s):
                 for obj in self.script.values(call.func):
                     cls = getattr(obj, "cls", None)
                     method = cls.method("forward") if cls is not None else None
-                    if method is None or getattr(method, "node", None) is None:
+                    if cls is None or method is None or getattr(method, "node", None) is None:
                         continue
+                    place = partial(self._place, method)
                     for target in find(method.node, (cst.AssignTarget, cst.AugAssign)):
                         node = target.target
-                        if (
-                            isinstance(node, cst.Attribute)
-                            and isinstance(node.value, cst.Name)
-                            and node.value.value == "self"
-                        ):
-                            place = (
-                                f"line {self.t.line_of(target)}"
-                                if method.module is self.script.module
-                                else where(method.module, target)
-                            )
+                        if isinstance(node, cst.Attribute) and _of_self(node):
                             raise Refused(
-                                f"`{cls.name}.forward` sets `self.{node.attr.value}` ({place}):"
+                                f"`{cls.name}.forward` sets `self.{node.attr.value}` ({place(target)}):"
                                 " `nn.DataParallel` sets it on a replica, and the model never sees it",
                                 s,
                             )
+                    stored = {
+                        t.target.attr.value
+                        for c in cls.mro()
+                        for t in find(c.node, cst.AssignTarget)
+                        if isinstance(t.target, cst.Attribute) and _of_self(t.target)
+                    }
+                    for moved in find(method.node, cst.Call):
+                        device = _stored_device(moved)
+                        if device is not None and device.attr.value in stored:
+                            raise Refused(
+                                f"`{cls.name}.forward` moves tensors to `{code_of(device)}`"
+                                f" ({place(moved)}), one device kept when the model was built:"
+                                " under `nn.DataParallel` each GPU's replica would put its part"
+                                " of the batch there; use an input's device (`x.device`)",
+                                s,
+                            )
+
+    def _place(self, method, node: cst.CSTNode) -> str:
+        """Where `node` of `method` is: its line, or its file and line in another module."""
+        if method.module is self.script.module:
+            return f"line {self.t.line_of(node)}"
+        return where(method.module, node)
 
     def _anchor(self, statement, first) -> cst.CSTNode:
         """The outermost loop around the step in its function; the span's first line
@@ -1601,3 +1654,24 @@ def _conditional_role(transform, call: cst.Call) -> LoopRole | None:
             return None
         child = ancestor
     return None
+
+
+def _of_self(node: cst.BaseExpression) -> bool:
+    """Whether `node` is an attribute of `self` (`self.x`)."""
+    return (
+        isinstance(node, cst.Attribute)
+        and isinstance(node.value, cst.Name)
+        and node.value.value == "self"
+    )
+
+
+def _stored_device(call: cst.Call) -> cst.Attribute | None:
+    """The attribute of `self` that `call` moves a tensor to, or makes it on:
+    `.to(self.device)`, `.cuda(self.gpu)`, `torch.zeros(n, device=self.device)` (a
+    property computed from the parameters is each replica's own: not taken as kept)."""
+    method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+    positional = [a.value for a in call.args if a.keyword is None]
+    candidates = positional[:1] if method in ("to", "cuda") else []
+    device = keyword_value(call, "device")
+    candidates += [device] if device is not None else []
+    return next((c for c in candidates if isinstance(c, cst.Attribute) and _of_self(c)), None)
