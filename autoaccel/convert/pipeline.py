@@ -66,6 +66,7 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
     names imported by those steps reveal."""
     from autoaccel.convert.transforms import rule_fixes
     from autoaccel.convert.transforms.add_autocast import AddAutocast
+    from autoaccel.convert.transforms.call_modules import CallModules
     from autoaccel.convert.transforms.compile_model import CompileModel
     from autoaccel.convert.transforms.channels_last import ChannelsLast
     from autoaccel.convert.transforms.replace_apex_amp import ReplaceApexAmp
@@ -76,6 +77,7 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
         AddAutocast,
         CompileModel,
         ChannelsLast,
+        CallModules,  # before the target's steps, which find the model by its calls
     ]
     if options.target == "dp":
         from autoaccel.convert.transforms.data_parallel import DP_STEPS
