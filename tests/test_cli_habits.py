@@ -255,7 +255,15 @@ def autoaccel_with(env: dict[str, str], *args: str) -> subprocess.CompletedProce
 
 
 def test_show_completion_prints_the_bash_script():
-    run = autoaccel_with({"SHELL": "/bin/bash"}, "--show-completion", "bash")
+    """Typer takes the shell from the process tree (shellingham), not from the argument:
+    run from a bash that stays the parent (`; exit $?` keeps bash from exec-ing the command),
+    as a user's would be, not from a process whose shell has exited (a detached job)."""
+    run = subprocess.run(
+        ["bash", "-c", '"$0" -m autoaccel --show-completion bash; exit $?', sys.executable],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SHELL": "/bin/bash"},
+    )
     assert run.returncode == 0, run.stderr
     assert "complete -o default -F _autoaccel_completion autoaccel" in run.stdout
 
