@@ -32,6 +32,14 @@ def converted(name: str):
 @pytest.mark.parametrize(
     ("name", "excerpts"),
     [
+        pytest.param(  # ninth unseen set F9 (the GPT lecture's get_batch): was refused
+            "stacked_batches.py",
+            [
+                "def compute_loss(model, xb, yb):",
+                "    loss = loss_on_gpus(xb, yb).mean()  # mean of the per-GPU losses\n",
+            ],
+            id="stacked-batches",
+        ),
         pytest.param(
             "two_inputs.py",
             [

@@ -949,6 +949,7 @@ class SegmentFinder:
                     and not self._mixes_batch(s)
                     or self._sized_by(s, sizes)
                     or self._draws_a_batch(s)
+                    or self._stacks_samples(s)
                     or in_a_loop
                     and self._batch_sized(s, loop)
                 ):
@@ -956,6 +957,21 @@ class SegmentFinder:
                 else:
                     batch -= defs
         return step_names, batch, flattened, sizes, lines
+
+    def _stacks_samples(self, s: cst.CSTNode) -> bool:
+        """`x = torch.stack([data[i:i + n] for i in ix])`, or `xb, yb = get_batch("train")`
+        of a function of the project each of whose `return`s gives such stacks (moved to a
+        device or not; nanoGPT's `get_batch`): dimension 0 holds one item of `ix` each,
+        the batch's samples."""
+        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) else None
+        if not isinstance(small, cst.Assign) or not isinstance(small.value, cst.Call):
+            return False
+        call = small.value
+        index = self.script.index
+        if index is not None and _stacked(call, set(), index):
+            return True
+        functions = self.script.callees(call)
+        return bool(functions) and all(_returns_stacks(f) for f in functions)
 
     def _draws_a_batch(self, s: cst.CSTNode) -> bool:
         """`batch = next(batches)` over a DataLoader, or `batch = batch_loader.next()`: a
@@ -1675,3 +1691,66 @@ def _stored_device(call: cst.Call) -> cst.Attribute | None:
     device = keyword_value(call, "device")
     candidates += [device] if device is not None else []
     return next((c for c in candidates if isinstance(c, cst.Attribute) and _of_self(c)), None)
+
+
+# Calls that move or convert a tensor and keep its dimensions.
+_KEEPS_DIMENSIONS = frozenset({"to", "cuda", "cpu", "pin_memory", "contiguous", "long", "float"})
+
+
+def _stacked(expression: cst.BaseExpression, names: set[str], index) -> bool:
+    """Whether `expression` is a stack of one item per element along dimension 0
+    (`torch.stack([... for i in ix])`), or one of `names`, moved or converted."""
+    while (
+        isinstance(expression, cst.Call)
+        and isinstance(expression.func, cst.Attribute)
+        and expression.func.attr.value in _KEEPS_DIMENSIONS
+    ):
+        expression = expression.func.value
+    if isinstance(expression, cst.Name):
+        return expression.value in names
+    return (
+        isinstance(expression, cst.Call)
+        and "torch.stack" in index.qualified_names(expression.func)
+        and bool(expression.args)
+        and isinstance(expression.args[0].value, (cst.ListComp, cst.GeneratorExp))
+        and keyword_value(expression, "dim") is None
+        and len(expression.args) == 1
+    )
+
+
+def _returns_stacks(function) -> bool:
+    """Each `return` of `function` gives stacks of one item per element (`_stacked`), or a
+    tuple of them, through the straight assignments before it."""
+    index = function.module.index
+    stacked: set[str] = set()
+    for assign in find(function.node.body, cst.Assign):
+        if len(assign.targets) != 1:
+            continue
+        target, value = assign.targets[0].target, assign.value
+        pairs = (
+            zip(target.elements, value.elements)
+            if isinstance(target, cst.Tuple)
+            and isinstance(value, cst.Tuple)
+            and len(target.elements) == len(value.elements)
+            else [(target, value)]
+        )
+        for bound, made in pairs:
+            name = bound.value if isinstance(bound, cst.Element) else bound
+            expression = made.value if isinstance(made, cst.BaseElement) else made
+            if isinstance(name, cst.Name):
+                if _stacked(expression, stacked, index):
+                    stacked.add(name.value)
+                else:
+                    stacked.discard(name.value)
+    returns = find(function.node.body, cst.Return)
+    return bool(returns) and all(
+        r.value is not None and all(_stacked(e, stacked, index) for e in _returned(r.value))
+        for r in returns
+    )
+
+
+def _returned(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The values a `return` gives: the elements of a tuple, or the one value."""
+    if isinstance(value, cst.Tuple):
+        return [e.value for e in value.elements]
+    return [value]
