@@ -504,3 +504,18 @@ def test_a_gathering_under_a_compared_result_goes_where_rank_zero_decides():
     assert "    if epoch % 2 == 0:\n" in conversion.converted
     assert "    dist.broadcast(flag, src=0)\n" in conversion.converted
     assert convert_source(conversion.converted, FSDP, "train.py").converted == conversion.converted
+
+
+def test_a_model_returning_distributions_is_refused_under_fsdp_only():
+    """Ninth unseen set F4 (pytorch-vae): the proof saw the sharded parameters never change
+    and guessed "an optimizer built before the model was sharded"; the cause is the
+    forward, which returns no tensor for FSDP's hooks. `--to ddp` converts it."""
+    source = (FIXTURES / "distribution_output.py").read_text(encoding="utf-8")
+    (refusal,) = [s for s in convert_source(source, FSDP, "vae.py").log.skipped if s.wrong]
+    assert refusal.line == 28  # `model = VAE()`
+    assert refusal.reason.startswith(
+        "`VAE.forward` returns `Normal(self.decoder(posterior.rsample()), 1.0)`, a distribution"
+        " and no tensor"
+    )
+    ddp = convert_source(source, ConvertOptions(target="ddp", amp="off"), "vae.py")
+    assert not [s for s in ddp.log.skipped if s.wrong]

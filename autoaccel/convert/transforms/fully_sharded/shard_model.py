@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import Kind, SourceModule
+from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
 from autoaccel.analysis.shapes import find, is_method_call, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -210,6 +210,18 @@ class ShardModel(DistributedStep):
                     f"this uses the optimizer of `{model.key}` before the model is ready to"
                     " shard; build the optimizer after the model is on its device, then convert",
                 )
+        for cls in {o.cls for o in self.script.held_by(model.key) if o.kind is Kind.MODULE}:
+            forward = cls.method("forward") if cls is not None else None
+            made = _returned_distribution(forward) if forward is not None else None
+            if made is not None:
+                return self._refuse(
+                    model.anchor,
+                    f"`{cls.name}.forward` returns `{code_of(made)}`, a distribution and no"  # type: ignore[union-attr]
+                    " tensor: FSDP reduces a sharded model's gradients through hooks on the"
+                    " tensors its forward returns, so its parameters would never get any;"
+                    " return the distribution's tensors from `forward` and build it outside,"
+                    " then convert",
+                )
         received = self._received(model)
         if received is not None:
             return self._refuse(
@@ -386,3 +398,39 @@ def _parameters_of(node: cst.CSTNode, key: str) -> bool:
     """`key.parameters()` or `key.named_parameters()`."""
     method = node.func if is_method_call(node, *_PARAMETERS) else None  # type: ignore[attr-defined]
     return method is not None and name_key(method.value) == key
+
+
+def _returned_distribution(function: FunctionInfo) -> cst.Call | None:
+    """The `torch.distributions` object `function` returns (alone or in a tuple), made in
+    the `return` or bound to a name before it: `return Normal(mu, sigma), q`."""
+    index = function.module.index
+    made: dict[str, cst.Call] = {}
+    own = [n for n in find(function.node.body, (cst.Assign, cst.Return)) if _own(n, function)]
+    for assign in (n for n in own if isinstance(n, cst.Assign)):
+        for target in assign.targets:
+            if isinstance(target.target, cst.Name) and _distribution(assign.value, index):
+                made[target.target.value] = assign.value  # type: ignore[assignment]
+    for returned in (n for n in own if isinstance(n, cst.Return) and n.value is not None):
+        value = returned.value
+        for item in [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]:
+            if _distribution(item, index):
+                return item  # type: ignore[return-value]
+            if isinstance(item, cst.Name) and item.value in made:
+                return made[item.value]
+    return None
+
+
+def _own(node: cst.CSTNode, function: FunctionInfo) -> bool:
+    """Whether `node` belongs to `function` itself, not to a function defined in it."""
+    index = function.module.index
+    inner = next(
+        (a for a in index.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None
+    )
+    return inner is function.node
+
+
+def _distribution(value: cst.BaseExpression | None, index) -> bool:
+    """A call that makes a `torch.distributions` object."""
+    return isinstance(value, cst.Call) and any(
+        name.startswith("torch.distributions.") for name in index.qualified_names(value.func)
+    )
