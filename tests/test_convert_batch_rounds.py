@@ -217,3 +217,34 @@ def test_one_process_trains_as_before(name, tmp_path):
     _check(converted, name)
     _check(original, name)
     assert converted.stdout == original.stdout != ""
+
+
+TOTAL_PRINT = (
+    'print(f"epoch {epoch} loss {total / len(batches):.3f}")',
+    'print(f"epoch {epoch} loss {total:.3f}")',
+)
+
+
+def test_a_printed_total_is_added_up_over_the_processes():
+    """Each process sums its share of the batches: the printed total is their sum, taken
+    on every process before the rank-0 print; an average (the fixture as it is) stays."""
+    source = (FIXTURES_DIR / "ddp" / "project_batcher.py").read_text(encoding="utf-8")
+    assert TOTAL_PRINT[0] in source
+    code = convert(source.replace(*TOTAL_PRINT)).converted
+    assert (
+        "        total_all_processes = summed_over_processes(total)\n"
+        "        if RANK == 0:\n"
+        '            print(f"epoch {epoch} loss {total_all_processes:.3f}")\n'
+    ) in code
+    assert "dist.all_reduce(total)" in code
+    assert "summed_over_processes" not in convert(source).converted
+
+
+@pytest.mark.runs
+def test_the_printed_total_passes_the_proof(cli, tmp_path):
+    """Before, the proof refused it: rank 0 printed half the original's total."""
+    source = (FIXTURES_DIR / "ddp" / "project_batcher.py").read_text(encoding="utf-8")
+    (tmp_path / "train.py").write_text(source.replace(*TOTAL_PRINT))
+    run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "out.py")
+    assert run.exit_code == 0, run.stderr
+    assert "--verify ok   printed and logged averages and totals as the original's" in run.stderr

@@ -31,6 +31,7 @@ from autoaccel.convert.transforms.distributed.shard_stream_columns import ShardS
 from autoaccel.convert.transforms.distributed.shard_train_loader import ShardTrainLoader
 from autoaccel.convert.transforms.distributed.share_node_cpus import ShareNodeCpus
 from autoaccel.convert.transforms.distributed.stop_together import StopTogether
+from autoaccel.convert.transforms.distributed.sum_printed_totals import SumPrintedTotals
 from autoaccel.convert.transforms.distributed.use_local_gpu import UseLocalGpu
 from autoaccel.convert.transforms.distributed.wrap_model import WrapModel
 
@@ -52,6 +53,7 @@ DDP_STEPS = [
     ShareNodeCpus,
     SetSamplerEpoch,
     PrintShardSizes,
+    SumPrintedTotals,  # before GuardRankZero: the sum is taken on every process
     # before ShardEvaluation, which then sees the evaluations a print reported, and
     # before GuardRankZero puts the prints under `if RANK == 0:`
     ComputeBeforePrinting,
