@@ -55,3 +55,27 @@ def test_the_conversion_is_proven(target, cli, tmp_path):
     assert run.exit_code == 0, run.stderr
     assert "--verify ok   parameters equal on every process" in run.stderr
     assert "output = net.forward(a, b)" not in (tmp_path / "out.py").read_text()
+
+
+@pytest.mark.parametrize("target", ["ddp", "dp", "fsdp"])
+def test_the_call_is_made_before_autocast_so_a_second_pass_changes_nothing(target, cli, tmp_path):
+    """Made after AddAutocast, the module call got its autocast only on a second pass:
+    "a step is not idempotent", nothing written (the ninth set's re-run, siamese). (FSDP
+    adds no autocast.)"""
+    source = (
+        FIXTURE.read_text(encoding="utf-8")
+        .replace(
+            "    net = Siamese()\n",
+            '    device = "cuda" if torch.cuda.is_available() else "cpu"\n'
+            "    net = Siamese().to(device)\n",
+        )
+        .replace(
+            "            output = net.forward(a, b)\n",
+            "            a, b, y = a.to(device), b.to(device), y.to(device)\n"
+            "            output = net.forward(a, b)\n",
+        )
+    )
+    (tmp_path / "train.py").write_text(source)
+    run = cli("convert", "train.py", "--to", target, "--no-run", "-o", "out.py")
+    assert run.exit_code == 0, run.stderr
+    assert ("torch.autocast(" in (tmp_path / "out.py").read_text()) is (target != "fsdp")

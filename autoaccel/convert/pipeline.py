@@ -73,11 +73,12 @@ def transforms_for(options: ConvertOptions) -> list[type[Transform] | type[RuleF
 
     steps: list[type[Transform] | type[RuleFixes]] = [
         ReplaceApexAmp,  # first: the rule fixes then see plain torch code
+        # before autocast and the target's steps, which find the model by its calls
+        CallModules,
         rule_fixes.SingleProcessFixes,
         AddAutocast,
         CompileModel,
         ChannelsLast,
-        CallModules,  # before the target's steps, which find the model by its calls
     ]
     if options.target == "dp":
         from autoaccel.convert.transforms.data_parallel import DP_STEPS
