@@ -74,6 +74,14 @@ def code_of(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
+def first_line_of(node: cst.CSTNode) -> str:
+    """The first line of a node's code, without the comments and blank lines above it: a
+    loop quoted in a message by its header (`for _ in range(n):`)."""
+    if hasattr(node, "leading_lines"):
+        node = node.with_changes(leading_lines=())
+    return code_of(node).strip().splitlines()[0]
+
+
 def bound_name(alias: cst.ImportAlias) -> str:
     """The name an import binds: `x` of `... import a as x`, else `a` (or `a.b`)."""
     if alias.asname is not None and isinstance(alias.asname.name, cst.Name):

@@ -160,7 +160,8 @@ def test_existing_data_parallel_is_upgraded() -> None:
         pytest.param(  # ninth unseen set F8 (Conditional_Diffusion_MNIST): was written
             "device_kept_in_forward.py",
             44,
-            "`Diffusion.forward` moves tensors to `self.device` (line 29)",
+            "`Diffusion.forward` moves tensors to `self.device` (`t = torch.randint(1, STEPS + 1,"
+            " (x.shape[0],)).to(self.device)`)",
             id="device-kept-in-forward",
         ),
     ],

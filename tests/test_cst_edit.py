@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from autoaccel.cst_edit import add_imports, leading_import_block
+from autoaccel.cst_edit import add_imports, first_line_of, leading_import_block
 
 
 @pytest.mark.parametrize(
@@ -52,3 +52,14 @@ def test_module_dunders_come_before_the_import_block():
     assert add_imports(cst.parse_module(source), ("os",)).code == (
         '"""Doc."""\n__author__ = "me"\n\nimport os\n\nimport torch\nx = 1\n'
     )
+
+
+def test_first_line_of_a_loop_is_its_header_alone():
+    """PPO-for-Beginners (ninth unseen set F11): a message quoted the loop with the comment
+    and blank lines above it."""
+    module = cst.parse_module(
+        "# This is the loop where we update\nfor _ in range(n):   # step 6\n\n\n    update()\n"
+    )
+    (loop,) = module.body
+    assert first_line_of(loop) == "for _ in range(n):   # step 6"
+    assert first_line_of(cst.parse_expression("agent.update(\n    states)")) == "agent.update("

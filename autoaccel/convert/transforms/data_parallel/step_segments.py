@@ -37,7 +37,7 @@ from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.training import StepLoop
 from autoaccel.analysis.shapes import find, is_no_grad_block
-from autoaccel.cst_edit import code_of, keyword_value
+from autoaccel.cst_edit import code_of, first_line_of, keyword_value
 from autoaccel.convert.transforms.distributed._base import where
 from autoaccel.convert.transforms.distributed.shard_stream_columns import batch_source
 from autoaccel.facts.model import BatchFirst, batch_first
@@ -1351,7 +1351,8 @@ class SegmentFinder:
                         if device is not None and device.attr.value in stored:
                             raise Refused(
                                 f"`{cls.name}.forward` moves tensors to `{code_of(device)}`"
-                                f" ({place(moved)}), one device kept when the model was built:"
+                                f" (`{first_line_of(_statement_of(moved, method.module.index))}`), one device kept"
+                                " when the model was built:"
                                 " under `nn.DataParallel` each GPU's replica would put its part"
                                 " of the batch there; use an input's device (`x.device`)",
                                 s,
@@ -1754,3 +1755,15 @@ def _returned(value: cst.BaseExpression) -> list[cst.BaseExpression]:
     if isinstance(value, cst.Tuple):
         return [e.value for e in value.elements]
     return [value]
+
+
+def _statement_of(node: cst.CSTNode, index) -> cst.CSTNode:
+    """The statement around `node` (of the module `index` indexes)."""
+    return next(
+        (
+            a
+            for a in index.ancestors(node)
+            if isinstance(a, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
+        ),
+        node,
+    )

@@ -66,7 +66,7 @@ from autoaccel.convert.transforms.distributed.stop_together import (
     agreement_helper,
 )
 from autoaccel.convert.transforms.inserted_names import variable_names
-from autoaccel.cst_edit import code_of, keyword_value, set_keyword
+from autoaccel.cst_edit import code_of, first_line_of, keyword_value, set_keyword
 
 _FUNCTIONS = (cst.FunctionDef, cst.Lambda)
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
@@ -258,7 +258,7 @@ class ShardTrainLoader(DistributedStep):
             elsewhere = "" if where is self.script.module else f" of {where.path}"
             self.skipped(
                 "DistributedSampler",
-                f"this training loop trains on all of its data at every step, and `{code_of(site)}`"
+                f"this training loop trains on all of its data at every step, and `{first_line_of(site)}`"
                 f" runs it inside a loop{elsewhere} that does more each round,"
                 " such as collecting rollouts: if each process collects its own (its environment"
                 f" and sampling seeded per process, or not at all), each trains on its own ({_DECIDED});"
