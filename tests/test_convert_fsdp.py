@@ -510,7 +510,7 @@ def test_a_model_returning_distributions_is_refused_under_fsdp_only():
     """Ninth unseen set F4 (pytorch-vae): the proof saw the sharded parameters never change
     and guessed "an optimizer built before the model was sharded"; the cause is the
     forward, which returns no tensor for FSDP's hooks. `--to ddp` converts it."""
-    source = (FIXTURES / "distribution_output.py").read_text(encoding="utf-8")
+    source = (FIXTURES / "distribution_output" / "train.py").read_text(encoding="utf-8")
     (refusal,) = [s for s in convert_source(source, FSDP, "vae.py").log.skipped if s.wrong]
     assert refusal.line == 28  # `model = VAE()`
     assert refusal.reason.startswith(

@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
+from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Program, SourceModule
 from autoaccel.analysis.shapes import find, is_method_call, method_calls
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -213,7 +213,7 @@ class ShardModel(DistributedStep):
         for cls in {o.cls for o in self.script.held_by(model.key) if o.kind is Kind.MODULE}:
             forward = cls.method("forward") if cls is not None else None
             made = _returned_distribution(forward) if forward is not None else None
-            if made is not None:
+            if made is not None and _holds_parameters(cls, self.script.program):  # type: ignore[arg-type]
                 return self._refuse(
                     model.anchor,
                     f"`{cls.name}.forward` returns `{code_of(made)}`, a distribution and no"  # type: ignore[union-attr]
@@ -418,6 +418,38 @@ def _returned_distribution(function: FunctionInfo) -> cst.Call | None:
             if isinstance(item, cst.Name) and item.value in made:
                 return made[item.value]
     return None
+
+
+# torch.nn layers with parameters of their own (the ones `shard_model` leaves to the root
+# when they are not blocks of a ModuleList or Sequential).
+_LAYERS = frozenset(
+    f"torch.nn.{name}"
+    for name in (
+        "Parameter Linear Bilinear Conv1d Conv2d Conv3d ConvTranspose1d ConvTranspose2d"
+        " ConvTranspose3d Embedding EmbeddingBag LSTM GRU RNN LSTMCell GRUCell RNNCell"
+        " BatchNorm1d BatchNorm2d BatchNorm3d LayerNorm GroupNorm MultiheadAttention PReLU"
+    ).split()
+)
+
+
+def _holds_parameters(cls: ClassInfo, program: Program | None) -> bool:
+    """Whether the root of the model `cls` holds parameters once `shard_model` has sharded
+    the blocks of its ModuleLists and Sequentials: a layer, a parameter or a module of the
+    project set as an attribute of its own (rollout_rounds' `Policy`, whose layers are all
+    in a Sequential, returns a distribution and trains under FSDP)."""
+    for c in cls.mro():
+        index = c.module.index
+        for assign in find(c.node, cst.Assign):
+            if not any(isinstance(t.target, cst.Attribute) for t in assign.targets):
+                continue
+            value = assign.value
+            if not isinstance(value, cst.Call):
+                continue
+            names = index.qualified_names(value.func)
+            made = program.values_of(value, c.module) if program is not None else set()
+            if names & _LAYERS or any(o.cls is not None and o.cls.is_module for o in made):
+                return True
+    return False
 
 
 def _own(node: cst.CSTNode, function: FunctionInfo) -> bool:
