@@ -217,6 +217,29 @@ def test_a_printed_sum_is_compared_per_unit_of_the_losses_since_its_last_print(p
         assert "0.50 times per unit of loss" in found[VALUES]
 
 
+def test_a_printed_loss_of_the_last_step_is_no_average():
+    """`print(f"epoch {epoch}: loss {loss.item():.4f}")`: the last batch's loss, rank 0's
+    twice the original's by chance (a step of its own half of a batch). It was compared as
+    a total and refused, "off by the number of processes"; it is the step's loss (to its
+    printed digits) in both runs, so it is not compared."""
+    original = Run(
+        {**ORIGINAL.record, "printed": ["epoch 0: loss 0.6000", "epoch 1: loss 0.5000"],
+         "printed_steps": [3, 4]}, 0, "",
+    )  # fmt: skip
+    rank0 = _rank(
+        0, losses=[1.0, 0.8, 1.2, 1.0], printed=["epoch 0: loss 1.2000", "epoch 1: loss 1.0000"],
+        printed_steps=[3, 4],
+    )  # fmt: skip
+    rank1 = _rank(1, losses=[1.0, 0.8, 0.0, 0.0])  # the ranks' mean: the original's losses
+    assert _failed(checks(original, _run(rank0, rank1))) == {}
+    # numbers no step's loss is in either run: compared, twice the original's in both lines
+    averaged = Run(
+        {**original.record, "printed": ["epoch 0: loss 0.6500", "epoch 1: loss 0.5500"]}, 0, ""
+    )
+    doubled = {**rank0, "printed": ["epoch 0: loss 1.3000", "epoch 1: loss 1.1000"]}
+    assert VALUES in _failed(checks(averaged, _run(doubled, rank1)))
+
+
 @pytest.mark.parametrize(
     "logged, passes",
     [

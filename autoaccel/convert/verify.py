@@ -633,7 +633,11 @@ def _printed_values(original: Run, rank: dict[str, Any]) -> Check:
     theirs = _averages(rank, rank.get("losses") or [])
     compared = 0
     for key, values in mine.items():
-        pairs = list(zip(values, theirs.get(key, [])))
+        pairs = [
+            (a, b)
+            for a, b in zip(values, theirs.get(key, []))
+            if not (math.isnan(a[0]) or math.isnan(b[0]))
+        ]
         if not pairs:
             continue
         compared += 1
@@ -680,32 +684,38 @@ def _averages(
 ) -> dict[_Label, list[tuple[float, float | None]]]:
     """The numbers labelled as averages or totals in a run's printed lines and logged
     scalars, by `_Label`, in the order printed (logged), each with the mean of `losses` over
-    the steps since the same label was printed (logged) before (None: no step)."""
+    the steps since the same label was printed (logged) before (None: no step). A number
+    that is, to its printed digits, the loss of the step just done (`loss {loss.item()}`
+    after the last batch) is no average: NaN, which compares with nothing."""
     found: dict[_Label, list[tuple[float, float | None]]] = {}
     last_step: dict[_Label, int] = {}
-    for key, value, step in _labelled(record):
+    for key, value, step, digits in _labelled(record):
         since = losses[last_step.get(key, 0) : step] if step is not None else []
+        if step and step <= len(losses) and abs(value - losses[step - 1]) <= digits:
+            value = math.nan
         found.setdefault(key, []).append((value, statistics.fmean(since) if since else None))
         if step is not None:
             last_step[key] = step
     return found
 
 
-def _labelled(record: dict[str, Any]) -> Iterator[tuple[_Label, float, int | None]]:
+def _labelled(record: dict[str, Any]) -> Iterator[tuple[_Label, float, int | None, float]]:
     """The numbers after `loss`, `avg`, `mean`, `total` or `sum` in a run's printed lines,
-    then the scalars it logged under such a tag, each with its label and the steps done
-    by then (None: not recorded)."""
+    then the scalars it logged under such a tag, each with its label, the steps done by
+    then (None: not recorded) and how far its printed digits may round it."""
     lines, steps = record.get("printed") or [], record.get("printed_steps") or []
     for index, line in enumerate(lines):
         step = steps[index] if index < len(steps) else None
         start = 0
         for column, number in enumerate(_NUMBER.finditer(line)):
             if _AVERAGE_LABEL.search(line, start, number.start()):
-                yield (_NUMBER.sub("#", line), column), float(number.group()), step
+                text = number.group()
+                decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 6
+                yield (_NUMBER.sub("#", line), column), float(text), step, 0.5 * 10**-decimals
             start = number.end()
     for tag, value, step in record.get("logged") or []:
         if _AVERAGE_LABEL.search(tag):
-            yield (tag, None), value, step
+            yield (tag, None), value, step, 1e-6 * max(1.0, abs(value))
 
 
 def _off_by_processes(ratio: float) -> bool:
