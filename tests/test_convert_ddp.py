@@ -485,20 +485,27 @@ def main():
     "use, refused",
     [
         ("score = evaluate(model, x)", False),  # a forward: the same through the wrapper
-        ("save(model, 'model.pt')", True),  # the checkpoint's keys would gain `module.`
-        ("names = [n for n, _ in model.named_parameters() if n == 'fc.weight']", True),
+        # the checkpoint's keys, the names: read from the model itself, without `module.`
+        ("save(model, 'model.pt')", False),
+        ("names = [n for n, _ in model.named_parameters() if n == 'fc.weight']", False),
+        ("hidden = model.init_hidden(8)", True),  # another call: it may compute with layers
         ("return model", True),  # the caller would hold the wrapper
     ],
-    ids=["forward-helper", "saving-helper", "parameter-names", "returned"],
+    ids=["forward-helper", "saving-helper", "parameter-names", "own-method", "returned"],
 )
 def test_a_training_function_receives_the_wrapper_only_if_it_works_alike(use, refused):
     """Shawn1993's train() passed the model it received to save() (`state_dict()`) and
     compared `named_parameters()` names: given the wrapper, the checkpoint keys and
-    the names gain a `module.` prefix (a max-norm constraint then matched nothing)."""
+    the names gained a `module.` prefix (a max-norm constraint then matched nothing).
+    Such reads now go to the model itself, `unwrapped(model)`."""
     code, log = run_step(WrapModel, RECEIVES.replace("{use}", use))
     wrong = [item.what for item in log.skipped if item.wrong]
     assert wrong == (["DistributedDataParallel"] if refused else [])
     assert ("train(ddp_model, loader, optimizer)" in code) is not refused
+    if "state_dict" in RECEIVES and use.startswith("save"):
+        assert "    torch.save(unwrapped(net).state_dict(), path)\n" in code
+    if "named_parameters" in use:
+        assert "for n, _ in unwrapped(model).named_parameters()" in code
 
 
 def test_model_of_a_trainer_class_is_wrapped_in_init():

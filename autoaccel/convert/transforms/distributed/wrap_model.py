@@ -19,7 +19,7 @@ from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import FunctionInfo, Kind, argument
 from autoaccel.analysis.script_model import strip_device_moves
-from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
+from autoaccel.analysis.shapes import find, is_method_call, is_name, is_no_grad_block, name_calls
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -39,6 +39,7 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
 )
 from autoaccel.convert.transforms.inserted_names import variable_names
+from autoaccel.cst_edit import code_of
 
 DDP_IMPORT = "from torch.nn.parallel import DistributedDataParallel as DDP"
 METHOD_AS_FORWARD = "MethodAsForward"
@@ -60,6 +61,22 @@ _PARAMETER = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
 # What a training function may do with a model it receives, once that is a DDP wrapper
 # (not `named_parameters()` nor `state_dict()`: their names gain a `module.` prefix).
 _DDP_METHODS = frozenset({"train", "eval", "zero_grad", "parameters", "no_sync", "forward"})
+# Methods of `nn.Module` that compute nothing with its layers, called on the model itself
+# where a function gets the wrapper: `unwrapped(model).state_dict()` has the original keys.
+_LOCAL_MODULE_METHODS = frozenset(
+    {
+        "state_dict", "load_state_dict", "named_parameters", "named_modules", "modules",
+        "children", "named_children", "buffers", "named_buffers", "to", "cuda", "cpu",
+        "half", "float", "double", "requires_grad_", "apply",
+    }
+)  # fmt: skip
+# What a function given the wrapper reads of the model itself: `unwrapped(model).temperature`.
+UNWRAPPED = "unwrapped"
+_UNWRAPPED_CODE = f'''
+def {UNWRAPPED}(model):
+    """The model itself, also where DDP wraps it: its own attributes and state dict."""
+    return model.module if isinstance(model, DDP) else model
+'''
 
 
 class WrapModel(DistributedStep):
@@ -105,6 +122,15 @@ class WrapModel(DistributedStep):
             )
 
     def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
+        # the methods of the model's classes of the project: a function given the wrapper
+        # must not call them on it (they compute with its layers outside DDP's forward)
+        self.own_methods = {
+            name
+            for o in self.script.held_by(model.key)
+            if o.cls is not None
+            for c in o.cls.mro()
+            for name in c.methods
+        }
         if model.key in self.trained_methods:
             self._wrap_method(model, self.trained_methods[model.key])
             return
@@ -124,9 +150,10 @@ class WrapModel(DistributedStep):
                 continue  # on the bare model: no gradient to average, no process waits
             attempt = dict(plan)  # a route that fails half-way leaves no rewrite behind
             self.obstacle: cst.CSTNode | None = None  # why a function cannot take the wrapper
+            self.unwraps: set[cst.Attribute] = set()  # reads of the model's own attributes
             own_name = model_key(call.func) == model.key
             if self._route(model, call, attempt):
-                plan = attempt
+                plan = attempt | dict.fromkeys(self.unwraps, UNWRAPPED)
                 through_wrapper = through_wrapper or own_name
             elif own_name or not through_wrapper:
                 self.skipped(
@@ -156,6 +183,8 @@ class WrapModel(DistributedStep):
                 return
             plan[passed.arg] = self.wrappers[model.key]
         self.rewrites.update(plan)
+        if UNWRAPPED in plan.values():
+            self.define_helper(self.tree, UNWRAPPED, _UNWRAPPED_CODE)
         key, wrapper = model.key, self.wrappers[model.key]
         condition, note = DISTRIBUTED, ""
         if may_be_frozen:  # DDP raises for a module without trainable parameters
@@ -345,10 +374,11 @@ class WrapModel(DistributedStep):
         self, function: cst.FunctionDef, key: str, seen: set[cst.FunctionDef]
     ) -> bool:
         """Whether `function` works alike given a DDP wrapper as its parameter `key`: it
-        calls it, calls the methods DDP forwards, and passes it on only to functions of
-        the script that do the same. Anything else (`save(model, path)` writing
-        `model.state_dict()`, `name == "fc.weight"` over `named_parameters()`, `return
-        model`) would see the wrapper's `module.` prefix."""
+        calls it, calls the methods DDP forwards, reads other attributes (kept in
+        `self.unwraps`, read from `unwrapped(model)`: `model.temperature`,
+        `model.state_dict()`) but not the methods of the model's own class, and passes it
+        on only to functions of the script that do the same. Anything else (`save(model,
+        path)`, `return model`) would see the wrapper's `module.` prefix."""
         seen.add(function)
         for read in find(function.body, cst.Name):
             if read.value != key:
@@ -362,10 +392,30 @@ class WrapModel(DistributedStep):
                 continue
             if isinstance(parent, cst.Arg) and parent.keyword is read:
                 continue
+            if isinstance(parent, cst.Attribute) and self._model_attribute(parent, read):
+                self.unwraps.add(parent)  # `model.temperature`: read from the model itself
+                continue
             if not (isinstance(parent, cst.Arg) and self._passed_to_taker(parent, seen)):
                 self.obstacle = self.obstacle or self.statement_of(read)
                 return False
         return True
+
+    def _model_attribute(self, node: cst.Attribute, read: cst.Name) -> bool:
+        """Whether `node` reads an attribute of the model `read` names that the model itself
+        may give where the function gets the wrapper: a value or submodule (`model.
+        temperature`, `model.teacher.eval()`), a method of `nn.Module` that computes
+        nothing (`model.state_dict()`), a submodule run under `torch.no_grad()` (a frozen
+        teacher's forward); not a method of the model's class, nor any other call (it may
+        compute with the model's layers, outside DDP's forward)."""
+        if node.value is not read:
+            return False
+        name = node.attr.value
+        parent = self.parent(node)
+        called = isinstance(parent, cst.Call) and parent.func is node
+        no_grad = any(is_no_grad_block(a, self.qualified_names) for a in self.ancestors(node))
+        return name not in self.own_methods | {"module"} and (
+            not called or name in _LOCAL_MODULE_METHODS or no_grad
+        )
 
     def _elsewhere_takes_wrapper(self, passed: PassedModel) -> bool:
         """`_takes_wrapper` for a function of another module: its parameter is only
@@ -430,6 +480,20 @@ class WrapModel(DistributedStep):
 
     def edited(self) -> list[cst.CSTNode]:
         return [*self.planned_statements(), *self.rewrites]
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        if self.rewrites.get(original_node) != UNWRAPPED:
+            return updated_node
+        self.changed(
+            original_node,
+            f"`{code_of(original_node)}` read from the model itself (`{UNWRAPPED}()`): the"
+            " function is given the DDP wrapper",
+        )
+        return updated_node.with_changes(
+            value=cst.Call(cst.Name(UNWRAPPED), [cst.Arg(updated_node.value)])
+        )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         return self._to_wrapper(

@@ -1,0 +1,45 @@
+"""A training function given the DDP wrapper reads the model's own attributes from the
+model itself, `unwrapped(model)` (fixtures/ddp/model_attributes_in_helper.py: a
+distillation function reading `model.teacher` and `model.temperature`; it was refused:
+"a DDP wrapper lacks the model's own attributes")."""
+
+from __future__ import annotations
+
+import pytest
+from running import FIXTURES_DIR
+
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import convert_source
+
+FIXTURE = FIXTURES_DIR / "ddp" / "model_attributes_in_helper.py"
+DDP = ConvertOptions(target="ddp", amp="off")
+
+
+def test_the_function_gets_the_wrapper_and_reads_the_model_itself():
+    conversion = convert_source(FIXTURE.read_text(encoding="utf-8"), DDP, FIXTURE.name)
+    assert [s for s in conversion.log.skipped if s.wrong] == []
+    code = conversion.converted
+    assert "train_epoch(ddp_model, loader, optimizer)" in code
+    assert "    unwrapped(model).teacher.eval()\n" in code
+    assert "unwrapped(model).teacher(x) / unwrapped(model).temperature" in code
+    assert "    return model.module if isinstance(model, DDP) else model\n" in code
+    assert convert_source(code, DDP, FIXTURE.name).converted == code
+
+
+def test_a_submodule_run_with_gradients_is_still_refused():
+    """Outside `torch.no_grad()`, the teacher's forward could train layers outside DDP's
+    forward: the function is not given the wrapper."""
+    source = FIXTURE.read_text(encoding="utf-8").replace(
+        "        with torch.no_grad():\n            soft =", "        if True:\n            soft ="
+    )
+    conversion = convert_source(source, DDP, FIXTURE.name)
+    (refusal,) = [s for s in conversion.log.skipped if s.wrong]
+    assert "cannot be routed to a DDP wrapper of `model`" in refusal.reason
+
+
+@pytest.mark.runs
+def test_the_conversion_is_proven(cli, tmp_path):
+    (tmp_path / "train.py").write_text(FIXTURE.read_text(encoding="utf-8"))
+    run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "out.py")
+    assert run.exit_code == 0, run.stderr
+    assert "--verify ok   parameters equal on every process" in run.stderr
