@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from textwrap import dedent
 
 import libcst as cst
@@ -699,3 +700,14 @@ def test_step_in_another_module_called_under_autocast_is_left_alone() -> None:
     )
     results = run_project({"train.py": script, "mylib.py": STEP_LIB})
     assert results["mylib.py"] == (dedent(STEP_LIB), ConversionLog())
+
+
+def test_numpy_of_an_autocast_output_is_cast_to_float32_first():
+    """fixtures/amp/numpy_outputs.py (siamese-pytorch's evaluation, ninth unseen set): NumPy
+    has no bfloat16, so `.numpy()` of an output computed under autocast raised on a GPU."""
+    source = (Path(__file__).parent.parent / "fixtures" / "amp" / "numpy_outputs.py").read_text()
+    code, log = run(source)
+    assert "        preds = out.detach().cpu().float().numpy()\n" in code
+    assert "                scores = net(x).data.cpu().float().numpy()\n" in code
+    assert run(code)[0] == code, "not idempotent"
+    assert sum("before `.numpy()`" in c.description for c in log.changes) == 2

@@ -105,3 +105,17 @@ def test_the_autocast_blocks_are_where_the_forward_passes_run(loss_runs):
     step = loss_runs["step_module"].result().converted
     assert "torch.autocast" not in step["train.py"]
     assert "    optimizer.zero_grad()\n    with torch.autocast(\n" in step["mylib.py"]
+
+
+def test_numpy_of_autocast_outputs_runs_with_bf16_on(tmp_path: Path) -> None:
+    """With autocast forced on (as on a GPU) by the harness, the converted
+    fixtures/amp/numpy_outputs.py runs to its end: its `.numpy()` calls get float32."""
+    from autoaccel.convert.log import ConvertOptions
+    from autoaccel.convert.pipeline import convert_source
+    from running import run_under_harness
+
+    fixture = AMP / "numpy_outputs.py"
+    script = tmp_path / fixture.name
+    script.write_text(convert_source(fixture.read_text(), ConvertOptions(), fixture.name).converted)
+    run = run_under_harness(script, [], tmp_path, env=FORCED_BF16)
+    assert run.returncode == 0 and run.record["exit"] == "ok", run.stderr[-2000:]

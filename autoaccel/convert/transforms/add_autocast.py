@@ -31,7 +31,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import LoopRole, StepLoop
-from autoaccel.analysis.shapes import called_function, find, method_calls
+from autoaccel.analysis.shapes import called_function, find, is_method_call, method_calls
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
 from autoaccel.convert.transforms.data_parallel.wraps import wrapper_instances
@@ -73,6 +73,8 @@ class _Edits:
     after: dict[cst.CSTNode, list[str]] = field(default_factory=dict)
     replace: dict[cst.CSTNode, str] = field(default_factory=dict)  # small statement -> kind
     float_args: set[cst.Arg] = field(default_factory=set)  # autocast outputs: `.float()`
+    # `.numpy()` of an autocast output (NumPy has no bfloat16): `.float().numpy()`
+    float_numpy: set[cst.Call] = field(default_factory=set)
     scaler: dict[cst.CSTNode, str] = field(default_factory=dict)  # statement -> scaler name
 
 
@@ -550,6 +552,7 @@ class AddAutocast(Transform):
         low_precision: set[str] = set()
         for index, statement in enumerate(statements):
             keys = _assigned_keys(statement)
+            self._float_before_numpy(statement, low_precision, inside=index in wrapped)
             if index in wrapped:
                 value = _assigned_value(statement)
                 derived = self._calls_model(statement) or bool(_mentioned(value) & low_precision)
@@ -571,6 +574,29 @@ class AddAutocast(Transform):
                             " outside torch.autocast",
                         )
             low_precision -= keys
+
+    def _float_before_numpy(
+        self, statement: cst.CSTNode, low_precision: set[str], inside: bool
+    ) -> None:
+        """Mark `.numpy()` of an autocast output (a low-precision name, or, under autocast,
+        a model's output) for `.float()` first: NumPy has no bfloat16, and `net(x).cpu()
+        .numpy()` raised on CUDA (siamese-pytorch's evaluation, ninth unseen set)."""
+        for call in find(statement, cst.Call):
+            if not is_method_call(call, "numpy") or call.args:
+                continue
+            receiver = call.func.value  # type: ignore[attr-defined]
+            if m.matches(receiver, m.Call(func=m.Attribute(attr=m.Name("float")), args=[])):
+                continue  # cast already
+            low = bool(_mentioned(receiver) & low_precision) or (
+                inside and any(self._is_model_call(c) for c in find(receiver, cst.Call))
+            )
+            if low:
+                self.edits.float_numpy.add(call)
+                self.changed(
+                    call,
+                    f"`{code_of(receiver)}` (an autocast output) cast to float32 before"
+                    " `.numpy()`, which has no bfloat16",
+                )
 
     # -- fp16: GradScaler -----------------------------------------------------------
     def _plan_scaler(
@@ -658,7 +684,14 @@ class AddAutocast(Transform):
     # -- rewriting ------------------------------------------------------------------
     def edited(self) -> list[cst.CSTNode]:
         edits = self.edits
-        return [*edits.blocks, *edits.before, *edits.after, *edits.replace, *edits.float_args]
+        return [
+            *edits.blocks,
+            *edits.before,
+            *edits.after,
+            *edits.replace,
+            *edits.float_args,
+            *edits.float_numpy,
+        ]
 
     def leave_Expr(self, original_node: cst.Expr, updated_node: cst.Expr) -> cst.Expr:
         kind = self.edits.replace.get(original_node)
@@ -679,6 +712,15 @@ class AddAutocast(Transform):
             args=[cst.Arg(call.func.value)]
         )
         return updated_node.with_changes(value=step)
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if original_node not in self.edits.float_numpy:
+            return updated_node
+        self.touched = True
+        func = updated_node.func
+        assert isinstance(func, cst.Attribute)
+        floated = cst.Call(func=cst.Attribute(value=func.value, attr=cst.Name("float")))
+        return updated_node.with_changes(func=func.with_changes(value=floated))
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         value = updated_node.value
