@@ -268,6 +268,15 @@ def test_bf16_uses_a_mixed_precision_policy_on_gpus_instead_of_autocast():
         "        # bf16 compute, fp32 gradient averaging\n" in conversion.converted
     )
     assert "param_dtype=torch.bfloat16, reduce_dtype=torch.float32" in conversion.converted
+    # the whole model's outputs back in fp32 (ninth unseen set: `.numpy()` of an output)
+    assert (
+        '        policies["mp_policy"] = MixedPrecisionPolicy(\n'
+        "            param_dtype=torch.bfloat16,\n"
+        "            reduce_dtype=torch.float32,\n"
+        "            output_dtype=torch.float32,\n"
+        "        )\n"
+        "    fully_shard(model, **policies)\n"
+    ) in conversion.converted
     assert "autocast" not in conversion.converted
     assert (
         "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"

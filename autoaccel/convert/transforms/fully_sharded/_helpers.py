@@ -22,7 +22,9 @@ COLLECTIVES = (FULL_STATE, FULL_STATE_EVERYWHERE, FULL_OPTIMIZER_STATE)
 def shard_code(options: ConvertOptions, forward_methods: bool = False) -> tuple[str, str]:
     """`shard_model()` for these options, and the import it needs (with
     `register_fsdp_forward_method` where a model's other `forward_methods` are registered).
-    For a model on a GPU: bf16 compute with fp32 gradient reduction unless `--amp off`, and
+    For a model on a GPU: bf16 compute with fp32 gradient reduction unless `--amp off` (the
+    whole model's outputs cast back to fp32, as autocast leaves a loss and as `.numpy()`
+    needs: siamese-pytorch's evaluation, ninth unseen set), and
     with `--cpu-offload` the shards kept on the CPU between uses (both need an accelerator:
     a model on the CPU trains in fp32, as autocast leaves it on a CPU)."""
     policies, names = [], ["fully_shard"]
@@ -47,6 +49,16 @@ def shard_code(options: ConvertOptions, forward_methods: bool = False) -> tuple[
         if policies
         else ""
     )
+    root_outputs = (
+        '    if "mp_policy" in policies:  # the model\'s outputs in fp32: its loss, `.numpy()`\n'
+        '        policies["mp_policy"] = MixedPrecisionPolicy(\n'
+        "            param_dtype=torch.bfloat16,\n"
+        "            reduce_dtype=torch.float32,\n"
+        "            output_dtype=torch.float32,\n"
+        "        )\n"
+        if options.amp != "off"
+        else ""
+    )
     code = f'''
 def {SHARD}(model):
     """FSDP2: each process keeps 1/WORLD_SIZE of the parameters, gradients and optimizer
@@ -67,7 +79,7 @@ def {SHARD}(model):
                     fully_shard(block, **policies)
         else:
             containers.extend(module.children())
-    fully_shard(model, **policies)
+{root_outputs}    fully_shard(model, **policies)
 '''
     return code, f"from torch.distributed.fsdp import {', '.join(sorted(names))}"
 
