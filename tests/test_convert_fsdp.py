@@ -528,3 +528,11 @@ def test_a_model_returning_distributions_is_refused_under_fsdp_only():
     )
     ddp = convert_source(source, ConvertOptions(target="ddp", amp="off"), "vae.py")
     assert not [s for s in ddp.log.skipped if s.wrong]
+
+
+def test_distributions_made_by_modules_the_model_is_given_are_refused_too():
+    """pytorch-vae itself (the ninth set's re-run): `self.encoder = encoder`, and forward
+    returns what `self.decoder(...)` returns; the check looked one call deep only."""
+    source = (FIXTURES / "distribution_output" / "given_modules.py").read_text(encoding="utf-8")
+    (refusal,) = [s for s in convert_source(source, FSDP, "vae.py").log.skipped if s.wrong]
+    assert refusal.reason.startswith("`VAE.forward` returns `Normal(self.net(z), 1.0)`")

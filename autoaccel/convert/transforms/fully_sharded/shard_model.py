@@ -212,7 +212,11 @@ class ShardModel(DistributedStep):
                 )
         for cls in {o.cls for o in self.script.held_by(model.key) if o.kind is Kind.MODULE}:
             forward = cls.method("forward") if cls is not None else None
-            made = _returned_distribution(forward) if forward is not None else None
+            made = (
+                _returned_distribution(forward, self.script.program)
+                if forward is not None
+                else None
+            )
             if made is not None and _holds_parameters(cls, self.script.program):  # type: ignore[arg-type]
                 return self._refuse(
                     model.anchor,
@@ -400,23 +404,41 @@ def _parameters_of(node: cst.CSTNode, key: str) -> bool:
     return method is not None and name_key(method.value) == key
 
 
-def _returned_distribution(function: FunctionInfo) -> cst.Call | None:
+def _returned_distribution(
+    function: FunctionInfo, program: Program | None, depth: int = 2
+) -> cst.Call | None:
     """The `torch.distributions` object `function` returns (alone or in a tuple), made in
-    the `return` or bound to a name before it: `return Normal(mu, sigma), q`."""
+    the `return` or bound to a name before it (`return Normal(mu, sigma), q`), or made by
+    a submodule it calls and returns from (`q = self.encoder(x)`, pytorch-vae's modules
+    given to the model), `depth` calls deep."""
     index = function.module.index
+
+    def made_by(value: cst.BaseExpression | None) -> cst.Call | None:
+        if _distribution(value, index):
+            return value  # type: ignore[return-value]
+        if depth == 0 or program is None or not isinstance(value, cst.Call):
+            return None
+        for obj in program.values_of(value.func, function.module):
+            forward = obj.cls.method("forward") if obj.cls is not None else None
+            inner = _returned_distribution(forward, program, depth - 1) if forward else None
+            if inner is not None:
+                return inner
+        return None
+
     made: dict[str, cst.Call] = {}
     own = [n for n in find(function.node.body, (cst.Assign, cst.Return)) if _own(n, function)]
     for assign in (n for n in own if isinstance(n, cst.Assign)):
         for target in assign.targets:
-            if isinstance(target.target, cst.Name) and _distribution(assign.value, index):
-                made[target.target.value] = assign.value  # type: ignore[assignment]
+            found = made_by(assign.value)
+            if isinstance(target.target, cst.Name) and found is not None:
+                made[target.target.value] = found
     for returned in (n for n in own if isinstance(n, cst.Return) and n.value is not None):
         value = returned.value
         for item in [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]:
-            if _distribution(item, index):
-                return item  # type: ignore[return-value]
-            if isinstance(item, cst.Name) and item.value in made:
-                return made[item.value]
+            found = made[item.value] if isinstance(item, cst.Name) and item.value in made else None
+            found = found or made_by(item)
+            if found is not None:
+                return found
     return None
 
 
@@ -449,6 +471,31 @@ def _holds_parameters(cls: ClassInfo, program: Program | None) -> bool:
             made = program.values_of(value, c.module) if program is not None else set()
             if names & _LAYERS or any(o.cls is not None and o.cls.is_module for o in made):
                 return True
+        if program is not None and _given_modules(c, program):
+            return True
+    return False
+
+
+_CONTAINERS = frozenset({"torch.nn.Sequential", "torch.nn.ModuleList"})
+
+
+def _given_modules(cls: ClassInfo, program: Program) -> bool:
+    """Whether `cls`'s `__init__` keeps a module it is given (`self.encoder = encoder`),
+    one that is no ModuleList or Sequential: the root holds its parameters."""
+    init = cls.method("__init__")
+    if init is None or init.cls is not cls:
+        return False
+    for assign in find(init.node.body, cst.Assign):
+        if isinstance(assign.value, cst.Name) and any(
+            isinstance(t.target, cst.Attribute) for t in assign.targets
+        ):
+            for obj in program.values_of(assign.value, cls.module):
+                made_by = obj.node.func if isinstance(obj.node, cst.Call) else None
+                container = made_by is not None and bool(
+                    obj.module.index.qualified_names(made_by) & _CONTAINERS
+                )
+                if obj.kind is Kind.MODULE and not container:
+                    return True
     return False
 
 
