@@ -43,3 +43,23 @@ def test_the_conversion_is_proven(cli, tmp_path):
     run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "out.py")
     assert run.exit_code == 0, run.stderr
     assert "--verify ok   parameters equal on every process" in run.stderr
+
+
+UNUSED = FIXTURES_DIR / "ddp" / "unused_layer.py"
+
+
+def test_a_layer_forward_never_uses_makes_ddp_find_unused_parameters():
+    conversion = convert_source(UNUSED.read_text(encoding="utf-8"), DDP, UNUSED.name)
+    code = conversion.converted
+    assert "    # (`forward` never uses `aux_head`: DDP must not wait for them)\n" in code
+    assert "            find_unused_parameters=True,\n" in code
+    plain = FIXTURE.read_text(encoding="utf-8")  # every layer used: DDP's default
+    assert "find_unused_parameters" not in convert_source(plain, DDP, FIXTURE.name).converted
+
+
+@pytest.mark.runs
+def test_the_unused_layer_conversion_is_proven(cli, tmp_path):
+    """Without the flag the proof stopped it: "Expected to have finished reduction"."""
+    (tmp_path / "train.py").write_text(UNUSED.read_text(encoding="utf-8"))
+    run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "out.py")
+    assert run.exit_code == 0, run.stderr

@@ -190,6 +190,10 @@ class WrapModel(DistributedStep):
         if may_be_frozen:  # DDP raises for a module without trainable parameters
             condition += f" and any(p.requires_grad for p in {key}.parameters())"
             note = "# (when it has trainable parameters: DDP refuses a frozen model)\n"
+        # layers `forward` never reads get no gradient, and DDP would wait for theirs
+        unused = _layers_left_out(self, key, "forward") or []
+        if unused:
+            note += f"# (`forward` never uses {', '.join(f'`{u}`' for u in unused)}: DDP must not wait for them)\n"
         self.after.setdefault(model.anchor, []).extend(
             parse_statements(
                 "# trained through DDP when distributed: gradients are averaged in backward()\n"
@@ -197,7 +201,8 @@ class WrapModel(DistributedStep):
                 f"{wrapper} = {key}\n"
                 f"if {condition}:\n"
                 f"    {wrapper} = DDP({key}, device_ids=[{LOCAL_RANK}]"
-                f" if next({key}.parameters()).is_cuda else None)\n"
+                f" if next({key}.parameters()).is_cuda else None"
+                f"{', find_unused_parameters=True' if unused else ''})\n"
             )
         )
         self.imports.append(DDP_IMPORT)
@@ -726,6 +731,12 @@ def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] 
                     owner.module.index.qualified_names(call.func) & _PARAMETER
                     for call in find(assign.value, cst.Call)
                 )
+                frozen = any(  # `teacher.requires_grad_(False)`: no gradient to wait for
+                    is_method_call(call, "requires_grad_")
+                    and [code_of(a.value) for a in call.args] == ["False"]
+                    for call in find(assign.value, cst.Call)
+                )
+                holds = holds and not frozen
                 layers |= {
                     t.target.attr.value
                     for t in assign.targets
