@@ -248,3 +248,25 @@ def test_the_printed_total_passes_the_proof(cli, tmp_path):
     run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "out.py")
     assert run.exit_code == 0, run.stderr
     assert "--verify ok   printed and logged averages and totals as the original's" in run.stderr
+
+
+def test_a_count_that_indexes_stays_the_original_s_index():
+    """`ys[i]` of `for i, x in enumerate(xs)`: shared below `enumerate()`, `i` would count
+    this process's batches, and `x` would meet another batch's targets. The share goes
+    around `enumerate()` instead."""
+    source = dedent("""\
+        import torch
+        from data import make_batches
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        xs, ys = make_batches()
+        for epoch in range(2):
+            for i, x in enumerate(xs):
+                loss = (model(x) - ys[i]).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        """)
+    code = convert(source).converted
+    assert "    for i, x in ShardedBatches(enumerate(xs)):\n" in code
+    assert convert(code).converted == code

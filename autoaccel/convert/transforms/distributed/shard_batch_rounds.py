@@ -32,7 +32,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.permuted_rows import permuted_batches
 from autoaccel.analysis.program import SourceModule
 from autoaccel.analysis.script_model import LoopRole, ScriptModel
-from autoaccel.analysis.shapes import find
+from autoaccel.analysis.shapes import find, is_name
 from autoaccel.analysis.training import StepLoop
 from autoaccel.convert.transforms.distributed._base import (
     RANK,
@@ -189,7 +189,11 @@ class ShardBatchRounds(DistributedStep):
         made = assignment.value if assignment is not None else batches
         if self._is_shared(made):
             return
-        if (
+        counted = self._counted_depth(loop)
+        if counted is not None:  # `ys[i]` of `for i, x in enumerate(xs)`: keep `i` whole
+            batches = _unwrapped(loop.iter, counted)
+            self.loops[loop] = counted
+        elif (
             assignment is not None
             and isinstance(batches, cst.Name)
             and self._only_iterated(batches)
@@ -205,6 +209,30 @@ class ShardBatchRounds(DistributedStep):
             f" {RANK} ({SHARDED_BATCHES}); the global batch is {WORLD_SIZE} times the"
             " original's",
         )
+
+    def _counted_depth(self, loop: cst.For) -> int | None:
+        """How many pass-through calls sit above the `enumerate()` of `loop`, when the loop
+        indexes something with its count (`ys[i]` of `for i, x in enumerate(xs)`): the
+        share goes around the `enumerate()`, so that `i` stays the original's index of
+        `x`. None otherwise (the count is then this process's own)."""
+        target = loop.target
+        if not isinstance(target, (cst.Tuple, cst.List)) or not target.elements:
+            return None
+        count = target.elements[0].value
+        if not isinstance(count, cst.Name):
+            return None
+        indexed = any(
+            is_name(name, count.value)
+            for subscript in find(loop.body, cst.Subscript)
+            for element in subscript.slice
+            for name in find(element.slice, cst.Name)
+        )
+        iterable, depth = loop.iter, 0
+        while indexed and isinstance(iterable, cst.Call) and iterable.args:
+            if is_name(iterable.func, "enumerate"):
+                return depth
+            iterable, depth = iterable.args[0].value, depth + 1
+        return None
 
     def _is_shared(self, expression: cst.BaseExpression) -> bool:
         return isinstance(expression, cst.Call) and code_of(expression.func) == SHARDED_BATCHES
@@ -271,6 +299,14 @@ class ShardBatchRounds(DistributedStep):
         if original_node not in self.assignments:
             return updated_node
         return updated_node.with_changes(value=_wrapped(updated_node.value, 0))
+
+
+def _unwrapped(iterable: cst.BaseExpression, depth: int) -> cst.BaseExpression:
+    """What `depth` calls down the first arguments of `iterable` is."""
+    for _ in range(depth):
+        assert isinstance(iterable, cst.Call)
+        iterable = iterable.args[0].value
+    return iterable
 
 
 def _wrapped(iterable: cst.BaseExpression, depth: int) -> cst.BaseExpression:
