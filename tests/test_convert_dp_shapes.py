@@ -142,9 +142,15 @@ def test_frozen_teacher_gets_no_wrapper() -> None:
 
 
 def test_existing_data_parallel_is_upgraded() -> None:
-    code = converted("existing_dp_step.py").converted
+    conversion = converted("existing_dp_step.py")
+    code = conversion.converted
     assert "model = nn.DataParallel(model)" not in code
     assert "loss_on_gpus = nn.DataParallel(loss_on_gpus)" in code
+    # the note names the class the step writes (it said `ModelWithLoss`: ninth set's re-run)
+    assert any(
+        c.description.startswith("`model` stays the bare model: `LossInForward` replicates it")
+        for c in conversion.log.changes
+    )
 
 
 @pytest.mark.parametrize(

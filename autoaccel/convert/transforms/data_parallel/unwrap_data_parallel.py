@@ -16,10 +16,11 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL
-from autoaccel.analysis.shapes import find
+from autoaccel.analysis.shapes import find, name_calls
 from autoaccel.convert.transform import Transform
 from autoaccel.convert.transforms.checkpoint_keys import loads_into, strip_prefix
 from autoaccel.convert.transforms.data_parallel.wraps import (
+    GENERAL_CLASS,
     WRAPPER_CLASS,
     aliases,
     data_parallel_wraps,
@@ -38,6 +39,8 @@ class UnwrapDataParallel(Transform):
 
     def visit_Module(self, node: cst.Module) -> None:
         replicated = replicated_models(node)
+        # the wrapper class this module's steps replicate with (the note names it)
+        wrapper = GENERAL_CLASS if name_calls(node, GENERAL_CLASS) else WRAPPER_CLASS
         self.unwrapped: set[str] = set()  # names that held a DataParallel and now a bare model
         self.calls: set[cst.CSTNode] = (
             set()
@@ -56,7 +59,7 @@ class UnwrapDataParallel(Transform):
                 self.calls.add(wrap.call)
             self.changed(
                 wrap.statement,
-                f"`{wrap.key}` stays the bare model: `{WRAPPER_CLASS}` replicates it with"
+                f"`{wrap.key}` stays the bare model: `{wrapper}` replicates it with"
                 " `nn.DataParallel` together with its loss",
             )
 
