@@ -359,3 +359,38 @@ def test_a_walk_from_a_random_start_is_refused(options):
         "this training loop walks its data in order from a position it advances, so every"
         " process would walk all of it"
     )
+
+
+def test_full_batch_training_read_through_masks_and_an_evaluation_is_said_so():
+    """gcn-pytorch (ninth unseen set F6): `output[data.train_mask]` (a mask the graph
+    object holds) was taken for slicing by a position, and `evaluate(model, data)` for the
+    call that makes the batches: "batches from `evaluate()`", "does not read a
+    DataLoader". It is full-batch training."""
+    conversion = convert(dedent("""\
+        import torch
+        import torch.nn.functional as F
+        from graphs import load_graph, GCN
+
+        data = load_graph()
+        model = GCN(data)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+        def evaluate(model, data):
+            model.eval()
+            with torch.no_grad():
+                output = model(data)
+            return F.nll_loss(output[data.val_mask], data.labels[data.val_mask]).item()
+
+
+        for epoch in range(200):
+            model.train()
+            optimizer.zero_grad()
+            output = model(data)
+            loss = F.nll_loss(output[data.train_mask], data.labels[data.train_mask])
+            loss.backward()
+            optimizer.step()
+            val = evaluate(model, data)
+        """))
+    (skip,) = wrong(conversion.log)
+    assert skip.reason.startswith("full-batch training: one graph per step, nothing to shard")

@@ -123,8 +123,16 @@ def slices_by_counter(step: StepLoop) -> bool:
         for body, counters in places
         for subscript in find(body, cst.Subscript)
         for element in subscript.slice
-        for name in find(element.slice, cst.Name)
+        for name in _index_names(element.slice)
     ) or isinstance(step.node, cst.While)
+
+
+def _index_names(index: cst.BaseSlice) -> list[cst.Name]:
+    """The names an index reads as positions: `i` of `data[i:i + n]`, not `data` of
+    `out[data.train_mask]` (a mask the object holds: gcn's full-batch training)."""
+    bases = {a.value for a in find(index, cst.Attribute)}
+    attributes = {a.attr for a in find(index, cst.Attribute)}
+    return [n for n in find(index, cst.Name) if n not in bases and n not in attributes]
 
 
 def walks_by_pointer(step: StepLoop) -> bool:

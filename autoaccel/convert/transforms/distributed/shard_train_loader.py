@@ -28,7 +28,7 @@ from autoaccel.analysis.permuted_rows import permuted_batches
 from autoaccel.analysis.program import FunctionInfo, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, names_in
 from autoaccel.analysis.script_model import LoopRole, Missing, ScriptModel
-from autoaccel.analysis.shapes import bound_names, find, is_name, is_true
+from autoaccel.analysis.shapes import bound_names, find, is_name, is_no_grad_block, is_true
 from autoaccel.analysis.training import StepLoop
 from autoaccel.convert.log import DIFFERENT_DATA
 from autoaccel.convert.transforms.distributed._base import (
@@ -299,12 +299,16 @@ class ShardTrainLoader(DistributedStep):
     def _batch_maker(self, step: StepLoop) -> cst.Call | None:
         """A call of the loop's body to a function of the project that returns what it cut
         from its data, and trains nothing itself: `random_training_set(chunk_len, n)`,
-        whose `random` came by a star import of a module the project lacks."""
+        whose `random` came by a star import of a module the project lacks. Not an
+        evaluation (gcn's `evaluate(model, data)`, which computes under `torch.no_grad()`)."""
         for call in find(step.node.body, cst.Call):
             for function in self.script.callees(call):
                 if function.cls is not None and function.cls.is_module:
                     continue  # a model's forward
                 body = function.node.body
+                index = function.module.index
+                if any(is_no_grad_block(w, index.qualified_names) for w in find(body, cst.With)):
+                    continue  # an evaluation
                 if (
                     function not in self.script.training.backpropagating
                     and find(body, cst.Subscript)
