@@ -228,8 +228,9 @@ class ShardBatchRounds(DistributedStep):
             for name in find(element.slice, cst.Name)
         )
         iterable, depth = loop.iter, 0
-        while indexed and isinstance(iterable, cst.Call) and iterable.args:
-            if is_name(iterable.func, "enumerate"):
+        index = self.script.index
+        while indexed and index is not None and isinstance(iterable, cst.Call) and iterable.args:
+            if "builtins.enumerate" in index.qualified_names(iterable.func):
                 return depth
             iterable, depth = iterable.args[0].value, depth + 1
         return None
