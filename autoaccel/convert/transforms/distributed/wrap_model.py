@@ -501,9 +501,11 @@ class WrapModel(DistributedStep):
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        return self._to_wrapper(
-            original_node, updated_node, "func", "training forward pass through"
+        evaluation = any(
+            is_no_grad_block(a, self.qualified_names) for a in self.ancestors(original_node)
         )
+        what = "evaluation forward pass" if evaluation else "training forward pass"
+        return self._to_wrapper(original_node, updated_node, "func", f"{what} through")
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         return self._to_wrapper(
