@@ -394,3 +394,57 @@ def test_full_batch_training_read_through_masks_and_an_evaluation_is_said_so():
         """))
     (skip,) = wrong(conversion.log)
     assert skip.reason.startswith("full-batch training: one graph per step, nothing to shard")
+
+
+def test_an_early_stopper_s_check_is_no_batch_maker():
+    """gcn-pytorch (the ninth set's re-run): `stop_checker.check(evals, epoch)` returns a
+    value of its own, read from a dict, that nothing trains on; it was named as the call
+    that makes the batches. Its step in `train(model, optimizer, data)`: full-batch."""
+    conversion = convert(dedent("""\
+        import torch
+        import torch.nn.functional as F
+        from graphs import load_graph, GCN
+
+
+        class EarlyStopping:
+            def __init__(self, patience):
+                self.best, self.patience, self.bad = None, patience, 0
+
+            def check(self, evals, epoch):
+                loss = evals["val_loss"]
+                if self.best is None or loss < self.best:
+                    self.best, self.bad = loss, 0
+                else:
+                    self.bad += 1
+                return self.bad > self.patience
+
+
+        def train(model, optimizer, data):
+            model.train()
+            optimizer.zero_grad()
+            output = model(data)
+            F.nll_loss(output[data.train_mask], data.labels[data.train_mask]).backward()
+            optimizer.step()
+
+
+        def evaluate(model, data):
+            model.eval()
+            with torch.no_grad():
+                output = model(data)
+            return {"val_loss": F.nll_loss(output[data.val_mask], data.labels[data.val_mask]).item()}
+
+
+        data = load_graph()
+        model = GCN(data)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        stop_checker = EarlyStopping(10)
+        for epoch in range(200):
+            train(model, optimizer, data)
+            evals = evaluate(model, data)
+            stop = stop_checker.check(evals, epoch)
+            if stop:
+                break
+        """))
+    reasons = [s.reason for s in wrong(conversion.log)]
+    assert any(r.startswith("full-batch training: one graph per step") for r in reasons), reasons
+    assert not any("takes its batches from" in s.reason for s in conversion.log.skipped)

@@ -25,7 +25,7 @@ from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.loss_reduction import reaching_values
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.permuted_rows import permuted_batches
-from autoaccel.analysis.program import FunctionInfo, SourceModule
+from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, names_in
 from autoaccel.analysis.script_model import LoopRole, Missing, ScriptModel
 from autoaccel.analysis.shapes import bound_names, find, is_name, is_no_grad_block, is_true
@@ -302,6 +302,8 @@ class ShardTrainLoader(DistributedStep):
         whose `random` came by a star import of a module the project lacks. Not an
         evaluation (gcn's `evaluate(model, data)`, which computes under `torch.no_grad()`)."""
         for call in find(step.node.body, cst.Call):
+            if not self._feeds_training(call, step):
+                continue  # an early stopper's `check(evals)`: its result trains nothing
             for function in self.script.callees(call):
                 if function.cls is not None and function.cls.is_module:
                     continue  # a model's forward
@@ -316,6 +318,25 @@ class ShardTrainLoader(DistributedStep):
                 ):
                     return call
         return None
+
+    def _feeds_training(self, call: cst.Call, step: StepLoop) -> bool:
+        """Whether what `call` returns is bound to names that the loop passes to a model,
+        or to a function that runs a backward pass (`inp, target = random_training_set()`
+        then `train(inp, target)`)."""
+        assign = self.parent(call)
+        if not isinstance(assign, cst.Assign) or assign.value is not call:
+            return False
+        names = {n for t in assign.targets for n in bound_names(t.target)}
+        training = self.script.training.backpropagating
+        for other in find(step.node.body, cst.Call):
+            passed = {name_key(n) for a in other.args for n in find(a.value, cst.Name)}
+            if other is call or not passed & names:
+                continue
+            if self.script.callees(other) & training or any(
+                o.kind is Kind.MODULE for o in self.script.values(other.func)
+            ):
+                return True
+        return False
 
     def _draw_per_process(
         self, module: cst.Module, step: StepLoop, generators: frozenset[Generator]
