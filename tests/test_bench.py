@@ -432,7 +432,9 @@ def test_equal_medians_are_no_measurable_difference_everywhere(cli, tmp_path, mo
 def test_progress_reaches_the_caller_step_by_step(tmp_path, monkeypatch):
     """`run_script` passes on the step count the harness writes (a stand-in here)."""
 
-    def fake_harness(record_path, steps, nproc, progress, scratch=None, epoch_cut=None):
+    def fake_harness(
+        record_path, steps, nproc, progress, scratch=None, epoch_cut=None, batch_prints=False
+    ):
         code = (
             "import json, pathlib, sys, time\n"
             f"for step in range(1, {steps} + 1):\n"

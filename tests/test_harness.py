@@ -442,3 +442,11 @@ def test_capture_without_loaders_hands_over_nothing(tmp_path):
     seen = [None]
     assert capture_loaders(script, [], lambda loaders: seen.append(loaders)) == "ok"
     assert seen[-1] == []
+
+
+def test_the_first_steps_data_is_fingerprinted_only_when_asked(tmp_path):
+    """The proof's runs ask (`--batch-prints`); a benchmark's steps pay nothing for it."""
+    path = write(tmp_path, TRAIN)
+    assert harness.record_steps(path, [], max_steps=3).batch_prints == []
+    prints = harness.record_steps(path, [], max_steps=3, batch_prints=True).batch_prints
+    assert len(prints) == 3 and all(step for step in prints)

@@ -165,6 +165,7 @@ def verify_ddp(
                 timeout=timeout,
                 scratch=scratch,
                 epoch_cut=EpochCut(steps=request.epoch_steps),
+                batch_prints=True,
             )
         if original.failed:
             return [Check(ORIGINAL_RUNS, False, failure_line(original))], original.log
@@ -183,6 +184,7 @@ def verify_ddp(
             timeout=timeout,
             scratch=scratch,
             epoch_cut=None if epoch_samples is None else EpochCut(samples=epoch_samples),
+            batch_prints=True,
         )
         found = checks(
             original,

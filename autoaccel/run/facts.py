@@ -65,6 +65,7 @@ def collect_facts(
             timeout=request.timeout,
             scratch=scratch,
             epoch_cut=EpochCut(steps=request.epoch_steps) if request.epoch_steps else None,
+            batch_prints=True,  # the proof's original run, where it is the same
         )
         seconds = time.perf_counter() - started
         if not out.is_file():

@@ -2,7 +2,7 @@
 
     python -m autoaccel.run.harness --losses-out PATH [--max-steps N] [--seed S]
                                 [--align-loader-rng] [--progress PATH] [--scratch DIR]
-                                [--epoch-steps K | --epoch-samples S]
+                                [--epoch-steps K | --epoch-samples S] [--batch-prints]
                                 SCRIPT [script args...]
 
 The script runs as ``__main__`` in this process (``runpy``). A training step is one
@@ -63,9 +63,10 @@ samples it trained on,
 ``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
 DataLoader in the order the script starts them (the same order on every rank), or None when
 the loader has no indices (an ``IterableDataset``). Samples that two ranks both trained on
-in the same pass are then counted once (`autoaccel.run.runner.merge_ranks`). Of the first
-steps, ``batch_prints`` has hashes of the data the step's models received
-(`autoaccel.run.batch_prints`): what tells batches apart that no DataLoader handed out.
+in the same pass are then counted once (`autoaccel.run.runner.merge_ranks`). With
+``--batch-prints``, ``batch_prints`` has, for each of the first steps, hashes of the data
+the step's models received (`autoaccel.run.batch_prints`): what tells batches apart that no
+DataLoader handed out (the proof's runs ask for it; a benchmark's do not pay for it).
 
 The record (JSON, written on every exit path; ``{rank}`` in PATH becomes ``$RANK``):
 ``losses``, ``times`` (``perf_counter`` at each step), ``samples`` (cumulative samples at each
@@ -261,8 +262,10 @@ class _StepRecorder:
         scratch: Path | None = None,
         epoch_cut: EpochCut | None = None,
         script: str = "",
+        batch_prints: bool = False,
     ) -> None:
         self.max_steps = max_steps
+        self.fingerprints = batch_prints
         self.scratch = scratch
         self.epoch_cut = epoch_cut
         self.redirected: dict[str, str] = {}  # path the script wrote -> file in `scratch`
@@ -294,8 +297,9 @@ class _StepRecorder:
         from torch.utils.data import DataLoader, dataloader
 
         stack = self.stack
-        self.batch_prints = BatchPrints()
-        stack.callback(self.batch_prints.close)
+        self.batch_prints = BatchPrints() if self.fingerprints else None
+        if self.batch_prints is not None:
+            stack.callback(self.batch_prints.close)
         stack.enter_context(patched(torch.Tensor, "backward", self._backward))
         stack.enter_context(patched(torch.amp.GradScaler, "scale", _marking_scale))
         stack.enter_context(patched(dataloader._BaseDataLoaderIter, "__next__", self._next))
@@ -352,7 +356,8 @@ class _StepRecorder:
         self.record.samples.append(self.samples_seen)
         self.record.sample_ids.append(self.last_ids)
         self.last_ids = None
-        self.batch_prints.step()
+        if self.batch_prints is not None:
+            self.batch_prints.step()
         steps = len(self.record.times)
         if steps == 1:
             self.record.first_param_digest = self._param_digest()
@@ -673,7 +678,7 @@ class _StepRecorder:
         ]
         record.peak_rss_bytes = _peak_rss_bytes()
         record.param_digest = self.digest if self.digest is not None else self._param_digest()
-        record.batch_prints = self.batch_prints.prints
+        record.batch_prints = self.batch_prints.prints if self.batch_prints is not None else []
         record.exit = exit_status
         return record
 
@@ -767,6 +772,7 @@ def record_steps(
     progress: Path | None = None,
     scratch: Path | None = None,
     epoch_cut: EpochCut | None = None,
+    batch_prints: bool = False,
 ) -> StepRecord:
     """Run `script` as `__main__` with `args` and record its training steps; with
     `scratch`, the files it writes go into that folder; with `epoch_cut`, training epochs
@@ -775,7 +781,7 @@ def record_steps(
         # seed + rank: the processes of a distributed run draw their own random numbers,
         # as unseeded processes do (torch seeds each from the OS), until a script seeds
         seed_everything(seed + int(os.environ.get("RANK", 0)))
-    recorder = _StepRecorder(max_steps, progress, scratch, epoch_cut, script)
+    recorder = _StepRecorder(max_steps, progress, scratch, epoch_cut, script, batch_prints)
     patches = recorder.patches(align_loader_rng)
     facts = _fact_recorder(script, lambda: recorder.latest_samples)
     if facts is not None:  # entered last: its patches wrap the harness's
@@ -828,6 +834,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--progress", type=Path, default=None, help="write the step count here")
     parser.add_argument(
+        "--batch-prints",
+        action="store_true",
+        help="fingerprint the data of the first steps (the proof's check of shared batches)",
+    )
+    parser.add_argument(
         "--scratch", type=Path, default=None, help="torch.save writes into this folder instead"
     )
     cut = parser.add_mutually_exclusive_group()
@@ -859,6 +870,7 @@ def main(argv: list[str] | None = None) -> int:
         ns.progress,
         ns.scratch,
         epoch_cut,
+        ns.batch_prints,
     )
     out = Path(ns.losses_out.replace("{rank}", str(record.rank)))
     out.parent.mkdir(parents=True, exist_ok=True)

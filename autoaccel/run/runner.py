@@ -55,6 +55,7 @@ def harness_command(
     progress: Path | None = None,
     scratch: Path | None = None,
     epoch_cut: EpochCut | None = None,
+    batch_prints: bool = False,
 ) -> list[str]:
     """The command that starts the harness; with `nproc`, one process per rank."""
     launcher = python_command()
@@ -74,6 +75,7 @@ def harness_command(
         *(["--progress", str(progress)] if progress else []),
         *(["--scratch", str(scratch)] if scratch else []),
         *_epoch_cut_args(epoch_cut),
+        *(["--batch-prints"] if batch_prints else []),
     ]
 
 
@@ -97,6 +99,7 @@ def run_script(
     timeout: float | None = None,
     scratch: Path | None = None,
     epoch_cut: EpochCut | None = None,
+    batch_prints: bool = False,
 ) -> Run:
     """Run `script args` for at most `steps` training steps, its records written into the
     empty folder `records`; the folders `import_from` go first on the module search path
@@ -104,7 +107,8 @@ def run_script(
     as they go.
     After `timeout` seconds the run (every process of it) is stopped: an error. With
     `scratch`, the files the script writes go into that folder; with `epoch_cut`, its
-    training epochs end early (`autoaccel.run.harness`)."""
+    training epochs end early; with `batch_prints`, the data of its first steps is
+    fingerprinted (`autoaccel.run.harness`)."""
     env = {**os.environ, **(env or {}), "PYTHONHASHSEED": str(SEED)}
     if import_from:
         env["PYTHONPATH"] = os.pathsep.join(
@@ -113,7 +117,7 @@ def run_script(
     records.mkdir(parents=True, exist_ok=True)
     progress = records / "progress" if on_step else None
     command = harness_command(
-        records / "record-{rank}.json", steps, nproc, progress, scratch, epoch_cut
+        records / "record-{rank}.json", steps, nproc, progress, scratch, epoch_cut, batch_prints
     )
     with tempfile.TemporaryFile("w+", errors="replace") as log:
         proc = subprocess.Popen(
