@@ -9,6 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.index import ModuleIndex
+from autoaccel.analysis.shapes import tuple_items
 
 # Conversions of one element that cost no more than the indexing itself.
 _SCALAR_CASTS = frozenset({"builtins.int", "builtins.float", "builtins.bool"})
@@ -28,7 +29,7 @@ def indexes_only(getitem: cst.FunctionDef, names: ModuleIndex) -> bool:
     if not isinstance(returned, cst.Return) or returned.value is None:
         return False
     value = returned.value
-    parts = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+    parts = tuple_items(value)
     index = params[1].name.value
     return bool(parts) and all(_indexed_attribute(part, index, names) for part in parts)
 

@@ -42,6 +42,14 @@ def is_attribute(node: cst.CSTNode | None, *attributes: str) -> bool:
     return isinstance(node, cst.Attribute) and (not attributes or node.attr.value in attributes)
 
 
+def tuple_items(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The elements of a tuple display (`return x, y`, `isinstance(m, (A, B))`), or the one
+    value that is none."""
+    if isinstance(value, cst.Tuple):
+        return [e.value for e in value.elements]
+    return [value]
+
+
 def is_no_grad_block(
     node: cst.CSTNode, qualified_names: Callable[[cst.CSTNode], frozenset[str]]
 ) -> bool:

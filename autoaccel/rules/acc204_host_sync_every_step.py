@@ -10,7 +10,7 @@ from autoaccel.analysis.losses import is_detached, is_functional_loss
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import FunctionInfo, Kind
 from autoaccel.analysis.script_model import LoopRole, StepLoop
-from autoaccel.analysis.shapes import find, is_binary, is_method_call, method_calls
+from autoaccel.analysis.shapes import find, is_binary, is_method_call, method_calls, tuple_items
 from autoaccel.lint.rule import Invalid, LintRule
 
 SYNC_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
@@ -164,8 +164,7 @@ class HostSyncEveryStep(LintRule):
             )
         if is_binary(value, cst.Modulo):
             right = value.right  # type: ignore[attr-defined]
-            items = [e.value for e in right.elements] if isinstance(right, cst.Tuple) else [right]
-            return any(self._on_device(item, region) for item in items)
+            return any(self._on_device(item, region) for item in tuple_items(right))
         if is_method_call(value, "format"):
             return any(self._on_device(arg.value, region) for arg in value.args)  # type: ignore[attr-defined]
         return False

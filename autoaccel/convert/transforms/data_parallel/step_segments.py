@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 import libcst as cst
 import libcst.matchers as m
@@ -36,7 +35,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.training import StepLoop
-from autoaccel.analysis.shapes import find, is_no_grad_block
+from autoaccel.analysis.shapes import find, is_no_grad_block, tuple_items
 from autoaccel.cst_edit import code_of, first_line_of, keyword_value
 from autoaccel.convert.transforms.distributed._base import where
 from autoaccel.convert.transforms.distributed.shard_stream_columns import batch_source
@@ -1331,12 +1330,11 @@ class SegmentFinder:
                     method = cls.method("forward") if cls is not None else None
                     if cls is None or method is None or getattr(method, "node", None) is None:
                         continue
-                    place = partial(self._place, method)
                     for target in find(method.node, (cst.AssignTarget, cst.AugAssign)):
                         node = target.target
                         if isinstance(node, cst.Attribute) and _of_self(node):
                             raise Refused(
-                                f"`{cls.name}.forward` sets `self.{node.attr.value}` ({place(target)}):"
+                                f"`{cls.name}.forward` sets `self.{node.attr.value}` ({self._place(method, target)}):"
                                 " `nn.DataParallel` sets it on a replica, and the model never sees it",
                                 s,
                             )
@@ -1745,16 +1743,9 @@ def _returns_stacks(function) -> bool:
                     stacked.discard(name.value)
     returns = find(function.node.body, cst.Return)
     return bool(returns) and all(
-        r.value is not None and all(_stacked(e, stacked, index) for e in _returned(r.value))
+        r.value is not None and all(_stacked(e, stacked, index) for e in tuple_items(r.value))
         for r in returns
     )
-
-
-def _returned(value: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The values a `return` gives: the elements of a tuple, or the one value."""
-    if isinstance(value, cst.Tuple):
-        return [e.value for e in value.elements]
-    return [value]
 
 
 def _statement_of(node: cst.CSTNode, index) -> cst.CSTNode:

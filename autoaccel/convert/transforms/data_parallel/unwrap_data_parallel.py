@@ -16,7 +16,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.script_model import DATA_PARALLEL, DISTRIBUTED_DATA_PARALLEL
-from autoaccel.analysis.shapes import find, name_calls
+from autoaccel.analysis.shapes import find, name_calls, tuple_items
 from autoaccel.convert.transform import Transform
 from autoaccel.convert.transforms.checkpoint_keys import loads_into, strip_prefix
 from autoaccel.convert.transforms.data_parallel.wraps import (
@@ -132,5 +132,4 @@ class UnwrapDataParallel(Transform):
         ):
             return False
         kinds = test.args[1].value  # type: ignore[attr-defined]
-        elements = [e.value for e in kinds.elements] if isinstance(kinds, cst.Tuple) else [kinds]
-        return all(self.qualified_names(e) & _WRAPPERS for e in elements)
+        return all(self.qualified_names(e) & _WRAPPERS for e in tuple_items(kinds))

@@ -472,6 +472,10 @@ class DistributedStep(StatementRewrite):
                 names |= {p for p, a in zip(params, positional) if name_key(a.value) in names}
         return {n for n in names if n is not None}
 
+    def under_no_grad(self, node: cst.CSTNode) -> bool:
+        """Whether `node` runs inside a `with torch.no_grad():` (or `inference_mode()`)."""
+        return any(is_no_grad_block(a, self.qualified_names) for a in self.ancestors(node))
+
     def scope_block(self, node: cst.CSTNode) -> cst.IndentedBlock | cst.Module:
         """The block of the scope `node` runs in: a function body, the body of
         `if __name__ == "__main__":`, or the module."""
@@ -663,9 +667,7 @@ class DistributedStep(StatementRewrite):
         needs no gradient."""
         return [
             call for call in self.step_calls(module)
-            if self.script.model_method(call) and not any(
-                is_no_grad_block(a, self.qualified_names) for a in self.ancestors(call)
-            )
+            if self.script.model_method(call) and not self.under_no_grad(call)
         ]  # fmt: skip
 
     def _trained_elsewhere(self, facts: FactsResolver, models: list) -> bool:  # list[Made]

@@ -117,23 +117,12 @@ class SeedEachRank(DistributedStep):
         ]
         if not seeds and not alike and not own:
             return  # unseeded processes already differ, as they should
-        names = {"seed": fresh_name("shared_seed", variable_names(node)), "np": "np"}
-        if _NUMPY in alike + own:
-            numpy = self._numpy_name(node)
-            names["np"] = numpy or "np"
-            if numpy is None:
-                self.imports.append("import numpy as np")
+        names = self._names(node, alike + own)
         if alike:
-            setup = setup_block_end(node)
             comment = _PARTLY_SEEDED.format(generators=_listed(alike))
-            lines = "".join(f"    {_ALIKE[g]}\n" for g in alike).format(**names)
-            code = _SEED_ALIKE.format(
-                comment=_UNSEEDED if _TORCH in alike else comment, seed=names["seed"], lines=lines
-            )
-            self.after.setdefault(setup, []).extend(parse_statements(code))
-            self.imports += ["import random"] * (_PYTHON in alike)
+            self._seed_at_setup(node, alike, _UNSEEDED if _TORCH in alike else comment, names)
             self.changed(
-                setup,
+                setup_block_end(node),
                 f"every process seeds {_listed(alike)} with rank 0's seed: the script draws"
                 " random numbers before training",
             )
@@ -157,19 +146,29 @@ class SeedEachRank(DistributedStep):
             "no process is re-seeded by its rank: every process makes the same batches, and"
             " trains on its share of them",
         )
-        if not unseeded:
-            return
+        if unseeded:
+            comment = _SHARED_BATCHES.format(generators=_listed(unseeded))
+            self._seed_at_setup(module, unseeded, comment, self._names(module, unseeded))
+
+    def _names(self, module: cst.Module, generators: list[str]) -> dict[str, str]:
+        """The names the seeding code reads: a fresh one for rank 0's seed, and the
+        module's name of NumPy (imported as `np` where `generators` need it and it is not)."""
         names = {"seed": fresh_name("shared_seed", variable_names(module)), "np": "np"}
-        if _NUMPY in unseeded:
+        if _NUMPY in generators:
             numpy = self._numpy_name(module)
             names["np"] = numpy or "np"
             if numpy is None:
                 self.imports.append("import numpy as np")
-        lines = "".join(f"    {_ALIKE[g]}\n" for g in unseeded).format(**names)
-        comment = _SHARED_BATCHES.format(generators=_listed(unseeded))
+        return names
+
+    def _seed_at_setup(
+        self, module: cst.Module, generators: list[str], comment: str, names: dict[str, str]
+    ) -> None:
+        """After the set-up block: every process seeds `generators` with rank 0's seed."""
+        lines = "".join(f"    {_ALIKE[g]}\n" for g in generators).format(**names)
         code = _SEED_ALIKE.format(comment=comment, seed=names["seed"], lines=lines)
         self.after.setdefault(setup_block_end(module), []).extend(parse_statements(code))
-        self.imports += ["import random"] * (_PYTHON in unseeded)
+        self.imports += ["import random"] * (_PYTHON in generators)
 
     def _imported(self, module: cst.Module, generator: str) -> bool:
         """Whether a module of the program imports `generator`'s module (`random`, `numpy`)."""

@@ -166,7 +166,8 @@ class ShardBatchRounds(DistributedStep):
         self.tree = node
         self.loops: dict[cst.For, int] = {}  # loop -> calls around the iterable it wraps
         self.assignments: set[cst.Assign] = set()
-        for step in shared_loops(self.script):
+        self.shared = shared_loops(self.script)
+        for step in self.shared:
             if self.in_entry_script:
                 self._share(step.node)  # type: ignore[arg-type]
             else:  # the entry script's seeds decide whether the processes make them alike
@@ -268,10 +269,7 @@ class ShardBatchRounds(DistributedStep):
         region = scope.body if scope is not None else self.tree
         index = self.script.index
         assert index is not None
-        shared = {
-            shared_batches(s.node, index)[0]  # type: ignore[arg-type]
-            for s in shared_loops(self.script)
-        }
+        shared = {shared_batches(s.node, index)[0] for s in self.shared}  # type: ignore[arg-type]
         lengths = {
             call.args[0].value
             for call in find(region, cst.Call)

@@ -19,7 +19,7 @@ from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import FunctionInfo, Kind, argument
 from autoaccel.analysis.script_model import strip_device_moves
-from autoaccel.analysis.shapes import find, is_method_call, is_name, is_no_grad_block, name_calls
+from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -417,9 +417,8 @@ class WrapModel(DistributedStep):
         name = node.attr.value
         parent = self.parent(node)
         called = isinstance(parent, cst.Call) and parent.func is node
-        no_grad = any(is_no_grad_block(a, self.qualified_names) for a in self.ancestors(node))
         return name not in self.own_methods | {"module"} and (
-            not called or name in _LOCAL_MODULE_METHODS or no_grad
+            not called or name in _LOCAL_MODULE_METHODS or self.under_no_grad(node)
         )
 
     def _elsewhere_takes_wrapper(self, passed: PassedModel) -> bool:
@@ -501,11 +500,10 @@ class WrapModel(DistributedStep):
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        evaluation = any(
-            is_no_grad_block(a, self.qualified_names) for a in self.ancestors(original_node)
-        )
-        what = "evaluation forward pass" if evaluation else "training forward pass"
-        return self._to_wrapper(original_node, updated_node, "func", f"{what} through")
+        if original_node not in self.rewrites:
+            return updated_node
+        what = "evaluation" if self.under_no_grad(original_node) else "training"
+        return self._to_wrapper(original_node, updated_node, "func", f"{what} forward pass through")
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         return self._to_wrapper(

@@ -19,7 +19,7 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Program, SourceModule
-from autoaccel.analysis.shapes import find, is_method_call, method_calls
+from autoaccel.analysis.shapes import find, is_method_call, method_calls, tuple_items
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -210,17 +210,15 @@ class ShardModel(DistributedStep):
                     f"this uses the optimizer of `{model.key}` before the model is ready to"
                     " shard; build the optimizer after the model is on its device, then convert",
                 )
-        for cls in {o.cls for o in self.script.held_by(model.key) if o.kind is Kind.MODULE}:
-            forward = cls.method("forward") if cls is not None else None
-            made = (
-                _returned_distribution(forward, self.script.program)
-                if forward is not None
-                else None
-            )
-            if made is not None and _holds_parameters(cls, self.script.program):  # type: ignore[arg-type]
+        held = self.script.held_by(model.key)
+        for cls in {o.cls for o in held if o.kind is Kind.MODULE and o.cls is not None}:
+            forward = cls.method("forward")
+            program = self.script.program
+            made = _returned_distribution(forward, program) if forward is not None else None
+            if made is not None and _holds_parameters(cls, program):
                 return self._refuse(
                     model.anchor,
-                    f"`{cls.name}.forward` returns `{code_of(made)}`, a distribution and no"  # type: ignore[union-attr]
+                    f"`{cls.name}.forward` returns `{code_of(made)}`, a distribution and no"
                     " tensor: FSDP reduces a sharded model's gradients through hooks on the"
                     " tensors its forward returns, so its parameters would never get any;"
                     " return the distribution's tensors from `forward` and build it outside,"
@@ -428,15 +426,16 @@ def _returned_distribution(
     made: dict[str, cst.Call] = {}
     own = [n for n in find(function.node.body, (cst.Assign, cst.Return)) if _own(n, function)]
     for assign in (n for n in own if isinstance(n, cst.Assign)):
+        distribution = made_by(assign.value)
+        if distribution is None:
+            continue
         for target in assign.targets:
-            found = made_by(assign.value)
-            if isinstance(target.target, cst.Name) and found is not None:
-                made[target.target.value] = found
-    for returned in (n for n in own if isinstance(n, cst.Return) and n.value is not None):
-        value = returned.value
-        for item in [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]:
-            found = made[item.value] if isinstance(item, cst.Name) and item.value in made else None
-            found = found or made_by(item)
+            if isinstance(target.target, cst.Name):
+                made[target.target.value] = distribution
+    for returned in (n for n in own if isinstance(n, cst.Return)):
+        for item in tuple_items(returned.value) if returned.value is not None else ():
+            kept = made.get(item.value) if isinstance(item, cst.Name) else None
+            found = kept or made_by(item)
             if found is not None:
                 return found
     return None
