@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 
 import libcst as cst
-from libcst._nodes.internal import CodegenState, visit_sequence
 
+from autoaccel.cst_internals import CodegenState, visit_sequence
 from autoaccel.fileio import line_starts
 
 # Parts from which a concatenation is parsed as one node; a rule never looks inside.

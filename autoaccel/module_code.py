@@ -6,7 +6,8 @@ every node (~0.08 s at 2,000 lines, after each step that changes the tree)."""
 from __future__ import annotations
 
 import libcst as cst
-from libcst._nodes.internal import CodegenState
+
+from autoaccel.cst_internals import CodegenState, generate
 
 Spans = dict[cst.BaseStatement, tuple[int, int]]  # top-level statement -> (start, end) in the code
 
@@ -27,19 +28,19 @@ class ModuleCode:
         known = self._texts if layout == self._layout else {}
         state = CodegenState(*layout)
         for line in module.header:
-            line._codegen(state)
+            generate(line, state)
         texts: dict[cst.BaseStatement, str] = {}
         for statement in module.body:
             text = known.get(statement)
             if text is None:
                 start = len(state.tokens)
-                statement._codegen(state)
+                generate(statement, state)
                 text = "".join(state.tokens[start:])
             else:
                 state.tokens.append(text)
             texts[statement] = text
         for line in module.footer:
-            line._codegen(state)
+            generate(line, state)
         self._layout, self._texts = layout, texts
         return "".join(state.tokens) or module.default_newline  # an empty module: a newline
 
@@ -51,7 +52,7 @@ class ModuleCode:
             return None
         state = CodegenState(*layout)
         for line in module.header:
-            line._codegen(state)
+            generate(line, state)
         start = sum(map(len, state.tokens))
         spans: Spans = {}
         for statement in module.body:

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
         "fileio",
         "git",
         "markdown",
+        "cst_internals",
         "module_code",
         "notebook",
         "patching",

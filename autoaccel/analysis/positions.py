@@ -20,10 +20,10 @@ from itertools import accumulate
 from typing import NamedTuple
 
 import libcst as cst
-from libcst._nodes.internal import CodegenState
 from libcst.metadata import CodePosition, CodeRange
 
 from autoaccel.analysis.statements import statements
+from autoaccel.cst_internals import CodegenState, generate
 from autoaccel.fileio import line_starts
 from autoaccel.module_code import Spans
 
@@ -77,7 +77,7 @@ class _Generated:
 
     @classmethod
     def of(cls, node: cst.CSTNode, state: _SpanRecorder, start: int = 0) -> _Generated:
-        node._codegen(state)
+        generate(node, state)
         return cls(state.spans, list(accumulate(map(len, state.tokens), initial=start)))
 
 

@@ -16,12 +16,6 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
-from libcst.matchers._decorators import (
-    CONSTRUCTED_LEAVE_MATCHER_ATTR,
-    CONSTRUCTED_VISIT_MATCHER_ATTR,
-    VISIT_NEGATIVE_MATCHER_ATTR,
-    VISIT_POSITIVE_MATCHER_ATTR,
-)
 from libcst.metadata import CodeRange, MetadataWrapper
 
 from autoaccel.analysis.index import repeats_a_node
@@ -34,6 +28,7 @@ from autoaccel.convert.dispatch import (
     method,
     touched_nodes,
 )
+from autoaccel.cst_internals import MATCHER_ATTRIBUTES, skip_matcher_setup
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts, FactsResolver
 from autoaccel.module_code import ModuleCode
@@ -143,7 +138,7 @@ class Transform(VisitorBasedCodemodCommand):
         else:
             Codemod.__init__(self, context)
             cst.CSTTransformer.__init__(self)
-            self._extra_visit_funcs, self._extra_leave_funcs, self._matchers = {}, {}, {}
+            skip_matcher_setup(self)
         self._decorated = decorated
         self._touched: set[cst.CSTNode] | None = None  # None: visit every node
         # How many nodes `leave_*` methods replaced so far, and that count when each node
@@ -422,15 +417,6 @@ def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> b
     return len(first) == len(second) and all(a is b for a, b in zip(first, second))
 
 
-# The attributes LibCST's matcher decorators set on the methods they decorate.
-_MATCHER_ATTRIBUTES = (
-    VISIT_POSITIVE_MATCHER_ATTR,
-    VISIT_NEGATIVE_MATCHER_ATTR,
-    CONSTRUCTED_VISIT_MATCHER_ATTR,
-    CONSTRUCTED_LEAVE_MATCHER_ATTR,
-)
-
-
 @cache
 def _uses_matcher_decorators(kind: type) -> bool:
     """Whether a method of `kind` (or of its own bases) carries a matcher decorator."""
@@ -440,7 +426,7 @@ def _uses_matcher_decorators(kind: type) -> bool:
         if not cls.__module__.startswith("libcst")
         for member in vars(cls).values()
         if callable(member)
-        for attribute in _MATCHER_ATTRIBUTES
+        for attribute in MATCHER_ATTRIBUTES
     )
 
 
