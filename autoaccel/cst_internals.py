@@ -13,30 +13,18 @@ implements LibCST's own protocol (a node type, the codemod's metadata hook).
 
 from __future__ import annotations
 
+from functools import cache
+
 import libcst as cst
 from libcst._nodes.internal import CodegenState, visit_sequence
-from libcst.matchers._decorators import (
-    CONSTRUCTED_LEAVE_MATCHER_ATTR,
-    CONSTRUCTED_VISIT_MATCHER_ATTR,
-    VISIT_NEGATIVE_MATCHER_ATTR,
-    VISIT_POSITIVE_MATCHER_ATTR,
-)
 
 __all__ = [
-    "MATCHER_ATTRIBUTES",
     "CodegenState",
     "generate",
     "skip_matcher_setup",
+    "uses_matcher_decorators",
     "visit_sequence",
 ]
-
-# The attributes LibCST's matcher decorators set on the methods they decorate.
-MATCHER_ATTRIBUTES = (
-    VISIT_POSITIVE_MATCHER_ATTR,
-    VISIT_NEGATIVE_MATCHER_ATTR,
-    CONSTRUCTED_VISIT_MATCHER_ATTR,
-    CONSTRUCTED_LEAVE_MATCHER_ATTR,
-)
 
 
 def generate(node: cst.CSTNode, state: CodegenState) -> None:
@@ -50,3 +38,30 @@ def skip_matcher_setup(transformer: cst.CSTTransformer) -> None:
     transformer._extra_visit_funcs = {}  # type: ignore[attr-defined]
     transformer._extra_leave_funcs = {}  # type: ignore[attr-defined]
     transformer._matchers = {}  # type: ignore[attr-defined]
+
+
+@cache
+def uses_matcher_decorators(kind: type) -> bool:
+    """Whether a method of `kind` (or of its own bases) carries a matcher decorator."""
+    # Here, not at the top: `autoaccel lint` never imports LibCST's matchers.
+    from libcst.matchers._decorators import (
+        CONSTRUCTED_LEAVE_MATCHER_ATTR,
+        CONSTRUCTED_VISIT_MATCHER_ATTR,
+        VISIT_NEGATIVE_MATCHER_ATTR,
+        VISIT_POSITIVE_MATCHER_ATTR,
+    )
+
+    attributes = (
+        VISIT_POSITIVE_MATCHER_ATTR,
+        VISIT_NEGATIVE_MATCHER_ATTR,
+        CONSTRUCTED_VISIT_MATCHER_ATTR,
+        CONSTRUCTED_LEAVE_MATCHER_ATTR,
+    )
+    return any(
+        hasattr(member, attribute)
+        for cls in kind.__mro__
+        if not cls.__module__.startswith("libcst")
+        for member in vars(cls).values()
+        if callable(member)
+        for attribute in attributes
+    )

@@ -625,7 +625,7 @@ def run_project(files: dict[str, str], amp: str = "bf16") -> dict[str, tuple[str
     from autoaccel.analysis.index import ModuleIndex
     from autoaccel.analysis.program import SourceModule
     from autoaccel.analysis.script_model import ProjectContext
-    from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY
+    from autoaccel.convert.transform import StepContext
 
     trees = {path: cst.parse_module(dedent(text)) for path, text in files.items()}
     names = {path: "__main__" if path == "train.py" else path.removesuffix(".py") for path in files}
@@ -636,10 +636,12 @@ def run_project(files: dict[str, str], amp: str = "bf16") -> dict[str, tuple[str
     results = {}
     for path, tree in trees.items():
         log = ConversionLog()
-        context = new_context(ConvertOptions(amp=amp), log, path)
         others = tuple(module for other, module in modules.items() if other != path)
-        context.scratch[PROJECT_KEY] = ProjectContext(names[path], "", path, others)
-        context.scratch[ENTRY_KEY] = path == "train.py"
+        project = ProjectContext(names[path], "", path, others)
+        shared = StepContext(
+            ConvertOptions(amp=amp), log, project=project, entry=path == "train.py"
+        )
+        context = shared.codemod_context(path)
         out = AddAutocast(context).transform_module(tree)  # type: ignore[arg-type]
         results[path] = (out.code, log)
     return results

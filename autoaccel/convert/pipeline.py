@@ -20,13 +20,12 @@ from libcst.codemod import CodemodContext
 
 from autoaccel.convert.log import MULTI_PROCESS, ConversionLog, ConvertOptions, Target
 from autoaccel.convert.transform import (
-    LOG_KEY,
-    OPTIONS_KEY,
     Analyses,
     InsertedNames,
+    StepContext,
     Transform,
     TreeFacts,
-    new_context,
+    step_context,
 )
 from autoaccel.analysis.index import repeats_a_node, repeats_a_node_since
 from autoaccel.diff import original_line
@@ -35,6 +34,7 @@ from autoaccel.module_code import ModuleCode
 from autoaccel.source import compile_quietly, parse
 
 if TYPE_CHECKING:
+    from autoaccel.analysis.script_model import ProjectContext
     from autoaccel.convert.transforms.rule_fixes import RuleFixes
     from autoaccel.facts.resolve import ConversionFacts
 
@@ -123,22 +123,38 @@ class ModuleState:
         return cls(parse(source), source)
 
     def context(
-        self, options: ConvertOptions, log: ConversionLog, path: str | None
+        self,
+        options: ConvertOptions,
+        log: ConversionLog,
+        path: str | None,
+        facts: ConversionFacts | None = None,
+        project: ProjectContext | None = None,
+        entry: bool = True,
     ) -> CodemodContext:
-        """The context of the next step over this module."""
-        return new_context(
-            options, log, path, self.text, self.analyses, self.module_code, self.inserted_names
+        """The context of the next step over this module (see `StepContext`)."""
+        shared = StepContext(
+            options,
+            log,
+            self.text,
+            self.analyses,
+            self.module_code,
+            self.inserted_names,
+            project,
+            entry,
+            facts,
         )
+        return shared.codemod_context(path)
 
 
 def apply_step(
     step: type[Transform] | type[RuleFixes], state: ModuleState, context: CodemodContext
 ) -> None:
     """Run one step over `state` (code generated once, inserted code formatted)."""
-    log: ConversionLog = context.scratch[LOG_KEY]
+    shared = step_context(context)
+    log = shared.log
     logged = (len(log.changes), len(log.skipped))
     transformed = step(context).transform_module(state.tree)
-    _in_the_users_terms(log, logged, state.history, context.scratch[OPTIONS_KEY].target)
+    _in_the_users_terms(log, logged, state.history, shared.options.target)
     if transformed is state.tree:
         return  # the step had nothing to do
     if getattr(step, "renames_names", False):
@@ -193,15 +209,10 @@ def _run(
     if history is not None:
         state.history = history
     if facts is not None:
-        from autoaccel.facts.resolve import FACTS_KEY
-
         facts.history = state.history  # the steps map their tree's lines back through it
     for step in transforms_for(options):
         if step.enabled(options):
-            context = state.context(options, log, path)
-            if facts is not None:
-                context.scratch[FACTS_KEY] = facts
-            apply_step(step, state, context)
+            apply_step(step, state, state.context(options, log, path, facts))
     return state.text
 
 

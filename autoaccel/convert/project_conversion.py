@@ -35,7 +35,6 @@ from autoaccel.convert.pipeline import (
     fewer_collections,
     transforms_for,
 )
-from autoaccel.convert.transform import ENTRY_KEY, PROJECT_KEY
 from autoaccel.convert.transforms.data_parallel import settle_project_refusals
 from autoaccel.convert.transforms.distributed._base import converted_modules
 from autoaccel.fileio import SourceFile, read_source
@@ -193,8 +192,6 @@ def _run(
     """Each step of the target over every file in turn, each file analysed with the
     others as they are at that moment. The steps get `facts` (they map a tree's lines
     back through its file's `histories` entry, extended in place)."""
-    from autoaccel.facts.resolve import FACTS_KEY
-
     states = [ModuleState.of(text) for text in texts]
     for state, history in zip(states, histories or []):
         state.history = history
@@ -222,12 +219,9 @@ def _run(
             ]
             entry = index == 0
             name = script_name if entry else str(file.path)
-            context = state.context(options, logs[index], name)
-            context.scratch[PROJECT_KEY] = ProjectContext(
+            here = ProjectContext(
                 file.name, file.package, str(file.path), (*others, *project.context)
             )
-            context.scratch[ENTRY_KEY] = entry
-            if facts is not None:
-                context.scratch[FACTS_KEY] = facts
+            context = state.context(options, logs[index], name, facts, here, entry)
             apply_step(step, state, context)
     return [state.text for state in states]

@@ -1,6 +1,6 @@
 """The base of every convert transform: a LibCST codemod that does one thing.
 
-Transforms read the options and write their changes through `context.scratch`,
+Transforms read the options and write their changes through their `StepContext`,
 see the shared `ScriptModel` of the tree they receive as `self.script`, and must
 be idempotent: run on their own output they change nothing.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import cache
 from typing import Any
 
 import libcst as cst
@@ -20,7 +19,7 @@ from libcst.metadata import CodeRange, MetadataWrapper
 
 from autoaccel.analysis.index import repeats_a_node
 from autoaccel.analysis.positions import Positions, SourcePositions, TopLevelPositions
-from autoaccel.analysis.script_model import ScriptModel, build_script_model
+from autoaccel.analysis.script_model import ProjectContext, ScriptModel, build_script_model
 from autoaccel.convert.dispatch import (
     handled_types,
     has_field_methods,
@@ -28,22 +27,11 @@ from autoaccel.convert.dispatch import (
     method,
     touched_nodes,
 )
-from autoaccel.cst_internals import MATCHER_ATTRIBUTES, skip_matcher_setup
+from autoaccel.cst_internals import skip_matcher_setup, uses_matcher_decorators
 from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
-from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts, FactsResolver
+from autoaccel.facts.resolve import ConversionFacts, FactsResolver
 from autoaccel.module_code import ModuleCode
 from autoaccel.source import python_tree
-
-OPTIONS_KEY = "autoaccel.options"
-LOG_KEY = "autoaccel.log"
-SOURCE_KEY = "autoaccel.source"
-# Set when the module is one file of a project conversion: a `ProjectContext` (see
-# `autoaccel.convert.project_conversion`) and whether the module is the entry script.
-PROJECT_KEY = "autoaccel.project"
-ENTRY_KEY = "autoaccel.entry"
-ANALYSES_KEY = "autoaccel.analyses"
-MODULE_CODE_KEY = "autoaccel.module_code"
-NAMES_KEY = "autoaccel.inserted_names"
 
 
 @dataclass
@@ -69,33 +57,50 @@ class InsertedNames:
     placeholders: dict[str, str] = field(default_factory=dict)  # script's own -> meanwhile
 
 
+# Where a step finds its `StepContext` in LibCST's `CodemodContext.scratch`.
+STEP_KEY = "autoaccel.step"
+
+
+@dataclass
+class StepContext:
+    """What the steps over one module of a conversion share: the options, the log, the
+    code of the tree a step gets when the pipeline has it (`source`), what earlier steps
+    found out about the trees (`analyses`), the code generation, the names the steps
+    insert, and the facts of a run of the script. `project` is set when the module is one
+    file of a project conversion, `entry` says whether it is the script that runs."""
+
+    options: ConvertOptions
+    log: ConversionLog
+    source: str | None = None
+    analyses: Analyses = field(default_factory=dict)
+    module_code: ModuleCode = field(default_factory=ModuleCode)
+    inserted_names: InsertedNames = field(default_factory=InsertedNames)
+    project: ProjectContext | None = None
+    entry: bool = True
+    facts: ConversionFacts | None = None
+
+    def codemod_context(self, path: str | None = None) -> CodemodContext:
+        """LibCST's context for a step that shares this (`path` names the script: launch
+        commands use it)."""
+        return CodemodContext(filename=path, scratch={STEP_KEY: self})
+
+
 def new_context(
-    options: ConvertOptions,
-    log: ConversionLog,
-    path: str | None = None,
-    source: str | None = None,
-    analyses: Analyses | None = None,
-    module_code: ModuleCode | None = None,
-    inserted_names: InsertedNames | None = None,
+    options: ConvertOptions, log: ConversionLog, path: str | None = None
 ) -> CodemodContext:
-    """The context of one step; `path` names the script (launch commands use it),
-    `source` is the code of the tree the step gets, when the caller has it, `analyses`
-    the script models the steps of one conversion share, `module_code` their code
-    generation, `inserted_names` the names they share."""
-    scratch = {
-        OPTIONS_KEY: options,
-        LOG_KEY: log,
-        SOURCE_KEY: source,
-        ANALYSES_KEY: {} if analyses is None else analyses,
-        MODULE_CODE_KEY: module_code or ModuleCode(),
-        NAMES_KEY: inserted_names or InsertedNames(),
-    }
-    return CodemodContext(filename=path, scratch=scratch)
+    """The context of one step over a module no other step shares anything about."""
+    return StepContext(options, log).codemod_context(path)
+
+
+def step_context(context: CodemodContext) -> StepContext:
+    """The `StepContext` of the step `context` was made for."""
+    shared: StepContext = context.scratch[STEP_KEY]
+    return shared
 
 
 def tree_facts(context: CodemodContext, tree: cst.Module) -> TreeFacts:
     """What the steps of the conversion `context` belongs to know about `tree`."""
-    analyses: Analyses = context.scratch.setdefault(ANALYSES_KEY, {})
+    analyses = step_context(context).analyses
     facts = analyses.get(id(tree))
     if facts is None or facts.tree is not tree:
         facts = analyses[id(tree)] = TreeFacts(tree)
@@ -105,7 +110,7 @@ def tree_facts(context: CodemodContext, tree: cst.Module) -> TreeFacts:
 def source_of(context: CodemodContext, tree: cst.Module) -> str:
     """The code of `tree`, the module a step is given: from the context when the
     pipeline passed it along (code generation costs a pass over the tree)."""
-    source = context.scratch.get(SOURCE_KEY)
+    source = step_context(context).source
     return tree.code if source is None else source
 
 
@@ -132,7 +137,7 @@ class Transform(VisitorBasedCodemodCommand):
         # `dir()` scans of the instance (~13 ms; ~0.3 s for the first conversion of a
         # process). A class without them skips both: it finds its `visit_*` / `leave_*`
         # methods in a table per class.
-        decorated = _uses_matcher_decorators(type(self))
+        decorated = uses_matcher_decorators(type(self))
         if decorated:
             super().__init__(context)
         else:
@@ -222,26 +227,30 @@ class Transform(VisitorBasedCodemodCommand):
         return None
 
     @property
+    def step_context(self) -> StepContext:
+        return step_context(self.context)
+
+    @property
     def options(self) -> ConvertOptions:
-        return self.context.scratch[OPTIONS_KEY]
+        return self.step_context.options
 
     @property
     def log(self) -> ConversionLog:
-        return self.context.scratch[LOG_KEY]
+        return self.step_context.log
 
     @property
     def inserted_names(self) -> InsertedNames:
-        return self.context.scratch.setdefault(NAMES_KEY, InsertedNames())
+        return self.step_context.inserted_names
 
     @property
     def in_entry_script(self) -> bool:
         """Whether this module is the script that runs (not a module it imports)."""
-        return self.context.scratch.get(ENTRY_KEY, True)
+        return self.step_context.entry
 
     def run_facts(self) -> FactsResolver | None:
         """The facts of a short run of the script (`autoaccel.facts`), for this module's
         tree, when the conversion has them and this module is the script that ran."""
-        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
+        given = self.step_context.facts
         index = self.script.index
         if given is None or index is None or not self.in_entry_script:
             return None
@@ -250,7 +259,7 @@ class Transform(VisitorBasedCodemodCommand):
     def module_facts(self) -> FactsResolver | None:
         """The facts of a short run of the script for this module's tree, the script's or
         another module's of its project, when the conversion has them."""
-        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
+        given = self.step_context.facts
         index = self.script.index
         if given is None or index is None:
             return None
@@ -313,7 +322,7 @@ class Transform(VisitorBasedCodemodCommand):
         """The script model of the tree in `context.wrapper`; positions reset."""
         assert self.context.wrapper is not None
         facts = self._facts(self.context.wrapper.module)
-        project = self.context.scratch.get(PROJECT_KEY)
+        project = self.step_context.project
         if project is not None or facts.script is None:
             # in a project, the other modules may have changed since
             facts.script = build_script_model(self.context.wrapper, project=project)
@@ -349,12 +358,11 @@ class Transform(VisitorBasedCodemodCommand):
         code generation costs a pass), else from the whole module. Where the top-level
         statements start is known when the pipeline generated the tree's code; else
         CPython's parse of it tells."""
-        source = self.context.scratch.get(SOURCE_KEY)
+        source = self.step_context.source
         index = self.script.index
         if source is None or index is None or index.module is not tree:
             return Positions(tree)
-        module_code: ModuleCode = self.context.scratch[MODULE_CODE_KEY]
-        spans = module_code.statement_spans(tree)
+        spans = self.step_context.module_code.statement_spans(tree)
         if spans is not None:
             return TopLevelPositions(tree, source, spans, index.parents)
         python = python_tree(source)
@@ -415,19 +423,6 @@ class Transform(VisitorBasedCodemodCommand):
 def same_nodes(first: Sequence[cst.CSTNode], second: Sequence[cst.CSTNode]) -> bool:
     """Whether two sequences hold the same node objects, in the same order."""
     return len(first) == len(second) and all(a is b for a, b in zip(first, second))
-
-
-@cache
-def _uses_matcher_decorators(kind: type) -> bool:
-    """Whether a method of `kind` (or of its own bases) carries a matcher decorator."""
-    return any(
-        hasattr(member, attribute)
-        for cls in kind.__mro__
-        if not cls.__module__.startswith("libcst")
-        for member in vars(cls).values()
-        if callable(member)
-        for attribute in MATCHER_ATTRIBUTES
-    )
 
 
 # A `backward()` call: training code, whose run the facts record at its site.

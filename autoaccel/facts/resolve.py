@@ -257,10 +257,6 @@ def _code(node: cst.Call) -> str:
     return _NO_CODE.code_for_node(node.with_changes(lpar=(), rpar=()))
 
 
-# Where a conversion's steps find the facts of a run of the script (`context.scratch`).
-FACTS_KEY = "autoaccel.facts"
-
-
 class ConversionFacts:
     """The facts of a run of the script a conversion converts (`path`, whose text was
     `source`), for its steps: `history` is the pipeline's list of (before, after) texts of

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.codemod import CodemodContext
 
 from autoaccel.analysis.script_model import Missing, Unknown
 from autoaccel.convert.log import ConversionLog, ConvertOptions
@@ -13,9 +14,6 @@ from autoaccel.convert.transform import Transform, new_context
 from autoaccel.cst_edit import code_of, remove_keyword, set_keyword
 from autoaccel.formatting import format_inserted_code
 from autoaccel.source import parse
-
-WANTED_KEY = "autoaccel.tune.wanted"
-RESOLVED_KEY = "autoaccel.tune.resolved"
 
 # Keyword -> source text of its new value; None removes the keyword.
 Keywords = dict[str, str | None]
@@ -34,8 +32,15 @@ _CONFIGURED = (
 
 
 class SetLoaderArguments(Transform):
+    """Set the `wanted` keywords; `resolved` gets them by DataLoader call index."""
+
     DESCRIPTION = "Write tuned DataLoader arguments into their calls."
     code = "tune"
+
+    def __init__(self, context: CodemodContext, wanted: Wanted) -> None:
+        super().__init__(context)
+        self.wanted = wanted
+        self.resolved: dict[int, Keywords] = {}
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.call_edits: dict[cst.Call, Keywords] = {}
@@ -43,14 +48,12 @@ class SetLoaderArguments(Transform):
         return super().transform_module_impl(tree)
 
     def visit_Module(self, node: cst.Module) -> None:
-        wanted: Wanted = self.context.scratch[WANTED_KEY]
-        resolved: dict[int, Keywords] = self.context.scratch.setdefault(RESOLVED_KEY, {})
-        for site, keywords in wanted.items():
+        for site, keywords in self.wanted.items():
             index = site if isinstance(site, int) else self._index_at(*site)
             if index is None:
                 self.skipped(f"DataLoader at line {site[0]}", "no `DataLoader(...)` call starts there")  # type: ignore[index]
                 continue
-            resolved[index] = keywords
+            self.resolved[index] = keywords
             self._plan(self.script.loader_calls[index], keywords)
 
     def _index_at(self, line: int, column: int | None) -> int | None:
@@ -107,10 +110,9 @@ class SetLoaderArguments(Transform):
 
 def _apply(source: str, wanted: Wanted, log: ConversionLog) -> tuple[str, dict[int, Keywords]]:
     """The rewritten source, and `wanted` with its positions resolved to call indices."""
-    context = new_context(ConvertOptions(), log)
-    context.scratch[WANTED_KEY] = wanted
-    tree = SetLoaderArguments(context).transform_module(parse(source))
-    return format_inserted_code(source, tree.code), context.scratch.get(RESOLVED_KEY, {})
+    step = SetLoaderArguments(new_context(ConvertOptions(), log), wanted)
+    tree = step.transform_module(parse(source))
+    return format_inserted_code(source, tree.code), step.resolved
 
 
 def set_loader_arguments(source: str, wanted: Wanted, path: str = "<string>") -> Conversion:

@@ -36,7 +36,6 @@ from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.transform import Transform
 from autoaccel.convert.transforms.data_parallel.wraps import wrapper_instances
 from autoaccel.cst_edit import add_imports, code_of
-from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts
 
 _FALLBACK_DEVICE = '"cuda" if torch.cuda.is_available() else "cpu"'
 _BCE = frozenset({"torch.nn.BCELoss", "torch.nn.functional.binary_cross_entropy"})
@@ -192,7 +191,7 @@ class AddAutocast(Transform):
         model, ...)` of another module), which the code alone does not show to be one.
         (Without them the second conversion would see the DDP wrapper the first one
         built, a model, and add the autocast the first one did not.)"""
-        given: ConversionFacts | None = self.context.scratch.get(FACTS_KEY)
+        given = self.step_context.facts
         if given is None or self.script.index is None:
             return set()
         path = None if self.in_entry_script else self.context.filename

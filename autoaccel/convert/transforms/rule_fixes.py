@@ -7,14 +7,7 @@ from libcst.codemod import Codemod
 
 from autoaccel.config import LintSettings
 from autoaccel.convert.log import Change, ConvertOptions, Skipped
-from autoaccel.convert.transform import (
-    LOG_KEY,
-    MODULE_CODE_KEY,
-    OPTIONS_KEY,
-    PROJECT_KEY,
-    source_of,
-    tree_facts,
-)
+from autoaccel.convert.transform import source_of, step_context, tree_facts
 from autoaccel.diff import original_line
 from autoaccel.lint.fixer import FixResult, fix_source
 from autoaccel.lint.rule import Applicability, Diagnostic
@@ -39,18 +32,14 @@ class RuleFixes(Codemod):
         return self.codes
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        codes = self.selected_codes(self.context.scratch[OPTIONS_KEY])
+        shared = step_context(self.context)
+        codes = self.selected_codes(shared.options)
         settings = LintSettings(select=codes, extend_safe_fixes=self.speed_ups)
         source = source_of(self.context, tree)
-        scratch = self.context.scratch
         result = fix_source(
-            source,
-            settings,
-            project=scratch.get(PROJECT_KEY),
-            module=tree,
-            module_code=scratch.get(MODULE_CODE_KEY),
+            source, settings, project=shared.project, module=tree, module_code=shared.module_code
         )
-        log = self.context.scratch[LOG_KEY]
+        log = shared.log
         for diagnostic in result.fixed:
             log.changes.append(Change(diagnostic.code, diagnostic.line, diagnostic.fix_title or ""))
         if self.logs_remaining:
@@ -72,7 +61,7 @@ class RuleFixes(Codemod):
         """`tree`, the fixed module, with the script model the rules saw kept for the
         next step (the same analysis, ~75 ms at 2,000 lines; not in a project, where
         steps analyse the other modules as they are then)."""
-        if result.script is not None and PROJECT_KEY not in self.context.scratch:
+        if result.script is not None and step_context(self.context).project is None:
             tree_facts(self.context, tree).script = result.script
         return tree
 

@@ -32,7 +32,7 @@ from autoaccel.analysis.training import StepLoop, Training
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
 from autoaccel.cst_edit import add_import, add_imports, keyword_value
-from autoaccel.facts.resolve import FACTS_KEY, ConversionFacts, FactsResolver
+from autoaccel.facts.resolve import FactsResolver
 
 # Module-level names the set-up block defines; every later step builds on them.
 DISTRIBUTED = "DISTRIBUTED"
@@ -719,7 +719,8 @@ class DistributedStep(StatementRewrite):
         the project that calls them, where the run trained them (the static program links
         the call to the function and its parameter; the run's forwards, recorded in that
         module, say that the parameter's calls ran a trained model)."""
-        given: ConversionFacts = self.context.scratch[FACTS_KEY]
+        given = self.step_context.facts
+        assert given is not None  # `facts` resolves them
         found = []
         for call in self.step_calls(module):
             for function in self.script.callees(call):
