@@ -18,6 +18,7 @@ from autoaccel.convert.transforms.distributed.migrate_horovod import MigrateHoro
 from autoaccel.convert.transforms.distributed.migrate_launch import MigrateLaunch
 from autoaccel.convert.transforms.distributed.name_train_loader import NameTrainLoader
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
+from autoaccel.convert.transforms.distributed.order_sets_alike import OrderSetsAlike
 from autoaccel.convert.transforms.distributed.print_shard_sizes import PrintShardSizes
 from autoaccel.convert.transforms.distributed.progress_on_rank_zero import ProgressOnRankZero
 from autoaccel.convert.transforms.distributed.replace_data_parallel import ReplaceDataParallel
@@ -43,6 +44,7 @@ DDP_STEPS = [
     ReplaceDataParallel,
     ConvertSyncBatchNorm,
     SeedEachRank,
+    OrderSetsAlike,
     WrapModel,
     MigrateHorovod,  # after WrapModel: fp16 compression hooks onto the DDP wrapper
     ShardStreamColumns,
