@@ -39,8 +39,10 @@ BCE = "F.binary_cross_entropy_with_logits(x_recon, x, {})"
         BCE.format('reduction="sum"') + " / len(x)",
         BCE.format('reduction="sum"') + ".div(x.shape[0])",
         BCE.format('reduction="sum"') + " / batch_size",
+        BCE.format('reduction="sum"') + " / x.size()[0]",
+        BCE.format('reduction="sum"') + " / x.size(0) / 1000",
     ],
-    ids=["div-name", "size", "len", "div-shape", "name"],
+    ids=["div-name", "size", "len", "div-shape", "name", "size-subscript", "and-a-constant"],
 )
 def test_a_sum_divided_by_its_batchs_size_is_a_mean(recon):
     body = BETA_VAE.format(recon=recon)
@@ -54,6 +56,21 @@ def test_a_sum_divided_by_the_size_of_a_name_bound_in_the_loop_is_a_mean():
             out = model(x)
             n = y.shape[0]
             loss = F.mse_loss(out, y, reduction="sum") / n
+            loss.backward()
+        """
+    code, log = run_step(ScaleSummedLoss, body)
+    assert (code, log.changes, log.skipped) == (dedent(body), [], [])
+
+
+def test_a_sum_of_an_unpacked_model_output_over_its_batchs_size_is_a_mean():
+    """overhaul-distillation (tenth unseen set): the distiller returns its distillation
+    sum beside the logits; `/ batch_size / 1000` after `batch_size = inputs.shape[0]`."""
+    body = """\
+        for inputs, targets in loader:
+            batch_size = inputs.shape[0]
+            outputs, loss_distill = model(inputs)
+            loss_ce = criterion(outputs, targets)
+            loss = loss_ce + loss_distill.sum() / batch_size / 1000
             loss.backward()
         """
     code, log = run_step(ScaleSummedLoss, body)

@@ -236,26 +236,28 @@ def _per_sample(call: cst.Call, torch_function: bool) -> bool:
 
 
 def is_batch_size(node: cst.BaseExpression) -> bool:
-    """A count of samples: `len(x)`, `x.size(0)`, `x.shape[0]`."""
+    """A count of samples: `len(x)`, `x.size(0)`, `x.shape[0]`, `x.size()[0]`."""
     return _measured(node) is not None
 
 
 def _measured(node: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`x` in `len(x)`, `x.size(0)`, `x.shape[0]`."""
+    """`x` in `len(x)`, `x.size(0)`, `x.shape[0]`, `x.size()[0]`."""
     if isinstance(node, cst.Call) and is_name(node.func, "len") and len(node.args) == 1:
         return node.args[0].value
     if is_method_call(node, "size"):
         args = node.args  # type: ignore[attr-defined]
         if len(args) == 1 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0":
             return node.func.value  # type: ignore[attr-defined]
-    if isinstance(node, cst.Subscript) and is_attribute(node.value, "shape"):
+    if isinstance(node, cst.Subscript):
+        tensor = _shape_of(node.value)
         index = node.slice[0].slice if len(node.slice) == 1 else None
         if (
-            isinstance(index, cst.Index)
+            tensor is not None
+            and isinstance(index, cst.Index)
             and isinstance(index.value, cst.Integer)
             and index.value.value == "0"
         ):
-            return node.value.value  # type: ignore[attr-defined]
+            return tensor
     return None
 
 
@@ -311,12 +313,24 @@ def _reads(
         if node.deep_equals(tensor):
             return True
         if isinstance(node, cst.Name) and node.value not in seen:
-            if any(
-                _reads(value, tensor, scope, seen | {node.value})
-                for value in assigned_values(scope, node.value)
-            ):
+            values = [*assigned_values(scope, node.value), *_unpacked_from(scope, node.value)]
+            if any(_reads(value, tensor, scope, seen | {node.value}) for value in values):
                 return True
     return False
+
+
+def _unpacked_from(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
+    """`v` where `scope` binds `name` by unpacking it: `out, name = model(x)` (computed
+    from what `v` is computed from)."""
+    found = []
+    for node in _own_nodes(scope):
+        if isinstance(node, cst.Assign) and not isinstance(node.value, (cst.Tuple, cst.List)):
+            for target in (t.target for t in node.targets):
+                if isinstance(target, (cst.Tuple, cst.List)) and any(
+                    is_name(element.value, name) for element in target.elements
+                ):
+                    found.append(node.value)
+    return found
 
 
 def reaching_values(read: cst.Name, scope: cst.CSTNode, index: ModuleIndex) -> list[Value]:
