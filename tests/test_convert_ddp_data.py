@@ -72,8 +72,22 @@ WEIGHTED = TOP_LEVEL.replace(
 ).replace("shuffle=True", "sampler=weighted")
 
 
-def test_weighted_sampler_keeps_its_weights_and_each_process_reads_its_share():
-    code, log = run_step(ShardTrainLoader, WEIGHTED)
+@pytest.mark.parametrize(
+    "source",
+    [
+        WEIGHTED,
+        WEIGHTED.replace(
+            "from torch.utils.data import DataLoader, WeightedRandomSampler\n",
+            "from torch.utils.data import DataLoader\n"
+            "from torch.utils.data.sampler import WeightedRandomSampler\n",
+        ).replace("num_samples=len(weights)", "len(weights)"),
+    ],
+    ids=["torch.utils.data", "torch.utils.data.sampler"],
+)
+def test_weighted_sampler_keeps_its_weights_and_each_process_reads_its_share(source):
+    """Also imported from its own module with a positional count (pytorch-speech-commands,
+    the tenth unseen set: refused as "already has a sampler")."""
+    code, log = run_step(ShardTrainLoader, source)
     assert "class ShardedDraws(torch.utils.data.Sampler):" in code
     assert "sampler=ShardedDraws(weighted) if DISTRIBUTED else weighted," in code
     assert "batch_size=per_process_batch_size(32)," in code

@@ -70,7 +70,9 @@ from autoaccel.cst_edit import code_of, first_line_of, keyword_value, set_keywor
 
 _FUNCTIONS = (cst.FunctionDef, cst.Lambda)
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
-WEIGHTED_SAMPLER = "torch.utils.data.WeightedRandomSampler"
+WEIGHTED_SAMPLERS = frozenset(
+    {"torch.utils.data.WeightedRandomSampler", "torch.utils.data.sampler.WeightedRandomSampler"}
+)
 RANDOM_SAMPLERS = frozenset(
     {"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"}
 )
@@ -847,7 +849,7 @@ class ShardTrainLoader(DistributedStep):
     def _weighted(self, sampler: cst.BaseExpression) -> bool:
         """Whether `sampler` is a `WeightedRandomSampler(...)`, or a name bound to one."""
         if isinstance(sampler, cst.Call):
-            return WEIGHTED_SAMPLER in self.qualified_names(sampler.func)
+            return bool(WEIGHTED_SAMPLERS & self.qualified_names(sampler.func))
         key = name_key(sampler)
         values = [
             assign.value
