@@ -380,7 +380,7 @@ class ComputeLossInForward(StatementRewrite):
         renames = dict(zip(seg.modules, seg.params))
         free = set()
         for statement in seg.chain:
-            free |= read(statement.visit(_Replace(renames)))
+            free |= read(statement.visit(_Replace(renames, seg.prepared.nodes)))
         free -= {*seg.params, *seg.inputs}
         for statement in seg.chain:
             free -= _assigned_names(statement)
@@ -672,12 +672,18 @@ class ComputeLossInForward(StatementRewrite):
         lines = []
         for statement in seg.chain:
             lines.append(
-                code_of(statement.with_changes(leading_lines=[]).visit(_Replace(renames))).rstrip(
-                    "\n"
-                )
+                code_of(
+                    statement.with_changes(leading_lines=[]).visit(
+                        _Replace(renames, seg.prepared.nodes)
+                    )
+                ).rstrip("\n")
             )
         returned = ", ".join([seg.loss_name, *(name for name, _ in seg.kept)])
-        body = "".join(f"    {line}\n" for text in lines for line in text.splitlines())
+        body = "".join(
+            f"    {line}\n" if line.strip() else "\n"
+            for text in lines
+            for line in text.splitlines()
+        )
         function = cst.parse_statement(
             f"def {seg.function_name}({', '.join([*seg.params, *seg.inputs])}):\n"
             "    # runs on each GPU's part of the batch\n"
@@ -720,7 +726,11 @@ class ComputeLossInForward(StatementRewrite):
         if seg.function_anchor is not None and seg.wrapper_after is None:
             before += self._wrapper_creation(seg)  # a step function's models are its arguments
         after = [new_of[id(s)].with_changes(leading_lines=[]) for s in seg.after]
-        call = f"{seg.wrapper_name}({', '.join(seg.inputs)})"
+        passed = [
+            code_of(seg.prepared.codes[name]) if name in seg.prepared.codes else name
+            for name in seg.inputs
+        ]
+        call = f"{seg.wrapper_name}({', '.join(passed)})"
         comment = f"  # {seg.reduce} of the per-GPU losses"
         if not seg.kept:
             lines = [f"{seg.loss_name} = {call}.{seg.reduce}(){comment}\n"]
@@ -948,11 +958,17 @@ def _insert_class(
 
 class _Replace(cst.CSTTransformer):
     """The models a step's lines call, as written (`self.model`), by the parameters of the
-    function that runs them (`model`)."""
+    function that runs them (`model`); the `prepared` expressions of inputs by the inputs'
+    names."""
 
-    def __init__(self, renames: dict[str, str]) -> None:
+    def __init__(self, renames: dict[str, str], prepared: dict[cst.CSTNode, str]) -> None:
         super().__init__()
         self.renames = renames
+        self.prepared = prepared
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        name = self.prepared.get(original_node)
+        return cst.Name(name) if name else updated_node
 
     def leave_Attribute(
         self, original_node: cst.Attribute, updated_node: cst.Attribute

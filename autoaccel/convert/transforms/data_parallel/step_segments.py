@@ -37,6 +37,7 @@ from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.training import StepLoop
 from autoaccel.analysis.shapes import find, is_no_grad_block, tuple_items
 from autoaccel.cst_edit import code_of, first_line_of, keyword_value
+from autoaccel.convert.transforms.data_parallel.prepared_inputs import Prepared, prepared_inputs
 from autoaccel.convert.transforms.distributed._base import where
 from autoaccel.convert.transforms.distributed.shard_stream_columns import batch_source
 from autoaccel.facts.model import BatchFirst, batch_first
@@ -106,6 +107,8 @@ class Segment:
     frozen: list[str] = field(
         default_factory=list
     )  # models no optimizer trains, run before the call
+    # inputs moved to the device (or made tensors) before the call, see `prepared_inputs`
+    prepared: Prepared = field(default_factory=Prepared)
 
 
 class Refused(Exception):
@@ -323,6 +326,16 @@ class SegmentFinder:
                 " step: full-batch training): `nn.DataParallel` would have nothing to split",
                 chain[0],
             )
+        prepared, unsplit = prepared_inputs(
+            lines, inputs, defined_in_chain, self.t.parent, self.t.qualified_names
+        )
+        if unsplit is not None:
+            raise Refused(
+                f"`{unsplit}` is made a tensor in the forward pass, and read there otherwise"
+                " too: a NumPy array (or list), which `nn.DataParallel` would hand whole to"
+                " every GPU (it splits tensors only)",
+                chain[0],
+            )
         tested = next(
             (
                 s
@@ -359,6 +372,7 @@ class SegmentFinder:
             kept=kept,
             reduce=reduce,
             established=self.established,
+            prepared=prepared,
             frozen=list(
                 dict.fromkeys(
                     code_of(c.func)
