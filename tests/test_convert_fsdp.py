@@ -536,3 +536,22 @@ def test_distributions_made_by_modules_the_model_is_given_are_refused_too():
     source = (FIXTURES / "distribution_output" / "given_modules.py").read_text(encoding="utf-8")
     (refusal,) = [s for s in convert_source(source, FSDP, "vae.py").log.skipped if s.wrong]
     assert refusal.reason.startswith("`VAE.forward` returns `Normal(self.net(z), 1.0)`")
+
+
+def test_a_function_defined_before_the_model_stays_where_it_is():
+    """`def count_parameters(model)` reads `model.parameters()` but builds no optimizer:
+    it moved below the sharding, after its first call (hyunwoongko/transformer, the tenth
+    unseen set: a NameError, caught by the proof)."""
+    conversion = convert("""\
+        def count_parameters(model):
+            return sum(p.numel() for p in model.parameters())
+
+        model = Net()
+        print(count_parameters(model))
+        model.apply(lambda m: None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        """)
+    main = body_of_main(conversion)
+    assert main.index("def count_parameters(") < main.index("model = Net()")
+    assert main.index("shard_model(model)") < main.index("optimizer = torch.optim.SGD(")
+    assert refusals(conversion) == []

@@ -177,12 +177,15 @@ class ShardModel(DistributedStep):
         """The statements up to `model.anchor` that build an optimizer: from the model's
         parameters, or through a function of the project that does (minGPT's
         `self.optimizer = model.configure_optimizers(config)`). (The anchor of a model a
-        function receives is the last statement before its loop, which may build it.)"""
+        function receives is the last statement before its loop, which may build it.) A
+        definition builds nothing where it stands (`def count_parameters(model)` reads
+        `model.parameters()` when called)."""
         body = list(model.block.body)
         return [
             statement
             for statement in body[: body.index(model.anchor) + 1]
-            if any(
+            if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+            and any(
                 _parameters_of(call, model.key)
                 or any(obj.kind is Kind.OPTIMIZER for obj in self.script.values(call))
                 for call in find(statement, cst.Call)
