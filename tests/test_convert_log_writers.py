@@ -195,3 +195,36 @@ def test_a_summary_writer_of_the_project_is_made_on_rank_zero(extra, replaced):
     converted = convert_source(SUBCLASS.replace("{extra}", extra), DDP).converted
     assert "RANK" in converted
     assert ('writer = Writer("./logs") if RANK == 0 else NoWriter()\n' in converted) is replaced
+
+
+DEFAULT_FOLDER = FIXTURES_DIR / "ddp" / "default_log_dir.py"
+
+
+def test_a_default_writer_folder_read_by_the_script_is_rank_zeros_everywhere():
+    """PyTorch-BYOL (tenth unseen set): the checkpoints go into `writer.log_dir` of a
+    `SummaryWriter()`, a folder only rank 0's writer names; the other ranks' `NoWriter()`
+    had none (`os.path.join(None, ...)` in the proof). The trainer that makes the writer
+    trains: it is no logger, and stays on every rank."""
+    options = ConvertOptions(target="ddp", amp="off")
+    conversion = convert_source(DEFAULT_FOLDER.read_text(encoding="utf-8"), options, "train.py")
+    code = conversion.converted
+    assert (
+        "        self.writer = with_rank_zero_log_dir(\n"
+        "            SummaryWriter() if RANK == 0 else NoWriter()\n"
+        "        )\n"
+    ) in code
+    assert "dist.broadcast_object_list(folder, src=0)" in code
+    assert "    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1))\n" in code
+    assert [c.line for c in conversion.log.changes if "made on rank 0 only" in c.description] == [
+        18
+    ]
+
+
+def test_a_writer_folder_nothing_reads_is_not_broadcast():
+    source = DEFAULT_FOLDER.read_text(encoding="utf-8").replace(
+        '        self.checkpoints = os.path.join(self.writer.log_dir, "checkpoints")\n',
+        '        self.checkpoints = "checkpoints"\n',
+    )
+    code = convert_source(source, ConvertOptions(target="ddp", amp="off"), "train.py").converted
+    assert "SummaryWriter() if RANK == 0 else NoWriter()\n" in code
+    assert "with_rank_zero_log_dir" not in code

@@ -14,6 +14,10 @@ made on rank 0; the other ranks get a `logging.NullHandler()` in its place and k
 script's other handlers: each process's warnings and errors still reach the terminal.
 `logging.basicConfig(level=logging.INFO)` keeps that level on rank 0 only, WARNING on the
 others (mnist-gradient-accumulation's "Saved best model" came from every process).
+A `SummaryWriter()` without a folder writes to one named after the time and host
+(`runs/<date>_<host>`), which only rank 0's writer knows: where the project reads a writer's
+folder (PyTorch-BYOL saves its checkpoints in `writer.log_dir`), the other ranks' `NoWriter()`
+gets rank 0's (`with_rank_zero_log_dir(...)`, a broadcast).
 """
 
 from __future__ import annotations
@@ -24,9 +28,14 @@ import libcst as cst
 
 from autoaccel.analysis.program import ClassInfo, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, rank_guarded
-from autoaccel.analysis.shapes import find, is_name
+from autoaccel.analysis.shapes import find, is_method_call, is_name
 from autoaccel.analysis.side_effects import OPENS, EffectKind, SideEffects, find_side_effects
-from autoaccel.convert.transforms.distributed._base import RANK, DistributedStep
+from autoaccel.convert.transforms.distributed._base import (
+    DIST_IMPORT,
+    DISTRIBUTED,
+    RANK,
+    DistributedStep,
+)
 from autoaccel.cst_edit import code_of, keyword_value, replacing, set_keyword
 
 SUMMARY_WRITERS = frozenset(
@@ -91,6 +100,31 @@ class {HELPER}:
 '''
 
 
+SHARED_FOLDER = "with_rank_zero_log_dir"
+_SHARED_FOLDER_CODE = f'''
+def {SHARED_FOLDER}(writer):
+    """`writer`, with the folder rank 0's writer chose (a default one, named after the
+    time and host) on every process: paths are made from it."""
+    if {DISTRIBUTED}:
+        folder = [writer.log_dir]
+        dist.broadcast_object_list(folder, src=0)
+        writer.log_dir = writer.logdir = folder[0]
+    return writer
+'''
+# What a writer's folder is read through: `writer.log_dir`, tensorboardX's `logdir`.
+_FOLDER_READS = frozenset({"log_dir", "logdir", "get_logdir"})
+
+
+def _trains(cls: ClassInfo) -> bool:
+    """Whether a method of `cls` trains (`loss.backward()`, `optimizer.step()`): a trainer
+    that makes its own writer is no logger, and must run on every rank."""
+    return any(
+        is_method_call(call, "backward", "step")
+        for ancestor in cls.mro()
+        for call in find(ancestor.node, cst.Call)
+    )
+
+
 class LogOnRankZero(DistributedStep):
     DESCRIPTION = "Make log writers (TensorBoard, kept wandb runs, loggers) on rank 0 only."
 
@@ -103,6 +137,16 @@ class LogOnRankZero(DistributedStep):
         }
         if any(not self._is_a_file_handler(call) for call in self.writers):
             self.define_helper(node, HELPER, _HELPER_CODE)
+        self.shared_folders = {
+            call
+            for call in self.writers
+            if self.qualified_names(call.func) & SUMMARY_WRITERS
+            and self._log_dir(call) is None
+            and self._folder_read()
+        }
+        if self.shared_folders:
+            self.define_helper(node, SHARED_FOLDER, _SHARED_FOLDER_CODE)
+            self.imports.append(DIST_IMPORT)
         self.levels = {
             call
             for call in find(node, cst.Call)
@@ -139,7 +183,7 @@ class LogOnRankZero(DistributedStep):
         writes a file it opens in `__init__` (`_writes_its_own_file`): its instance may
         be a `NoWriter()` elsewhere."""
         init = cls.method("__init__")
-        if not cls.derives_from(*SUMMARY_WRITERS) and init is None:
+        if not cls.derives_from(*SUMMARY_WRITERS) and init is None or _trains(cls):
             return False
         if cls.derives_from(*SUMMARY_WRITERS) or any(
             init.module.index.qualified_names(call.func) & _WRITER_FACTORIES  # type: ignore[union-attr]
@@ -243,6 +287,16 @@ class LogOnRankZero(DistributedStep):
             for attribute in find(module.tree, cst.Attribute)
         )
 
+    def _folder_read(self) -> bool:
+        """Whether a module of the program reads a writer's folder (`writer.log_dir`)."""
+        program = self.script.program
+        trees = [m.tree for m in program.modules] if program is not None else []
+        return any(
+            attribute.attr.value in _FOLDER_READS
+            for tree in trees or [self.script.index.module]  # type: ignore[union-attr]
+            for attribute in find(tree, cst.Attribute)
+        )
+
     def edited(self) -> list[cst.CSTNode]:
         return [*self.planned_statements(), *self.writers, *self.levels]
 
@@ -278,9 +332,10 @@ class LogOnRankZero(DistributedStep):
             other = f"{HELPER}(log_dir={code_of(folder)})" if folder else f"{HELPER}()"
         chosen = cst.parse_expression(f"WRITER if {RANK} == 0 else {other}")
         assert isinstance(chosen, cst.IfExp)
-        return replacing(
-            original_node, self.parent(original_node), chosen.with_changes(body=updated_node)
-        )
+        made: cst.BaseExpression = chosen.with_changes(body=updated_node)
+        if original_node in self.shared_folders:
+            made = cst.Call(cst.Name(SHARED_FOLDER), [cst.Arg(made)])
+        return replacing(original_node, self.parent(original_node), made)
 
     def _log_dir(self, call: cst.Call) -> cst.BaseExpression | None:
         """The folder a SummaryWriter call names (`log_dir=`, tensorboardX's `logdir=`, or
