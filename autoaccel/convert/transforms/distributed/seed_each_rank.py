@@ -135,11 +135,14 @@ class SeedEachRank(DistributedStep):
     def _seed_alike(self, module: cst.Module, torch_seeded: bool) -> None:
         """Batches that no DataLoader makes are shared out by rounds (`ShardBatchRounds`):
         every process must make the same ones, so none is re-seeded by rank, and those of
-        the global generators the script draws from but never seeds take rank 0's seed."""
+        the global generators the script may draw from but never seeds take rank 0's seed:
+        Python's always (a library's batch iterator may shuffle with it: torchtext's
+        `BucketIterator`), NumPy's where the program imports it."""
         unseeded = [_TORCH] * (not torch_seeded) + [
             g
             for g in (_PYTHON, _NUMPY)
-            if not self.seed_calls(module, _SEEDS[g]) and self._imported(module, g)
+            if not self.seed_calls(module, _SEEDS[g])
+            and (g == _PYTHON or self._imported(module, g))
         ]
         self.changed(
             setup_block_end(module),
