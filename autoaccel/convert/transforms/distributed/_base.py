@@ -478,16 +478,24 @@ class DistributedStep(StatementRewrite):
 
     def scope_block(self, node: cst.CSTNode) -> cst.IndentedBlock | cst.Module:
         """The block of the scope `node` runs in: a function body, the body of
-        `if __name__ == "__main__":`, or the module."""
+        `if __name__ == "__main__":`, or the module; or the body of a `try:` in them that
+        holds a training loop besides (DDPM's `try:` around building and training, with
+        an `except KeyboardInterrupt:` that saves)."""
         for ancestor in self.ancestors(node):
             if isinstance(ancestor, cst.Module):
                 return ancestor
             owner = self.parent(ancestor) if isinstance(ancestor, cst.IndentedBlock) else None
-            if isinstance(owner, cst.FunctionDef) or (
-                isinstance(owner, cst.If) and m.matches(owner.test, MAIN_TEST)
+            if (
+                isinstance(owner, cst.FunctionDef)
+                or (isinstance(owner, cst.If) and m.matches(owner.test, MAIN_TEST))
+                or (isinstance(owner, cst.Try) and self._trains_within(ancestor))
             ):
                 return ancestor  # type: ignore[return-value]
         raise ValueError("node outside a module")
+
+    def _trains_within(self, block: cst.CSTNode) -> bool:
+        """Whether a training step loop of this module lies in `block`."""
+        return any(block in self.ancestors(loop) for loop in self.train_loops())
 
     def step_calls(self, module: cst.Module) -> list[cst.Call]:
         """The calls of the training code that every process runs: those of a function
