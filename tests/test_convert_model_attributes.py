@@ -51,7 +51,7 @@ UNUSED = FIXTURES_DIR / "ddp" / "unused_layer.py"
 def test_a_layer_forward_never_uses_makes_ddp_find_unused_parameters():
     conversion = convert_source(UNUSED.read_text(encoding="utf-8"), DDP, UNUSED.name)
     code = conversion.converted
-    assert "    # (`forward` never uses `aux_head`: DDP must not wait for them)\n" in code
+    assert "    # (`aux_head` gets no gradient: DDP must not wait for it)\n" in code
     assert "            find_unused_parameters=True,\n" in code
     plain = FIXTURE.read_text(encoding="utf-8")  # every layer used: DDP's default
     assert "find_unused_parameters" not in convert_source(plain, DDP, FIXTURE.name).converted

@@ -9,7 +9,7 @@ and evaluation runs on the plain model without any communication.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Set as AbstractSet
 from dataclasses import dataclass
 
 import libcst as cst
@@ -17,7 +17,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Kind, argument
+from autoaccel.analysis.program import FunctionInfo, Kind, Obj, argument
 from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
 from autoaccel.analysis.side_effects import PRINTS
@@ -190,10 +190,12 @@ class WrapModel(DistributedStep):
         if may_be_frozen:  # DDP raises for a module without trainable parameters
             condition += f" and any(p.requires_grad for p in {key}.parameters())"
             note = "# (when it has trainable parameters: DDP refuses a frozen model)\n"
-        # layers `forward` never reads get no gradient, and DDP would wait for theirs
+        # layers `forward` never reads, or no optimizer trains, get no gradient, and DDP
+        # would wait for theirs
         unused = _layers_left_out(self, key, "forward") or []
         if unused:
-            note += f"# (`forward` never uses {', '.join(f'`{u}`' for u in unused)}: DDP must not wait for them)\n"
+            verb, them = ("get", "them") if unused[1:] else ("gets", "it")
+            note += f"# ({', '.join(f'`{u}`' for u in unused)} {verb} no gradient: DDP must not wait for {them})\n"
         self.after.setdefault(model.anchor, []).extend(
             parse_statements(
                 "# trained through DDP when distributed: gradients are averaged in backward()\n"
@@ -709,41 +711,109 @@ def _stores_locally(function: cst.FunctionDef) -> bool:
     )
 
 
+def _attribute_assignments(body: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
+    """(attribute, value) of each assignment to an attribute of `self` in `body`:
+    `self.x = v`, and each element of `self.a, self.b = a, b`."""
+    found = []
+    for assign in find(body, cst.Assign):
+        for target in (t.target for t in assign.targets):
+            pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]] = [(target, assign.value)]
+            if isinstance(target, cst.Tuple) and isinstance(assign.value, cst.Tuple):
+                if len(target.elements) == len(assign.value.elements):
+                    pairs = [
+                        (t.value, v.value) for t, v in zip(target.elements, assign.value.elements)
+                    ]
+            found += [
+                (t.attr.value, v)
+                for t, v in pairs
+                if isinstance(t, cst.Attribute) and is_name(t.value, "self")
+            ]
+    return found
+
+
+# What an optimizer's parameters come from: the receiver of each `.parameters()` call,
+# with the objects it may hold and, for an attribute (`distiller.connector`), those its
+# base may hold.
+Sources = list[tuple[cst.BaseExpression, AbstractSet[Obj], AbstractSet[Obj]]]
+
+
+def _optimized_sources(step: DistributedStep) -> Sources:
+    """The receivers of the `.parameters()` calls that give the optimizers of the program
+    their parameters (`student`, `distiller.connector`), with what each may hold."""
+    program = step.script.program
+    if program is None:
+        return []
+    found: Sources = []
+    for optimizer in program.objects(Kind.OPTIMIZER):
+        params = argument(optimizer.node, 0, "params")  # type: ignore[arg-type]
+        if params is None:
+            continue
+        for obj in program.flat_values_of(params, optimizer.module):
+            call = obj.node
+            if obj.kind is Kind.PARAMETERS and isinstance(call, cst.Call):
+                receiver = call.func.value  # type: ignore[attr-defined]
+                module = program.module_of.get(call, optimizer.module)
+                base: AbstractSet[Obj] = (
+                    program.values_of(receiver.value, module)
+                    if isinstance(receiver, cst.Attribute)
+                    else frozenset()
+                )
+                found.append((receiver, program.values_of(receiver, module), base))
+    return found
+
+
+def _optimized(attribute: str, models: list, sources: Sources) -> bool:
+    """Whether an optimizer trains the layer held in `attribute` (of the model), which
+    holds `models`: its parameters are given by that name (`distiller.connector`) or
+    by another that holds the same object (`student`)."""
+    return any(
+        (isinstance(source, cst.Attribute) and source.attr.value == attribute)
+        or not values.isdisjoint(models)
+        for source, values, _ in sources
+    )
+
+
 def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] | None:
     """The attributes of the model `key` that hold layers or parameters
     (`self.critic = nn.Linear(...)`, `nn.Parameter(...)`) and that `method` reads
-    neither itself nor through the methods of `self` it calls: they get no gradient, and
-    DDP waits for every parameter's unless told (`find_unused_parameters=True`). None when
-    the model's class is not known (it may leave any out)."""
+    neither itself nor through the methods of `self` it calls, or that hold models no
+    optimizer trains where the optimizers train parts of `key` (a teacher inside a
+    distiller, whose outputs are detached): they get no gradient, and DDP waits for every
+    parameter's unless told (`find_unused_parameters=True`). None when the model's class
+    is not known (it may leave any out)."""
     program = step.script.program
-    classes = {o.cls for o in step.script.held_by(key) if o.kind is Kind.MODULE}
+    held = {o for o in step.script.held_by(key) if o.kind is Kind.MODULE}
+    classes = {o.cls for o in held}
     if program is None or len(classes) != 1 or None in classes:
         return None
     (cls,) = classes
     assert cls is not None
+    sources = _optimized_sources(step)
+    trained_whole = not sources or any(  # (no optimizer: nothing tells)
+        values & held and not (base & held) for _, values, base in sources
+    )
     layers: set[str] = set()
+    untrained: set[str] = set()
     for owner in cls.mro():
         for function in owner.methods.values():
-            for assign in find(function.node.body, cst.Assign):
-                holds = any(
-                    o.kind is Kind.MODULE for o in program.values_of(assign.value, owner.module)
-                ) or any(
+            for target, value in _attribute_assignments(function.node.body):
+                models = [
+                    o for o in program.values_of(value, owner.module) if o.kind is Kind.MODULE
+                ]
+                holds = bool(models) or any(
                     owner.module.index.qualified_names(call.func) & _PARAMETER
-                    for call in find(assign.value, cst.Call)
+                    for call in find(value, cst.Call)
                 )
                 frozen = any(  # `teacher.requires_grad_(False)`: no gradient to wait for
                     is_method_call(call, "requires_grad_")
                     and [code_of(a.value) for a in call.args] == ["False"]
-                    for call in find(assign.value, cst.Call)
+                    for call in find(value, cst.Call)
                 )
-                holds = holds and not frozen
-                layers |= {
-                    t.target.attr.value
-                    for t in assign.targets
-                    if holds
-                    and isinstance(t.target, cst.Attribute)
-                    and is_name(t.target.value, "self")
-                }
+                if not holds or frozen:
+                    continue
+                layers.add(target)
+                if models and not trained_whole and not _optimized(target, models, sources):
+                    untrained.add(target)
     read: set[str] = set()
     methods = [method]
     while methods:
@@ -761,4 +831,4 @@ def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] 
         ):
             read.add("forward")
             methods.append("forward")
-    return sorted(layers - read)
+    return sorted((layers - read) | (untrained & layers))
