@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.loss_reduction import LossReductions, Reduction
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
@@ -1247,15 +1248,16 @@ class SegmentFinder:
         if depth > 2 or not isinstance(call.func, cst.Name):
             return None
         # the function the name holds, also through a parameter (`train(..., loss_fn=distillation)`)
-        functions = {
-            obj.node
+        held = [
+            obj
             for obj in self.script.values(call.func)
             if isinstance(getattr(obj, "node", None), cst.FunctionDef)
-            and obj.module is self.script.module
-        }
-        if len(functions) != 1:
+        ]
+        if len({obj.node for obj in held}) != 1:
             return None
-        function = functions.pop()
+        if held[0].module is not self.script.module:
+            return self._loss_function_elsewhere(call) if depth == 0 else None
+        function = held[0].node
         returns = find(function.body, cst.Return)
         if not returns or not any(
             name_key(c.func) in self.models
@@ -1274,6 +1276,18 @@ class SegmentFinder:
                 return "?"
             found |= self._expr_reductions(ret.value, named, depth + 1)
         return found.pop() if len(found) == 1 else "?"
+
+    def _loss_function_elsewhere(self, call: cst.Call) -> str | None:
+        """How a loss function of another module of the project reduces the batch
+        (`criterion = models.loss_function`, vae-cf's; cs230's `net.loss_fn` passed to
+        `train()`): "mean" or "sum" where the program's reading of its `return` says so, "?"
+        otherwise."""
+        scope = next(
+            (a for a in self.t.ancestors(call) if isinstance(a, cst.FunctionDef)),
+            self.script.index.module,
+        )
+        found = LossReductions(self.script).of(call, scope)
+        return {Reduction.MEAN: "mean", Reduction.SUM: "sum"}.get(found, "?")
 
     def _expr_reductions(self, expr, named: dict[str, set[str]], depth: int = 0) -> set[str]:
         """How the loss terms of `expr` reduce the batch: {"mean"}, {"sum"}, or more
