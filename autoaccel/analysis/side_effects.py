@@ -93,6 +93,24 @@ _MATPLOTLIB_SAVES = frozenset({"save", "savefig"})
 # What a visdom client sends to its server: any method of a `visdom.Visdom()` (`viz.line`).
 _VISDOM = "visdom.Visdom"
 OPENS = frozenset({"builtins.open", "io.open"})
+# Experiment log writers: TensorBoard's, and the handlers of `logging` that open a file
+# (one event file or log file per process, under torchrun).
+SUMMARY_WRITERS = frozenset(
+    {
+        "torch.utils.tensorboard.SummaryWriter",
+        "torch.utils.tensorboard.writer.SummaryWriter",
+        "tensorboardX.SummaryWriter",
+        "tensorboardX.writer.SummaryWriter",
+    }
+)
+FILE_HANDLERS = frozenset(
+    {
+        "logging.FileHandler",
+        "logging.handlers.RotatingFileHandler",
+        "logging.handlers.TimedRotatingFileHandler",
+        "logging.handlers.WatchedFileHandler",
+    }
+)
 # Identifiers that say "which process am I": `rank`, `RANK`, `args.local_rank`,
 # `dist.get_rank()`, `is_main_process()`, `is_master`.
 

@@ -34,6 +34,7 @@ from autoaccel.convert.project_conversion import (
     find_project,
 )
 from autoaccel.convert.transforms.data_parallel.step_segments import RUN_CAN_TELL
+from autoaccel.convert.transforms.distributed.shard_train_loader import LOADERS_RUN_CAN_TELL
 from autoaccel.convert.verify import (
     ORIGINAL_RUNS,
     Proof,
@@ -247,7 +248,8 @@ def needs_facts(conversion: Conversion, options: ConvertOptions) -> bool:
     if options.target == "dp":
         return any(RUN_CAN_TELL in s.reason for s in conversion.log.skipped)
     return options.target in MULTI_PROCESS and any(
-        s.wrong and NO_TRAINED_MODEL in s.reason for s in conversion.log.skipped
+        s.wrong and (NO_TRAINED_MODEL in s.reason or LOADERS_RUN_CAN_TELL in s.reason)
+        for s in conversion.log.skipped
     )
 
 

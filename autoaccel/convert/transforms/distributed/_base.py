@@ -27,7 +27,12 @@ from autoaccel.analysis.shapes import (
     is_name,
     is_no_grad_block,
 )
-from autoaccel.analysis.side_effects import find_side_effects, function_writes
+from autoaccel.analysis.side_effects import (
+    FILE_HANDLERS,
+    SUMMARY_WRITERS,
+    find_side_effects,
+    function_writes,
+)
 from autoaccel.analysis.training import StepLoop, Training
 from autoaccel.convert.transform import StatementRewrite, same_nodes
 from autoaccel.convert.transforms.inserted_names import fresh_name  # noqa: F401 - the steps' import
@@ -200,6 +205,22 @@ def distributed_modules(
             and _saves_among_other_work(program, call)
             and not (target == "fsdp" and _given_trained_model(program, training, call, module))
         }
+        | {
+            helper.module
+            for module in loop_modules
+            for call in find(module.tree, cst.Call)
+            if (helper := sole_callee(program, call)) is not None and _makes_a_log_writer(helper)
+        }
+    )
+
+
+def _makes_a_log_writer(function: FunctionInfo) -> bool:
+    """Whether `function` makes a TensorBoard writer or a `logging` file handler (cs230's
+    `utils.set_logger(path)`): its module gets the change that makes it on rank 0 only."""
+    index = function.module.index
+    return any(
+        index.qualified_names(call.func) & (SUMMARY_WRITERS | FILE_HANDLERS)
+        for call in find(function.node, cst.Call)
     )
 
 

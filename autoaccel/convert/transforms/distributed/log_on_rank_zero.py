@@ -29,7 +29,14 @@ import libcst as cst
 from autoaccel.analysis.program import ClassInfo, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, rank_guarded
 from autoaccel.analysis.shapes import find, is_method_call, is_name
-from autoaccel.analysis.side_effects import OPENS, EffectKind, SideEffects, find_side_effects
+from autoaccel.analysis.side_effects import (
+    FILE_HANDLERS,
+    OPENS,
+    SUMMARY_WRITERS,
+    EffectKind,
+    SideEffects,
+    find_side_effects,
+)
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
     DISTRIBUTED,
@@ -38,14 +45,6 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 from autoaccel.cst_edit import code_of, keyword_value, replacing, set_keyword
 
-SUMMARY_WRITERS = frozenset(
-    {
-        "torch.utils.tensorboard.SummaryWriter",
-        "torch.utils.tensorboard.writer.SummaryWriter",
-        "tensorboardX.SummaryWriter",
-        "tensorboardX.writer.SummaryWriter",
-    }
-)
 WANDB_INIT = "wandb.init"
 # What a logger class of the project may make in its `__init__` to write its logs.
 _WRITER_FACTORIES = SUMMARY_WRITERS | {
@@ -53,15 +52,6 @@ _WRITER_FACTORIES = SUMMARY_WRITERS | {
     "tensorflow.summary.create_file_writer",
     "tensorflow.compat.v1.summary.FileWriter",
 }
-# The handlers of `logging` that open a file: one file per process otherwise.
-FILE_HANDLERS = frozenset(
-    {
-        "logging.FileHandler",
-        "logging.handlers.RotatingFileHandler",
-        "logging.handlers.TimedRotatingFileHandler",
-        "logging.handlers.WatchedFileHandler",
-    }
-)
 # What a logger that writes a file of its own may keep in `self` besides: containers it
 # fills (`self.numbers = {}`) and nothing (`self.file = None`).
 _OWN_VALUES = (cst.List, cst.Dict, cst.Set)

@@ -70,6 +70,8 @@ from autoaccel.cst_edit import code_of, first_line_of, keyword_value, set_keywor
 
 _FUNCTIONS = (cst.FunctionDef, cst.Lambda)
 SAMPLER_IMPORT = "from torch.utils.data.distributed import DistributedSampler"
+# In a refusal that a run of the script can answer (see `convert.command.needs_facts`).
+LOADERS_RUN_CAN_TELL = "a short run of the script can show which loader trains"
 WEIGHTED_SAMPLERS = frozenset(
     {"torch.utils.data.WeightedRandomSampler", "torch.utils.data.sampler.WeightedRandomSampler"}
 )
@@ -174,6 +176,7 @@ class ShardTrainLoader(DistributedStep):
                 f"the run of the script showed it: no backward() followed any of its {batches}"
                 " batches, while one followed those of another DataLoader",
             )
+        self._refuse_unsplit_evaluation(loaders)
         shared = shared_loops(self.script)
         for loop in self.script.step_loops.values():
             if loop.role is not LoopRole.TRAIN or loop.loaders or loop in shared:
@@ -194,6 +197,32 @@ class ShardTrainLoader(DistributedStep):
         if self.agreed:
             self.define_helper(node, EVERY_PROCESS, _EVERY_PROCESS_CODE)
             self.imports.append(DIST_IMPORT)
+
+    def _refuse_unsplit_evaluation(self, loaders: set[cst.Call]) -> None:
+        """Under `--to fsdp`, refuse where one function makes several of the DataLoaders
+        to shard (cs230's `fetch_dataloader()`: `if split == 'train': ... else: ...` in a loop
+        over the splits): its validation loader would be sharded too, and no step of fsdp
+        combines the processes' evaluations (ddp's `ShardEvaluation` does). A run of the
+        script tells the loaders apart (`_untrained`)."""
+        program = self.script.program
+        if self.options.target != "fsdp" or program is None:
+            return
+        made = Counter(program.function_of.get(call) for call in loaders)
+        for function, count in made.items():
+            if function is None or count < 2:
+                continue
+            first = min(
+                (c for c in loaders if program.function_of.get(c) is function), key=self.line_of
+            )
+            self.skipped(
+                "DistributedSampler",
+                f"`{function.node.name.value}()` makes {count} of the DataLoaders the training"
+                " reads, and the code does not tell which one trains: a validation loader"
+                " sharded too would evaluate each process's share, and fsdp does not combine"
+                f" the shares; {LOADERS_RUN_CAN_TELL}",
+                first,
+                wrong=True,
+            )
 
     def _leave_whole(self, call: cst.Call, why: str) -> None:
         self.skipped(
