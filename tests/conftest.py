@@ -4,6 +4,7 @@ harness runs and conversions."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from dataclasses import dataclass
 from collections.abc import Iterator
 
@@ -51,6 +52,21 @@ def cli(tmp_path, monkeypatch):
         return Run(result.exit_code, result.stdout, result.stderr)
 
     return run
+
+
+@pytest.fixture
+def proven(cli, tmp_path):
+    """`proven(script, target)` converts a copy of the fixture `script` (as train.py, amp
+    off) with its proof: written, the parameters equal on every process. The code written."""
+
+    def convert(script: Path, target: str) -> str:
+        (tmp_path / "train.py").write_text(script.read_text(encoding="utf-8"))
+        run = cli("convert", "train.py", "--to", target, "--amp", "off", "-o", "out.py")
+        assert run.exit_code == 0, run.stderr
+        assert "--verify ok   parameters equal on every process" in run.stderr
+        return (tmp_path / "out.py").read_text()
+
+    return convert
 
 
 @pytest.fixture(scope="session")

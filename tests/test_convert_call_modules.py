@@ -48,13 +48,9 @@ def test_forward_calls_of_other_objects_stay():
 
 @pytest.mark.runs
 @pytest.mark.parametrize("target", ["ddp", "fsdp"])
-def test_the_conversion_is_proven(target, cli, tmp_path):
+def test_the_conversion_is_proven(target, proven):
     """Written only after the proof: two processes, parameters equal, losses as before."""
-    (tmp_path / "train.py").write_text(FIXTURE.read_text(encoding="utf-8"))
-    run = cli("convert", "train.py", "--to", target, "--amp", "off", "-o", "out.py")
-    assert run.exit_code == 0, run.stderr
-    assert "--verify ok   parameters equal on every process" in run.stderr
-    assert "output = net.forward(a, b)" not in (tmp_path / "out.py").read_text()
+    assert "output = net.forward(a, b)" not in proven(FIXTURE, target)
 
 
 @pytest.mark.parametrize("target", ["ddp", "dp", "fsdp"])

@@ -38,11 +38,8 @@ def test_a_submodule_run_with_gradients_is_still_refused():
 
 
 @pytest.mark.runs
-def test_the_conversion_is_proven(cli, tmp_path):
-    (tmp_path / "train.py").write_text(FIXTURE.read_text(encoding="utf-8"))
-    run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "out.py")
-    assert run.exit_code == 0, run.stderr
-    assert "--verify ok   parameters equal on every process" in run.stderr
+def test_the_conversion_is_proven(proven):
+    proven(FIXTURE, "ddp")
 
 
 UNUSED = FIXTURES_DIR / "ddp" / "unused_layer.py"

@@ -50,8 +50,5 @@ def test_every_layer_trained_needs_no_unused_parameters(trained):
 
 
 @pytest.mark.runs
-def test_the_conversion_is_proven(cli, tmp_path):
-    (tmp_path / "train.py").write_text(FIXTURE.read_text(encoding="utf-8"))
-    run = cli("convert", "train.py", "--to", "ddp", "--amp", "off", "-o", "out.py")
-    assert run.exit_code == 0, run.stderr
-    assert "--verify ok   parameters equal on every process" in run.stderr
+def test_the_conversion_is_proven(proven):
+    proven(FIXTURE, "ddp")

@@ -62,8 +62,5 @@ def test_a_model_built_in_a_try_and_trained_after_it_is_wrapped_after_it():
 
 @pytest.mark.runs
 @pytest.mark.parametrize("target", ["ddp", "fsdp"])
-def test_the_conversion_is_proven(target, cli, tmp_path):
-    (tmp_path / "train.py").write_text(FIXTURE.read_text(encoding="utf-8"))
-    run = cli("convert", "train.py", "--to", target, "--amp", "off", "-o", "out.py")
-    assert run.exit_code == 0, run.stderr
-    assert "--verify ok   parameters equal on every process" in run.stderr
+def test_the_conversion_is_proven(target, proven):
+    proven(FIXTURE, target)
