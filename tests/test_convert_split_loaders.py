@@ -1,7 +1,8 @@
 """A function that makes every split's DataLoader in one loop, and a log file a helper
 module opens (cs230-code-examples, the tenth unseen set: refused for a summed loss that
-was a mean; with that fixed, fsdp sharded the validation loader too, and both processes
-wrote train.log). fixtures/projects/split_loaders."""
+was a mean; with that fixed, the validation loader was sharded too, each process
+evaluating its share alone, and both processes wrote train.log).
+fixtures/projects/split_loaders."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def convert(cli, tmp_path, target: str, *flags: str):
     return run, out
 
 
-def test_fsdp_without_a_run_refuses_loaders_it_cannot_tell_apart(cli, tmp_path):
-    run, out = convert(cli, tmp_path, "fsdp", "--no-run")
+@pytest.mark.parametrize("target", ["ddp", "fsdp"])
+def test_without_a_run_loaders_it_cannot_tell_apart_are_refused(cli, tmp_path, target):
+    run, out = convert(cli, tmp_path, target, "--no-run")
     assert run.exit_code == 1 and not out.exists()
     assert (
         "data.py:17:1: error: DistributedSampler not applied: `fetch_dataloader()` makes 2 of"
@@ -41,8 +43,9 @@ def test_the_helpers_log_file_is_made_on_rank_zero(cli, tmp_path, target):
 
 
 @pytest.mark.runs
-def test_fsdp_with_a_run_shards_the_training_loader_only(cli, tmp_path):
-    run, out = convert(cli, tmp_path, "fsdp")
+@pytest.mark.parametrize("target", ["ddp", "fsdp"])
+def test_a_run_shards_the_training_loader_only(cli, tmp_path, target):
+    run, out = convert(cli, tmp_path, target)
     assert run.exit_code == 0, run.stderr
     assert "no backward() followed any of its 16 batches" in run.stdout
     loaders = (out / "data.py").read_text()

@@ -199,13 +199,14 @@ class ShardTrainLoader(DistributedStep):
             self.imports.append(DIST_IMPORT)
 
     def _refuse_unsplit_evaluation(self, loaders: set[cst.Call]) -> None:
-        """Under `--to fsdp`, refuse where one function makes several of the DataLoaders
-        to shard (cs230's `fetch_dataloader()`: `if split == 'train': ... else: ...` in a loop
-        over the splits): its validation loader would be sharded too, and no step of fsdp
-        combines the processes' evaluations (ddp's `ShardEvaluation` does). A run of the
-        script tells the loaders apart (`_untrained`)."""
+        """Refuse where one function makes several of the DataLoaders to shard (cs230's
+        `fetch_dataloader()`: `if split == 'train': ... else: ...` in a loop over the
+        splits): its validation loader would be sharded too, and each process would
+        evaluate its share alone (fsdp combines no evaluation; ddp's `ShardEvaluation`
+        only those of the script's own loops). A run of the script tells the loaders apart
+        (`_untrained`)."""
         program = self.script.program
-        if self.options.target != "fsdp" or program is None:
+        if program is None:
             return
         made = Counter(program.function_of.get(call) for call in loaders)
         for function, count in made.items():
@@ -218,8 +219,8 @@ class ShardTrainLoader(DistributedStep):
                 "DistributedSampler",
                 f"`{function.node.name.value}()` makes {count} of the DataLoaders the training"
                 " reads, and the code does not tell which one trains: a validation loader"
-                " sharded too would evaluate each process's share, and fsdp does not combine"
-                f" the shares; {LOADERS_RUN_CAN_TELL}",
+                " sharded too would have each process evaluate its share alone;"
+                f" {LOADERS_RUN_CAN_TELL}",
                 first,
                 wrong=True,
             )

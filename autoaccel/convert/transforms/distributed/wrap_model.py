@@ -150,7 +150,7 @@ class WrapModel(DistributedStep):
                 continue  # on the bare model: no gradient to average, no process waits
             attempt = dict(plan)  # a route that fails half-way leaves no rewrite behind
             self.obstacle: cst.CSTNode | None = None  # why a function cannot take the wrapper
-            self.unwraps: set[cst.Attribute] = set()  # reads of the model's own attributes
+            self.unwraps: set[cst.Attribute | cst.Arg] = set()  # the model's own attributes
             own_name = model_key(call.func) == model.key
             if self._route(model, call, attempt):
                 plan = attempt | dict.fromkeys(self.unwraps, UNWRAPPED)
@@ -402,10 +402,29 @@ class WrapModel(DistributedStep):
             if isinstance(parent, cst.Attribute) and self._model_attribute(parent, read):
                 self.unwraps.add(parent)  # `model.temperature`: read from the model itself
                 continue
+            if isinstance(parent, cst.Arg) and self._passed_to_keeper(parent):
+                self.unwraps.add(parent)  # `load_checkpoint(path, unwrapped(model))`
+                continue
             if not (isinstance(parent, cst.Arg) and self._passed_to_taker(parent, seen)):
                 self.obstacle = self.obstacle or self.statement_of(read)
                 return False
         return True
+
+    def _passed_to_keeper(self, arg: cst.Arg) -> bool:
+        """Whether `arg` goes to functions of the project that train nothing (cs230's
+        `utils.load_checkpoint(path, model, optimizer)`, a `load_state_dict`; its
+        `evaluate(model, ...)`, forward passes only): they get the model itself, as before."""
+        call = self.parent(arg)
+        program = self.script.program
+        if not isinstance(call, cst.Call) or arg.star or program is None:
+            return False
+        functions = program.callees.get(call, set())
+        positional = [a for a in call.args if a.keyword is None]
+        return bool(functions) and all(
+            (param := _parameter_for(arg, positional, function.node)) is not None
+            and not _trains_or_passes_on(function.node, param)
+            for function in functions
+        )
 
     def _model_attribute(self, node: cst.Attribute, read: cst.Name) -> bool:
         """Whether `node` reads an attribute of the model `read` names that the model itself
@@ -508,6 +527,15 @@ class WrapModel(DistributedStep):
         return self._to_wrapper(original_node, updated_node, "func", f"{what} forward pass through")
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if self.rewrites.get(original_node) == UNWRAPPED:
+            self.changed(
+                original_node,
+                f"`{code_of(original_node.value)}` passed as the model itself"
+                f" (`{UNWRAPPED}()`): the function is given the DDP wrapper",
+            )
+            return updated_node.with_changes(
+                value=cst.Call(cst.Name(UNWRAPPED), [cst.Arg(updated_node.value)])
+            )
         return self._to_wrapper(
             original_node, updated_node, "value", "the training function receives"
         )
@@ -518,6 +546,26 @@ class WrapModel(DistributedStep):
             return updated
         self.changed(original, f"{what} `{wrapper}`")
         return updated.with_changes(**{field: cst.parse_expression(wrapper)})
+
+
+def _parameter_for(
+    arg: cst.Arg, positional: list[cst.Arg], function: cst.FunctionDef
+) -> str | None:
+    """The parameter of `function` that `arg` of a call binds (None: not known)."""
+    if arg.keyword is not None:
+        return arg.keyword.value
+    params = parameters_of(function)
+    at = positional.index(arg)
+    return params[at] if at < len(params) else None
+
+
+def _trains_or_passes_on(function: cst.FunctionDef, param: str) -> bool:
+    """Whether `function` trains anything (`backward()`, `step()`) or passes its parameter
+    `param` on to another call."""
+    return any(
+        is_method_call(call, "backward", "step") or any(is_name(a.value, param) for a in call.args)
+        for call in find(function.body, cst.Call)
+    )
 
 
 @dataclass(frozen=True)
