@@ -9,6 +9,9 @@ import shutil
 import pytest
 from running import FIXTURES_DIR
 
+from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.pipeline import convert_source
+
 PROJECT = FIXTURES_DIR / "dp" / "loss_in_module"
 
 
@@ -59,3 +62,46 @@ def test_a_loss_function_that_mixes_reductions_is_refused(cli, tmp_path):
         "train.py:23:1: error: loss inside forward (--to dp) not applied: a term of the loss"
         " does not average or sum over the batch" in run.stderr
     )
+
+
+KL_WEIGHT = """\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = nn.Linear(20, 20).to(device)
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+loader = DataLoader(TensorDataset(torch.rand(64, 20)), batch_size=8)
+updates, total_anneal_steps, anneal_cap = 0, 100, 0.2
+for (x,) in loader:
+    x = x.to(device)
+    if total_anneal_steps > 0:
+        anneal = min(anneal_cap, 1.0 * updates / total_anneal_steps)
+    else:
+        anneal = anneal_cap
+    out = model(x)
+    loss = F.mse_loss(out, x) + anneal * out.pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    updates += 1
+"""
+
+
+@pytest.mark.parametrize(
+    "weight, passed",
+    [("min(anneal_cap, 1.0 * updates / total_anneal_steps)", True), ("torch.rand(1)", False)],
+    ids=["python-number", "tensor"],
+)
+def test_a_python_number_made_in_the_step_is_read_not_split(weight, passed):
+    """vae-cf's KL weight, computed each step from Python numbers, was refused as "made in
+    the step but not from the batch": `nn.DataParallel` hands a number to every GPU as it
+    is, so the function reads it from its scope. A tensor made so is still refused."""
+    source = KL_WEIGHT.replace("min(anneal_cap, 1.0 * updates / total_anneal_steps)", weight)
+    conversion = convert_source(source, ConvertOptions(target="dp", amp="off"), "train.py")
+    assert ("loss = loss_on_gpus(x).mean()" in conversion.converted) is passed
+    refused = [s.reason for s in conversion.log.skipped if s.wrong]
+    assert refused == ([] if passed else [refused[0]])
+    assert passed or "`anneal` is made in the step but not from the batch" in refused[0]

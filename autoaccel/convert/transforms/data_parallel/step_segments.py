@@ -36,7 +36,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.training import StepLoop
-from autoaccel.analysis.shapes import find, is_no_grad_block, tuple_items
+from autoaccel.analysis.shapes import find, is_name, is_no_grad_block, tuple_items
 from autoaccel.cst_edit import code_of, first_line_of, keyword_value
 from autoaccel.convert.transforms.data_parallel.prepared_inputs import Prepared, prepared_inputs
 from autoaccel.convert.transforms.distributed._base import where
@@ -48,6 +48,10 @@ from autoaccel.facts.resolve import FactsResolver
 _PASSED_AS_THEY_ARE = frozenset({"int", "float", "bool", "str", "NoneType"})
 # In the reason of a refusal that a short run of the script can answer (`convert` runs it).
 RUN_CAN_TELL = "a short run of the script can show whether it is batch-first"
+# Builtins that make a Python number of Python numbers.
+_NUMBER_CALLS = frozenset(
+    f"builtins.{name}" for name in ("min", "max", "float", "int", "abs", "round")
+)
 
 # Methods and functions that mix the samples of a batch (or leave the GPU): a line of the
 # forward pass that calls one is not per-sample, so it cannot run on a part of the batch.
@@ -714,6 +718,8 @@ class SegmentFinder:
                     " batch-first: `nn.DataParallel` would split it along dimension 0",
                     lines[name],
                 )
+            elif name in step_names and self._host_number(name, before_chain, batch):
+                continue  # a Python number (`anneal = min(cap, step / total)`): not split
             elif name in step_names:
                 raise Refused(
                     f"`{name}` is made in the step but not from the batch, so it is not known to"
@@ -971,6 +977,46 @@ class SegmentFinder:
                 else:
                     batch -= defs
         return step_names, batch, flattened, sizes, lines
+
+    def _host_number(
+        self, name: str, lines: list, batch: set[str], seen: frozenset[str] = frozenset()
+    ) -> bool:
+        """Whether every line of the step that binds `name` binds it to a Python number:
+        numbers, names and attributes that are not the step's tensors, arithmetic, and
+        `min`/`max`/`float`/`int`/`abs`/`round` of those (vae-cf's KL weight, `anneal =
+        min(args.anneal_cap, 1. * update_count / args.total_anneal_steps)`).
+        `nn.DataParallel` hands such a value to every GPU as it is."""
+        values = [
+            assign.value
+            for line in lines
+            for assign in find(line, cst.Assign)
+            if any(is_name(t.target, name) for t in assign.targets)
+        ]
+        bound = {n for line in lines for n in assigned(line)}
+
+        def number(node: cst.BaseExpression) -> bool:
+            if isinstance(node, (cst.Integer, cst.Float)):
+                return True
+            if isinstance(node, cst.UnaryOperation):
+                return number(node.expression)
+            if isinstance(node, cst.BinaryOperation):
+                return number(node.left) and number(node.right)
+            if isinstance(node, cst.Name):
+                if node.value in batch or node.value in seen:
+                    return False
+                return node.value not in bound or self._host_number(
+                    node.value, lines, batch, seen | {name}
+                )
+            if isinstance(node, cst.Attribute):
+                root = node
+                while isinstance(root, cst.Attribute):
+                    root = root.value  # type: ignore[assignment]
+                return isinstance(root, cst.Name) and root.value not in bound | batch
+            if isinstance(node, cst.Call) and self.t.qualified_names(node.func) & _NUMBER_CALLS:
+                return all(a.keyword is None and number(a.value) for a in node.args)
+            return False
+
+        return bool(values) and all(number(value) for value in values)
 
     def _stacks_samples(self, s: cst.CSTNode) -> bool:
         """`x = torch.stack([data[i:i + n] for i in ix])`, or `xb, yb = get_batch("train")`
