@@ -12,7 +12,10 @@ data in the same order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
+import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
@@ -26,12 +29,23 @@ from autoaccel.convert.transforms.distributed._base import (
     parse_statements,
 )
 
+ENDLESS = "endless_epochs"
+_ENDLESS_CODE = f'''
+def {ENDLESS}(loader):
+    """`loader`'s batches over and over, each pass a new epoch of its sampler."""
+    while True:
+        if {DISTRIBUTED}:
+            loader.sampler.set_epoch(loader.sampler.epoch + 1)
+        yield from loader
+'''
+
 
 class SetSamplerEpoch(DistributedStep):
     DESCRIPTION = "Call set_epoch(epoch) on the DistributedSampler at each epoch start."
     code = "ACC105"
 
     def visit_Module(self, node: cst.Module) -> None:
+        self.endless: set[cst.Call] = set()  # `cycle(loader)` calls: `endless_epochs(...)`
         for loop in self.script.training.step_loops.values():
             if loop.role is not LoopRole.TRAIN or not any(
                 self.shards_loader(o) for o in loop.loaders
@@ -58,14 +72,14 @@ class SetSamplerEpoch(DistributedStep):
         if _epoch_loop(loop) is not None:
             self._set_epoch_around([loop.node], loop)
             return
-        if self._set_epoch_on_new_pass(loop):
+        if self._set_epoch_on_new_pass(loop) or self._count_endless_passes(loop):
             return
         sites = self._program.calls_of(loop.function) if loop.function is not None else []
         if any(not self._here(site) for site in sites):
             return  # called from another module: its own conversion sets it there
         self._set_epoch_around(sites, loop)
 
-    def _set_epoch_around(self, sites: list[cst.CSTNode], loop: StepLoop) -> None:
+    def _set_epoch_around(self, sites: Sequence[cst.CSTNode], loop: StepLoop) -> None:
         """Set the epoch at the top of the innermost `for` loop of this module around one
         of `sites` (the step loop, or calls of the function that holds it)."""
         for site in sites:
@@ -155,6 +169,41 @@ class SetSamplerEpoch(DistributedStep):
             self.changed(line, f"`{sampler}.set_epoch(...)`: a new shuffle every pass")
         return bool(passes)
 
+    def _count_endless_passes(self, loop: StepLoop) -> bool:
+        """Batches drawn with `next()` from a generator of the project that reads the loader
+        over and over (DDPM's `cycle(dl)`: `while True: for data in dl: yield data`): the
+        call becomes `endless_epochs(loader)`, the same batches with each pass a new epoch
+        of the sampler. Whether there was one."""
+        scope = loop.function.node if loop.function is not None else self.script.index.module  # type: ignore[union-attr]
+        found = False
+        for call in find(scope, cst.Call):
+            functions = self._program.callees.get(call, set())
+            if (
+                len(call.args) == 1
+                and call.args[0].keyword is None
+                and functions
+                and all(_passes_forever(f.node) for f in functions)
+                and self._program.values_of(call.args[0].value, loop.module) & loop.loaders  # type: ignore[arg-type]
+            ):
+                self.endless.add(call)
+                self.changed(
+                    call,
+                    f"`{ENDLESS}(...)` in place of `{code_of(call.func)}(...)`: the same batches,"
+                    " each pass over the loader a new shuffle (`sampler.set_epoch`)",
+                )
+                found = True
+        if found:
+            self.define_helper(self.script.index.module, ENDLESS, _ENDLESS_CODE)  # type: ignore[union-attr]
+        return found
+
+    def edited(self) -> list[cst.CSTNode]:
+        return [*self.planned_statements(), *self.endless]
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if original_node not in self.endless:
+            return updated_node
+        return updated_node.with_changes(func=cst.Name(ENDLESS))
+
     def _iterators(self, body: cst.CSTNode) -> set[str]:
         """The names `body` binds to an iterator, `iter(...)`: it reads the loader's
         batches, but has no `.sampler` of its own."""
@@ -199,6 +248,46 @@ class SetSamplerEpoch(DistributedStep):
             first,
             f"`{sampler}.set_epoch({epoch})`: a new shuffle every {'epoch' if counted else 'pass'}",
         )
+
+
+def _passes_forever(function: cst.FunctionDef) -> bool:
+    """`def cycle(dl): while True: for data in dl: yield data`: a generator that reads its
+    parameter over and over, and does nothing else (but tell what it does)."""
+    params = function.params.params
+    body = list(function.body.body)
+    if body and m.matches(body[0], m.SimpleStatementLine([m.Expr(m.SimpleString())])):
+        body = body[1:]  # its docstring
+    return (
+        len(params) == 1
+        and len(body) == 1
+        and m.matches(
+            body[0],
+            m.While(
+                test=m.Name("True"),
+                body=m.IndentedBlock(
+                    [
+                        m.For(
+                            target=m.Name(),
+                            iter=m.Name(params[0].name.value),
+                            body=m.IndentedBlock([m.SimpleStatementLine([m.Expr(m.Yield())])]),
+                            orelse=None,
+                        )
+                    ]
+                ),
+                orelse=None,
+            ),
+        )
+        and _yields_its_item(body[0])
+    )
+
+
+def _yields_its_item(loop: cst.While) -> bool:
+    """The `for` of `loop` yields its own target as it is."""
+    passed = loop.body.body[0]
+    if not isinstance(passed, cst.For) or not isinstance(passed.target, cst.Name):
+        return False
+    yielded = m.findall(passed.body, m.Yield(value=m.Name(passed.target.value)))
+    return len(yielded) == 1
 
 
 def _binds(statement: cst.BaseStatement, key: str) -> bool:
