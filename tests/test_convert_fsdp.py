@@ -555,3 +555,38 @@ def test_a_function_defined_before_the_model_stays_where_it_is():
     assert main.index("def count_parameters(") < main.index("model = Net()")
     assert main.index("shard_model(model)") < main.index("optimizer = torch.optim.SGD(")
     assert refusals(conversion) == []
+
+
+GLOBAL_STATE = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+
+def train(epoch):
+    for x in loader:
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "last.pt")
+
+
+loader = DataLoader(torch.randn(64, 4), batch_size=8)
+model = nn.Linear(4, 4)
+if True:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+else:
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+for epoch in range(2):
+    train(epoch)
+"""
+
+
+def test_a_function_saving_the_global_optimizer_of_the_global_model_gathers_both():
+    """pytorch-speech-commands (the tenth unseen set): `train(epoch)` saves the module's
+    `optimizer`, built in one of two branches, of the module's only sharded `model`
+    ("which sharded model `optimizer` optimizes is not known here")."""
+    conversion = convert_source(GLOBAL_STATE, FSDP, "train.py")
+    assert refusals(conversion) == []
+    assert "full_optimizer_state_dict(model, optimizer)" in conversion.converted

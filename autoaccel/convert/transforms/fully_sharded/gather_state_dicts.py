@@ -75,6 +75,7 @@ class GatherStateDicts(DistributedStep):
         self.decided: set[cst.BaseExpression] = (
             set()
         )  # tests that go through `first_process_decides()`
+        self.tree = node
         models = sharded_models(node, self.script)
         if not models:
             return
@@ -215,7 +216,9 @@ class GatherStateDicts(DistributedStep):
 
     def _model_in_scope(self, call: cst.Call, models: set[str], sharded: set[str]) -> str | None:
         """The one sharded model that code at `call` sees: a parameter of its function
-        that receives one, else the script's only sharded model where that is bound."""
+        that receives one, else the script's only sharded model where that is bound, or
+        read as the module's global (pytorch-speech-commands' `train(epoch)` saves the
+        global `optimizer` of the global `model`)."""
         scope = self.scope_of(call)
         received = [p for p in parameters_of(scope) if p in sharded]
         if len(received) == 1:
@@ -223,10 +226,14 @@ class GatherStateDicts(DistributedStep):
         if received or len(models) != 1:
             return None
         (model,) = models
-        bound_here = scope is None or any(
-            name_key(t.target) == model for t in find(scope, cst.AssignTarget)
-        )
-        return model if bound_here or model.startswith("self.") else None
+        binds = [
+            self.scope_of(t)
+            for t in find(self.tree, cst.AssignTarget)
+            if name_key(t.target) == model
+        ]
+        bound_here = scope is None or scope in binds
+        read_global = None in binds and scope not in binds
+        return model if bound_here or read_global or model.startswith("self.") else None
 
     def _in_helper(self, call: cst.Call) -> bool:
         """Whether `call` is the plain-module branch of one of the helpers."""
