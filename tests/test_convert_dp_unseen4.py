@@ -6,6 +6,7 @@ annotation, never evaluated for a local variable, is not an input of the loss.""
 from __future__ import annotations
 
 from pathlib import Path
+from textwrap import dedent
 
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
@@ -41,3 +42,31 @@ def test_a_bare_annotation_stays_in_the_loop() -> None:
     assert [s for s in conversion.log.skipped if s.wrong] == []
     assert "        loss = criterion(out, y)\n        return loss\n" in conversion.converted
     assert "            loss: Tensor\n" in conversion.converted
+
+
+def test_a_line_that_assigns_nothing_in_an_autocast_block_is_quoted():
+    """wgan-gp (the tenth unseen set): the refusal named "a `simplestatementline` block"
+    for `self.losses['GP'].append(...)` between the forward pass and the loss."""
+    source = dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = nn.Linear(4, 1).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+        history = []
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            with torch.autocast("cuda", enabled=False):
+                out = model(x)
+                history.append(out.mean().item())
+                loss = nn.functional.mse_loss(out, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """)
+    conversion = convert_source(source, ConvertOptions(target="dp", amp="off"), "train.py")
+    (reason,) = [s.reason for s in conversion.log.skipped if s.wrong]
+    assert "hold `history.append(out.mean().item())`, a line that assigns nothing," in reason

@@ -1592,7 +1592,10 @@ def _holds_elements(shape: object) -> bool:
 
 
 def _compound(s: cst.CSTNode) -> str:
-    """`an `if` block`, `a `for` block`, ..."""
+    """`an `if` block`, `a `for` block`, ...; for a line, the line (`x.append(y)`, no
+    assignment)."""
+    if isinstance(s, cst.SimpleStatementLine):
+        return f"`{first_line_of(s)}`, a line that assigns nothing"
     keyword = type(s).__name__.lower()
     return f"an `{keyword}` block" if keyword[0] in "aeiou" else f"a `{keyword}` block"
 
