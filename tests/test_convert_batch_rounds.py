@@ -92,6 +92,40 @@ def test_a_generator_call_is_shared_in_the_loop():
     assert "import random\n" in code and "np.random" not in code
 
 
+ITERATOR_PARAMETER = dedent("""\
+    import torch
+    from data import make_iterator
+
+
+    def train(model, iterator, optimizer):
+        epoch_loss = 0.0
+        for i, (x, y) in enumerate(iterator):
+            loss = (model(x) - y).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            epoch_loss += loss.item()
+            print(f"step {i / len(iterator):.0%}")
+        return epoch_loss / len(iterator)
+
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        print(train(model, make_iterator(), optimizer))
+    """)
+
+
+def test_the_count_of_batches_a_wrapped_loop_takes_is_its_share():
+    """hyunwoongko/transformer (the tenth unseen set): `train(model, iterator, ...)` loops
+    over its share of `iterator`, but divided its epoch's loss sum, and its progress, by
+    `len(iterator)`, every batch: printed train loss half the original's on 2 processes."""
+    code = convert(ITERATOR_PARAMETER).converted
+    assert "    for i, (x, y) in enumerate(ShardedBatches(iterator)):\n" in code
+    assert '        print(f"step {i / len(ShardedBatches(iterator)):.0%}")\n' in code
+    assert "    return epoch_loss / len(ShardedBatches(iterator))\n" in code
+
+
 def test_a_name_read_otherwise_is_shared_in_the_loop_below_enumerate_and_tqdm():
     """`batches[0]` reads the whole list: the loop's iterable, below `enumerate()` and a
     progress bar, takes the share instead. Unseeded `random`: every process takes rank 0's

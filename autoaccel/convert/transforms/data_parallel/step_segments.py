@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.fresh_data import generator_of
+from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.loss_reduction import LossReductions, Reduction
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
 from autoaccel.analysis.training import StepLoop
-from autoaccel.analysis.shapes import find, is_name, is_no_grad_block, tuple_items
+from autoaccel.analysis.shapes import find, is_method_call, is_name, is_no_grad_block, tuple_items
 from autoaccel.cst_edit import code_of, first_line_of, keyword_value
 from autoaccel.convert.transforms.data_parallel.prepared_inputs import Prepared, prepared_inputs
 from autoaccel.convert.transforms.distributed._base import where
@@ -310,6 +312,7 @@ class SegmentFinder:
             chain = [s for s in span if s in chain or s in pulled]
             for s in pulled:
                 defined_in_chain |= assigned(s)
+        self._keep_draws_in_order(span, [*before, *chain, *after])
         self._chain_tensors = defined_in_chain
         lines = [line for s in chain for line in _lines(s)]  # an autocast block's, one by one
         loss_line = next(line for line in reversed(_lines(owner)) if loss_name in assigned(line))
@@ -386,6 +389,37 @@ class SegmentFinder:
                     if self._gradient_free(c)
                 )
             ),
+        )
+
+    def _keep_draws_in_order(self, span: list, moved: list) -> None:
+        """Refuse where the lines of the step, as the rewrite orders them (`moved`: those
+        before the call, the function's, those after), would draw random numbers in
+        another order than `span` did: the same algorithm, but no longer the same values
+        on one GPU (Popular-RL's TD3: the policy's and the target policy's noise swapped)."""
+        drawing = [s for s in span if self._draws_random(s)]
+        reordered = [s for s in moved if s in drawing]
+        for original, now in zip(drawing, reordered):
+            if original is not now:
+                raise Refused(
+                    f"`{first_line_of(now)}` and `{first_line_of(original)}` both draw random"
+                    " numbers, and moving the forward pass into a function would swap the order"
+                    " of their draws: the results would differ from the original's",
+                    now,
+                )
+
+    def _draws_random(self, statement: cst.CSTNode) -> bool:
+        """Whether `statement` draws from a global random generator, itself or in the
+        functions of the project it runs (a policy's `normal.sample()`)."""
+        calls = find(statement, cst.Call)
+        program = self.script.program
+        index = self.script.index
+        places: list[tuple[cst.CSTNode, ModuleIndex]] = [(statement, index)]
+        if program is not None:
+            places += [(f.node, f.module.index) for f in program.reached_by(calls)]
+        return any(
+            generator_of(call, where) is not None or is_method_call(call, "sample", "rsample")
+            for node, where in places
+            for call in find(node, cst.Call)
         )
 
     def _check_pairing(self, statements: list[cst.CSTNode]) -> None:

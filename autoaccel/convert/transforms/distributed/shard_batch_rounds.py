@@ -16,7 +16,9 @@ the cost of making them, not of training on them, is paid on every process.
 Where the batches are bound to a name that its scope only iterates and measures
 (`batches = self.create_batches()`, then `for batch in batches` and `len(batches)`), the
 assignment is wrapped, so that `len()` counts this process's batches; otherwise the loop's
-iterable is. Also here, for `ShardTrainLoader` and `SeedEachRank`: which loops this step
+iterable is, and so is the argument of each `len()` of it in the loop's scope (an average
+over the epoch's batches divides by this process's count); not where the loop indexes with
+its count (`ys[i]`), which stays the original's. Also here, for `ShardTrainLoader` and `SeedEachRank`: which loops this step
 shares out, and the loops around a training loop that draw random numbers (rollouts).
 """
 
@@ -166,6 +168,7 @@ class ShardBatchRounds(DistributedStep):
         self.tree = node
         self.loops: dict[cst.For, int] = {}  # loop -> calls around the iterable it wraps
         self.assignments: set[cst.Assign] = set()
+        self.lengths: set[cst.Call] = set()  # `len(batches)` of a loop wrapped where it iterates
         self.shared = shared_loops(self.script)
         for step in self.shared:
             if self.in_entry_script:
@@ -202,6 +205,7 @@ class ShardBatchRounds(DistributedStep):
             self.assignments.add(assignment)
         else:
             self.loops[loop] = depth
+            self.lengths |= self._measured(loop, batches)
         self.log.batch_rounds = True
         self.changed(
             loop,
@@ -210,6 +214,25 @@ class ShardBatchRounds(DistributedStep):
             f" {RANK} ({SHARDED_BATCHES}); the global batch is {WORLD_SIZE} times the"
             " original's",
         )
+
+    def _measured(self, loop: cst.For, batches: cst.BaseExpression) -> set[cst.Call]:
+        """The `len(batches)` calls of `loop`'s scope (hyunwoongko/transformer's `epoch_loss /
+        len(iterator)` after `for i, batch in enumerate(iterator)`): once the loop takes this
+        process's share, they count that share, `len(ShardedBatches(batches))`."""
+        key = name_key(batches)
+        index = self.script.index
+        scope = self.scope_of(loop)
+        region = scope.body if scope is not None else self.tree
+        if key is None or index is None:
+            return set()
+        return {
+            call
+            for call in find(region, cst.Call)
+            if index.qualified_names(call.func) == {"builtins.len"}
+            and len(call.args) == 1
+            and name_key(call.args[0].value) == key
+            and self.scope_of(call) is scope
+        }
 
     def _counted_depth(self, loop: cst.For) -> int | None:
         """How many pass-through calls sit above the `enumerate()` of `loop`, when the loop
@@ -286,7 +309,14 @@ class ShardBatchRounds(DistributedStep):
         return all(n in shared or n in lengths for n in reads)
 
     def edited(self) -> list[cst.CSTNode]:
-        return [*self.loops, *self.assignments]
+        return [*self.loops, *self.assignments, *self.lengths]
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if original_node not in self.lengths:
+            return updated_node
+        return updated_node.with_changes(
+            args=[updated_node.args[0].with_changes(value=_wrapped(updated_node.args[0].value, 0))]
+        )
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
         depth = self.loops.get(original_node)
