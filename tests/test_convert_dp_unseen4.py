@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from textwrap import dedent
 
+import pytest
+
 from autoaccel.convert.log import ConvertOptions
 from autoaccel.convert.pipeline import convert_source
 
@@ -70,3 +72,38 @@ def test_a_line_that_assigns_nothing_in_an_autocast_block_is_quoted():
     conversion = convert_source(source, ConvertOptions(target="dp", amp="off"), "train.py")
     (reason,) = [s.reason for s in conversion.log.skipped if s.wrong]
     assert "hold `history.append(out.mean().item())`, a line that assigns nothing," in reason
+
+
+def test_lines_that_would_swap_their_random_draws_are_refused():
+    """Popular-RL-Algorithms' TD3 (the tenth unseen set): written, with the policy's and
+    the target policy's noise drawn in the other order. fixtures/dp/swapped_draws.py."""
+    name = "swapped_draws.py"
+    source = (FIXTURES / name).read_text(encoding="utf-8")
+    conversion = convert_source(source, ConvertOptions(target="dp", amp="off"), name)
+    (skip,) = [s for s in conversion.log.skipped if s.wrong]
+    assert "`next_action = target_policy.evaluate(next_state)` and `new_action =" in skip.reason
+    assert "would swap the order of their draws" in skip.reason and skip.line == 30
+    drawn_once = source.replace(" + 0.1 * torch.randn_like(mean)", "")
+    calm = convert_source(drawn_once, ConvertOptions(target="dp", amp="off"), name)
+    assert [s for s in calm.log.skipped if s.wrong] == []
+
+
+@pytest.mark.parametrize(
+    "joined, per_sample",
+    [
+        ("torch.cat([state, action], 1)", True),
+        ("torch.cat([state, action], dim=1)", True),
+        ("torch.cat([state, action])", False),
+        ("torch.stack([state, action], 0)", False),
+    ],
+)
+def test_a_join_along_a_later_dimension_is_per_sample(joined, per_sample):
+    """A critic's `q_net(torch.cat([state, action], 1))` joins each sample's features: it
+    was refused as mixing the samples of the batch, like a join along dimension 0."""
+    source = (FIXTURES / "swapped_draws.py").read_text(encoding="utf-8")
+    source = source.replace(" + 0.1 * torch.randn_like(mean)", "")
+    source = source.replace("q = q_net(torch.cat([state, action], 1))", f"q = q_net({joined})")
+    conversion = convert_source(source, ConvertOptions(target="dp", amp="off"), "train.py")
+    refused = [s.reason for s in conversion.log.skipped if s.wrong]
+    assert (refused == []) is per_sample
+    assert per_sample or "mixes the samples of the batch" in refused[0]

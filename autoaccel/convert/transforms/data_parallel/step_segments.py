@@ -612,7 +612,11 @@ class SegmentFinder:
                     raise Refused(
                         f"`.{name}(...)` mixes the samples of the batch (not per-sample)", s
                     )
-            if self.t.qualified_names(func) & _ACROSS_BATCH_FUNCTIONS and not is_loss:
+            if (
+                self.t.qualified_names(func) & _ACROSS_BATCH_FUNCTIONS
+                and not is_loss
+                and not _along_a_later_dim(call)
+            ):
                 raise Refused(
                     f"`{code_of(func)}(...)` mixes the samples of the batch (not per-sample)", s
                 )
@@ -1152,12 +1156,14 @@ class SegmentFinder:
         ) and self._scalar(s.body[0].value, set())
 
     def _mixes_batch(self, s: cst.CSTNode) -> bool:
-        """`mu = x.mean(0)`, `both = torch.cat([a, b])`: not one row per sample."""
+        """`mu = x.mean(0)`, `both = torch.cat([a, b])`: not one row per sample (but
+        `torch.cat([state, action], 1)` is)."""
         return any(
             isinstance(call.func, cst.Attribute)
             and call.func.attr.value in _ACROSS_BATCH_METHODS
             and self._across_dim0(call)
             or self.t.qualified_names(call.func) & _ACROSS_BATCH_FUNCTIONS
+            and not _along_a_later_dim(call)
             for call in find(s, cst.Call)
         )
 
@@ -1623,6 +1629,14 @@ def held_batch_first(facts: FactsResolver, call: cst.Call, index: int) -> BatchF
 def _holds_elements(shape: object) -> bool:
     """A recorded tuple or list (its elements' shapes), not a tensor's shape (numbers)."""
     return isinstance(shape, tuple) and bool(shape) and not any(isinstance(d, int) for d in shape)
+
+
+def _along_a_later_dim(call: cst.Call) -> bool:
+    """`torch.cat([state, action], 1)`, `torch.sum(x, dim=2)`: a torch function that joins
+    or reduces along a dimension after the batch's (a positive one), per sample."""
+    positional = [a.value for a in call.args if a.keyword is None]
+    dim = keyword_value(call, "dim") or (positional[1] if len(positional) > 1 else None)
+    return isinstance(dim, cst.Integer) and int(dim.value) > 0
 
 
 def _compound(s: cst.CSTNode) -> str:
