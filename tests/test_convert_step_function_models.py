@@ -55,8 +55,12 @@ def test_ddp_wraps_the_model_where_it_is_built_and_hands_the_wrapper_down():
     converted = conversion.converted
     assert converted.index("ddp_net = DDP(") < converted.index("optimizer = torch.optim.SGD(")
     assert "train_step(ddp_net, optimizer, x, y)" in converted
-    # `model` is the wrapper there, for both calls (the second one was refused)
-    assert "return evaluate(model, x[:4], y[:4]), evaluate(model, x[4:], y[4:])" in converted
+    # `model` is the wrapper there; `evaluate()` trains nothing: it gets the model itself,
+    # for both calls (the second one was refused)
+    assert (
+        "return evaluate(unwrapped(model), x[:4], y[:4]), evaluate(unwrapped(model), x[4:], y[4:])"
+        in converted
+    )
 
 
 def test_fsdp_shards_the_model_where_it_is_built():

@@ -278,7 +278,7 @@ def _run_facts(
         f"whether what the model gets or returns is batch-first is not clear from the code alone:"
         f" running the script for {steps} to record its shapes"
         if options.target == "dp"
-        else f"no trained model found in the code alone: running the script for {steps} to see which one trains"
+        else f"the code alone does not show which model or DataLoader trains: running the script for {steps} to see"
     )
     print(
         f"{path}: {why} (writes go to a scratch folder; --no-run skips this) ...",

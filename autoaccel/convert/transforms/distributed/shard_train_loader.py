@@ -199,9 +199,9 @@ class ShardTrainLoader(DistributedStep):
             self.imports.append(DIST_IMPORT)
 
     def _refuse_unsplit_evaluation(self, loaders: set[cst.Call]) -> None:
-        """Refuse where one function makes several of the DataLoaders to shard (cs230's
-        `fetch_dataloader()`: `if split == 'train': ... else: ...` in a loop over the
-        splits): its validation loader would be sharded too, and each process would
+        """Refuse where one function that does not train makes several of the DataLoaders to
+        shard (cs230's `fetch_dataloader()`: `if split == 'train': ... else: ...` in a loop
+        over the splits): its validation loader would be sharded too, and each process would
         evaluate its share alone (fsdp combines no evaluation; ddp's `ShardEvaluation`
         only those of the script's own loops). A run of the script tells the loaders apart
         (`_untrained`)."""
@@ -209,9 +209,10 @@ class ShardTrainLoader(DistributedStep):
         if program is None:
             return
         made = Counter(program.function_of.get(call) for call in loaders)
+        trains = {step.function for step in self.script.step_loops.values()}
         for function, count in made.items():
-            if function is None or count < 2:
-                continue
+            if function is None or count < 2 or function in trains:
+                continue  # (the function that trains: its loaders are alternatives)
             first = min(
                 (c for c in loaders if program.function_of.get(c) is function), key=self.line_of
             )
