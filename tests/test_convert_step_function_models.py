@@ -57,10 +57,8 @@ def test_ddp_wraps_the_model_where_it_is_built_and_hands_the_wrapper_down():
     assert "train_step(ddp_net, optimizer, x, y)" in converted
     # `model` is the wrapper there; `evaluate()` trains nothing: it gets the model itself,
     # for both calls (the second one was refused)
-    assert (
-        "return evaluate(unwrapped(model), x[:4], y[:4]), evaluate(unwrapped(model), x[4:], y[4:])"
-        in converted
-    )
+    assert "    return evaluate(unwrapped(model), x[:4], y[:4]), evaluate(\n" in converted
+    assert "        unwrapped(model), x[4:], y[4:]\n    )\n" in converted
 
 
 def test_fsdp_shards_the_model_where_it_is_built():
