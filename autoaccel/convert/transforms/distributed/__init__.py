@@ -6,6 +6,7 @@ up is left alone as a whole.
 """
 
 from autoaccel.convert.transforms.distributed.convert_sync_batchnorm import ConvertSyncBatchNorm
+from autoaccel.convert.transforms.distributed.agree_on_plateau import AgreeOnPlateau
 from autoaccel.convert.transforms.distributed.compute_before_printing import ComputeBeforePrinting
 from autoaccel.convert.transforms.distributed.destroy_process_group import DestroyProcessGroup
 from autoaccel.convert.transforms.distributed.follow_per_process_batch import FollowPerProcessBatch
@@ -62,6 +63,7 @@ DDP_STEPS = [
     ShardEvaluation,
     NoSyncAccumulation,
     StopTogether,
+    AgreeOnPlateau,
     ScaleSummedLoss,
     LogOnRankZero,  # before GuardRankZero, which then leaves the runs it made alone
     ProgressOnRankZero,
