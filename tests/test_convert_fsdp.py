@@ -163,7 +163,9 @@ def test_refuses_an_optimizer_used_before_the_model_is_ready():
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
         model.to("cpu")
         """)
-    assert any("uses the optimizer of `model`" in reason for reason in refusals(conversion))
+    (reason,) = refusals(conversion)
+    assert "uses the optimizer of `model`" in reason
+    assert '(`model.to("cpu")` still changes the model after the optimizer is built' in reason
 
 
 def test_gathers_the_state_dict_on_every_rank_and_saves_on_rank_zero():

@@ -33,7 +33,7 @@ from autoaccel.convert.transforms.fully_sharded._helpers import (
     shard_code,
 )
 from autoaccel.convert.transforms.fully_sharded._sharded import given_to_shard
-from autoaccel.cst_edit import code_of
+from autoaccel.cst_edit import code_of, first_line_of
 
 _PARAMETERS = ("parameters", "named_parameters")
 # Methods that leave a module's parameters where they are (a sharded model takes them).
@@ -208,10 +208,13 @@ class ShardModel(DistributedStep):
                 None,
             )
             if user is not None:
+                last = "this line" if user is model.anchor else f"`{first_line_of(model.anchor)}`"
                 return self._refuse(
                     user,
                     f"this uses the optimizer of `{model.key}` before the model is ready to"
-                    " shard; build the optimizer after the model is on its device, then convert",
+                    f" shard ({last} still changes the model after the optimizer is built: a"
+                    " load, a move or a cast); build the optimizer after every change to the"
+                    " model, then convert",
                 )
         held = self.script.held_by(model.key)
         for cls in {o.cls for o in held if o.kind is Kind.MODULE and o.cls is not None}:
