@@ -52,3 +52,21 @@ def test_every_layer_trained_needs_no_unused_parameters(trained):
 @pytest.mark.runs
 def test_the_conversion_is_proven(proven):
     proven(FIXTURE, "ddp")
+
+
+def test_fsdp_refuses_a_part_of_the_model_run_on_its_own():
+    """overhaul-distillation (the tenth unseen set): `test(t_net)` ran the teacher that
+    `fully_shard(d_net)` had sharded with the distiller, outside its forward: mixed Tensor
+    and DTensor, in the proof. Now refused at that call; ddp is unaffected."""
+    source = FIXTURE.read_text(encoding="utf-8").replace(
+        "    for epoch in range(2):\n",
+        "    print(teacher(torch.randn(2, 4)).sum().item())\n    for epoch in range(2):\n",
+    )
+    options = ConvertOptions(target="fsdp", amp="off")
+    conversion = convert_source(source, options, FIXTURE.name)
+    (skip,) = [s for s in conversion.log.skipped if s.wrong]
+    assert skip.line == 34
+    assert (
+        "`teacher(torch.randn(2, 4))` runs `self.teacher` of `distiller` on its own" in skip.reason
+    )
+    assert [s for s in convert(source).log.skipped if s.wrong] == []

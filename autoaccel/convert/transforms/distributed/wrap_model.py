@@ -759,7 +759,7 @@ def _stores_locally(function: cst.FunctionDef) -> bool:
     )
 
 
-def _attribute_assignments(body: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
+def attribute_assignments(body: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
     """(attribute, value) of each assignment to an attribute of `self` in `body`:
     `self.x = v`, and each element of `self.a, self.b = a, b`."""
     found = []
@@ -844,7 +844,7 @@ def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] 
     untrained: set[str] = set()
     for owner in cls.mro():
         for function in owner.methods.values():
-            for target, value in _attribute_assignments(function.node.body):
+            for target, value in attribute_assignments(function.node.body):
                 models = [
                     o for o in program.values_of(value, owner.module) if o.kind is Kind.MODULE
                 ]

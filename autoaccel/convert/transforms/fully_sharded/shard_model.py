@@ -18,15 +18,20 @@ from pathlib import Path
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Program, SourceModule
+from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Obj, Program, SourceModule
 from autoaccel.analysis.shapes import find, is_method_call, method_calls, tuple_items
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
     TrainedModel,
     parse_statements,
+    where,
 )
-from autoaccel.convert.transforms.distributed.wrap_model import Handover, placed_models
+from autoaccel.convert.transforms.distributed.wrap_model import (
+    Handover,
+    attribute_assignments,
+    placed_models,
+)
 from autoaccel.convert.transforms.fully_sharded._helpers import (
     REGISTER_FORWARD,
     SHARD,
@@ -173,6 +178,33 @@ class ShardModel(DistributedStep):
                         return True
         return False
 
+    def _part_run_apart(self, model: TrainedModel) -> tuple[str, cst.Call] | None:
+        """A module the model keeps as an attribute (`self.t_net = t_net` of a distiller)
+        that the program also calls outside the model's own methods (overhaul-distillation's
+        `test(t_net)`): the attribute, and that call."""
+        program = self.script.program
+        held = {o for o in self.script.held_by(model.key) if o.kind is Kind.MODULE}
+        classes = {o.cls for o in held if o.cls is not None}
+        if program is None or len(classes) != 1:
+            return None
+        (cls,) = classes
+        own = {function.node for c in cls.mro() for function in c.methods.values()}
+        parts: dict[Obj, str] = {}
+        for c in cls.mro():
+            for function in c.methods.values():
+                for attribute, value in attribute_assignments(function.node.body):
+                    for obj in program.values_of(value, c.module):
+                        if obj.kind is Kind.MODULE and obj not in held:
+                            parts.setdefault(obj, f"self.{attribute}")
+        for call in program.calls:
+            module = program.module_of.get(call)
+            caller = program.function_of.get(call)
+            if module is None or (caller is not None and caller.node in own):
+                continue
+            for obj in program.values_of(call.func, module) & parts.keys():
+                return parts[obj], call
+        return None
+
     def _optimizers_built_before(self, model: TrainedModel) -> list[cst.BaseStatement]:
         """The statements up to `model.anchor` that build an optimizer: from the model's
         parameters, or through a function of the project that does (minGPT's
@@ -230,6 +262,18 @@ class ShardModel(DistributedStep):
                     " return the distribution's tensors from `forward` and build it outside,"
                     " then convert",
                 )
+        apart = self._part_run_apart(model)
+        if apart is not None:
+            part, call = apart
+            here = self.script.program.module_of.get(call) is self.script.module  # type: ignore[union-attr]
+            return self._refuse(
+                call if here else model.anchor,
+                f"`{code_of(call)}` runs `{part}` of `{model.key}` on its own"
+                + ("" if here else f" ({where(self.script.program.module_of[call], call)})")  # type: ignore[union-attr]
+                + f": sharded with `{model.key}`, its parameters are shards outside"
+                f" `{model.key}`'s forward (mixed Tensor and DTensor); run it through"
+                f" `{model.key}` or leave it out of the model, then convert",
+            )
         received = self._received(model)
         if received is not None:
             return self._refuse(
