@@ -457,6 +457,45 @@ def test_model_passed_to_a_training_function_is_passed_wrapped():
     assert "test(model, loader)" in code
 
 
+HELPER_LOSS = """\
+def compute_loss(net, x, y):
+    return F.nll_loss(net(x), y)
+
+
+def evaluate(net, x, y):
+    net.eval()
+    score = F.nll_loss(net(x), y).item()
+    net.train()
+    return score
+
+
+def train(model, loader, optimizer):
+    for x, y in loader:
+        loss = compute_loss(model, x, y)
+        loss.backward()
+        optimizer.step()
+    return evaluate(model, x, y)
+
+
+def main():
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(3):
+        train(model, loader, optimizer)
+"""
+
+
+def test_a_helper_whose_forward_is_trained_on_gets_the_wrapper_an_evaluation_the_model():
+    """A function that trains nothing gets the model itself (cs230's `evaluate()`, which
+    puts it in evaluation mode), unless its forward pass may be trained on: a helper that
+    computes the loss the caller back-propagates must run the DDP wrapper."""
+    code, log = run_step(WrapModel, HELPER_LOSS)
+    assert not [item for item in log.skipped if item.wrong]
+    assert "        loss = compute_loss(model, x, y)\n" in code
+    assert "    return evaluate(unwrapped(model), x, y)\n" in code
+    assert "train(ddp_model, loader, optimizer)" in code
+
+
 RECEIVES = """\
 def save(net, path):
     torch.save(net.state_dict(), path)
@@ -498,13 +537,16 @@ def test_a_training_function_receives_the_wrapper_only_if_it_works_alike(use, re
     compared `named_parameters()` names: given the wrapper, the checkpoint keys and
     the names gained a `module.` prefix (a max-norm constraint then matched nothing).
     Such reads now go to the model itself, `unwrapped(model)`, and so do the arguments of
-    functions that train nothing (cs230's `load_checkpoint()` and `evaluate()`)."""
+    functions that train nothing and run no forward pass that may be trained on (cs230's
+    `load_checkpoint()`; an `evaluate()` that puts the model in evaluation mode)."""
     code, log = run_step(WrapModel, RECEIVES.replace("{use}", use))
     wrong = [item.what for item in log.skipped if item.wrong]
     assert wrong == (["DistributedDataParallel"] if refused else [])
     assert ("train(ddp_model, loader, optimizer)" in code) is not refused
-    if use.startswith(("save", "score")):  # functions that train nothing: the model itself
-        assert f"{use.split('(')[0]}(unwrapped(model), " in code
+    if use.startswith("save"):  # a function that neither trains nor runs it: the model itself
+        assert "save(unwrapped(model), " in code
+    if use.startswith("score"):  # a forward pass that may be trained on: the wrapper
+        assert "score = evaluate(model, x)" in code
     if "named_parameters" in use:
         assert "for n, _ in unwrapped(model).named_parameters()" in code
 

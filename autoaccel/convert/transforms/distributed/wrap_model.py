@@ -19,7 +19,7 @@ from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import FunctionInfo, Kind, Obj, argument
 from autoaccel.analysis.script_model import strip_device_moves
-from autoaccel.analysis.shapes import find, is_method_call, is_name, name_calls
+from autoaccel.analysis.shapes import find, is_method_call, is_name, is_no_grad_block, name_calls
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
@@ -423,6 +423,7 @@ class WrapModel(DistributedStep):
         return bool(functions) and all(
             (param := _parameter_for(arg, positional, function.node)) is not None
             and not _trains_or_passes_on(function.node, param)
+            and not _runs_for_training(function, param)
             for function in functions
         )
 
@@ -565,6 +566,24 @@ def _trains_or_passes_on(function: cst.FunctionDef, param: str) -> bool:
     return any(
         is_method_call(call, "backward", "step") or any(is_name(a.value, param) for a in call.args)
         for call in find(function.body, cst.Call)
+    )
+
+
+def _runs_for_training(function: FunctionInfo, param: str) -> bool:
+    """Whether `function` runs its model `param` where the result may be trained on: a
+    forward pass outside `torch.no_grad()` in a function that does not put the model in
+    evaluation mode (`param.eval()`, cs230's `evaluate()`). A helper computing the loss
+    the caller back-propagates must get the DDP wrapper."""
+    index = function.module.index
+    body = function.node.body
+    evaluates = any(
+        is_method_call(call, "eval") and is_name(call.func.value, param)  # type: ignore[attr-defined]
+        for call in find(body, cst.Call)
+    )
+    return not evaluates and any(
+        is_name(call.func, param)
+        and not any(is_no_grad_block(a, index.qualified_names) for a in index.ancestors(call))
+        for call in find(body, cst.Call)
     )
 
 
