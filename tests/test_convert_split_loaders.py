@@ -51,3 +51,17 @@ def test_a_run_shards_the_training_loader_only(cli, tmp_path, target):
     loaders = (out / "data.py").read_text()
     assert loaders.count("DistributedSampler(") == 1
     assert "--verify ok   one process writes each file" in run.stderr
+
+
+def test_alternatives_that_all_shuffle_are_each_a_training_loader(cli, tmp_path):
+    """A factory that makes one shuffled loader per dataset (ACGAN's `dataloader(dataset,
+    ...)`, if/elif on its name: the eleventh unseen set) makes alternatives, not a training
+    and a validation loader: every one is sharded, without a run."""
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project)
+    data = project / "data.py"
+    data.write_text(data.read_text().replace("shuffle=False", "shuffle=True"))
+    out = tmp_path / "out"
+    run = cli("convert", str(project / "train.py"), "--to", "ddp", "--no-run", "-o", str(out))
+    assert run.exit_code == 0, run.stderr
+    assert (out / "data.py").read_text().count("DistributedSampler(") == 2

@@ -213,9 +213,12 @@ class ShardTrainLoader(DistributedStep):
         for function, count in made.items():
             if function is None or count < 2 or function in trains:
                 continue  # (the function that trains: its loaders are alternatives)
-            first = min(
+            calls = sorted(
                 (c for c in loaders if program.function_of.get(c) is function), key=self.line_of
             )
+            if not self._split_by_shuffle(calls):
+                continue  # alternatives (one per dataset, all shuffled): each is a training one
+            first = calls[0]
             self.skipped(
                 "DistributedSampler",
                 f"`{function.node.name.value}()` makes {count} of the DataLoaders the training"
@@ -225,6 +228,14 @@ class ShardTrainLoader(DistributedStep):
                 first,
                 wrong=True,
             )
+
+    @staticmethod
+    def _split_by_shuffle(calls: list[cst.Call]) -> bool:
+        """Whether some of `calls` shuffle and others do not: a training loader and an
+        evaluation one (cs230's, melgan's), not alternatives of one (ACGAN's
+        `dataloader(dataset, ...)`, one shuffled loader per dataset)."""
+        shuffled = {is_true(keyword_value(call, "shuffle")) for call in calls}
+        return len(shuffled) > 1
 
     def _leave_whole(self, call: cst.Call, why: str) -> None:
         self.skipped(
