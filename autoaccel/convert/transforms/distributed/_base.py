@@ -106,6 +106,22 @@ def rank_zero(statements: Statements) -> cst.If:
     return guard.with_changes(body=cst.IndentedBlock(body=body), leading_lines=leading)
 
 
+def number_over_processes(name: str, doc: str, averaged: bool) -> str:
+    """The code of `name(value)`: a Python number each process computed, summed over the
+    processes with an all-reduce (and divided by their number when `averaged`); the value
+    itself under plain `python`. `doc` is its docstring."""
+    divided = f" / {WORLD_SIZE}" if averaged else ""
+    return f'''
+def {name}(value):
+    """{doc}"""
+    if not {DISTRIBUTED}:
+        return value
+    total = torch.tensor(float(value), dtype=torch.float64)
+    dist.all_reduce(total)
+    return total.item(){divided}
+'''
+
+
 def where(module: SourceModule, node: cst.CSTNode) -> str:
     """`utils_io.py:7`: where `node` of `module` is."""
     line = Positions(module.tree)[node].start.line

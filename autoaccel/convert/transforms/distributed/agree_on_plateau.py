@@ -19,22 +19,15 @@ from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find, is_method_call
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
-    DISTRIBUTED,
-    WORLD_SIZE,
     DistributedStep,
+    number_over_processes,
 )
 from autoaccel.cst_edit import code_of
 
 HELPER = "averaged_over_processes"
-_HELPER_CODE = f'''
-def {HELPER}(value):
-    """`value`, a number each process computed itself, averaged over the processes."""
-    if not {DISTRIBUTED}:
-        return value
-    total = torch.tensor(float(value), dtype=torch.float64)
-    dist.all_reduce(total)
-    return total.item() / {WORLD_SIZE}
-'''
+_HELPER_CODE = number_over_processes(
+    HELPER, "`value`, a number each process computed itself, averaged over the processes.", True
+)
 _PLATEAU = frozenset(
     {
         "torch.optim.lr_scheduler.ReduceLROnPlateau",

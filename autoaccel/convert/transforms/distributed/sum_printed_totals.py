@@ -22,24 +22,18 @@ from autoaccel.analysis.shapes import find
 from autoaccel.analysis.side_effects import PRINTS
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
-    DISTRIBUTED,
     DistributedStep,
     fresh_name,
+    number_over_processes,
     parse_statements,
 )
 from autoaccel.convert.transforms.distributed.shard_batch_rounds import shared_loops
 from autoaccel.convert.transforms.inserted_names import variable_names
 
 HELPER = "summed_over_processes"
-_HELPER_CODE = f'''
-def {HELPER}(value):
-    """`value`, a number this process added up, added up over every process."""
-    if not {DISTRIBUTED}:
-        return value
-    total = torch.tensor(float(value), dtype=torch.float64)
-    dist.all_reduce(total)
-    return total.item()
-'''
+_HELPER_CODE = number_over_processes(
+    HELPER, "`value`, a number this process added up, added up over every process.", False
+)
 
 
 class SumPrintedTotals(DistributedStep):
