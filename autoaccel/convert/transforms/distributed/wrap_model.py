@@ -494,13 +494,9 @@ class WrapModel(DistributedStep):
         ]
         if len(functions) != 1:
             return False
-        params = parameters_of(functions[0])
         positional = [a for a in call.args if a.keyword is None]
-        if arg.keyword is not None:
-            param = arg.keyword.value
-        elif positional.index(arg) < len(params):
-            param = params[positional.index(arg)]
-        else:
+        param = _parameter_for(arg, positional, functions[0])
+        if param is None:
             return False
         return functions[0] in seen or self._takes_wrapper(functions[0], param, seen)
 
