@@ -227,11 +227,8 @@ class ShardBatchRounds(DistributedStep):
             return set()
         return {
             call
-            for call in find(region, cst.Call)
-            if index.qualified_names(call.func) == {"builtins.len"}
-            and len(call.args) == 1
-            and name_key(call.args[0].value) == key
-            and self.scope_of(call) is scope
+            for call in _len_calls(region, index)
+            if name_key(call.args[0].value) == key and self.scope_of(call) is scope
         }
 
     def _counted_depth(self, loop: cst.For) -> int | None:
@@ -293,11 +290,7 @@ class ShardBatchRounds(DistributedStep):
         index = self.script.index
         assert index is not None
         shared = {shared_batches(s.node, index)[0] for s in self.shared}  # type: ignore[arg-type]
-        lengths = {
-            call.args[0].value
-            for call in find(region, cst.Call)
-            if index.qualified_names(call.func) == {"builtins.len"} and len(call.args) == 1
-        }
+        lengths = {call.args[0].value for call in _len_calls(region, index)}
         not_reads = {n for t in find(region, cst.AssignTarget) for n in find(t, cst.Name)}
         not_reads |= {a.attr for a in find(region, cst.Attribute)}
         not_reads |= {a.keyword for a in find(region, cst.Arg) if a.keyword is not None}
@@ -336,6 +329,15 @@ def _unwrapped(iterable: cst.BaseExpression, depth: int) -> cst.BaseExpression:
         assert isinstance(iterable, cst.Call)
         iterable = iterable.args[0].value
     return iterable
+
+
+def _len_calls(region: cst.CSTNode, index: ModuleIndex) -> list[cst.Call]:
+    """The `len(x)` calls of `region`."""
+    return [
+        call
+        for call in find(region, cst.Call)
+        if index.qualified_names(call.func) == {"builtins.len"} and len(call.args) == 1
+    ]
 
 
 def _wrapped(iterable: cst.BaseExpression, depth: int) -> cst.BaseExpression:
