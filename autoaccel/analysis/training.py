@@ -315,13 +315,8 @@ class _Finder:
     # -- what trains -----------------------------------------------------------------
     def _models(self) -> None:
         program, training = self.program, self.training
-        for optimizer in program.objects(Kind.OPTIMIZER):
-            params = argument(optimizer.node, 0, "params")  # type: ignore[arg-type]
-            if params is None:
-                continue
-            for obj in program.flat_values_of(params, optimizer.module):
-                if obj.kind is Kind.PARAMETERS:
-                    training.trained |= program.parameters_of(obj)
+        for _, obj in optimized_parameters(program):
+            training.trained |= program.parameters_of(obj)
         training.criteria = set(program.objects(Kind.CRITERION))
         if not training.trained:
             return  # with nothing known to train, a two-input module may be the model
@@ -347,6 +342,18 @@ class _Finder:
 
     def trains(self, obj: Obj) -> bool:
         return trains(self.training, obj)
+
+
+def optimized_parameters(program: Program) -> Iterator[tuple[Obj, Obj]]:
+    """Each optimizer of the program with each `x.parameters()` object it is given (a list
+    of them, `[*a.parameters(), *b.parameters()]`, gives each)."""
+    for optimizer in program.objects(Kind.OPTIMIZER):
+        params = argument(optimizer.node, 0, "params")  # type: ignore[arg-type]
+        if params is None:
+            continue
+        for obj in program.flat_values_of(params, optimizer.module):
+            if obj.kind is Kind.PARAMETERS:
+                yield optimizer, obj
 
 
 def trains(training: Training, obj: Obj) -> bool:

@@ -17,10 +17,11 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Kind, Obj, argument
+from autoaccel.analysis.program import FunctionInfo, Kind, Obj
 from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.analysis.shapes import find, is_method_call, is_name, is_no_grad_block, name_calls
 from autoaccel.analysis.side_effects import PRINTS
+from autoaccel.analysis.training import optimized_parameters
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     LOCAL_RANK,
@@ -718,12 +719,11 @@ def _optimized_on_condition(step: DistributedStep, key: str) -> bool:
     program = step.script.program
     assert program is not None
     models = {o for o in step.script.held_by(key) if o.kind is Kind.MODULE}
-    found = []
-    for optimizer in program.objects(Kind.OPTIMIZER):
-        params = argument(optimizer.node, 0, "params")  # type: ignore[arg-type]
-        held = program.flat_values_of(params, optimizer.module) if params is not None else ()
-        if any(o.kind is Kind.PARAMETERS and program.parameters_of(o) & models for o in held):
-            found.append(optimizer)
+    found = {
+        optimizer
+        for optimizer, obj in optimized_parameters(program)
+        if program.parameters_of(obj) & models
+    }
     return bool(found) and all(_on_condition(o.node, o.module.index) for o in found)
 
 
@@ -807,21 +807,17 @@ def _optimized_sources(step: DistributedStep) -> Sources:
     if program is None:
         return []
     found: Sources = []
-    for optimizer in program.objects(Kind.OPTIMIZER):
-        params = argument(optimizer.node, 0, "params")  # type: ignore[arg-type]
-        if params is None:
-            continue
-        for obj in program.flat_values_of(params, optimizer.module):
-            call = obj.node
-            if obj.kind is Kind.PARAMETERS and isinstance(call, cst.Call):
-                receiver = call.func.value  # type: ignore[attr-defined]
-                module = program.module_of.get(call, optimizer.module)
-                base: AbstractSet[Obj] = (
-                    program.values_of(receiver.value, module)
-                    if isinstance(receiver, cst.Attribute)
-                    else frozenset()
-                )
-                found.append((receiver, program.values_of(receiver, module), base))
+    for optimizer, obj in optimized_parameters(program):
+        call = obj.node
+        if isinstance(call, cst.Call):
+            receiver = call.func.value  # type: ignore[attr-defined]
+            module = program.module_of.get(call, optimizer.module)
+            base: AbstractSet[Obj] = (
+                program.values_of(receiver.value, module)
+                if isinstance(receiver, cst.Attribute)
+                else frozenset()
+            )
+            found.append((receiver, program.values_of(receiver, module), base))
     return found
 
 
