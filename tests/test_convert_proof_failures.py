@@ -106,6 +106,28 @@ KeyError: 0
     assert detail == "/tmp/autoaccel-verify-x/converted/train.py:52: KeyError: 0 (process 0)"
 
 
+def test_a_buffer_ddp_cannot_broadcast_is_explained():
+    """Eleventh unseen set (transformer-time-series): a positional encoding registered as
+    `pe.unsqueeze(0).transpose(0, 1)` fails DDP's buffer broadcast with a message that does
+    not name the buffer; the refusal says what it means and what to do."""
+    error = (
+        "RuntimeError: unsupported operation: some elements of the input tensor and the"
+        " written-to tensor refer to a single memory location. Please clone() the tensor"
+        " before performing the operation."
+    )
+    broadcast = HARNESS_FRAMES + f"""\
+  File "/tmp/autoaccel-verify-x/converted/train.py", line 61, in <module>
+    output = ddp_model(data)
+  File "{TORCH}/nn/parallel/distributed.py", line 2363, in _distributed_broadcast_coalesced
+    dist._broadcast_coalesced(
+{error}
+"""
+    detail = _finished(broadcast + RANK_1, _record(0, f"error: {error}"), _record(1, RESET))
+    assert detail.startswith(f"/tmp/autoaccel-verify-x/converted/train.py:61: {error} (process 0):")
+    assert "register a contiguous copy (`.clone(memory_format=torch.contiguous_format)`)" in detail
+    assert "`broadcast_buffers=False`" in detail
+
+
 def test_only_consequences_keep_the_first_error():
     assert _finished(RANK_1 + TORCHRUN, _record(0, RESET), _record(1, RESET)) == RESET
 

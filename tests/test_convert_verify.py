@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autoaccel.convert.log import DIFFERENT_DATA
 from autoaccel.convert.verify import Check, checks
 from autoaccel.run.runner import Run
 from running import (
@@ -368,14 +369,29 @@ def test_processes_stopped_before_the_end_the_original_reached_fail(converted_ex
 def test_processes_without_loader_indices_must_not_compute_the_same_losses():
     same = checks(ORIGINAL, _run(_rank(0, sample_ids=[None] * 4), _rank(1, sample_ids=[None] * 4)))
     assert "they train on the same data" in _failed(same)["processes train on different data"]
-    differ = checks(
-        ORIGINAL,
-        _run(
-            _rank(0, sample_ids=[None] * 4),
-            _rank(1, sample_ids=[None] * 4, losses=[1.1, 0.7, 0.6, 0.5]),
-        ),
-    )
-    assert _failed(differ) == {}
+
+
+@pytest.mark.parametrize(
+    "first, second, passes, detail",
+    [
+        ([["a"], ["b"]], [["c"], ["d"]], True, "different tensors in 2 of the first 2 steps"),
+        # the same windows on both: their losses differ only by the dropout seeded per process
+        ([["a"], ["b"]], [["a"], ["b"]], False, "in 2 of the first 2 steps, two processes fed"),
+        ([["a"], ["b"]], [["a"], ["c"]], True, "different tensors in 1 of the first 2 steps"),
+        ([], [], False, "not proven"),
+    ],
+)
+def test_processes_without_loader_indices_are_told_apart_by_what_their_models_received(
+    first, second, passes, detail
+):
+    """Their losses differ in every case: that alone proves nothing."""
+    no_indices = [None] * 4
+    ranks = [
+        _rank(0, sample_ids=no_indices, batch_prints=first),
+        _rank(1, sample_ids=no_indices, batch_prints=second, losses=[1.1, 0.7, 0.6, 0.5]),
+    ]
+    (check,) = [c for c in checks(ORIGINAL, _run(*ranks)) if c.name == DIFFERENT_DATA]
+    assert check.passed is passes and detail in check.detail
 
 
 def test_a_summed_loss_left_unscaled_shows_as_half_the_loss():

@@ -391,7 +391,27 @@ def _root_cause(ddp: Run, ranks: list[dict[str, Any]], place: Place) -> str:
         )
     crash, rank = found
     where = next(filter(None, (place(file, line) for file, line in reversed(crash.frames))), None)
-    return f"{where + ': ' if where else ''}{crash.exception}{'' if rank is None else f' (process {rank})'}"
+    process = "" if rank is None else f" (process {rank})"
+    return f"{where + ': ' if where else ''}{crash.exception}{process}{_why(crash)}"
+
+
+# DDP's broadcast of the buffers at each forward writes each buffer back from a flat copy,
+# which fails on a buffer that is a strided view (`pe.unsqueeze(0).transpose(0, 1)`).
+_BUFFER_BROADCAST = (
+    "single memory location",
+    "DistributedDataParallel's broadcast of the model's buffers from process 0 cannot write"
+    " a buffer that is a strided view (a positional encoding registered as"
+    " `pe.unsqueeze(0).transpose(0, 1)`): register a contiguous copy"
+    " (`.clone(memory_format=torch.contiguous_format)`), or, where no buffer changes in"
+    " training, pass `broadcast_buffers=False` to DistributedDataParallel",
+)
+
+
+def _why(crash: Crash) -> str:
+    """What a crash inside DistributedDataParallel means, where its message does not say."""
+    words, meaning = _BUFFER_BROADCAST
+    inside = any(file.endswith("parallel/distributed.py") for file, _ in crash.frames)
+    return f": {meaning}" if inside and words in crash.exception else ""
 
 
 def _epoch_ends(original: Run) -> str:
@@ -458,7 +478,42 @@ def _disjoint(original: Run, ranks: list[dict[str, Any]], batch_factor: int = 1)
         return Check(
             name, False, "every process computed the same losses: they train on the same data"
         )
-    return Check(name, True, "no DataLoader indices; the processes' losses differ")
+    return _different_inputs(original, ranks)
+
+
+def _different_inputs(original: Run, ranks: list[dict[str, Any]]) -> Check:
+    """Without DataLoader indices, what the processes' models received in their first
+    steps (`batch_prints`) tells: processes that feed the same tensors in most steps
+    train on the same data, whatever their losses (dropout seeded per process makes
+    those differ on the same batches). What every step of the original received alike
+    (a fixed noise, a mask) tells nothing and is left out."""
+    name = DIFFERENT_DATA
+    theirs = [set(step) for step in original.record.get("batch_prints") or []]
+    constant = set.intersection(*theirs) if len(theirs) > 1 else set()
+    steps = [[set(step) - constant for step in rank.get("batch_prints") or []] for rank in ranks]
+    compared = [step for step in zip(*steps) if all(step)]
+    if not compared:
+        return Check(
+            name,
+            False,
+            "not proven: no DataLoader indices, and the models received no tensors to tell"
+            " the processes' data apart by",
+        )
+    shared = sum(any(a & b for i, a in enumerate(step) for b in step[i + 1 :]) for step in compared)
+    if 2 * shared > len(compared):
+        return Check(
+            name,
+            False,
+            f"in {shared} of the first {len(compared)} steps, two processes fed their models the"
+            " same tensors: they train on the same data (their losses differ only by their random"
+            " numbers); give each process its share of the batches",
+        )
+    return Check(
+        name,
+        True,
+        f"no DataLoader indices; the processes' models received different tensors in"
+        f" {len(compared) - shared} of the first {len(compared)} steps",
+    )
 
 
 def _batch_rounds(original: Run, ranks: list[dict[str, Any]]) -> Check:
