@@ -14,11 +14,13 @@ NO_LOADER = dedent("""\
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.randn(64, 4)
-    for start in range(0, 64, 16):
+    start = 0
+    while start < 64:
         loss = model(data[start:start + 16]).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        start += 16
     """)
 
 
@@ -27,7 +29,7 @@ def test_unsharded_training_data_is_refused_and_nothing_written(cli, tmp_path):
     run = cli("convert", "train.py", "--to", "ddp", "-o", "ddp.py")
     assert run.exit_code == 1
     assert (
-        "train.py:6:1: error: DistributedSampler not applied: this training loop does not read"
+        "train.py:7:1: error: DistributedSampler not applied: this training loop walks its data"
         in run.stderr
     )
     assert "--to ddp refused" in run.stderr and "--allow-partial" in run.stderr
@@ -40,7 +42,7 @@ def test_allow_partial_writes_with_warnings(cli, tmp_path):
         "convert", "train.py", "--to", "ddp", "--allow-partial", "-o", "ddp.py", "--no-verify"
     )
     assert run.exit_code == 0, run.stderr
-    assert "train.py:6:1: warning: DistributedSampler not applied" in run.stderr
+    assert "train.py:7:1: warning: DistributedSampler not applied" in run.stderr
     assert "DISTRIBUTED" in (tmp_path / "ddp.py").read_text()
 
 

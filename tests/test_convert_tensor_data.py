@@ -104,10 +104,14 @@ def test_batchify_without_transpose_is_recognised():
 
 
 def test_batchify_into_rows_is_not_taken_for_columns():
-    """`view(bsz, -1)` without a transpose makes rows of streams: not this shape."""
+    """`view(bsz, -1)` without a transpose makes rows of streams: not this shape. The loop
+    slices rows at the offsets of a range, so it is taken for batches of rows, shared out by
+    rounds."""
     source = COLUMNS.replace("view(-1, bsz)", "view(bsz, -1)")
-    (skip,) = wrong(convert(source).log)
-    assert "does not read a DataLoader" in skip.reason
+    conversion = convert(source)
+    assert not wrong(conversion.log)
+    assert "chunk(WORLD_SIZE, dim=1)" not in conversion.converted
+    assert "for i in ShardedBatches(range(0, stream.size(0) - 1, 10)):" in conversion.converted
 
 
 def test_batchify_with_a_literal_batch_is_refused_with_its_line():
@@ -448,3 +452,31 @@ def test_an_early_stopper_s_check_is_no_batch_maker():
     reasons = [s.reason for s in wrong(conversion.log)]
     assert any(r.startswith("full-batch training: one graph per step") for r in reasons), reasons
     assert not any("takes its batches from" in s.reason for s in conversion.log.skipped)
+
+
+# -- batches sliced at the offsets of a range ------------------------------------------------
+@pytest.mark.parametrize("options", [DDP, FSDP], ids=["ddp", "fsdp"])
+def test_offsets_of_a_range_are_shared_out_by_rounds(options):
+    """Eleventh unseen set (transformer-time-series): `get_batch(data, i, bs)` at each offset
+    of `range(0, len(data) - 1, bs)` was left to the proof, which passed it on the dropout's
+    differing losses while both processes trained on every batch (fsdp, exit 0)."""
+    conversion = convert_fixture("ddp/offset_batches.py", options)
+    assert not wrong(conversion.log)
+    assert (
+        "    for batch, i in enumerate(\n"
+        "        ShardedBatches(range(0, len(train_data) - 1, batch_size))\n"
+        "    ):\n"
+    ) in conversion.converted
+    assert convert(conversion.converted, options).converted == conversion.converted
+
+
+@pytest.mark.parametrize("options", [DDP, FSDP], ids=["ddp", "fsdp"])
+def test_offsets_whose_steps_hand_on_a_hidden_state_are_refused(options):
+    """Every other chunk of one sequence would receive the hidden state of a chunk that does
+    not come before it: refused, naming the state and the contiguous split instead."""
+    (skip,) = wrong(convert_fixture("ddp/chunked_hidden.py", options).log)
+    assert skip.line == 28  # `for i in range(0, len(data) - 1, chunk):`
+    assert skip.reason.startswith(
+        "this training loop reads its data in order and hands `hidden` from each step to the next"
+    )
+    assert "`data.chunk(WORLD_SIZE)[RANK]`" in skip.reason

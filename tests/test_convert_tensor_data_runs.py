@@ -153,6 +153,27 @@ def test_permuted_rows_one_process_trains_as_before(tmp_path):
     assert converted.stdout == original.stdout != ""
 
 
+def test_offset_ranks_read_alternate_batches_of_windows_that_make_up_the_epoch(tmp_path):
+    """fixtures/ddp/offset_batches.py: 20 batches of 16 windows an epoch, 3 epochs. Each rank
+    trains on 10 of them an epoch (the windows' first values, which the first Linear reads),
+    none on both, together the original's. Before, both read all 20, and the proof passed it
+    on their losses, which differed by the dropout alone."""
+    name = "ddp/offset_batches.py"
+    (tmp_path / "one").mkdir()
+    first_layer = slice(0, None, 2)  # the rows of the first of the model's two Linears
+    original = _original(name, (), tmp_path / "one")["rows"][first_layer]
+    rank0, rank1 = (probe["rows"][first_layer] for probe in _ranks(name, (), tmp_path))
+    assert len(original) == 3 * 20 and len(rank0) == len(rank1) == 3 * 10
+    for epoch in range(3):
+        mine, theirs = (
+            sorted(v for batch in rank[epoch * 10 : epoch * 10 + 10] for v in batch)
+            for rank in (rank0, rank1)
+        )
+        whole = sorted(v for batch in original[epoch * 20 : epoch * 20 + 20] for v in batch)
+        assert not set(mine) & set(theirs)
+        assert sorted(mine + theirs) == whole
+
+
 def test_randint_ranks_draw_different_offsets_each_a_share_of_the_batch(tmp_path):
     rank0, rank1 = (probe["offsets"] for probe in _ranks("ddp/randint_lm.py", (), tmp_path))
     assert len(rank0) == len(rank1) == 40  # max_iters: as many steps on each

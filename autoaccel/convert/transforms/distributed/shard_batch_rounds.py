@@ -34,7 +34,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.permuted_rows import permuted_batches
 from autoaccel.analysis.program import SourceModule
 from autoaccel.analysis.script_model import LoopRole, ScriptModel
-from autoaccel.analysis.shapes import find, is_name
+from autoaccel.analysis.shapes import bound_names, find, is_name
 from autoaccel.analysis.training import StepLoop
 from autoaccel.convert.transforms.distributed._base import (
     RANK,
@@ -46,6 +46,7 @@ from autoaccel.convert.transforms.distributed.progress_on_rank_zero import PROGR
 from autoaccel.convert.transforms.distributed.shard_stream_columns import (
     batch_source,
     reads_batchified,
+    slices_by_counter,
 )
 from autoaccel.cst_edit import code_of
 
@@ -102,13 +103,78 @@ def shared_loops(script: ScriptModel) -> list[StepLoop]:
         if step.role is LoopRole.TRAIN
         and not step.loaders
         and isinstance(step.node, cst.For)
-        and batch_source(step.node, index) is not None
+        and (batch_source(step.node, index) is not None or _offsets(step, script))
         and not reads_batchified(step.node, tree)
         and uncalled_function(step, script.program) is None
         and permuted_batches(step, script) is None
         and not fresh_draws(step, script.program)
         and not round_draws(step, script, name_key(shared_batches(step.node, index)[0]))
     ]
+
+
+def _offsets(step: StepLoop, script: ScriptModel) -> bool:
+    """Whether `step` is a `for` loop over a `range()` of the batches' positions that slices
+    its data at them (`for i in range(0, len(data), bs): x, y = get_batch(data, i, bs)`),
+    each step on its own: no state its model returns is fed back to it in the next step
+    (`out, hidden = model(x, hidden)` reads its chunks in order, one after another). Not a
+    count of steps (`for step in range(1, 25): x = random_batch()`)."""
+    loop, index = step.node, script.index
+    assert isinstance(loop, cst.For) and index is not None
+    iterable, depth = shared_batches(loop, index)
+    if isinstance(iterable, cst.Call) and code_of(iterable.func) == SHARDED_BATCHES:
+        iterable = iterable.args[0].value  # shared out already
+    if not (
+        isinstance(iterable, cst.Call)
+        and "builtins.range" in index.qualified_names(iterable.func)
+        and slices_by_counter(step)
+        and not carried_state(loop)
+    ):
+        return False
+    target: cst.BaseExpression = loop.target
+    if depth and isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        target = target.elements[1].value  # `i` of `for batch, i in enumerate(range(...))`
+    if not isinstance(target, cst.Name):
+        return False
+    position = target.value
+    return any(
+        is_name(name, position)
+        for subscript in find(loop.body, cst.Subscript)
+        for element in subscript.slice
+        for name in find(element.slice, cst.Name)
+    ) or any(
+        is_name(arg.value, position)
+        for call in find(loop.body, cst.Call)
+        if script.callees(call)
+        for arg in call.args
+    )
+
+
+def carried_state(loop: cst.For | cst.While) -> set[str]:
+    """The names that a call of `loop`'s body reads before the body binds them, and that
+    the body then binds to what a call returns: state one step hands the next."""
+    lines = list(find(loop.body, cst.SimpleStatementLine))
+    bound: dict[str, list[int]] = {}
+    for position, line in enumerate(lines):
+        for assign in find(line, cst.Assign):
+            if isinstance(assign.value, cst.Call):
+                for target in assign.targets:
+                    for name in bound_names(target.target):
+                        bound.setdefault(name, []).append(position)
+    return {
+        name.value
+        for position, line in enumerate(lines)
+        for call in find(line, cst.Call)
+        for name in _read_names(call)
+        if (binds := bound.get(name.value)) and min(binds) >= position
+    }
+
+
+def _read_names(call: cst.Call) -> list[cst.Name]:
+    """The names `call` reads, in its arguments or as the object of its method
+    (`hidden` of `model(x, hidden.detach())` and of `hidden.detach()`)."""
+    named = {a.attr for a in find(call, cst.Attribute)}
+    named |= {a.keyword for a in find(call, cst.Arg) if a.keyword is not None}
+    return [n for n in find(call, cst.Name) if n not in named and n is not call.func]
 
 
 def step_sites(step: StepLoop, script: ScriptModel) -> list[tuple[cst.CSTNode, SourceModule]]:

@@ -49,6 +49,7 @@ from autoaccel.convert.transforms.distributed.loader_flags import (
     unselected_loaders,
 )
 from autoaccel.convert.transforms.distributed.shard_batch_rounds import (
+    carried_state,
     round_draws,
     rounds,
     shared_loops,
@@ -327,6 +328,18 @@ class ShardTrainLoader(DistributedStep):
                 " every process would walk all of it; give each process its own contiguous"
                 f" part by hand (equal parts: `data.chunk({WORLD_SIZE})[{RANK}]` of a tensor"
                 f" whose length divides by {WORLD_SIZE}), so that all take as many steps",
+                step.node,
+                wrong=True,
+            )
+        elif state := carried_state(step.node):
+            self.skipped(
+                "DistributedSampler",
+                "this training loop reads its data in order and hands"
+                f" `{'`, `'.join(sorted(state))}` from each step to the next, so every process"
+                " would read all of it, and a share of every other batch would break that chain;"
+                " give each process its own contiguous part by hand (equal parts:"
+                f" `data.chunk({WORLD_SIZE})[{RANK}]` of a tensor whose length divides by"
+                f" {WORLD_SIZE}), so that all take as many steps",
                 step.node,
                 wrong=True,
             )
