@@ -58,3 +58,42 @@ def test_one_process_writes_the_log(tmp_path):
     assert all(check.passed for check in found), log
     writes = next(check for check in found if check.name == "one process writes each file")
     assert "training_log.csv" in writes.detail or "1 file(s)" in writes.detail, writes.detail
+
+
+# -- a handle of `with open(...) as f:` read after the block ---------------------------------
+CLOSED_AFTER_WITH = FIXTURE.with_name("closed_after_with.py")
+
+
+def test_a_close_after_the_with_block_is_guarded_with_it():
+    """Eleventh unseen set (SASRec): the `with` went under `if RANK == 0:` and the `f.close()`
+    after it did not; rank 1 stopped with a NameError."""
+    conversion = convert_source(CLOSED_AFTER_WITH.read_text(), DDP, str(CLOSED_AFTER_WITH))
+    assert not [s for s in conversion.log.skipped if s.wrong]
+    assert (
+        "if RANK == 0:\n"
+        '    with open(os.path.join(args.out, "args.txt"), "w") as f:\n'
+        '        f.write("\\n".join(f"{k},{v}" for k, v in sorted(vars(args).items())))\n'
+        "    f.close()\n"
+    ) in conversion.converted
+    again = convert_source(conversion.converted, DDP, str(CLOSED_AFTER_WITH)).converted
+    assert again == conversion.converted
+
+
+def test_a_block_reading_the_handle_after_the_with_is_refused():
+    source = CLOSED_AFTER_WITH.read_text().replace(
+        "f.close()\n", "if not f.closed:\n    f.close()\n"
+    )
+    conversion = convert_source(source, DDP, str(CLOSED_AFTER_WITH))
+    (skip,) = [s for s in conversion.log.skipped if s.wrong]
+    assert skip.line == 19 and "which the `with` above binds on rank 0 only" in skip.reason
+
+
+@pytest.mark.runs
+def test_the_settings_file_is_written_once_and_both_processes_train(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(CLOSED_AFTER_WITH.read_text())
+    converted = convert_source(script.read_text(), DDP, str(script)).converted
+    found, log = verify_ddp(
+        script, write_one(script, converted), VerifyRequest([], steps=8), [tmp_path]
+    )
+    assert all(check.passed for check in found), log

@@ -123,7 +123,45 @@ class GuardRankZero(DistributedStep):
                 )
                 continue
             groups.setdefault(effect.statement, []).append(effect)
-        self._guard(groups)
+        for statement in list(groups):
+            for later in self._handle_reads_after(statement):
+                groups.setdefault(later, [])
+        self._guard(dict(sorted(groups.items(), key=lambda item: self.line_of(item[0]))))
+
+    def _handle_reads_after(self, statement: cst.CSTNode) -> list[cst.BaseStatement]:
+        """The statements after a guarded `with open(...) as f:` in its block that read `f`
+        (SASRec's needless `f.close()` after the block): guarded with it, as on the other
+        processes `f` is never bound. One that is not a line of its own is refused."""
+        if not isinstance(statement, cst.With):
+            return []
+        handles = {
+            n.value for item in statement.items if item.asname for n in find(item.asname, cst.Name)
+        }
+        block = self.parent(statement)
+        siblings = list(getattr(block, "body", ()))
+        readers = [
+            later
+            for later in siblings[siblings.index(statement) + 1 :]
+            if any(
+                name.value in handles and not self._names_attribute(name)
+                for name in find(later, cst.Name)
+            )
+        ]
+        for later in readers:
+            if not isinstance(later, cst.SimpleStatementLine):
+                self.skipped(
+                    "rank-0 write",
+                    f"this block reads `{'`, `'.join(sorted(handles))}`, which the `with` above binds"
+                    f" on rank 0 only; put it under `if {RANK} == 0:` too, by hand",
+                    later,
+                    wrong=True,
+                )
+        return [later for later in readers if isinstance(later, cst.SimpleStatementLine)]
+
+    def _names_attribute(self, name: cst.Name) -> bool:
+        """`name` is the `attr` of an attribute (`x.f`), not a read of `f`."""
+        parent = self.parent(name)
+        return isinstance(parent, cst.Attribute) and parent.attr is name
 
     def _helper_write(self, call: cst.Call) -> EffectKind | None:
         """What `call` writes when it runs a function of a module the conversion leaves as
