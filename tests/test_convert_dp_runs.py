@@ -9,12 +9,14 @@ original's (up to the order of additions)."""
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
 
 import pytest
 
 from autoaccel.convert.log import Amp, ConvertOptions
 from autoaccel.convert.pipeline import convert_source
+from autoaccel.convert.transforms.data_parallel.step_segments import RUN_CAN_TELL
 from running import run_under_harness
 from test_convert_runs import EXACT_REL
 
@@ -124,6 +126,23 @@ def test_flattened_input_converts_with_what_a_short_run_showed(cli, tmp_path: Pa
     assert "batch-first as a short run of the script showed: `x`" in result.stdout
     assert "loss, kl_div, reconst_loss = loss_on_gpus(x)\n" in out.read_text(encoding="utf-8")
     assert_trains_like_the_original(FIXTURES / "flattened_vae.py", out, tmp_path)
+
+
+def test_a_project_is_refused_when_the_run_trains_none_of_what_it_wraps(cli, tmp_path) -> None:
+    """fixtures/dp/gan_by_flag: gan.py gets DataParallel, acgan.py is refused, and the run
+    trains ACGAN (its `--gan` default). Eleventh unseen set (pytorch-generative-model-
+    collections): this was written, exit 0. The run also answers what acgan.py's forward
+    returns, which only the script's own module got before (the refusal said "a short run
+    can show" after the run)."""
+    shutil.copytree(FIXTURES / "gan_by_flag", tmp_path / "gan_by_flag")
+    result = cli("convert", "gan_by_flag/main.py", "--to", "dp", "--amp", "off", "-o", "out")
+    assert result.exit_code == 1, result.stderr
+    assert (
+        "acgan.py:42:1: error: loss inside forward (--to dp) not applied: `Discriminator.forward`"
+        " sets `self.features` (line 17)" in result.stderr
+    )
+    assert RUN_CAN_TELL not in result.stderr and not (tmp_path / "out").exists()
+    assert "gan.py: 4 changes" in result.stdout  # a DataParallel the run would never build
 
 
 def assert_trains_like_the_original(

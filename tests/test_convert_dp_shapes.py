@@ -13,9 +13,15 @@ from pathlib import Path
 import pytest
 
 from autoaccel.convert.command import needs_facts
-from autoaccel.convert.log import ConvertOptions
+from autoaccel.convert.log import Change, ConversionLog, ConvertOptions, Skipped
 from autoaccel.convert.pipeline import convert_source
 from autoaccel.convert.project_conversion import convert_project, find_project
+from autoaccel.convert.transforms.data_parallel import settle_project_refusals
+from autoaccel.convert.transforms.data_parallel.compute_loss_in_forward import (
+    _BY_HAND,
+    _STEP,
+    ComputeLossInForward,
+)
 from autoaccel.convert.transforms.data_parallel.step_segments import RUN_CAN_TELL
 from autoaccel.facts.model import Forward, RunFacts, Seen, Site
 from autoaccel.facts.resolve import ConversionFacts
@@ -169,6 +175,12 @@ def test_existing_data_parallel_is_upgraded() -> None:
             "`Diffusion.forward` moves tensors to `self.device` (`t = torch.randint(1, STEPS + 1,"
             " (x.shape[0],)).to(self.device)`)",
             id="device-kept-in-forward",
+        ),
+        pytest.param(  # eleventh unseen set (brain-segmentation U-Net): was written, exit 0
+            "batch_dice_loss.py",
+            34,
+            "a term of the loss does not average or sum over the batch",
+            id="batch-dice-loss",
         ),
     ],
 )
@@ -676,3 +688,30 @@ for batch in train_iter:
     )
     unknown = step.replace("train_iter = BucketIterator(train, batch_size=32)\n", "")
     assert "loss_on_gpus" in convert_source(unknown, DP).converted
+
+
+def test_a_loss_class_of_the_project_that_averages_is_split() -> None:
+    """The Dice fixture's loss class made a mean over its elements: its forward's `return`
+    is read (before, any loss class of the project was taken for a mean, unread)."""
+    source = (FIXTURES / "batch_dice_loss.py").read_text()
+    start = source.index("        y_pred = y_pred[:, 0]")
+    end = source.index("        return 1.0 - dsc\n") + len("        return 1.0 - dsc\n")
+    source = source[:start] + "        return ((y_pred - y_true) ** 2).mean()\n" + source[end:]
+    conversion = convert_source(source, ConvertOptions(target="dp", amp="off"), "train.py")
+    assert not [s for s in conversion.log.skipped if s.wrong]
+    assert "nn.DataParallel(" in conversion.converted
+
+
+@pytest.mark.parametrize(
+    ("trained", "refused"),
+    [(None, False), ({0}, True), ({1}, False), ({0, 1}, False)],
+    ids=["no-run", "run-trains-only-the-refused-file", "run-trains-the-wrapped-file", "both"],
+)
+def test_a_wrapper_elsewhere_settles_refusals_only_where_the_run_trains(trained, refused) -> None:
+    """File 0 refused its step, file 1 got a DataParallel: the refusal stands when a run
+    showed that only file 0 trains (a GAN class of its own, picked by a flag)."""
+    logs = [ConversionLog(), ConversionLog()]
+    logs[0].skipped.append(Skipped(_STEP, 40, "`C_fake` is not batch-first" + _BY_HAND, wrong=True))
+    logs[1].changes.append(Change(ComputeLossInForward.code, 25, "`D_loss` inside forward"))
+    settle_project_refusals(logs, trained)
+    assert logs[0].skipped[0].wrong is refused

@@ -118,3 +118,20 @@ def test_the_fixture_converts_with_nothing_scaled_or_refused():
     assert "        loss.backward()\n" in conversion.converted
     assert "WORLD_SIZE).backward()" not in conversion.converted
     assert not [s for s in conversion.log.skipped if s.wrong]
+
+
+@pytest.mark.parametrize(
+    "recon",
+    [
+        "1 - (2 * (x_recon * x).sum() + 1) / (x_recon.sum() + x.sum() + 1)",
+        "(x_recon * x).sum() / x.sum()",
+    ],
+    ids=["dice", "plain"],
+)
+def test_a_ratio_of_two_sums_over_the_batch_is_left_as_it_is(recon):
+    """A Dice loss (brain-segmentation U-Net's): a sum over the batch divided by another is
+    free of the batch's size, as a mean is; before its loss class was read, it was taken
+    for a mean unread, and reading it must not turn it into a refused mix of sums."""
+    body = BETA_VAE.format(recon=recon)
+    code, log = run_step(ScaleSummedLoss, body)
+    assert (code, log.changes, log.skipped) == (body, [], [])

@@ -32,6 +32,9 @@ class Reduction(Enum):
     NONE = "none"  # no loss reduction in sight (a constant, a model output)
     MEAN = "mean"
     SUM = "sum"
+    # a sum over the batch divided by another (a Dice loss): free of the batch's size, as a
+    # mean is, but not the mean of its parts' ratios
+    RATIO = "ratio of sums"
     SCALED = "scaled"  # a sum divided by a number not known to count its samples (`/ 255`)
     OVER_BATCH = "mean / batch size"  # a mean divided again by its batch's size
     MIXED = "mixed"  # one of those combined with other terms
@@ -44,8 +47,10 @@ class Reduction(Enum):
             return self
         if pair == {Reduction.SUM, Reduction.SCALED}:
             return Reduction.SCALED  # a weighted sum
-        if pair == {Reduction.MEAN, Reduction.NONE}:
-            return Reduction.MEAN  # a mean plus a constant (a regulariser) stays a mean
+        if Reduction.NONE in pair and pair & {Reduction.MEAN, Reduction.RATIO}:
+            return (pair - {Reduction.NONE}).pop()  # plus a constant (a regulariser): the same
+        if pair == {Reduction.MEAN, Reduction.RATIO}:
+            return Reduction.RATIO  # free of the batch's size, as both terms are
         return Reduction.MIXED
 
     def either(self, other: Reduction) -> Reduction:
@@ -127,6 +132,8 @@ class LossReductions:
         it sums over is a mean of this process's share; divided by anything else (a
         constant, the size of the dataset) it is a scaled sum. A mean divided by its
         batch's size grows as the batch shrinks."""
+        if self._sums(dividend, place, seen) and self._sums(divisor, place, seen):
+            return Reduction.RATIO  # `(2 * (p * t).sum() + 1) / (p.sum() + t.sum() + 1)`
         left, right = self._of(dividend, place, seen), self._of(divisor, place, seen)
         if right is not Reduction.NONE:
             return Reduction.MIXED
@@ -136,6 +143,17 @@ class LossReductions:
             self.batch_divisors.append((divisor, place.module))
             return Reduction.OVER_BATCH
         return left
+
+    def _sums(self, node: cst.BaseExpression, place: _Place, seen: frozenset) -> bool:
+        """Whether `node` is a sum over the batch, give or take a constant (`p.sum() + 1`)."""
+        if isinstance(node, cst.BinaryOperation) and isinstance(
+            node.operator, (cst.Add, cst.Subtract)
+        ):
+            left, right = self._of(node.left, place, seen), self._of(node.right, place, seen)
+            if Reduction.NONE in (left, right):
+                side = node.right if left is Reduction.NONE else node.left
+                return left is not right and self._sums(side, place, seen)
+        return self._of(node, place, seen) in (Reduction.SUM, Reduction.SCALED)
 
     def _call(self, node: cst.Call, place: _Place, seen: frozenset) -> Reduction:
         names = place.module.index.qualified_names(node.func)
@@ -158,10 +176,11 @@ class LossReductions:
             dividend = node.func.value  # type: ignore[attr-defined]
             return self._divided(dividend, node.args[0].value, place, seen)
         functions = self.script.program.callees.get(node, set()) if self.script.program else set()
+        losses = {o.cls for o in self.script.training.criteria if o.cls is not None}
         returned = [
             (value, _Place(f.node, f.module))
             for f in functions
-            if not (f.cls and f.cls.is_module)
+            if not (f.cls and f.cls.is_module) or f.cls in losses  # a model's forward is no loss
             for value in returned_values(f.node)
         ]
         if returned:

@@ -157,7 +157,7 @@ def convert_project(
     with fewer_collections():
         converted = _run(project, texts, options, logs, script_name, facts, histories)
         if options.target == "dp":
-            settle_project_refusals(logs)
+            settle_project_refusals(logs, _training_files(project, facts))
         changed = {i for i, (before, after) in enumerate(zip(texts, converted)) if before != after}
         again = converted
         if changed:  # Black's stability check: converting the result again changes no file
@@ -178,6 +178,16 @@ def convert_project(
             for file, text, result, log in zip(project.files, texts, converted, logs)
         ]
     )
+
+
+def _training_files(project: Project, facts: ConversionFacts | None) -> set[int] | None:
+    """The indexes of the files whose `backward()` calls the run of the script ran; None
+    without a run, or where they ran in none (a library's training loop)."""
+    if facts is None:
+        return None
+    ran = {c.site.path for c in facts.facts.calls if c.kind == "backward"}
+    files = {i for i, f in enumerate(project.files) if os.path.realpath(f.path) in ran}
+    return files or None
 
 
 def _run(

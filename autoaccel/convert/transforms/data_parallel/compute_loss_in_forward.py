@@ -18,6 +18,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.loss_reduction import LossReductions, Reduction
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.project import SCRIPT
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole, StepLoop
@@ -597,6 +598,15 @@ class ComputeLossInForward(StatementRewrite):
         key = name_key(call.func)
         if key not in self.script.criteria:
             return "mean"  # a functional loss called without keywords
+        if any(o.cls is not None for o in self.script.values(call.func)):
+            # a loss class of the project (`DiceLoss()`): its forward's `return` tells
+            index = self.script.index
+            assert index is not None
+            scope = next(
+                (a for a in index.ancestors(call) if isinstance(a, cst.FunctionDef)), index.module
+            )
+            found = LossReductions(self.script).of(call, scope)
+            return {Reduction.MEAN: "mean", Reduction.SUM: "sum"}.get(found)
         reductions: set[object] = set()
         for statement in find(self.tree, cst.SimpleStatementLine):
             assign = single_assign(statement)
@@ -833,11 +843,18 @@ class ComputeLossInForward(StatementRewrite):
         )
 
 
-def settle_project_refusals(logs: list[ConversionLog]) -> None:
+def settle_project_refusals(logs: list[ConversionLog], trained: set[int] | None = None) -> None:
     """`--to dp` of a project refuses where no file gets a DataParallel. Where one does,
     a step left alone in another file (a warm-up stage its conversion cannot move)
-    trains on one GPU as before: noted, no longer a refusal."""
-    if not any(change.code == ComputeLossInForward.code for log in logs for change in log.changes):
+    trains on one GPU as before: noted, no longer a refusal. Where a run showed which
+    files train (`trained`: indexes into `logs`), only a DataParallel in one of them
+    counts: one in a GAN class the run never builds speeds up nothing."""
+    added = {
+        i
+        for i, log in enumerate(logs)
+        if any(change.code == ComputeLossInForward.code for change in log.changes)
+    }
+    if not added or (trained is not None and not added & trained):
         return
     for log in logs:
         log.skipped = [

@@ -176,7 +176,7 @@ class SegmentFinder:
         self.t = transform
         self.script = transform.script
         self.backward = backward
-        self.facts: FactsResolver | None = transform.run_facts()
+        self.facts: FactsResolver | None = transform.module_facts()
         self.established: list[str] = []
 
     # -- helpers --------------------------------------------------------------------
