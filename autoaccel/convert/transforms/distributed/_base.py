@@ -227,7 +227,24 @@ def distributed_modules(
             for call in find(module.tree, cst.Call)
             if (helper := sole_callee(program, call)) is not None and _makes_a_log_writer(helper)
         }
+        | {
+            helper.module
+            for module in loop_modules
+            for call in find(module.tree, cst.Call)
+            if target in (None, "fsdp")
+            and (helper := sole_callee(program, call)) is not None
+            and helper.module not in loop_modules
+            and _loads_a_state_dict(helper)
+            and _given_trained_model(program, training, call, module)
+        }
     )
+
+
+def _loads_a_state_dict(function: FunctionInfo) -> bool:
+    """Whether `function` calls `.load_state_dict(...)`: CIFAR-ZOO's `load_checkpoint(path,
+    net, optimizer)` loads into the model it is given, which under FSDP must take the
+    whole state dict through `load_full_state_dict` in that module."""
+    return any(is_method_call(c, "load_state_dict") for c in find(function.node, cst.Call))
 
 
 def _makes_a_log_writer(function: FunctionInfo) -> bool:
