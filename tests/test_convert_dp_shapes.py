@@ -244,6 +244,7 @@ for x, y in loader:
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+print(model.features.norm())
 """
 
 
@@ -715,3 +716,15 @@ def test_a_wrapper_elsewhere_settles_refusals_only_where_the_run_trains(trained,
     logs[1].changes.append(Change(ComputeLossInForward.code, 25, "`D_loss` inside forward"))
     settle_project_refusals(logs, trained)
     assert logs[0].skipped[0].wrong is refused
+
+
+def test_an_attribute_forward_only_sets_is_no_refusal() -> None:
+    """`self.aux` set in forward and read by nothing: lost on a replica harmlessly, so the
+    step converts (the fixture reads it after the call, and is refused)."""
+    source = (FIXTURES / "forward_attribute.py").read_text()
+    source = source.replace(" + 0.01 * model.aux", "").replace(
+        "model = Sparse()", 'model = Sparse().to("cuda" if torch.cuda.is_available() else "cpu")'
+    )
+    conversion = convert_source(source, DP, str(FIXTURES / "forward_attribute.py"))
+    assert not [s for s in conversion.log.skipped if s.wrong]
+    assert "nn.DataParallel(" in conversion.converted

@@ -1446,7 +1446,11 @@ class SegmentFinder:
                         continue
                     for target in find(method.node, (cst.AssignTarget, cst.AugAssign)):
                         node = target.target
-                        if isinstance(node, cst.Attribute) and _of_self(node):
+                        if (
+                            isinstance(node, cst.Attribute)
+                            and _of_self(node)
+                            and (isinstance(target, cst.AugAssign) or self._read(node.attr.value))
+                        ):
                             raise Refused(
                                 f"`{cls.name}.forward` sets `self.{node.attr.value}` ({self._place(method, target)}):"
                                 " `nn.DataParallel` sets it on a replica, and the model never sees it",
@@ -1469,6 +1473,26 @@ class SegmentFinder:
                                 " of the batch there; use an input's device (`x.device`)",
                                 s,
                             )
+
+    def _read(self, attribute: str) -> bool:
+        """Whether the program reads an attribute named `attribute` anywhere, of any
+        object (`model.features`, `self.features`): one that is only ever set
+        (`self.features = h` in forward, kept for debugging) is lost on a replica
+        harmlessly. An over-count, by name: it keeps refusals, never adds a wrong write."""
+        program = self.script.program
+        modules = program.modules if program is not None else [self.script.module]
+        for module in modules:
+            set_here = {
+                t.target.attr
+                for t in find(module.tree, cst.AssignTarget)
+                if isinstance(t.target, cst.Attribute)
+            }
+            if any(
+                a.attr.value == attribute and a.attr not in set_here
+                for a in find(module.tree, cst.Attribute)
+            ):
+                return True
+        return False
 
     def _place(self, method, node: cst.CSTNode) -> str:
         """Where `node` of `method` is: its line, or its file and line in another module."""
