@@ -713,6 +713,29 @@ def test_set_epoch_is_not_added_where_the_training_function_sets_it():
     assert code == body and not log.changes
 
 
+def test_set_epoch_by_hand_names_a_loader_where_the_loop_reads_an_expression():
+    """`loaders[phase]` of a train/valid phase loop has no name: the note said
+    `None.sampler.set_epoch(epoch)`."""
+    source = dedent("""\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        loaders = {"train": DataLoader(data, batch_size=8, shuffle=True)}
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for phase in ["train"]:
+                for x, y in loaders[phase]:
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+        """)
+    (skip,) = [s for s in convert_source(source, DDP).log.skipped if s.what == "set_epoch"]
+    assert "`train_loader.sampler.set_epoch(epoch)` (its training DataLoader's)" in skip.reason
+
+
 # -- gradient accumulation -------------------------------------------------------------------
 ACCUMULATION = dedent("""\
     optimizer = torch.optim.AdamW(model.parameters())

@@ -92,8 +92,9 @@ class SetSamplerEpoch(DistributedStep):
                 return
         self.skipped(
             "set_epoch",
-            f"no epoch loop found around this training loop; call `{loop.loader}.sampler.set_epoch(epoch)`"
-            " at the start of every epoch by hand",
+            "no epoch loop found around this training loop; call"
+            f" `{loop.loader or 'train_loader'}.sampler.set_epoch(epoch)` (its training"
+            " DataLoader's) at the start of every epoch by hand",
             loop.node if loop.module is self.script.module else sites[0],
         )
 
