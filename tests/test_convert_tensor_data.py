@@ -480,3 +480,36 @@ def test_offsets_whose_steps_hand_on_a_hidden_state_are_refused(options):
         "this training loop reads its data in order and hands `hidden` from each step to the next"
     )
     assert "`data.chunk(WORLD_SIZE)[RANK]`" in skip.reason
+
+
+# -- a loop over the phases of an epoch ------------------------------------------------------
+def test_a_phase_loop_shards_its_training_loader_only():
+    """Eleventh unseen set (brain-segmentation U-Net): both loaders of `loaders[phase]` were
+    sharded, and `i * args.batch_size` of the validation branch refused as the training
+    step's; set_epoch had no loader to name (`None.sampler`)."""
+    conversion = convert_fixture("ddp/phase_loop.py")
+    assert not wrong(conversion.log)
+    code = conversion.converted
+    assert '    "valid": DataLoader(valid, batch_size=args.batch_size),\n' in code
+    assert (
+        "train_sampler = DistributedSampler(train, shuffle=True) if DISTRIBUTED else None" in code
+    )
+    assert (
+        "for epoch in range(args.epochs):\n    if DISTRIBUTED:\n"
+        '        loaders["train"].sampler.set_epoch(epoch)\n'
+    ) in code
+    assert "                    if i * args.batch_size < args.vis_images:\n" in code
+    assert convert(code).converted == code
+
+
+def test_a_batch_size_read_in_the_training_phase_is_still_the_training_step_s():
+    source = (
+        (FIXTURES / "ddp/phase_loop.py")
+        .read_text()
+        .replace(
+            'if phase == "valid":\n                    if i * args.batch_size',
+            'if phase == "train":\n                    if i * args.batch_size',
+        )
+    )
+    (skip,) = wrong(convert(source).log)
+    assert skip.what == "per-process batch"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.phases import phases_of
 from autoaccel.analysis.program import TENSOR_TYPES, Kind
 from autoaccel.analysis.script_model import Missing, Unknown
 from autoaccel.analysis.shapes import find, is_method_call, is_name
@@ -49,7 +50,7 @@ class FollowPerProcessBatch(DistributedStep):
             return
         in_training = {
             read for code in self.train_code() for read in find(code, (cst.Name, cst.Attribute))
-        }
+        } - self._in_evaluation_phases()
         trained = {key for read in in_training if (key := name_key(read)) is not None}
         for read in find(node, (cst.Name, cst.Attribute)):
             if size_key(read) not in sizes or self._is_part_of_name(read):
@@ -60,6 +61,22 @@ class FollowPerProcessBatch(DistributedStep):
                 self._follow(read)
             elif self._shapes_a_buffer_of_the_step(read, trained):
                 self._shape(read, "a tensor the training step reads")
+
+    def _in_evaluation_phases(self) -> set[cst.CSTNode]:
+        """The reads of the training loops over `loaders[phase]` that run only in phases
+        that do not train (`if phase == "val": ... i * args.batch_size`): their loader
+        keeps the global batch."""
+        index = self.script.index
+        found: set[cst.CSTNode] = set()
+        for step in self.script.step_loops.values():
+            phases = phases_of(step, index) if index is not None else None
+            if phases is not None:
+                found |= {
+                    read
+                    for read in find(step.node.body, (cst.Name, cst.Attribute))
+                    if phases.in_evaluation(read, index)  # type: ignore[arg-type]
+                }
+        return found
 
     def _batch_size_variables(self) -> set[str]:
         """The variables (`batch_size`, `args.batch_size`) the sharded training loaders

@@ -19,6 +19,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.names import name_key
+from autoaccel.analysis.phases import phases_of
 from autoaccel.analysis.program import Program
 from autoaccel.analysis.shapes import bound_names, find, method_calls
 from autoaccel.analysis.training import LoopRole, StepLoop
@@ -69,6 +70,8 @@ class SetSamplerEpoch(DistributedStep):
         function = self.scope_of(loop.node)
         if function is not None and method_calls(function.body, "set_epoch"):
             return  # the function that trains an epoch sets it (`train_sampler.set_epoch(epoch)`)
+        if self._set_epoch_around_phases(loop):
+            return
         if _epoch_loop(loop) is not None:
             self._set_epoch_around([loop.node], loop)
             return
@@ -78,6 +81,24 @@ class SetSamplerEpoch(DistributedStep):
         if any(not self._here(site) for site in sites):
             return  # called from another module: its own conversion sets it there
         self._set_epoch_around(sites, loop)
+
+    def _set_epoch_around_phases(self, loop: StepLoop) -> bool:
+        """`loaders["train"].sampler.set_epoch(epoch)` at the top of the epoch loop around
+        a loop over the phases (`for phase in ["train", "val"]:`) whose one training phase
+        reads `loaders["train"]`. Whether it was one."""
+        index = self.script.index
+        phases = phases_of(loop, index) if index is not None else None
+        if phases is None or len(phases.training) != 1:
+            return False
+        epoch_loop = next(
+            (a for a in self.ancestors(phases.phase_loop) if isinstance(a, (cst.For, cst.While))),
+            None,
+        )
+        if epoch_loop is None:
+            return False
+        (phase,) = phases.training
+        self._insert(epoch_loop, f"{phases.holder}[{phases.keys[phase].value}]", phases.phase_loop)
+        return True
 
     def _set_epoch_around(self, sites: Sequence[cst.CSTNode], loop: StepLoop) -> None:
         """Set the epoch at the top of the innermost `for` loop of this module around one

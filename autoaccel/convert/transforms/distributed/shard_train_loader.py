@@ -25,6 +25,7 @@ from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.loss_reduction import reaching_values
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.permuted_rows import permuted_batches
+from autoaccel.analysis.phases import phases_of
 from autoaccel.analysis.program import FunctionInfo, Kind, SourceModule
 from autoaccel.analysis.rank_guards import mentions_rank, names_in
 from autoaccel.analysis.script_model import LoopRole, Missing, ScriptModel
@@ -170,6 +171,13 @@ class ShardTrainLoader(DistributedStep):
                 f"`{flag.function.name}()` makes it only where `{flag.name}` is {flag.value},"
                 f" and the training loops read its calls with `{flag.name}={not flag.value}`",
             )
+        for call, phase in self._evaluation_phases().items():
+            loaders.discard(call)
+            self._leave_whole(
+                call,
+                f"the training loop reads it in its `{phase}` phase, in which no backward()"
+                " runs: an evaluation",
+            )
         for call, batches in self._untrained(loaders).items():
             loaders.discard(call)
             self._leave_whole(
@@ -244,6 +252,34 @@ class ShardTrainLoader(DistributedStep):
             f"no training DataLoader: {why}; left whole: each process reads all of it",
             call,
         )
+
+    def _evaluation_phases(self) -> dict[cst.Call, str]:
+        """The DataLoader calls a training loop over `loaders[phase]` reads only in the
+        phases that do not train (`fixtures/ddp/phase_loop.py`), each with its phase."""
+        program, index = self.script.program, self.script.index
+        if program is None or index is None or self.script.module is None:
+            return {}
+        found: dict[cst.Call, str] = {}
+        trained: set[cst.CSTNode] = set()
+        for step in self.script.step_loops.values():
+            phases = phases_of(step, index) if step.role is LoopRole.TRAIN else None
+            for phase, expression in phases.loaders.items() if phases else ():
+                for obj in program.values_of(expression, self.script.module):
+                    if obj.kind is not Kind.LOADER or not isinstance(obj.node, cst.Call):
+                        continue
+                    if phase in phases.training:  # type: ignore[union-attr]
+                        trained.add(obj.node)
+                    else:
+                        found.setdefault(obj.node, phase)
+        return {call: phase for call, phase in found.items() if call not in trained}
+
+    def _keyed_name(self, call: cst.Call) -> str | None:
+        """`train_loader` for the loader of `{"train": DataLoader(...), ...}`: its sampler
+        is then `train_sampler`."""
+        element = self.parent(call)
+        key = element.key if isinstance(element, cst.DictElement) else None
+        word = key.evaluated_value if isinstance(key, cst.SimpleString) else None
+        return f"{word}_loader" if isinstance(word, str) and word.isidentifier() else None
 
     def _untrained(self, loaders: set[cst.Call]) -> dict[cst.Call, int]:
         """The calls among `loaders` of a helper that makes several of them (a training and
@@ -747,7 +783,7 @@ class ShardTrainLoader(DistributedStep):
             self._shard_through_kwargs(call)
             return
         statement = self.statement_of(call)
-        target = _assigned_name(statement) or _returned(statement, call)
+        target = self._keyed_name(call) or _assigned_name(statement) or _returned(statement, call)
         dataset = (
             call.args[0].value
             if call.args and call.args[0].keyword is None
