@@ -2076,3 +2076,29 @@ def test_a_host_generator_the_script_seeds_and_trains_with_is_reseeded_by_rank()
     assert (
         "np.random.get_state" not in convert_source(untouched, DDP).converted
     )  # not drawn in training
+
+
+# -- buffers that never change -----------------------------------------------------------------
+CONSTANT_BUFFER = Path(__file__).resolve().parent.parent / "fixtures" / "ddp" / "constant_buffer.py"
+
+
+@pytest.mark.parametrize(
+    ("change", "constant"),
+    [
+        ((), True),
+        (("        return x + self.pe", "        self.pe.mul_(1.0)\n        return x + self.pe"), False),
+        (("self.head = nn.Linear(width, 1)", "self.head = nn.Sequential(nn.BatchNorm1d(12), nn.Linear(width, 1))"), False),
+        (('self.register_buffer("pe", pe)', "self.register_buffer(NAME, pe)"), False),
+    ],
+    ids=["constant", "changed-in-place", "running-statistics", "name-not-literal"],
+)  # fmt: skip
+def test_buffers_that_never_change_are_not_broadcast(change, constant):
+    """A positional encoding registered as a strided view (`pe.unsqueeze(0).transpose(0,
+    1)`, eleventh unseen set) failed DDP's broadcast of the buffers at every forward; one
+    that nothing changes needs none. Any buffer that may change keeps the default."""
+    source = CONSTANT_BUFFER.read_text()
+    if change:
+        source = source.replace(*change)
+    code = convert_source(source, DDP, str(CONSTANT_BUFFER)).converted
+    assert ("        broadcast_buffers=False,\n" in code) is constant
+    assert ("# (`pe` never changes in training: no broadcast" in code) is constant

@@ -479,6 +479,7 @@ verified = runs_fixture(start_runs)
         "early_stopping_epochs.py",  # before: a process left the epoch loop alone, the other crashed
         "iteration_passes.py",  # before: the same order in every pass
         "phase_loop.py",  # before: refused (the validation branch's batch size), set_epoch missing
+        "constant_buffer.py",  # before: DDP's buffer broadcast crashed on a strided `pe`
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

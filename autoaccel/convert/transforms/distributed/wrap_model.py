@@ -17,7 +17,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Kind, Obj
+from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Program
 from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.analysis.shapes import find, is_method_call, is_name, is_no_grad_block, name_calls
 from autoaccel.analysis.side_effects import PRINTS
@@ -197,6 +197,12 @@ class WrapModel(DistributedStep):
         if unused:
             verb, them = ("get", "them") if unused[1:] else ("gets", "it")
             note += f"# ({', '.join(f'`{u}`' for u in unused)} {verb} no gradient: DDP must not wait for {them})\n"
+        constant = _constant_buffers(self, key)
+        if constant:
+            verb = "never change" if ", " in constant else "never changes"
+            note += (
+                f"# ({constant} {verb} in training: no broadcast from rank 0 at every forward)\n"
+            )
         self.after.setdefault(model.anchor, []).extend(
             parse_statements(
                 "# trained through DDP when distributed: gradients are averaged in backward()\n"
@@ -205,14 +211,16 @@ class WrapModel(DistributedStep):
                 f"if {condition}:\n"
                 f"    {wrapper} = DDP({key}, device_ids=[{LOCAL_RANK}]"
                 f" if next({key}.parameters()).is_cuda else None"
-                f"{', find_unused_parameters=True' if unused else ''})\n"
+                f"{', find_unused_parameters=True' if unused else ''}"
+                f"{', broadcast_buffers=False' if constant else ''})\n"
             )
         )
         self.imports.append(DDP_IMPORT)
         self.changed(
             model.anchor,
             f"`{wrapper}`: `{key}` wrapped in DistributedDataParallel for training"
-            f" (gradients averaged over processes){' where it has trainable parameters' if note else ''};"
+            f" (gradients averaged over processes){' where it has trainable parameters' if may_be_frozen else ''}"
+            f"{'; its constant buffers not broadcast at every forward' if constant else ''};"
             f" `{key}` stays the bare model",
         )
 
@@ -830,6 +838,69 @@ def _optimized(attribute: str, models: list, sources: Sources) -> bool:
         or not values.isdisjoint(models)
         for source, values, _ in sources
     )
+
+
+# Layers whose buffers change in training (running statistics).
+_RUNNING_STATISTICS = frozenset(
+    f"torch.nn.{name}"
+    for name in (
+        "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InstanceNorm1d",
+        "InstanceNorm2d", "InstanceNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d",
+        "LazyBatchNorm3d", "LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d",
+    )
+)  # fmt: skip
+
+
+def _constant_buffers(step: DistributedStep, key: str) -> str:
+    """The buffers the project's classes register (`self.register_buffer("pe", pe)`), as
+    a list to show, when the model `key` is one of the project's classes and no buffer of
+    the program ever changes: every one is registered under a literal name that no code
+    assigns or changes in place again (`self.pe.mul_(...)`), and no layer keeps running
+    statistics. DDP then need not broadcast them from rank 0 at every forward (it does
+    by default, and fails on a strided view such as `pe.unsqueeze(0).transpose(0, 1)`:
+    transformer time-series in the eleventh unseen set); empty otherwise."""
+    program = step.script.program
+    held = {o for o in step.script.held_by(key) if o.kind is Kind.MODULE}
+    if program is None or not held or any(o.cls is None for o in held):
+        return ""
+    names: list[str] = []
+    for module in program.modules:
+        calls = find(module.tree, cst.Call)
+        if any(module.index.qualified_names(c.func) & _RUNNING_STATISTICS for c in calls):
+            return ""
+        for call in calls:
+            if is_method_call(call, "register_buffer"):
+                name = call.args[0].value if call.args else None
+                if not isinstance(name, cst.SimpleString):
+                    return ""
+                names.append(str(name.evaluated_value))
+    if not names or any(_changed(program, name) for name in names):
+        return ""
+    return ", ".join(f"`{name}`" for name in dict.fromkeys(names))
+
+
+def _changed(program: Program, name: str) -> bool:
+    """Whether any code of the program assigns an attribute `name` (`self.pe = ...`,
+    `self.pe[0] = ...`) or calls an in-place method on it (`self.pe.add_(...)`, a
+    name ending in `_`); by name, of any object: an over-count."""
+    for module in program.modules:
+        for target in find(module.tree, (cst.AssignTarget, cst.AugAssign)):
+            assert isinstance(target, (cst.AssignTarget, cst.AugAssign))
+            node: cst.BaseExpression = target.target
+            while isinstance(node, cst.Subscript):
+                node = node.value
+            if isinstance(node, cst.Attribute) and node.attr.value == name:
+                return True
+        for call in find(module.tree, cst.Call):
+            func = call.func
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value.endswith("_")
+                and isinstance(func.value, cst.Attribute)
+                and func.value.attr.value == name
+            ):
+                return True
+    return False
 
 
 def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] | None:
