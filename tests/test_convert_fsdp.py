@@ -592,3 +592,15 @@ def test_a_function_saving_the_global_optimizer_of_the_global_model_gathers_both
     conversion = convert_source(GLOBAL_STATE, FSDP, "train.py")
     assert refusals(conversion) == []
     assert "full_optimizer_state_dict(model, optimizer)" in conversion.converted
+
+
+def test_each_optimizer_s_state_is_gathered_with_the_model_it_trains():
+    """Twelfth unseen set (a DCGAN): two sharded models, two optimizers saved in one dict."""
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp" / "gan_checkpoint.py"
+    conversion = convert_source(path.read_text(), FSDP, str(path))
+    assert refusals(conversion) == []
+    for model, optimizer in (("netG", "optimizerG"), ("netD", "optimizerD")):
+        assert (
+            f"{optimizer}_state = full_optimizer_state_dict({model}, {optimizer})\n"
+            in conversion.converted
+        )

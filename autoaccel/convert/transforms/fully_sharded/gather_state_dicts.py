@@ -23,6 +23,7 @@ import libcst as cst
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
 from autoaccel.analysis.shapes import bound_names, find, is_method_call, is_name
+from autoaccel.analysis.training import optimized_parameters
 from autoaccel.convert.transforms.distributed._base import (
     DIST_IMPORT,
     DistributedStep,
@@ -90,7 +91,9 @@ class GatherStateDicts(DistributedStep):
             owner = name_key(call.func.value)  # type: ignore[attr-defined]
             model = owner if owner in sharded else None
             if model is None and owner in optimizers:
-                model = self._model_in_scope(call, models, set(sharded))
+                model = self._model_in_scope(call, models, set(sharded)) or self._optimized_model(
+                    call.func.value, set(sharded)  # type: ignore[attr-defined]
+                )
                 if model is None:
                     self._refuse(
                         call,
@@ -234,6 +237,23 @@ class GatherStateDicts(DistributedStep):
         bound_here = scope is None or scope in binds
         read_global = None in binds and scope not in binds
         return model if bound_here or read_global or model.startswith("self.") else None
+
+    def _optimized_model(self, optimizer: cst.BaseExpression, sharded: set[str]) -> str | None:
+        """The one sharded model whose parameters the optimizer `optimizer` holds, by the
+        program's values (a GAN's checkpoint saves `optimizerG` and `optimizerD` beside
+        `netG` and `netD`); None where that is not one."""
+        program = self.script.program
+        if program is None:
+            return None
+        given = self.script.values(optimizer)
+        models = {
+            model
+            for made, parameters in optimized_parameters(program)
+            if made in given
+            for model in program.parameters_of(parameters)
+        }
+        holding = [key for key in sorted(sharded) if set(self.script.held_by(key)) & models]
+        return holding[0] if len(holding) == 1 else None
 
     def _in_helper(self, call: cst.Call) -> bool:
         """Whether `call` is the plain-module branch of one of the helpers."""
