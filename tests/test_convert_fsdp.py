@@ -604,3 +604,17 @@ def test_each_optimizer_s_state_is_gathered_with_the_model_it_trains():
             f"{optimizer}_state = full_optimizer_state_dict({model}, {optimizer})\n"
             in conversion.converted
         )
+
+
+def test_a_state_dict_saved_inside_a_with_block_is_gathered_before_it():
+    """Twelfth unseen set (VQ-VAE): `with open(path, "wb") as f: torch.save(model.state_dict(),
+    f)`; the gathering went inside the block, which goes on rank 0 whole: refused."""
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp" / "save_in_with.py"
+    conversion = convert_source(path.read_text(), FSDP, str(path))
+    assert refusals(conversion) == []
+    assert (
+        "    model_state = full_state_dict(model)\n"
+        "    if RANK == 0:\n"
+        '        with open("model_{0}.pt".format(epoch + 1), "wb") as f:\n'
+        "            torch.save(model_state, f)\n"
+    ) in conversion.converted

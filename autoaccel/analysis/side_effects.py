@@ -228,7 +228,7 @@ class _Collector(cst.CSTVisitor):
             if name in _BY_NAME:
                 return _BY_NAME[name]
         if names & OPENS:
-            return EffectKind.FILE_WRITE if _opens_for_writing(call) else None
+            return EffectKind.FILE_WRITE if opens_for_writing(call) else None
         if not names and is_attribute(call.func, *_WRITING_METHODS):
             return EffectKind.FILE_WRITE
         func = call.func
@@ -266,7 +266,8 @@ def opening_mode(call: cst.Call) -> cst.BaseExpression | None:
     return mode
 
 
-def _opens_for_writing(call: cst.Call) -> bool:
+def opens_for_writing(call: cst.Call) -> bool:
+    """Whether an `open(...)` call's mode may write (`"w"`, `"ab"`, `"r+"`, a mode it cannot read)."""
     mode = opening_mode(call)
     if mode is None:
         return False  # "r"

@@ -22,6 +22,7 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import mentions_rank
+from autoaccel.analysis.side_effects import OPENS, opens_for_writing
 from autoaccel.analysis.shapes import bound_names, find, is_method_call, is_name
 from autoaccel.analysis.training import optimized_parameters
 from autoaccel.convert.transforms.distributed._base import (
@@ -150,7 +151,7 @@ class GatherStateDicts(DistributedStep):
             else FULL_STATE_EVERYWHERE if everywhere else FULL_STATE
         )
         arguments = f"{model}, {optimizer}" if optimizer else model
-        statement = self.statement_of(call)
+        statement = self._file_written_around(call) or self.statement_of(call)
         self.before.setdefault(statement, []).extend(
             parse_statements(f"{name} = {helper}({arguments})\n")
         )
@@ -162,6 +163,23 @@ class GatherStateDicts(DistributedStep):
             + ("every process, for the model it is copied into" if everywhere else "rank 0"),
         )
         return True
+
+    def _file_written_around(self, call: cst.Call) -> cst.With | None:
+        """The outermost `with open(path, "wb") as f:` around `call` in its loop or function
+        (VQ-VAE's `torch.save(model.state_dict(), f)` inside one): the block goes on rank 0
+        whole, while every process must gather, so the gathering goes before it."""
+        found = None
+        for ancestor in self.ancestors(call):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda, cst.For, cst.While)):
+                break
+            if isinstance(ancestor, cst.With) and any(
+                isinstance(item.item, cst.Call)
+                and self.qualified_names(item.item.func) & OPENS
+                and opens_for_writing(item.item)
+                for item in ancestor.items
+            ):
+                found = ancestor
+        return found
 
     def _decide_on_rank_zero(self, call: cst.Call) -> None:
         """Plan `first_process_decides(...)` around the tests of the `if`s around `call` (in its
