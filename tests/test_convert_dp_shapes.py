@@ -176,6 +176,12 @@ def test_existing_data_parallel_is_upgraded() -> None:
             " (x.shape[0],)).to(self.device)`)",
             id="device-kept-in-forward",
         ),
+        pytest.param(  # twelfth unseen set (SimCLR): was written, exit 0
+            "contrastive_pairs.py",
+            33,
+            "`nt_xent` compares every sample with every other: `z @ z.t()`",
+            id="contrastive-pairs",
+        ),
         pytest.param(  # eleventh unseen set (brain-segmentation U-Net): was written, exit 0
             "batch_dice_loss.py",
             34,
@@ -728,3 +734,28 @@ def test_an_attribute_forward_only_sets_is_no_refusal() -> None:
     conversion = convert_source(source, DP, str(FIXTURES / "forward_attribute.py"))
     assert not [s for s in conversion.log.skipped if s.wrong]
     assert "nn.DataParallel(" in conversion.converted
+
+
+@pytest.mark.parametrize(
+    "similarity",
+    [
+        "torch.mm(z, z.t())",
+        "z.matmul(z.T)",
+        "F.cosine_similarity(z.unsqueeze(1), z.unsqueeze(0), dim=-1)",
+    ],
+)
+def test_other_spellings_of_a_similarity_matrix_pair_samples(similarity: str) -> None:
+    source = (FIXTURES / "contrastive_pairs.py").read_text()
+    source = source.replace("z @ z.t()", similarity)
+    (skip,) = [s for s in convert_source(source, DP, "train.py").log.skipped if s.wrong]
+    assert "compares every sample with every other" in skip.reason
+
+
+def test_a_product_with_a_weight_is_no_pairing() -> None:
+    """`z @ self.weight`-like products of the batch with something else stay per sample."""
+    source = (FIXTURES / "contrastive_pairs.py").read_text()
+    source = source.replace("z @ z.t() / temperature", "z @ PROTOTYPES").replace(
+        "\n\ndef nt_xent", "\nPROTOTYPES = torch.randn(4, 32)\n\n\ndef nt_xent"
+    )
+    skipped = [s for s in convert_source(source, DP, "train.py").log.skipped if s.wrong]
+    assert not any("compares every sample" in s.reason for s in skipped)

@@ -1744,7 +1744,13 @@ def _how_it_pairs(function) -> str | None:
     index = function.module.index
     params = {p.name.value for p in function.node.params.params} - {"self"}
     picked: set[str] = set()  # indices computed from the arguments by the project's code
+    derived = set(params)  # the arguments, and what the function computes from them
     for s in find(function.node.body, cst.SimpleStatementLine):
+        if read(s) & derived:
+            derived |= assigned(s)
+        similarity = _similarities(s, derived, index)
+        if similarity is not None:
+            return f"compares every sample with every other: `{code_of(similarity)}`"
         for call in find(s, cst.Call):
             qualified = index.qualified_names(call.func)
             if not read(call) & params:
@@ -1763,6 +1769,70 @@ def _how_it_pairs(function) -> str | None:
                     " the batch"
                 )
     return None
+
+
+def _similarities(
+    statement: cst.CSTNode, derived: set[str], index: ModuleIndex
+) -> cst.CSTNode | None:
+    """A product of the batch with itself in `statement` (a contrastive loss's similarity
+    matrix): `z @ z.t()`, `torch.mm(a, b.T)`, or a broadcast of two of its tensors against
+    each other (`cos(z1.unsqueeze(-2), z2.unsqueeze(-3))`), each operand computed from
+    the `derived` names."""
+    for node in find(statement, (cst.BinaryOperation, cst.Call)):
+        operands: list[cst.BaseExpression] = []
+        if isinstance(node, cst.BinaryOperation):
+            if isinstance(node.operator, cst.MatrixMultiply):
+                operands = [node.left, node.right]
+        elif isinstance(node, cst.Call):
+            func = node.func
+            if index.qualified_names(func) & _MATRIX_PRODUCTS:
+                operands = [a.value for a in node.args[:2]]
+            elif _method(func, "mm", "matmul") and node.args:
+                operands = [func.value, node.args[0].value]  # type: ignore[attr-defined]
+            elif _broadcast_against_itself(node, derived):
+                return node
+        if len(operands) == 2 and read(operands[0]) & derived and _transposed(operands[1], derived):
+            return node
+    return None
+
+
+_MATRIX_PRODUCTS = frozenset({"torch.mm", "torch.matmul"})
+
+
+def _method(func: cst.BaseExpression, *names: str) -> bool:
+    return isinstance(func, cst.Attribute) and func.attr.value in names
+
+
+def _transposed(node: cst.BaseExpression, derived: set[str]) -> bool:
+    """Whether `node` is a matrix of the batch turned on its side (`z.t()`, `z.T`,
+    `z.transpose(0, 1)`): a product with it meets every sample with every other. (A
+    batched `k.transpose(-2, -1)` of attention pairs positions within each sample.)"""
+    inner: cst.BaseExpression | None = None
+    if isinstance(node, cst.Attribute) and node.attr.value == "T":
+        inner = node.value
+    elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        method = node.func.attr.value
+        dims = {code_of(a.value) for a in node.args}
+        if (method == "t" and not dims) or (method == "transpose" and dims == {"0", "1"}):
+            inner = node.func.value
+    return inner is not None and bool(read(inner) & derived)
+
+
+def _broadcast_against_itself(call: cst.Call, derived: set[str]) -> bool:
+    """`f(z1.unsqueeze(-2), z2.unsqueeze(-3))`: two tensors of the batch given new axes in
+    different places, so that every sample meets every other."""
+    axes = set()
+    for arg in call.args:
+        value = arg.value
+        if (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "unsqueeze"
+            and value.args
+            and read(value.func.value) & derived
+        ):
+            axes.add(code_of(value.args[0].value))
+    return len(axes) > 1
 
 
 def _element_index(target: cst.Tuple | cst.List, name: str) -> int | None:
