@@ -618,3 +618,18 @@ def test_a_state_dict_saved_inside_a_with_block_is_gathered_before_it():
         '        with open("model_{0}.pt".format(epoch + 1), "wb") as f:\n'
         "            torch.save(model_state, f)\n"
     ) in conversion.converted
+
+
+def test_a_method_that_saves_the_state_dict_gathers_on_every_process():
+    """Twelfth unseen set (icpm's Solver): `save()` returned early on the other processes,
+    before the gathering, and `torch.save(...)` was taken for a call of that `save()`."""
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp" / "save_method.py"
+    conversion = convert_source(path.read_text(), FSDP, str(path))
+    assert refusals(conversion) == []
+    assert (
+        "    def save(self):\n"
+        "        model_state = full_state_dict(self.model)\n"
+        "        if RANK == 0:\n"
+        '            torch.save(model_state, "model.pth")\n'
+        '            print("saved")\n'
+    ) in conversion.converted

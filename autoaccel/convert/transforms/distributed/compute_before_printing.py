@@ -44,6 +44,7 @@ class ComputeBeforePrinting(DistributedStep):
         self.hoisted: dict[cst.Call, cst.Name] = {}
         models, functions = self.models(node), script_functions(node)
         runners = model_runners(node, models, self.collectives)
+        modules = imported_modules(node)
         bound = {name_key(t.target) for t in find(node, cst.AssignTarget)}
         for call in find(node, cst.Call):
             if not self.qualified_names(call.func) & PRINTS or rank_guarded(
@@ -54,7 +55,8 @@ class ComputeBeforePrinting(DistributedStep):
             inner = [
                 c
                 for c in find(call, cst.Call)
-                if c is not call and runs_model(c, models, functions, self.collectives, runners)
+                if c is not call
+                and runs_model(c, models, functions, self.collectives, runners, modules)
             ]
             outermost = [
                 c
@@ -88,19 +90,42 @@ def runs_model(
     functions: set[str],
     collectives: tuple[str, ...] = (),
     runners: set[str] | frozenset[str] = frozenset(),
+    modules: frozenset[str] = frozenset(),
 ) -> bool:
     """Whether `call` needs every process: a forward pass of one of `models` (`model(x)`,
     `model.generate(x)`), a function of the script given one (`evaluate(model, loader)`),
-    one of the `runners` (see `model_runners`), or one of the `collectives`."""
+    one of the `runners` (see `model_runners`; not an attribute of one of the imported
+    `modules`, `torch.save` beside the script's own `save()`), or one of the
+    `collectives`."""
     func = call.func
     if name_key(func) in models or (collectives and is_name(func, *collectives)):
         return True
     if isinstance(func, cst.Attribute) and name_key(func.value) in models:
         return func.attr.value not in _LOCAL_METHODS
+    if _root_name(func) in modules:
+        return False  # `torch.save(...)`, not the script's `save()` that gathers a model
     callee = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
     return callee in runners or (
         callee in functions and any(name_key(arg.value) in models for arg in call.args)
     )
+
+
+def _root_name(func: cst.BaseExpression) -> str | None:
+    """`torch` of `torch.save`, `np` of `np.random.seed`; None for a plain name."""
+    root = func
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    return root.value if root is not func and isinstance(root, cst.Name) else None
+
+
+def imported_modules(module: cst.Module) -> frozenset[str]:
+    """The names `import x` / `import x.y as z` statements of `module` bind to modules."""
+    names = set()
+    for statement in find(module, cst.Import):
+        for alias in cst.ensure_type(statement, cst.Import).names:
+            bound = alias.evaluated_alias or alias.evaluated_name
+            names.add(bound.split(".")[0])
+    return frozenset(names)
 
 
 def model_runners(
@@ -111,6 +136,7 @@ def model_runners(
     call such a function, directly or through others. A function that binds the name
     itself (a parameter, an assignment) runs its own model."""
     read = {function: models - local_names(function) for function in find(module, cst.FunctionDef)}
+    modules = imported_modules(module)
     runners: set[str] = set()
     grew = True
     while grew:
@@ -119,7 +145,7 @@ def model_runners(
             if function.name.value in runners:
                 continue
             if any(
-                runs_model(call, models_read, set(), collectives, runners)
+                runs_model(call, models_read, set(), collectives, runners, modules)
                 for call in find(function, cst.Call)
             ):
                 runners.add(function.name.value)

@@ -18,6 +18,7 @@ from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find, is_method_call
 from autoaccel.convert.transforms.distributed._base import DistributedStep
 from autoaccel.convert.transforms.distributed.compute_before_printing import (
+    imported_modules,
     model_runners,
     runs_model,
     script_functions,
@@ -48,6 +49,7 @@ class EveryRankComputes(DistributedStep):
     def visit_Module(self, node: cst.Module) -> None:
         sharded, functions = sharded_models(node, self.script), script_functions(node)
         runners = model_runners(node, sharded, COLLECTIVES)
+        modules = imported_modules(node)
         for call in find(node, cst.Call):
             model = next((arg.value for arg in call.args if name_key(arg.value) in sharded), None)
             # wherever it is called: the conversion makes every writer on rank 0 alone
@@ -57,7 +59,7 @@ class EveryRankComputes(DistributedStep):
                 )
                 return
             traces = model is not None and bool(self.qualified_names(call.func) & TRACERS)
-            if not (traces or runs_model(call, sharded, functions, COLLECTIVES, runners)):
+            if not (traces or runs_model(call, sharded, functions, COLLECTIVES, runners, modules)):
                 continue
             if not rank_guarded(call, self.ancestors(call)):
                 continue

@@ -16,6 +16,7 @@ from autoaccel.analysis.shapes import find
 from autoaccel.convert.transforms.distributed import GuardRankZero
 from autoaccel.convert.transforms.distributed._base import runs_save, sole_callee, where
 from autoaccel.convert.transforms.distributed.compute_before_printing import (
+    imported_modules,
     model_runners,
     runs_model,
     script_functions,
@@ -55,10 +56,18 @@ class GuardRankZeroGathering(GuardRankZero):
             )
 
     def runs_on_every_rank(self, module: cst.Module, function: cst.FunctionDef) -> bool:
+        """Also where it runs the sharded model, or takes its state dict (a Solver's
+        `save(self)`: `torch.save(self.model.state_dict(), path)`), which every process
+        gathers (`GatherStateDicts`)."""
         sharded, functions = sharded_models(module, self.script), script_functions(module)
-        runners = model_runners(module, sharded)
+        runners, modules = model_runners(module, sharded), imported_modules(module)
         return super().runs_on_every_rank(module, function) or any(
-            runs_model(call, sharded, functions, (), runners) for call in find(function, cst.Call)
+            runs_model(call, sharded, functions, (), runners, modules)
+            or isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "state_dict"
+            and name_key(call.func.value) in sharded
+            for call in find(function, cst.Call)
+            if isinstance(call, cst.Call)
         )
 
     def helper_on_every_rank(
