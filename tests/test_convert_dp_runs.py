@@ -34,6 +34,7 @@ CONVERTED = [
     "gan_batch_size_labels.py",
     "zero_grad_before_loss.py",
     "stacked_batches.py",
+    "next_batch_retry.py",
 ]
 # converted with the default mixed precision (its autocast is off on a CPU)
 WITH_AMP = ["gan_amp_real_loss.py", "loss_in_model_amp.py", "semicolon_step.py"]

@@ -1074,7 +1074,11 @@ class SegmentFinder:
     def _draws_a_batch(self, s: cst.CSTNode) -> bool:
         """`batch = next(batches)` over a DataLoader, or `batch = batch_loader.next()`: a
         function of the project each of whose `return`s gives what such a `next(...)`
-        drew (makemore's `InfiniteDataLoader.next()`). A DataLoader's batch is batch-first."""
+        drew (makemore's `InfiniteDataLoader.next()`). A DataLoader's batch is batch-first.
+        Also a `try:` (or `if`) that draws one, anew after `StopIteration` (minGPT's
+        trainer: `try: batch = next(it) except StopIteration: it = iter(loader); ...`)."""
+        if isinstance(s, (cst.Try, cst.If)):
+            return any(self._draws_a_batch(line) for line in find(s, cst.SimpleStatementLine))
         if not m.matches(s, m.SimpleStatementLine(body=[m.Assign(value=m.Call())])):
             return False
         call = s.body[0].value
