@@ -128,6 +128,23 @@ def test_a_buffer_ddp_cannot_broadcast_is_explained():
     assert "`broadcast_buffers=False`" in detail
 
 
+def test_an_in_place_op_on_a_sharded_block_s_output_is_explained():
+    """Twelfth unseen set (VQ-VAE's residual blocks under FSDP): autograd's message names
+    FSDP's internal function, not the `inplace=True` that causes it."""
+    error = (
+        "RuntimeError: Output 0 of RegisterPostBackwardFunction is a view and is being modified"
+        " inplace. This view was created inside a custom Function"
+    )
+    crash = HARNESS_FRAMES + f"""\
+  File "/home/me/project/modules.py", line 107, in forward
+    return x + self.block(x)
+{error}
+"""
+    detail = _finished(crash + RANK_1, _record(0, f"error: {error}"), _record(1, RESET))
+    assert detail.startswith("/home/me/project/modules.py:107: RuntimeError: Output 0")
+    assert "make that operation out of place (`inplace=False`)" in detail
+
+
 def test_only_consequences_keep_the_first_error():
     assert _finished(RANK_1 + TORCHRUN, _record(0, RESET), _record(1, RESET)) == RESET
 

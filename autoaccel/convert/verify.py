@@ -407,11 +407,26 @@ _BUFFER_BROADCAST = (
 )
 
 
+# FSDP2 hands each sharded block's output on through an autograd function; an in-place op
+# on that output (`nn.ReLU(inplace=True)` first in the next block) is refused by autograd.
+_IN_PLACE_ON_BLOCK_OUTPUT = (
+    "Output 0 of RegisterPostBackwardFunction is a view and is being modified inplace",
+    "FSDP passes each sharded block's output on through an autograd function, and an"
+    " in-place operation on that output is not allowed (a residual block's"
+    " `nn.ReLU(inplace=True)` applied first to its input): make that operation out of place"
+    " (`inplace=False`), which computes the same values",
+)
+
+
 def _why(crash: Crash) -> str:
-    """What a crash inside DistributedDataParallel means, where its message does not say."""
+    """What a crash inside DistributedDataParallel or FSDP means, where its message does
+    not say what to do."""
     words, meaning = _BUFFER_BROADCAST
     inside = any(file.endswith("parallel/distributed.py") for file, _ in crash.frames)
-    return f": {meaning}" if inside and words in crash.exception else ""
+    if inside and words in crash.exception:
+        return f": {meaning}"
+    words, meaning = _IN_PLACE_ON_BLOCK_OUTPUT
+    return f": {meaning}" if words in crash.exception else ""
 
 
 def _epoch_ends(original: Run) -> str:
