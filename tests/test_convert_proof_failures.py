@@ -145,6 +145,21 @@ def test_an_in_place_op_on_a_sharded_block_s_output_is_explained():
     assert "make that operation out of place (`inplace=False`)" in detail
 
 
+def test_a_sharded_model_saved_whole_is_explained():
+    """Twelfth unseen set (icpm's Solver): `torch.save(self.model, path)` under FSDP."""
+    error = (
+        "PicklingError: Can't pickle <class 'torch.distributed.fsdp._fully_shard._fsdp_init."
+        "FSDPWideResNet'>: attribute lookup FSDPWideResNet failed"
+    )
+    crash = HARNESS_FRAMES + f"""\
+  File "/home/me/project/main.py", line 132, in save
+    torch.save(self.model, model_out_path)
+{error}
+"""
+    detail = _finished(crash + RANK_1, _record(0, f"error: {error}"), _record(1, RESET))
+    assert "save its state dict instead (`torch.save(model.state_dict(), path)`" in detail
+
+
 def test_only_consequences_keep_the_first_error():
     assert _finished(RANK_1 + TORCHRUN, _record(0, RESET), _record(1, RESET)) == RESET
 

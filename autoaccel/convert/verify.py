@@ -418,6 +418,16 @@ _IN_PLACE_ON_BLOCK_OUTPUT = (
 )
 
 
+# `torch.save(model, path)` of a sharded model: FSDP2 swaps its class for a generated one.
+_PICKLED_SHARDED_MODEL = (
+    "Can't pickle <class 'torch.distributed.fsdp.",
+    "the script saves the sharded model object itself (`torch.save(model, path)`), whose"
+    " class FSDP made for it cannot be pickled: save its state dict instead"
+    " (`torch.save(model.state_dict(), path)`, which the conversion gathers), and load that"
+    " into a model built as before",
+)
+
+
 def _why(crash: Crash) -> str:
     """What a crash inside DistributedDataParallel or FSDP means, where its message does
     not say what to do."""
@@ -425,8 +435,10 @@ def _why(crash: Crash) -> str:
     inside = any(file.endswith("parallel/distributed.py") for file, _ in crash.frames)
     if inside and words in crash.exception:
         return f": {meaning}"
-    words, meaning = _IN_PLACE_ON_BLOCK_OUTPUT
-    return f": {meaning}" if words in crash.exception else ""
+    for words, meaning in (_IN_PLACE_ON_BLOCK_OUTPUT, _PICKLED_SHARDED_MODEL):
+        if words in crash.exception:
+            return f": {meaning}"
+    return ""
 
 
 def _epoch_ends(original: Run) -> str:
