@@ -596,9 +596,7 @@ def test_a_function_saving_the_global_optimizer_of_the_global_model_gathers_both
 
 def test_each_optimizer_s_state_is_gathered_with_the_model_it_trains():
     """Twelfth unseen set (a DCGAN): two sharded models, two optimizers saved in one dict."""
-    path = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp" / "gan_checkpoint.py"
-    conversion = convert_source(path.read_text(), FSDP, str(path))
-    assert refusals(conversion) == []
+    conversion = unrefused_fixture("gan_checkpoint.py")
     for model, optimizer in (("netG", "optimizerG"), ("netD", "optimizerD")):
         assert (
             f"{optimizer}_state = full_optimizer_state_dict({model}, {optimizer})\n"
@@ -609,9 +607,7 @@ def test_each_optimizer_s_state_is_gathered_with_the_model_it_trains():
 def test_a_state_dict_saved_inside_a_with_block_is_gathered_before_it():
     """Twelfth unseen set (VQ-VAE): `with open(path, "wb") as f: torch.save(model.state_dict(),
     f)`; the gathering went inside the block, which goes on rank 0 whole: refused."""
-    path = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp" / "save_in_with.py"
-    conversion = convert_source(path.read_text(), FSDP, str(path))
-    assert refusals(conversion) == []
+    conversion = unrefused_fixture("save_in_with.py")
     assert (
         "    model_state = full_state_dict(model)\n"
         "    if RANK == 0:\n"
@@ -623,9 +619,7 @@ def test_a_state_dict_saved_inside_a_with_block_is_gathered_before_it():
 def test_a_method_that_saves_the_state_dict_gathers_on_every_process():
     """Twelfth unseen set (icpm's Solver): `save()` returned early on the other processes,
     before the gathering, and `torch.save(...)` was taken for a call of that `save()`."""
-    path = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp" / "save_method.py"
-    conversion = convert_source(path.read_text(), FSDP, str(path))
-    assert refusals(conversion) == []
+    conversion = unrefused_fixture("save_method.py")
     assert (
         "    def save(self):\n"
         "        model_state = full_state_dict(self.model)\n"
@@ -633,3 +627,11 @@ def test_a_method_that_saves_the_state_dict_gathers_on_every_process():
         '            torch.save(model_state, "model.pth")\n'
         '            print("saved")\n'
     ) in conversion.converted
+
+
+def unrefused_fixture(name: str) -> Conversion:
+    """fixtures/fsdp/`name` converted, with no refusal."""
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp" / name
+    conversion = convert_source(path.read_text(), FSDP, str(path))
+    assert refusals(conversion) == []
+    return conversion

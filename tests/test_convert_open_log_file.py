@@ -47,15 +47,21 @@ def test_the_null_file_takes_the_same_mode(opened, devnull):
     assert (f"{opened} if RANK == 0 else {devnull}\n" in converted) == ("mode" in opened)
 
 
-@pytest.mark.runs
-def test_one_process_writes_the_log(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(FIXTURE.read_text())
+def proven(fixture: Path, folder: Path, steps: int) -> list:
+    """The proof's checks of `fixture`'s conversion (copied into `folder`), all passed."""
+    script = folder / "train.py"
+    script.write_text(fixture.read_text())
     converted = convert_source(script.read_text(), DDP, str(script)).converted
     found, log = verify_ddp(
-        script, write_one(script, converted), VerifyRequest([], steps=12), [tmp_path]
+        script, write_one(script, converted), VerifyRequest([], steps=steps), [folder]
     )
     assert all(check.passed for check in found), log
+    return found
+
+
+@pytest.mark.runs
+def test_one_process_writes_the_log(tmp_path):
+    found = proven(FIXTURE, tmp_path, steps=12)
     writes = next(check for check in found if check.name == "one process writes each file")
     assert "training_log.csv" in writes.detail or "1 file(s)" in writes.detail, writes.detail
 
@@ -90,10 +96,4 @@ def test_a_block_reading_the_handle_after_the_with_is_refused():
 
 @pytest.mark.runs
 def test_the_settings_file_is_written_once_and_both_processes_train(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(CLOSED_AFTER_WITH.read_text())
-    converted = convert_source(script.read_text(), DDP, str(script)).converted
-    found, log = verify_ddp(
-        script, write_one(script, converted), VerifyRequest([], steps=8), [tmp_path]
-    )
-    assert all(check.passed for check in found), log
+    proven(CLOSED_AFTER_WITH, tmp_path, steps=8)
