@@ -414,7 +414,8 @@ _IN_PLACE_ON_BLOCK_OUTPUT = (
     "FSDP passes each sharded block's output on through an autograd function, and an"
     " in-place operation on that output is not allowed (a residual block's"
     " `nn.ReLU(inplace=True)` applied first to its input): make that operation out of place"
-    " (`inplace=False`), which computes the same values",
+    " (`inplace=False`), by hand; where the code reads that input again after it (`x +"
+    " self.block(x)`), it read the changed values, so keep them (`x = x.relu()` first)",
 )
 
 
