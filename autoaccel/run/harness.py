@@ -599,14 +599,19 @@ class _StepRecorder:
         def destroy(*args, **kwargs):
             if self.digest is None:  # the first end of the group: what trained
                 self.digest = self._param_digest()
-            # Held past the process group, FSDP's sharded parameters may abort the process
-            # at exit (see fully_sharded/destroy_after_models.py): let them go first.
-            self.optimizers.clear()
-            self.wrapped.clear()
-            gc.collect()
+            self.release()
             return original(*args, **kwargs)
 
         return destroy
+
+    def release(self) -> None:
+        """Let go of the script's optimizers and DDP models: held past the process group,
+        FSDP's sharded parameters may abort the process at exit (see
+        fully_sharded/destroy_after_models.py), also where the run stopped the script
+        before it freed them itself."""
+        self.optimizers.clear()
+        self.wrapped.clear()
+        gc.collect()
 
     def _param_digest(self) -> list[list[float]]:
         """Per optimizer, then per DDP-wrapped model (a manual update has no optimizer):
@@ -790,6 +795,7 @@ def record_steps(
     record = recorder.finish(exit_status)
     if facts is not None:
         facts[0].write(facts[1], exit_status, len(record.times))
+    recorder.release()
     _end_process_group()
     return record
 
