@@ -230,6 +230,12 @@ class ModuleIndex:
             yield parent
             parent = self.parents.get(parent)
 
+    def scope_of(self, node: cst.CSTNode) -> cst.FunctionDef | cst.Module:
+        """The function that holds `node`, or the module."""
+        return next(
+            (a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), self.module
+        )
+
     def qualified_names(self, node: cst.CSTNode) -> frozenset[str]:
         """The canonical names `node` refers to when they come from an import or are
         builtins (`torch.utils.data.DataLoader`, `builtins.print`); empty otherwise."""

@@ -207,6 +207,15 @@ class LossReductions:
         ]
 
 
+def averages_or_sums(script: ScriptModel, call: cst.Call) -> str | None:
+    """ "mean" or "sum": how the loss `call` of the script's module reduces its batch, read
+    in the function that holds it (a loss class or function of the project: its
+    `return`); None for any other reduction (a ratio of sums, a mix)."""
+    assert script.index is not None
+    found = LossReductions(script).of(call, script.index.scope_of(call))
+    return {Reduction.MEAN: "mean", Reduction.SUM: "sum"}.get(found)
+
+
 @dataclass(frozen=True)
 class _Place:
     scope: cst.CSTNode  # a function or module

@@ -86,8 +86,7 @@ def phases_of(step: StepLoop, index: ModuleIndex) -> Phases | None:
     )
     if phase_loop is None or not _strings(phase_loop.iter):
         return None
-    scope = next((a for a in index.ancestors(loop) if isinstance(a, cst.FunctionDef)), index.module)
-    bound = assigned_values(scope, holder)
+    bound = assigned_values(index.scope_of(loop), holder)
     if len(bound) != 1 or not isinstance(bound[0], cst.Dict):
         return None
     loaders: dict[str, cst.BaseExpression] = {}

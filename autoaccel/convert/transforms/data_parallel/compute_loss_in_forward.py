@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
-from autoaccel.analysis.loss_reduction import LossReductions, Reduction
+from autoaccel.analysis.loss_reduction import averages_or_sums
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.project import SCRIPT
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole, StepLoop
@@ -600,13 +600,7 @@ class ComputeLossInForward(StatementRewrite):
             return "mean"  # a functional loss called without keywords
         if any(o.cls is not None for o in self.script.values(call.func)):
             # a loss class of the project (`DiceLoss()`): its forward's `return` tells
-            index = self.script.index
-            assert index is not None
-            scope = next(
-                (a for a in index.ancestors(call) if isinstance(a, cst.FunctionDef)), index.module
-            )
-            found = LossReductions(self.script).of(call, scope)
-            return {Reduction.MEAN: "mean", Reduction.SUM: "sum"}.get(found)
+            return averages_or_sums(self.script, call)
         reductions: set[object] = set()
         for statement in find(self.tree, cst.SimpleStatementLine):
             assign = single_assign(statement)

@@ -33,7 +33,7 @@ import libcst.matchers as m
 
 from autoaccel.analysis.fresh_data import generator_of
 from autoaccel.analysis.index import ModuleIndex
-from autoaccel.analysis.loss_reduction import LossReductions, Reduction
+from autoaccel.analysis.loss_reduction import averages_or_sums
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import Kind
 from autoaccel.analysis.script_model import LoopRole
@@ -1372,12 +1372,7 @@ class SegmentFinder:
         (`criterion = models.loss_function`, vae-cf's; cs230's `net.loss_fn` passed to
         `train()`): "mean" or "sum" where the program's reading of its `return` says so, "?"
         otherwise."""
-        scope = next(
-            (a for a in self.t.ancestors(call) if isinstance(a, cst.FunctionDef)),
-            self.script.index.module,
-        )
-        found = LossReductions(self.script).of(call, scope)
-        return {Reduction.MEAN: "mean", Reduction.SUM: "sum"}.get(found, "?")
+        return averages_or_sums(self.script, call) or "?"
 
     def _expr_reductions(self, expr, named: dict[str, set[str]], depth: int = 0) -> set[str]:
         """How the loss terms of `expr` reduce the batch: {"mean"}, {"sum"}, or more
@@ -1791,7 +1786,7 @@ def _similarities(
             func = node.func
             if index.qualified_names(func) & _MATRIX_PRODUCTS:
                 operands = [a.value for a in node.args[:2]]
-            elif _method(func, "mm", "matmul") and node.args:
+            elif is_method_call(node, "mm", "matmul") and node.args:
                 operands = [func.value, node.args[0].value]  # type: ignore[attr-defined]
             elif _broadcast_against_itself(node, derived):
                 return node
@@ -1801,10 +1796,6 @@ def _similarities(
 
 
 _MATRIX_PRODUCTS = frozenset({"torch.mm", "torch.matmul"})
-
-
-def _method(func: cst.BaseExpression, *names: str) -> bool:
-    return isinstance(func, cst.Attribute) and func.attr.value in names
 
 
 def _transposed(node: cst.BaseExpression, derived: set[str]) -> bool:
