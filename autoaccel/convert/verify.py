@@ -516,8 +516,7 @@ def _different_inputs(original: Run, ranks: list[dict[str, Any]]) -> Check:
     those differ on the same batches). What every step of the original received alike
     (a fixed noise, a mask) tells nothing and is left out."""
     name = DIFFERENT_DATA
-    theirs = [set(step) for step in original.record.get("batch_prints") or []]
-    constant = set.intersection(*theirs) if len(theirs) > 1 else set()
+    _, constant = _original_prints(original)
     steps = [[set(step) - constant for step in rank.get("batch_prints") or []] for rank in ranks]
     compared = [step for step in zip(*steps) if all(step)]
     if not compared:
@@ -552,8 +551,7 @@ def _batch_rounds(original: Run, ranks: list[dict[str, Any]]) -> Check:
     batch apart and is left out; what the processes share besides (noise drawn alike on
     every process) tells none apart either."""
     name = DIFFERENT_DATA
-    theirs = [set(step) for step in original.record.get("batch_prints") or []]
-    constant = set.intersection(*theirs) if len(theirs) > 1 else set()
+    theirs, constant = _original_prints(original)
     known = set().union(*theirs) - constant
     if not known:
         return Check(
@@ -581,6 +579,14 @@ def _batch_rounds(original: Run, ranks: list[dict[str, Any]]) -> Check:
         f"each of the {len(ranks)} processes first trains on its own one of the original's"
         f" first {len(theirs)} batches: they share the original's batches by rounds",
     )
+
+
+def _original_prints(original: Run) -> tuple[list[set[str]], set[str]]:
+    """The data fingerprints of the original's first steps, and those every one of its
+    steps received alike (an initial hidden state, a fixed noise), which tell no batch
+    apart."""
+    theirs = [set(step) for step in original.record.get("batch_prints") or []]
+    return theirs, set.intersection(*theirs) if len(theirs) > 1 else set()
 
 
 def _step_batch(runs: list[dict[str, Any]]) -> int | None:

@@ -145,6 +145,13 @@ def {BATCH_HELPER}(global_batch_size):
     return share
 '''
 
+# What a process reads of data that is walked in order: a part of its own, in one piece.
+_CONTIGUOUS_PARTS = (
+    "give each process its own contiguous part by hand (equal parts:"
+    f" `data.chunk({WORLD_SIZE})[{RANK}]` of a tensor whose length divides by {WORLD_SIZE}),"
+    " so that all take as many steps"
+)
+
 
 class ShardTrainLoader(DistributedStep):
     DESCRIPTION = "Give the training DataLoader a DistributedSampler and a per-process batch."
@@ -361,9 +368,7 @@ class ShardTrainLoader(DistributedStep):
             self.skipped(
                 "DistributedSampler",
                 "this training loop walks its data in order from a position it advances, so"
-                " every process would walk all of it; give each process its own contiguous"
-                f" part by hand (equal parts: `data.chunk({WORLD_SIZE})[{RANK}]` of a tensor"
-                f" whose length divides by {WORLD_SIZE}), so that all take as many steps",
+                f" every process would walk all of it; {_CONTIGUOUS_PARTS}",
                 step.node,
                 wrong=True,
             )
@@ -373,9 +378,7 @@ class ShardTrainLoader(DistributedStep):
                 "this training loop reads its data in order and hands"
                 f" `{'`, `'.join(sorted(state))}` from each step to the next, so every process"
                 " would read all of it, and a share of every other batch would break that chain;"
-                " give each process its own contiguous part by hand (equal parts:"
-                f" `data.chunk({WORLD_SIZE})[{RANK}]` of a tensor whose length divides by"
-                f" {WORLD_SIZE}), so that all take as many steps",
+                f" {_CONTIGUOUS_PARTS}",
                 step.node,
                 wrong=True,
             )
