@@ -136,3 +136,17 @@ def test_verify_checks_an_fsdp_conversion(tmp_path):
     )
     assert "--verify FAIL" not in proc.stdout + proc.stderr
     assert "    shard_model(criterion)\n" in (tmp_path / "out.py").read_text()
+
+
+@pytest.mark.parametrize("name", ["gan_checkpoint.py", "save_in_with.py", "save_method.py"])
+def test_checkpoint_shapes_of_the_twelfth_set_pass_their_proof(name, tmp_path):
+    """Each gathers its state dicts on every process and saves on rank 0 (they were
+    refused): the proof runs the original and the conversion on 2 processes, and every
+    check passes, one process writing each file."""
+    proc = autoaccel(
+        "convert", FSDP_FIXTURES / name, "--to", "fsdp", "--amp", "off", "-o", "out.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    _check(proc, f"convert {name} --to fsdp")
+    output = proc.stdout + proc.stderr
+    assert "--verify FAIL" not in output and "--verify ok   one process writes each file" in output
