@@ -138,10 +138,13 @@ def test_verify_checks_an_fsdp_conversion(tmp_path):
     assert "    shard_model(criterion)\n" in (tmp_path / "out.py").read_text()
 
 
-@pytest.mark.parametrize("name", ["gan_checkpoint.py", "save_in_with.py", "save_method.py"])
-def test_checkpoint_shapes_of_the_twelfth_set_pass_their_proof(name, tmp_path):
-    """Each gathers its state dicts on every process and saves on rank 0 (they were
-    refused): the proof runs the original and the conversion on 2 processes, and every
+@pytest.mark.parametrize(
+    "name", ["gan_checkpoint.py", "save_in_with.py", "save_method.py", "optimizer_method.py"]
+)
+def test_shapes_of_the_twelfth_set_pass_their_proof(name, tmp_path):
+    """The checkpoint shapes gather their state dicts on every process and save on rank 0
+    (they were refused); optimizer_method.py's optimizer holds the shards (the proof
+    crashed): the proof runs the original and the conversion on 2 processes, and every
     check passes, one process writing each file."""
     proc = autoaccel(
         "convert", FSDP_FIXTURES / name, "--to", "fsdp", "--amp", "off", "-o", "out.py",

@@ -94,6 +94,15 @@ def test_an_optimizer_that_never_changes_its_parameters_fails():
     assert "parameter set 1 never changes" in failed["the optimizers update the model"]
 
 
+def test_an_optimizer_holding_freed_tensors_fails():
+    """minGPT's `configure_optimizers()`, registered as an FSDP forward method, gathered
+    the parameters and handed AdamW the whole ones, freed after the call: the harness
+    leaves them out of the digest (reading them crashed the process) and counts them."""
+    failed = _failed(checks(ORIGINAL, _run(_rank(0, freed_parameters=4), _rank(1))))
+    assert list(failed) == ["the optimizers update the model"]
+    assert "holds 4 tensor(s) whose memory FSDP let go" in failed["the optimizers update the model"]
+
+
 @pytest.mark.parametrize(
     "rank1, check, reason",
     [

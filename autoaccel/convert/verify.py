@@ -659,6 +659,14 @@ def _parameters_train(original: Run, rank: dict[str, Any]) -> Check:
         original.record.get("param_digest") or [],
     )
     mine, mine_after = rank.get("first_param_digest") or [], rank.get("param_digest") or []
+    if rank.get("freed_parameters"):
+        return Check(
+            name,
+            False,
+            f"the optimizer holds {rank['freed_parameters']} tensor(s) whose memory FSDP let go:"
+            " whole parameters it gathered for a call, not the model's shards (an optimizer"
+            " built inside a method registered as a forward method?)",
+        )
     trained = [a != b for a, b in zip(before, after)]
     updated = [a != b for a, b in zip(mine, mine_after)]
     if not any(trained):

@@ -58,7 +58,8 @@ imports itself) and ``log_sites`` (where the script's code logged each tag first
 ``param_digest`` (per optimizer, then per model wrapped in DDP, the sum and the sum of
 absolute values of its parameters at the end, in float64: equal on every rank of a distributed run when the gradients were
 synchronised), and ``first_param_digest``, the same at the first step, before any update
-(an optimizer whose parameters it never changes trains nothing). Each step also records which
+(an optimizer whose parameters it never changes trains nothing); ``freed_parameters`` counts
+the tensors an optimizer holds whose memory was let go, left out of the digests. Each step also records which
 samples it trained on,
 ``sample_ids``: ``[pass, [dataset indices]]``, where ``pass`` numbers the passes over any
 DataLoader in the order the script starts them (the same order on every rank), or None when
@@ -167,6 +168,8 @@ class StepRecord:
     log_sites: dict[str, str] = field(default_factory=dict)  # tag -> `file:line` that logged it
     param_digest: list[list[float]] = field(default_factory=list)  # per optimizer: [sum, abs sum]
     first_param_digest: list[list[float]] = field(default_factory=list)  # the same, at step 1
+    # tensors an optimizer holds whose memory was let go (FSDP's whole parameters of a call)
+    freed_parameters: int = 0
     end_time: float | None = None
     peak_rss_bytes: int | None = None
     peak_cuda_bytes: int | None = None
@@ -621,6 +624,11 @@ class _StepRecorder:
 
         groups = [[p for g in o.param_groups for p in g["params"]] for o in self.optimizers]
         groups += [list(module.parameters()) for module in self.wrapped]
+        # reading a tensor whose storage FSDP resized to nothing crashes the process
+        kept = [[p for p in params if _has_memory(p)] for params in groups]
+        freed = sum(len(params) - len(held) for params, held in zip(groups, kept))
+        self.record.freed_parameters = max(self.record.freed_parameters, freed)
+        groups = kept
         with torch.no_grad():
             # a DTensor (FSDP's shard) whole: every rank gathers, in the same order
             tensors = [
@@ -686,6 +694,15 @@ class _StepRecorder:
         record.batch_prints = self.batch_prints.prints if self.batch_prints is not None else []
         record.exit = exit_status
         return record
+
+
+def _has_memory(tensor: Any) -> bool:
+    """Whether `tensor`'s storage holds its elements (a DTensor's: its local shard's)."""
+    local = getattr(tensor, "_local_tensor", tensor)
+    if local.numel() == 0:
+        return True
+    last = local.storage_offset() + sum((n - 1) * s for n, s in zip(local.shape, local.stride()))
+    return local.untyped_storage().nbytes() >= (last + 1) * local.element_size()
 
 
 def _folders(*paths: str) -> tuple[str, ...]:

@@ -64,7 +64,7 @@ _PARAMETER = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
 _DDP_METHODS = frozenset({"train", "eval", "zero_grad", "parameters", "no_sync", "forward"})
 # Methods of `nn.Module` that compute nothing with its layers, called on the model itself
 # where a function gets the wrapper: `unwrapped(model).state_dict()` has the original keys.
-_LOCAL_MODULE_METHODS = frozenset(
+LOCAL_MODULE_METHODS = frozenset(
     {
         "state_dict", "load_state_dict", "named_parameters", "named_modules", "modules",
         "children", "named_children", "buffers", "named_buffers", "to", "cuda", "cpu",
@@ -449,7 +449,7 @@ class WrapModel(DistributedStep):
         parent = self.parent(node)
         called = isinstance(parent, cst.Call) and parent.func is node
         return name not in self.own_methods | {"module"} and (
-            not called or name in _LOCAL_MODULE_METHODS or self.under_no_grad(node)
+            not called or name in LOCAL_MODULE_METHODS or self.under_no_grad(node)
         )
 
     def _elsewhere_takes_wrapper(self, passed: PassedModel) -> bool:

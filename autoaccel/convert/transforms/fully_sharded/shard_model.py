@@ -29,6 +29,7 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 from autoaccel.convert.transforms.distributed.wrap_model import (
     Handover,
+    LOCAL_MODULE_METHODS,
     attribute_assignments,
     placed_models,
 )
@@ -43,6 +44,8 @@ from autoaccel.cst_edit import code_of, first_line_of
 _PARAMETERS = ("parameters", "named_parameters")
 # Methods that leave a module's parameters where they are (a sharded model takes them).
 _KEEPS_MODULE = frozenset({*_PARAMETERS, "load_state_dict", "state_dict", "train", "eval"})
+# Methods of `nn.Module` a method of the model may call without computing with its layers.
+_GATHERS_NOTHING = LOCAL_MODULE_METHODS | {*_KEEPS_MODULE, "zero_grad"}
 
 
 class ShardModel(DistributedStep):
@@ -408,13 +411,17 @@ def _listed(methods: list[str], key: str = "", quote: str = "`") -> str:
 
 def _computes_with_layers(method: cst.FunctionDef) -> bool:
     """Whether `method` calls something of `self` (a layer, another method) or hands an
-    attribute of `self` to a call (`F.linear(x, self.weight)`)."""
+    attribute of `self` to a call (`F.linear(x, self.weight)`). Not `self.parameters()`
+    and the other methods of `nn.Module` that compute nothing: minGPT's
+    `configure_optimizers()`, registered, would gather the parameters and give the
+    optimizer the whole ones, freed after the call, not the shards."""
     for call in find(method.body, cst.Call):
         root = call.func
         while isinstance(root, cst.Attribute):
             root = root.value
         if (
             isinstance(call.func, cst.Attribute)
+            and call.func.attr.value not in _GATHERS_NOTHING
             and isinstance(root, cst.Name)
             and root.value == "self"
         ):
