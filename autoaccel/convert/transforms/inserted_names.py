@@ -18,6 +18,7 @@ it, so only the names the script reads from it matter, and those count as used.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 import re
 import textwrap
 from pathlib import Path
@@ -225,8 +226,14 @@ class _Uses(cst.CSTVisitor):
 
     @classmethod
     def of(cls, tree: cst.Module) -> _Uses:
+        """The uses in `tree`, read once per tree: the steps of a conversion that change
+        nothing hand the next one the very same tree (read-only, like the trees)."""
+        for known, uses in _RECENT_USES:
+            if known is tree:
+                return uses
         uses = cls()
         tree.visit(uses)
+        _RECENT_USES.appendleft((tree, uses))
         return uses
 
     def clashes(self, name: str, star_names: set[str]) -> bool:
@@ -326,6 +333,10 @@ class _Uses(cst.CSTVisitor):
     def _import(self, bound: str, target: str) -> None:
         self.names.add(bound)
         self.imports.setdefault(bound, set()).add(target)
+
+
+# the trees the latest `_Uses.of` calls read (a conversion runs some 30 steps on a few trees)
+_RECENT_USES: deque[tuple[cst.Module, _Uses]] = deque(maxlen=4)
 
 
 class _Rename(cst.CSTTransformer):
