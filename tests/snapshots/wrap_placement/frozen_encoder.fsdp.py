@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -91,8 +91,6 @@ def main():
     # parameters, gradients and optimizer state
     if DISTRIBUTED:
         shard_model(encoder)
-        # fine_tune() gathers the parameters too, as forward() does
-        register_fsdp_forward_method(encoder, "fine_tune")
     decoder = nn.Linear(16, 1)
     # sharded with FSDP2 when distributed: each process keeps a share of the
     # parameters, gradients and optimizer state
