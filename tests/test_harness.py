@@ -86,8 +86,9 @@ def test_a_batch_counts_once_and_evaluation_batches_not_at_all(tmp_path):
     assert len(record.losses) == 25
     assert record.losses[1] == pytest.approx(2 * record.losses[0])
     assert record.samples[:4] == [4, 4, 8, 8]
-    # The last backward follows six evaluation batches and one last batch of 6: counted once.
-    assert record.samples[-1] == 48 + 6
+    # The last backward follows batches drawn under `no_grad()`: an evaluation's, never
+    # counted (a probe fitted on encoded features trains on no DataLoader batch).
+    assert record.samples[-1] == 48
 
 
 def test_losses_under_grad_scaler_are_unscaled(tmp_path):
@@ -461,3 +462,27 @@ def test_a_tensor_whose_memory_was_let_go_is_told_apart():
     freed.untyped_storage().resize_(0)
     assert harness._has_memory(kept) and harness._has_memory(kept.t()[1:])
     assert not harness._has_memory(freed)
+
+
+def test_a_probe_fitted_after_training_began_is_left_out_of_the_digest(tmp_path):
+    """SimCLR's linear evaluation: features encoded under `no_grad()` (batches of an
+    evaluation, not counted), then an L-BFGS head built and fitted on them. Each process
+    of a distributed run fits its own head, from its own random start: the digest, which
+    must be equal on every process, leaves that optimizer out and counts it."""
+    probe = TRAIN + textwrap.dedent("""\
+        with torch.no_grad():
+            features = torch.cat([model(x) for x, _ in DataLoader(data, batch_size=12)])
+        head = torch.nn.Linear(1, 1)
+        fit = torch.optim.LBFGS(head.parameters(), max_iter=2)
+        def closure():
+            fit.zero_grad()
+            loss = head(features).pow(2).mean()
+            loss.backward()
+            return loss
+        fit.step(closure)
+        """)
+    record = harness.record_steps(write(tmp_path, probe), [])
+    assert record.fits == 1 and len(record.param_digest) == 1
+    fitted = len(record.losses) - 12
+    assert fitted >= 1 and record.samples[12:] == [48] * fitted  # no evaluation batch counted
+    assert record.sample_ids[12:] == [None] * fitted

@@ -38,6 +38,10 @@ from autoaccel.analysis.shapes import bound_names, find, is_name
 class LoopRole(Enum):
     TRAIN = "train"
     EVAL = "eval"
+    # A loop that fits a model it builds itself (a linear probe on frozen features), on data
+    # no DataLoader hands out, beside a training over a DataLoader: every process of a
+    # distributed run fits its own, alike, as it evaluates alike.
+    FIT = "fit"
 
 
 @dataclass(eq=False)
@@ -120,10 +124,19 @@ class _Finder:
                 training.micro_loops.add(loop)
             elif any(self._inside(step, loop) for step in steps):
                 training.epoch_loops.add(loop)
+        fits = {
+            loop
+            for loop in steps
+            if loader_steps and not readers[loop] and self._fits_own_model(loop)
+        }
         for loop in steps:
-            self._record(loop, LoopRole.TRAIN, readers[loop])
+            self._record(loop, LoopRole.FIT if loop in fits else LoopRole.TRAIN, readers[loop])
         training.trainers = self._with_callers(
-            {f for loop in steps if (f := self.program.function_of[loop]) is not None}
+            {
+                f
+                for loop in steps
+                if loop not in fits and (f := self.program.function_of[loop]) is not None
+            }
         )
         for loop in loops:
             if readers[loop] and loop not in candidates:
@@ -233,6 +246,24 @@ class _Finder:
         """Whether each run of `outer`'s body may run the loop `inner`."""
         return outer in self.around[inner] or self.program.function_of[inner] in self._reachable(
             outer
+        )
+
+    def _fits_own_model(self, loop: cst.For | cst.While) -> bool:
+        """Whether each optimizer built in `loop`'s function updates only models built
+        there too, and there is one: the loop fits a model of its own, new at each call
+        (SimCLR's `train_clf(X, y)`: an L-BFGS linear probe)."""
+        program = self.program
+        function = program.function_of[loop]
+        if function is None:
+            return False
+        models = [
+            program.parameters_of(parameters)
+            for optimizer, parameters in optimized_parameters(program)
+            if program.function_of.get(optimizer.node) is function
+        ]
+        return bool(models) and all(
+            held and all(program.function_of.get(model.node) is function for model in held)
+            for held in models
         )
 
     def _loaders_read(self, loop: cst.For | cst.While) -> frozenset[Obj]:

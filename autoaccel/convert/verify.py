@@ -645,8 +645,17 @@ def _same_parameters(ranks: list[dict[str, Any]]) -> Check:
                 False,
                 "the processes' parameters differ after the same steps: gradients are not synchronised",
             )
+    fits = max(r.get("fits") or 0 for r in ranks)
+    left_out = (
+        f"; {fits} fitted anew on each process left out (an optimizer built after training"
+        " began, never stepped on a DataLoader's batch: a probe)"
+        if fits
+        else ""
+    )
     return Check(
-        name, True, f"{len(reference)} parameter set(s) (optimizers, DDP models), the same"
+        name,
+        True,
+        f"{len(reference)} parameter set(s) (optimizers, DDP models), the same{left_out}",
     )
 
 

@@ -117,6 +117,9 @@ _PASS_ATTR = "_autoaccel_pass"
 _INDICES_ATTR = "_autoaccel_indices"
 _TRAINS_ATTR = "_autoaccel_trains"  # on a DataLoader iterator whose batch reached a backward()
 _EPOCH_SAMPLES_ATTR = "_autoaccel_epoch_samples"  # samples its current pass handed out
+# on an optimizer: built after the first training step / stepped after a DataLoader's batch
+_LATE_ATTR = "_autoaccel_late"
+_ON_BATCHES_ATTR = "_autoaccel_on_batches"
 PROGRESS_INTERVAL = 0.2  # seconds between two writes of the progress file
 FORCE_AUTOCAST_ENV = "AUTOACCEL_FORCE_AUTOCAST"
 _WRITE_MODES = frozenset("wax+")
@@ -170,6 +173,9 @@ class StepRecord:
     first_param_digest: list[list[float]] = field(default_factory=list)  # the same, at step 1
     # tensors an optimizer holds whose memory was let go (FSDP's whole parameters of a call)
     freed_parameters: int = 0
+    # optimizers left out of the digests: built after the first step, never stepped on a
+    # DataLoader's batch, on no DDP model (a linear probe each process fits alike)
+    fits: int = 0
     end_time: float | None = None
     peak_rss_bytes: int | None = None
     peak_cuda_bytes: int | None = None
@@ -281,6 +287,7 @@ class _StepRecorder:
         self.loss_tensors: list[tuple[Any, Any]] = []  # (loss, scale or None), on the device
         self.samples_seen = 0
         self.last_batch = 0  # samples of the latest batch not yet counted by a step
+        self.batch_step = False  # whether the latest step counted a batch
         self.last_ids: list[Any] | None = None  # [pass, indices] of that batch
         # samples of the batch a DataLoader handed out last, counted by its sampler's
         # indices (None for an IterableDataset's and for `batch_size=None`)
@@ -297,6 +304,7 @@ class _StepRecorder:
 
     def patches(self, align_loader_rng: bool) -> ExitStack:
         import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
         from torch.utils.data import DataLoader, dataloader
 
         stack = self.stack
@@ -320,6 +328,7 @@ class _StepRecorder:
             for name in ("chmod", "utime"):  # `shutil.copy`, `copy2` set a copy's mode, times
                 stack.enter_context(patched(os, name, self._redirected_path))
         stack.enter_context(patched(torch.optim.Optimizer, "__init__", self._kept_optimizer))
+        stack.callback(register_optimizer_step_post_hook(self._stepped).remove)
         stack.enter_context(
             patched(torch.nn.parallel.DistributedDataParallel, "__init__", self._kept_wrapper)
         )
@@ -350,6 +359,7 @@ class _StepRecorder:
         # a GAN's three backward calls share one batch, and the evaluation batches fetched
         # between two training steps are superseded by the next training batch.
         self.samples_seen += self.last_batch
+        self.batch_step = self.last_batch > 0
         self.last_batch = 0
         if self.last_iterator is not None:
             vars(self.last_iterator)[_TRAINS_ATTR] = True
@@ -370,6 +380,8 @@ class _StepRecorder:
             self.progress_written = now
 
     def _next(self, original: Callable) -> Callable:
+        import torch
+
         def next_batch(iterator):
             # samples this pass of the iterator handed out (`_num_yielded`: torch's count,
             # 0 at the start of each pass, persistent workers' included)
@@ -377,11 +389,12 @@ class _StepRecorder:
             if vars(iterator).get(_TRAINS_ATTR) and self._cut(iterator._num_yielded, handed_out):
                 raise StopIteration
             batch = original(iterator)
-            self.last_batch = batch_size(batch)
-            self.last_iterator = iterator
-            vars(iterator)[_EPOCH_SAMPLES_ATTR] = handed_out + self.last_batch
+            size = batch_size(batch)
+            vars(iterator)[_EPOCH_SAMPLES_ATTR] = handed_out + size
             drawn = vars(iterator).get(_INDICES_ATTR)
-            self.last_ids, self.latest_samples = drawn.popleft() if drawn else (None, None)
+            ids, self.latest_samples = drawn.popleft() if drawn else (None, None)
+            if torch.is_grad_enabled():  # drawn under `no_grad()`: an evaluation's batch
+                self.last_batch, self.last_ids, self.last_iterator = size, ids, iterator
             return batch
 
         return next_batch
@@ -587,9 +600,29 @@ class _StepRecorder:
         def init(optimizer, *args, **kwargs):
             original(optimizer, *args, **kwargs)
             if not any(o is optimizer for o in self.optimizers):
+                vars(optimizer)[_LATE_ATTR] = bool(self.record.times)
                 self.optimizers.append(optimizer)
 
         return init
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.batch_step:
+            vars(optimizer)[_ON_BATCHES_ATTR] = True
+
+    def _fits(self, optimizer: Any) -> bool:
+        """Whether `optimizer` fits a model of its own that no DDP model holds, built after
+        training began and never stepped after a DataLoader's batch (SimCLR's L-BFGS linear
+        probe on features every process computes alike): each process fits its own."""
+        wrapped = {id(p) for module in self.wrapped for p in module.parameters()}
+        return (
+            vars(optimizer).get(_LATE_ATTR, False)
+            and not vars(optimizer).get(_ON_BATCHES_ATTR, False)
+            and not any(
+                id(p) in wrapped or hasattr(p, "full_tensor")
+                for g in optimizer.param_groups
+                for p in g["params"]
+            )
+        )
 
     def _kept_wrapper(self, original: Callable) -> Callable:
         def init(wrapper, module, *args, **kwargs):
@@ -622,7 +655,13 @@ class _StepRecorder:
         sharded parameters gathered whole)."""
         import torch
 
-        groups = [[p for g in o.param_groups for p in g["params"]] for o in self.optimizers]
+        fitting = [o for o in self.optimizers if self._fits(o)]
+        self.record.fits = max(self.record.fits, len(fitting))
+        groups = [
+            [p for g in o.param_groups for p in g["params"]]
+            for o in self.optimizers
+            if not any(o is f for f in fitting)
+        ]
         groups += [list(module.parameters()) for module in self.wrapped]
         # reading a tensor whose storage FSDP resized to nothing crashes the process
         kept = [[p for p in params if _has_memory(p)] for params in groups]
