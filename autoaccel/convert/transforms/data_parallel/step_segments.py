@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
+from autoaccel.analysis.batch_pairs import assigned, called_pairing, read
 from autoaccel.analysis.fresh_data import generator_of
 from autoaccel.analysis.index import ModuleIndex
 from autoaccel.analysis.loss_reduction import averages_or_sums
@@ -71,10 +72,6 @@ _FACTORIES = frozenset(
 _AUTOCAST = frozenset(
     {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"}
 )
-# Distances between every two rows (of one tensor, or of the first two arguments).
-_PAIRWISE = frozenset({"torch.cdist", "torch.pdist", "torch.nn.functional.pdist"})
-# A function or method of the project (`select(x)`, `self.selector.get_triplets(x)`).
-_PROJECT_CALLEE = m.Name() | m.Attribute(value=m.Name("self") | m.Attribute(value=m.Name("self")))
 # Methods of Python's containers that change them in place.
 _MUTATORS = frozenset(
     {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add"}
@@ -125,48 +122,6 @@ class Refused(Exception):
         super().__init__(reason)
         self.reason = reason
         self.node = node
-
-
-def assigned(statement: cst.CSTNode) -> set[str]:
-    """Names (and `self.x` keys) a statement binds."""
-    found: set[str] = set()
-    for target in find(
-        statement, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.WithItem, cst.For)
-    ):
-        expr = (
-            target.target
-            if not isinstance(target, cst.WithItem)
-            else (target.asname.name if target.asname else None)
-        )
-        if expr is None:
-            continue
-        for node in find(expr, (cst.Name, cst.Attribute)):
-            key = name_key(node)
-            if key:
-                found.add(key)
-    return found
-
-
-def read(statement: cst.CSTNode) -> set[str]:
-    """Variable names a statement reads (attribute names, keywords and the annotations of
-    local variables, which Python does not evaluate, left out)."""
-    names = {id(n): n.value for n in find(statement, cst.Name)}
-    for annotation in find(statement, cst.Annotation):
-        for name in find(annotation, cst.Name):
-            names.pop(id(name), None)
-    for node in find(statement, (cst.Attribute, cst.Arg)):
-        inner = node.attr if isinstance(node, cst.Attribute) else node.keyword
-        if inner is not None:
-            names.pop(id(inner), None)
-    for target in find(statement, (cst.AssignTarget, cst.AnnAssign)):
-        bound = target.target
-        if isinstance(bound, cst.Name):
-            names.pop(id(bound), None)
-        elif isinstance(bound, (cst.Tuple, cst.List)):
-            for element in bound.elements:
-                if isinstance(element.value, cst.Name):
-                    names.pop(id(element.value), None)
-    return set(names.values())
 
 
 class SegmentFinder:
@@ -433,22 +388,14 @@ class SegmentFinder:
             lines.append(s)
         for s in reversed(lines):
             for call in find(s, cst.Call):
-                for obj in self.script.values(call.func):
-                    cls = obj.cls if obj.cls is not None and obj.cls.is_module else None
-                    function = cls.method("forward") if cls is not None else obj.function
-                    pairing = _how_it_pairs(function) if function is not None else None
-                    if pairing is not None:
-                        where = (
-                            f"`{function.node.name.value}`"
-                            if cls is None
-                            else f"`{cls.name}.forward`"
-                        )
-                        raise Refused(
-                            f"`{code_of(call.func)}(...)` pairs samples across the batch ({where}"
-                            f" {pairing}): on each GPU it would pair only those of its part of"
-                            " the batch, so `nn.DataParallel` would change the loss",
-                            self._statement_of(call),
-                        )
+                found = called_pairing(call, self.script.values(call.func))
+                if found is not None:
+                    raise Refused(
+                        f"`{code_of(call.func)}(...)` pairs samples across the batch (`{found[0]}`"
+                        f" {found[1]}): on each GPU it would pair only those of its part of"
+                        " the batch, so `nn.DataParallel` would change the loss",
+                        self._statement_of(call),
+                    )
 
     def loss_owner(self) -> tuple[cst.CSTNode, cst.CSTNode | None]:
         """The line computing the loss that the `.backward()` reads, in the block of its
@@ -1734,100 +1681,6 @@ def _statements_of(line: cst.CSTNode) -> list[cst.CSTNode]:
 def _in_place(method: str) -> bool:
     """`fill_`, `add_`: torch's in-place spelling; `append`, `update`: a container's."""
     return method.endswith("_") and not method.startswith("__") or method in _MUTATORS
-
-
-def _how_it_pairs(function) -> str | None:
-    """How `function` pairs samples of its tensor arguments, where it does: it indexes one
-    with indices that a function of the project computed from them (the triplets of an
-    online triplet loss), or takes their pairwise distances (`torch.cdist(x, x)`)."""
-    index = function.module.index
-    params = {p.name.value for p in function.node.params.params} - {"self"}
-    picked: set[str] = set()  # indices computed from the arguments by the project's code
-    derived = set(params)  # the arguments, and what the function computes from them
-    for s in find(function.node.body, cst.SimpleStatementLine):
-        if read(s) & derived:
-            derived |= assigned(s)
-        similarity = _similarities(s, derived, index)
-        if similarity is not None:
-            return f"compares every sample with every other: `{code_of(similarity)}`"
-        for call in find(s, cst.Call):
-            qualified = index.qualified_names(call.func)
-            if not read(call) & params:
-                continue
-            # `torch.cdist(x, x)`, not `torch.cdist(x, self.centres)`: a per-sample distance
-            if qualified & _PAIRWISE and all(read(a) & params for a in call.args[:2]):
-                return f"takes pairwise distances with `{code_of(call.func)}`"
-            if not qualified and m.matches(call.func, _PROJECT_CALLEE):
-                picked |= assigned(s)
-        for sub in find(s, cst.Subscript):
-            taken = {n.value for element in sub.slice for n in find(element, cst.Name)}
-            indexed = sub.value
-            if isinstance(indexed, cst.Name) and indexed.value in params and taken & picked:
-                return (
-                    f"indexes `{indexed.value}` with `{min(taken & picked)}`, computed from"
-                    " the batch"
-                )
-    return None
-
-
-def _similarities(
-    statement: cst.CSTNode, derived: set[str], index: ModuleIndex
-) -> cst.CSTNode | None:
-    """A product of the batch with itself in `statement` (a contrastive loss's similarity
-    matrix): `z @ z.t()`, `torch.mm(a, b.T)`, or a broadcast of two of its tensors against
-    each other (`cos(z1.unsqueeze(-2), z2.unsqueeze(-3))`), each operand computed from
-    the `derived` names."""
-    for node in find(statement, (cst.BinaryOperation, cst.Call)):
-        operands: list[cst.BaseExpression] = []
-        if isinstance(node, cst.BinaryOperation):
-            if isinstance(node.operator, cst.MatrixMultiply):
-                operands = [node.left, node.right]
-        elif isinstance(node, cst.Call):
-            func = node.func
-            if index.qualified_names(func) & _MATRIX_PRODUCTS:
-                operands = [a.value for a in node.args[:2]]
-            elif is_method_call(node, "mm", "matmul") and node.args:
-                operands = [func.value, node.args[0].value]  # type: ignore[attr-defined]
-            elif _broadcast_against_itself(node, derived):
-                return node
-        if len(operands) == 2 and read(operands[0]) & derived and _transposed(operands[1], derived):
-            return node
-    return None
-
-
-_MATRIX_PRODUCTS = frozenset({"torch.mm", "torch.matmul"})
-
-
-def _transposed(node: cst.BaseExpression, derived: set[str]) -> bool:
-    """Whether `node` is a matrix of the batch turned on its side (`z.t()`, `z.T`,
-    `z.transpose(0, 1)`): a product with it meets every sample with every other. (A
-    batched `k.transpose(-2, -1)` of attention pairs positions within each sample.)"""
-    inner: cst.BaseExpression | None = None
-    if isinstance(node, cst.Attribute) and node.attr.value == "T":
-        inner = node.value
-    elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        method = node.func.attr.value
-        dims = {code_of(a.value) for a in node.args}
-        if (method == "t" and not dims) or (method == "transpose" and dims == {"0", "1"}):
-            inner = node.func.value
-    return inner is not None and bool(read(inner) & derived)
-
-
-def _broadcast_against_itself(call: cst.Call, derived: set[str]) -> bool:
-    """`f(z1.unsqueeze(-2), z2.unsqueeze(-3))`: two tensors of the batch given new axes in
-    different places, so that every sample meets every other."""
-    axes = set()
-    for arg in call.args:
-        value = arg.value
-        if (
-            isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Attribute)
-            and value.func.attr.value == "unsqueeze"
-            and value.args
-            and read(value.func.value) & derived
-        ):
-            axes.add(code_of(value.args[0].value))
-    return len(axes) > 1
 
 
 def _element_index(target: cst.Tuple | cst.List, name: str) -> int | None:

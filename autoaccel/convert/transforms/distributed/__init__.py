@@ -21,6 +21,7 @@ from autoaccel.convert.transforms.distributed.name_train_loader import NameTrain
 from autoaccel.convert.transforms.distributed.no_sync_accumulation import NoSyncAccumulation
 from autoaccel.convert.transforms.distributed.order_sets_alike import OrderSetsAlike
 from autoaccel.convert.transforms.distributed.print_shard_sizes import PrintShardSizes
+from autoaccel.convert.transforms.distributed.refuse_split_pairs import RefuseSplitPairs
 from autoaccel.convert.transforms.distributed.progress_on_rank_zero import ProgressOnRankZero
 from autoaccel.convert.transforms.distributed.replace_data_parallel import ReplaceDataParallel
 from autoaccel.convert.transforms.distributed.scale_summed_loss import ScaleSummedLoss
@@ -46,6 +47,7 @@ DDP_STEPS = [
     ConvertSyncBatchNorm,
     SeedEachRank,
     OrderSetsAlike,
+    RefuseSplitPairs,
     WrapModel,
     MigrateHorovod,  # after WrapModel: fp16 compression hooks onto the DDP wrapper
     ShardStreamColumns,
