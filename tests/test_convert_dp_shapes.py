@@ -759,3 +759,43 @@ def test_a_product_with_a_weight_is_no_pairing() -> None:
     )
     skipped = [s for s in convert_source(source, DP, "train.py").log.skipped if s.wrong]
     assert not any("compares every sample" in s.reason for s in skipped)
+
+
+SQUEEZED_TARGET = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+loader = DataLoader(TensorDataset(torch.randn(18, 1, 8, 8), torch.randint(0, 3, (18, 1, 8, 8))), batch_size=4)
+model = nn.Conv2d(1, 3, 3, padding=1).to(device)
+scale = nn.Parameter(torch.ones(1, 3, 1, 1))
+optimizer = torch.optim.SGD([*model.parameters(), scale], lr=0.1)
+for image, mask in loader:
+    image, mask = image.to(device), mask.to(device)
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(model(image) * scale.squeeze(), mask.squeeze())
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_squeeze_of_the_batch_keeps_its_batch_dimension_on_each_gpu() -> None:
+    """useg's `criterion(out, target.squeeze())`: a (B, 1, H, W) mask squeezed to (B, H, W);
+    on a GPU given one sample of the batch (9 samples over 8 GPUs: parts of 2, 2, 2, 2, 1)
+    `squeeze()` dropped the batch dimension too and the loss raised. What is not the
+    batch's (`scale`, a parameter) is squeezed as written."""
+    conversion = convert_source(SQUEEZED_TARGET, DP, "train.py")
+    assert (
+        "        model(image) * scale.squeeze(), mask.squeeze(tuple(range(1, mask.dim())))\n"
+        in conversion.converted
+    )
+    assert (
+        Change(
+            "ACC402",
+            13,
+            "`mask.squeeze()` keeps the batch dimension on each GPU: a GPU's part of the batch may"
+            " hold one sample (the last batch's remainder)",
+        )
+        in conversion.log.changes
+    )

@@ -22,7 +22,7 @@ from autoaccel.analysis.loss_reduction import averages_or_sums
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.project import SCRIPT
 from autoaccel.analysis.script_model import DISTRIBUTED_DATA_PARALLEL, LoopRole, StepLoop
-from autoaccel.analysis.shapes import find, method_calls, name_calls
+from autoaccel.analysis.shapes import find, is_method_call, method_calls, name_calls
 from autoaccel.convert.log import ConversionLog
 from autoaccel.convert.transform import StatementRewrite
 from autoaccel.convert.transforms.data_parallel.step_segments import (
@@ -674,14 +674,20 @@ class ComputeLossInForward(StatementRewrite):
         """`def compute_loss(model, x, y): ...` and its `LossInForward` wrapper."""
         renames = dict(zip(seg.modules, seg.params))
         lines = []
+        batch = set(seg.inputs)  # and what the lines compute from the batch
         for statement in seg.chain:
+            if read(statement) & batch:
+                batch |= assigned(statement)
+            replace = _Replace(renames, seg.prepared.nodes, batch)
             lines.append(
-                code_of(
-                    statement.with_changes(leading_lines=[]).visit(
-                        _Replace(renames, seg.prepared.nodes)
-                    )
-                ).rstrip("\n")
+                code_of(statement.with_changes(leading_lines=[]).visit(replace)).rstrip("\n")
             )
+            for receiver in replace.squeezed:
+                self.changed(
+                    statement,
+                    f"`{receiver}.squeeze()` keeps the batch dimension on each GPU: a GPU's"
+                    " part of the batch may hold one sample (the last batch's remainder)",
+                )
         returned = ", ".join([seg.loss_name, *(name for name, _ in seg.kept)])
         body = "".join(
             f"    {line}\n" if line.strip() else "\n"
@@ -970,16 +976,38 @@ def _insert_class(
 class _Replace(cst.CSTTransformer):
     """The models a step's lines call, as written (`self.model`), by the parameters of the
     function that runs them (`model`); the `prepared` expressions of inputs by the inputs'
-    names."""
+    names. With the `batch` names (what derives from the batch), `x.squeeze()` of one of
+    them squeezes every dimension but the batch's, as it does for two samples or more: on
+    a GPU given one sample it would drop the batch dimension too (listed in `squeezed`)."""
 
-    def __init__(self, renames: dict[str, str], prepared: dict[cst.CSTNode, str]) -> None:
+    def __init__(
+        self,
+        renames: dict[str, str],
+        prepared: dict[cst.CSTNode, str],
+        batch: frozenset[str] | set[str] = frozenset(),
+    ) -> None:
         super().__init__()
         self.renames = renames
         self.prepared = prepared
+        self.batch = batch
+        self.squeezed: list[str] = []
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         name = self.prepared.get(original_node)
-        return cst.Name(name) if name else updated_node
+        if name:
+            return cst.Name(name)
+        func = updated_node.func
+        if (
+            is_method_call(original_node, "squeeze")
+            and not original_node.args
+            and isinstance(func, cst.Attribute)
+            and name_key(func.value) is not None  # a name or an attribute: read twice
+            and read(original_node.func) & self.batch
+        ):
+            receiver = code_of(func.value)
+            self.squeezed.append(code_of(original_node.func.value))  # type: ignore[attr-defined]
+            return cst.parse_expression(f"{receiver}.squeeze(tuple(range(1, {receiver}.dim())))")
+        return updated_node
 
     def leave_Attribute(
         self, original_node: cst.Attribute, updated_node: cst.Attribute
