@@ -6,9 +6,20 @@ run), is run without typer: importing it and parsing with it cost ~0.01 CPU-s of
 
 import gc
 import sys
+from collections.abc import Iterator
+
+from autoaccel.config import use_rule_catalog
+
+
+def rule_codes() -> Iterator[str]:
+    """The codes of the rule catalog, imported when a setting names rules."""
+    from autoaccel.rules import all_rules
+
+    return (rule.code for rule in all_rules())
 
 
 def main() -> None:
+    use_rule_catalog(rule_codes)  # the settings' rule selectors are checked against it
     if sys.argv[1:2] == ["lint"]:
         # The lint machinery (LibCST's ~300 node classes and the rules) lives until the
         # process exits: imported without collections and then frozen, the cyclic

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, get_args, get_origin
 
 from autoaccel.fileio import file_kind, os_error_message, read_bytes, real_path
@@ -134,14 +135,25 @@ def _codes(value: Any, key: str, source: Path) -> tuple[str, ...]:
     return codes
 
 
+# The rule codes `select`, `ignore` and the other selectors are checked against. The rule
+# catalog sits above this layer: the `autoaccel` command registers it before any command
+# reads settings (`autoaccel.__main__`).
+_rule_codes: Callable[[], Iterable[str]] | None = None
+
+
+def use_rule_catalog(codes: Callable[[], Iterable[str]]) -> None:
+    """Check selectors against the codes `codes()` returns (called when first needed)."""
+    global _rule_codes
+    _rule_codes = codes
+
+
 def check_selectors(codes: tuple[str, ...], where: str) -> None:
     """Raise `ConfigError` for the first of `codes` (codes or prefixes) that selects no
-    rule, as Ruff does, naming the closest rule code."""
-    if not codes:
+    rule, as Ruff does, naming the closest rule code. Without a registered catalog
+    (`use_rule_catalog`), nothing is checked."""
+    if not codes or _rule_codes is None:
         return
-    from autoaccel.rules import all_rules
-
-    known = [rule.code for rule in all_rules()]
+    known = list(_rule_codes())
     for code in codes:
         if not any(known_code.startswith(code) for known_code in known):
             raise ConfigError(f"{where}: unknown rule selector `{code}`{_suggestion(code, known)}")

@@ -11,8 +11,14 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
+from autoaccel.__main__ import rule_codes
 from autoaccel.cli import app
+from autoaccel.config import use_rule_catalog
 from running import SessionRuns, runs_tests_by_module
+
+# What the `autoaccel` command registers before it runs any command (the CLI runner and
+# the tests that read settings start below it).
+use_rule_catalog(rule_codes)
 
 # ACC101 (unsafe fix) and ACC102 (safe fix) both fire on line 4, column 10.
 SCRIPT = textwrap.dedent("""\

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -227,3 +229,18 @@ def test_an_opt_in_rule_runs_only_when_named_in_full(cli, tmp_path, args, report
     (tmp_path / "train.py").write_text(ADAM)
     run = cli("lint", "train.py", *args)
     assert ("ACC505" in run.stdout) is reported, run.stdout
+
+
+@pytest.mark.parametrize("command", [("lint", "train.py"), ("convert", "train.py", "--no-run")])
+def test_the_installed_command_checks_the_table_s_rule_codes(tmp_path, command):
+    """The config loader sits below the rule catalog: the `autoaccel` command hands it the
+    catalog (`config.use_rule_catalog`) before any command reads settings, also on the
+    plain lint call that skips typer (the pre-commit hook's)."""
+    write_config(tmp_path, '[tool.autoaccel]\nignore = ["ACC1O1"]\n')
+    (tmp_path / "train.py").write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autoaccel", *command],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "unknown rule selector `ACC1O1`, did you mean `ACC101`?" in proc.stderr
