@@ -115,3 +115,23 @@ def test_a_model_in_a_dict_is_still_refused_by_fsdp():
 )
 def test_ddp_names(key, wrapper):
     assert ddp_name(key) == wrapper
+
+
+def test_a_model_the_run_trained_but_the_code_hides_is_named_in_the_refusal(tmp_path):
+    """Passed as `*(model, opt)`, the model reaches the step through names the conversion
+    cannot follow, though the run saw it train: the refusal says what the run trained
+    (SR-GNN's model reached `model(...)` through two functions' parameters)."""
+    project = tmp_path / "fixtures" / "facts" / "step_module"
+    shutil.copytree(FACTS_FIXTURES / "step_module", project)
+    train = project / "train.py"
+    train.write_text(
+        train.read_text().replace("train_step(model, opt,", "train_step(*(model, opt),")
+    )
+    data = json.loads((SNAPSHOTS / f"{STEP_MODULE}.json").read_text())
+    facts = RunFacts.from_json(absolute(data, tmp_path))
+    conversion, _ = converted(DDP, script=train, facts=facts)
+    [reason] = [r for r in wrong(conversion) if "no trained model was recognised" in r]
+    assert (
+        "(the run trained `Sequential` made at train.py:24, which reaches it through names the"
+        " conversion cannot follow: function parameters or attributes)"
+    ) in reason

@@ -9,6 +9,8 @@ and evaluation runs on the plain model without any communication.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from collections.abc import Callable, Set as AbstractSet
 from dataclasses import dataclass
 
@@ -95,9 +97,9 @@ class WrapModel(DistributedStep):
         ):  # (none: converted before)
             self.skipped(
                 "DistributedDataParallel",
-                "no trained model was recognised in this training loop, so nothing is wrapped"
-                " and every process trains its own copy; wrap the model in"
-                " `DistributedDataParallel` by hand",
+                f"no trained model was recognised in this training loop{self._run_trained()},"
+                " so nothing is wrapped and every process trains its own copy; wrap the model"
+                " in `DistributedDataParallel` by hand",
                 loops[0],
                 wrong=True,
             )
@@ -121,6 +123,22 @@ class WrapModel(DistributedStep):
                 model,
                 may_be_frozen=model.key not in optimized and (bool(optimized) or len(models) > 1),
             )
+
+    def _run_trained(self) -> str:
+        """What the run of the script saw train, where the code alone found nothing."""
+        facts = self.run_facts()
+        made = facts.trained_models() if facts is not None else []
+        if not made:
+            return ""
+        named = ", ".join(
+            f"`{m.cls.rpartition('.')[2]}`"
+            + (f" made at {Path(m.site.path).name}:{m.site.line}" if m.site else "")
+            for m in made
+        )
+        return (
+            f" (the run trained {named}, which reaches it through names the conversion cannot"
+            " follow: function parameters or attributes)"
+        )
 
     def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
         # the methods of the model's classes of the project: a function given the wrapper
