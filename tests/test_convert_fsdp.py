@@ -635,3 +635,49 @@ def unrefused_fixture(name: str) -> Conversion:
     conversion = convert_source(path.read_text(), FSDP, str(path))
     assert refusals(conversion) == []
     return conversion
+
+
+KEEPS_TOTALS = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Autoencoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.totals = []
+        self.encoder = nn.Sequential(nn.Linear(16, 4), nn.ReLU())
+        self.decoder = nn.Sequential(nn.Linear(4, 16))
+
+    def forward(self, x):
+        return self.decode(self.encoder(x))
+
+    def decode(self, z):
+        return self.decoder(z)
+
+    def mean_loss(self):
+        mean = sum(self.totals) / len(self.totals)
+        self.totals.clear()
+        return mean
+
+
+model = Autoencoder()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for (x,) in DataLoader(TensorDataset(torch.rand(64, 16)), batch_size=16):
+    loss = (model(x) - x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    model.totals.append(loss.item())
+print(model.mean_loss(), model.decode(torch.zeros(1, 4)))
+"""
+
+
+def test_a_method_that_reads_bookkeeping_attributes_is_not_registered():
+    """`mean_loss()` calls `self.totals.clear()`, a list's method: it computes nothing with
+    the layers, and registered it would gather every parameter at each call. `decode()`
+    runs `self.decoder`: registered."""
+    converted = convert_source(KEEPS_TOTALS, FSDP, "train.py").converted
+    assert 'register_fsdp_forward_method(model, "decode")' in converted
+    assert '"mean_loss"' not in converted

@@ -19,7 +19,7 @@ import libcst as cst
 
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Obj, Program, SourceModule
-from autoaccel.analysis.shapes import find, is_method_call, method_calls, tuple_items
+from autoaccel.analysis.shapes import find, is_method_call, is_name, method_calls, tuple_items
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -147,11 +147,14 @@ class ShardModel(DistributedStep):
             if not self.script.model_method(call):
                 continue
             defined = [
-                obj.cls.method(func.attr.value)
+                (obj.cls.method(func.attr.value), obj.cls)
                 for obj in self.script.values(func.value)
                 if obj.kind is Kind.MODULE and obj.cls is not None
             ]
-            if any(f is not None and _computes_with_layers(f.node) for f in defined):
+            if any(
+                f is not None and _computes_with_layers(f.node, _bookkeeping(cls))
+                for f, cls in defined
+            ):
                 methods.append(func.attr.value)
         return methods
 
@@ -409,29 +412,59 @@ def _listed(methods: list[str], key: str = "", quote: str = "`") -> str:
     return " and ".join(filter(None, [", ".join(named[:-1]), named[-1]]))
 
 
-def _computes_with_layers(method: cst.FunctionDef) -> bool:
+def _computes_with_layers(method: cst.FunctionDef, bookkeeping: set[str]) -> bool:
     """Whether `method` calls something of `self` (a layer, another method) or hands an
     attribute of `self` to a call (`F.linear(x, self.weight)`). Not `self.parameters()`
-    and the other methods of `nn.Module` that compute nothing: minGPT's
+    and the other methods of `nn.Module` that compute nothing (minGPT's
     `configure_optimizers()`, registered, would gather the parameters and give the
-    optimizer the whole ones, freed after the call, not the shards."""
+    optimizer the whole ones, freed after the call, not the shards), nor what a
+    `bookkeeping` attribute does (`self.totals.clear()`: registered, a VAE's method that
+    sums the losses forward kept would gather every parameter, a collective, at each
+    call)."""
     for call in find(method.body, cst.Call):
         root = call.func
+        first = None  # the attribute of `self` the call starts from
         while isinstance(root, cst.Attribute):
+            first = root.attr.value
             root = root.value
         if (
             isinstance(call.func, cst.Attribute)
             and call.func.attr.value not in _GATHERS_NOTHING
             and isinstance(root, cst.Name)
             and root.value == "self"
+            and first not in bookkeeping
         ):
             return True
         if any(
-            isinstance(arg.value, cst.Attribute) and name_key(arg.value.value) == "self"
+            isinstance(arg.value, cst.Attribute)
+            and name_key(arg.value.value) == "self"
+            and arg.value.attr.value not in bookkeeping
             for arg in call.args
         ):
             return True
     return False
+
+
+# What a bookkeeping attribute is given: a number, a string, None, a display.
+_BOOKKEEPING_VALUES = (
+    cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString, cst.Dict, cst.List, cst.Set,
+    cst.Tuple, cst.DictComp, cst.ListComp, cst.SetComp,
+)  # fmt: skip
+
+
+def _bookkeeping(cls: ClassInfo) -> set[str]:
+    """The attributes of `cls` (and of its project bases) that every assignment gives a
+    number, a string, None or a display (`self.losses = {}`): they hold no layer."""
+    values: dict[str, list[cst.BaseExpression]] = {}
+    for c in cls.mro():
+        for function in c.methods.values():
+            for attribute, value in attribute_assignments(function.node.body):
+                values.setdefault(attribute, []).append(value)
+    return {
+        attribute
+        for attribute, assigned in values.items()
+        if all(isinstance(v, _BOOKKEEPING_VALUES) or is_name(v, "None") for v in assigned)
+    }
 
 
 def _reads_parameter(value: cst.BaseExpression, key: str, scope: cst.CSTNode) -> bool:
