@@ -1436,6 +1436,32 @@ def test_a_printed_average_of_a_training_sum_divides_by_this_processs_counts():
     assert len(log.changes) == 2 and log.skipped == []
 
 
+def test_a_printed_count_of_the_step_s_batch_divides_by_this_processs_batch():
+    """A DCGAN-style script printed each step's accuracy as `correct.item() /
+    float(args.batch_size)`, `correct` counted over this process's batch: half the
+    original on two processes (thirteenth unseen set). A number not made from the batch
+    (`steps`) keeps the global size."""
+    body = """\
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+train_set = TensorDataset(inputs, targets)
+sampler = DistributedSampler(train_set) if DISTRIBUTED else None
+loader = DataLoader(train_set, batch_size=per_process_batch_size(args.batch_size), sampler=sampler)
+for i, (x, y) in enumerate(loader):
+    out = model(x)
+    loss = criterion(out, y)
+    loss.backward()
+    optimizer.step()
+    correct = out.argmax(1).eq(y).sum()
+    print("accuracy", correct.item() / float(args.batch_size))
+    print(steps / args.batch_size)
+"""
+    code, log = run_step(FollowPerProcessBatch, body)
+    assert code == body.replace(
+        "float(args.batch_size)", "float(per_process_batch_size(args.batch_size))"
+    )
+    assert len(log.changes) == 1 and log.skipped == []
+
+
 def test_a_dataset_size_without_a_readable_loader_stays():
     """The sharded loader is made inside a function: no name at the print holds it."""
     body = """\

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoaccel.analysis.batch_pairs import assigned
+from autoaccel.analysis.batch_pairs import read as names_read
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.phases import phases_of
 from autoaccel.analysis.program import TENSOR_TYPES, Kind
@@ -121,14 +123,42 @@ class FollowPerProcessBatch(DistributedStep):
 
     def _follow_printed(self, read: cst.BaseExpression) -> None:
         """A shown batch size stays, unless it counts the samples of an average of a
-        training sum (anywhere in the module: the epoch's summary follows its loop)."""
-        if self.divides_training_sum(read):
+        training sum (anywhere in the module: the epoch's summary follows its loop) or of
+        a count the step makes of its batch."""
+        if self.divides_training_sum(read) or self._divides_a_count_of_the_batch(read):
             self.per_process.add(read)
             self.changed(
                 read,
                 f"`{size_key(read)}` counts the samples of a printed average of this"
                 f" process's batches: `{BATCH_HELPER}({size_key(read)})`",
             )
+
+    def _divides_a_count_of_the_batch(self, read: cst.BaseExpression) -> bool:
+        """`correct.item() / float(args.batch_size)` printed in a training step loop, where
+        `correct` is computed in that loop from its batch: a count over this process's
+        batch, which the global batch size would halve on two processes."""
+        child: cst.CSTNode = read
+        for ancestor in self.ancestors(read):
+            if isinstance(ancestor, cst.BinaryOperation) and isinstance(
+                ancestor.operator, cst.Divide
+            ):
+                break
+            child = ancestor
+        else:
+            return False
+        if ancestor.right is not child:
+            return False
+        for loop in self.train_loops():
+            if not any(a is loop for a in self.ancestors(read)):
+                continue
+            derived = set(self.script.step_loops[loop].batch_names)
+            for statement in find(loop.body, cst.SimpleStatementLine):
+                if any(a is statement for a in self.ancestors(read)):
+                    break
+                if names_read(statement) & derived:
+                    derived |= assigned(statement)
+            return bool(names_read(ancestor.left) & derived)
+        return False
 
     def _shapes_a_buffer_of_the_step(self, read: cst.BaseExpression, trained: set[str]) -> bool:
         """`read` shapes a tensor made outside the step and bound to a name the step reads
