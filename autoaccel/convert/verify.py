@@ -31,7 +31,7 @@ the fixtures:
 * no file is written by more than one process (names equal but for their numbers count
   as one file: TensorBoard names its event files by process id and time);
 * the averages and totals the original prints or logs (numbers labelled loss, avg, mean,
-  total, sum, acc, accuracy, matched by the text of their line and the order printed; the scalars given
+  total, sum, matched by the text of their line and the order printed; the scalars given
   to TensorBoard or wandb under such a tag, by their tag) are not off by the number of
   processes in every line (a shard's sum divided by the whole set's size prints half).
   Not "within the noise of another seed": a few printed numbers give no estimate of that
@@ -75,10 +75,10 @@ NOISE_SIGMAS = 3
 # A printed average or total off by the number of processes, within this much.
 PROCESS_FACTOR_TOLERANCE = 0.15
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-# A word of a label or tag: `val/loss`, `validation.g_loss` and `loss_avg` too (not `losses`);
-# an accuracy is an average too (`correct / args.batch_size` printed half under DDP).
+# A word of a label or tag: `val/loss`, `validation.g_loss` and `loss_avg` too (not `losses`).
+# (Not an accuracy: early in training two seeds' accuracies may differ twofold.)
 _AVERAGE_LABEL = re.compile(
-    r"(?<![^\W_])(?:avg|average|mean|total|sum|loss|acc|accuracy)(?![^\W_])", re.IGNORECASE
+    r"(?<![^\W_])(?:avg|average|mean|total|sum|loss)(?![^\W_])", re.IGNORECASE
 )
 ORIGINAL_RUNS = "the original runs"
 # Errors a process gets because another one failed: its peer's connection closed, a
@@ -729,7 +729,7 @@ def _one_writer(ranks: list[dict[str, Any]]) -> Check:
 
 def _printed_values(original: Run, rank: dict[str, Any]) -> Check:
     """Each average or total the original prints (a number after `loss`, `avg`, `mean`,
-    `total`, `sum`, `acc` or `accuracy` in its line) or logs (a scalar of such a tag), as rank 0 prints it in
+    `total` or `sum` in its line) or logs (a scalar of such a tag), as rank 0 prints it in
     the lines of the same text, or logs it under the same tag: not off by the number of
     processes in all of them (see the module docstring). Each number is compared as it
     is, and relative to the mean loss of the steps (of that process) since the same line
