@@ -892,6 +892,25 @@ def test_file_opened_for_writing_is_written_on_rank_zero():
         """)
 
 
+def test_a_file_opened_in_the_arguments_of_a_call_statement_is_written_on_rank_zero():
+    """`pickle.dump(vocab, open("vocab.pkl", "wb"))` (a char-RNN's vocabulary): the
+    statement's value is dropped, so the statement goes under the guard (it was refused
+    as "part of an expression")."""
+    code, log = run_step(
+        GuardRankZero,
+        """\
+        pickle.dump(vocab, open("vocab.pkl", "wb"))
+        json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2)
+        """,
+    )
+    assert code == dedent("""\
+        if RANK == 0:
+            pickle.dump(vocab, open("vocab.pkl", "wb"))
+            json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2)
+        """)
+    assert not [s for s in log.skipped if s.wrong]
+
+
 def test_function_that_only_writes_returns_early_on_other_ranks():
     code, _ = run_step(
         GuardRankZero,

@@ -242,12 +242,18 @@ class _Collector(cst.CSTVisitor):
 
     # -- where it sits --------------------------------------------------------------
     def _statement(self, call: cst.Call) -> cst.BaseStatement | None:
-        """`with open(...) as f:` for an opened file, the line of a call statement. (Not
-        `with wandb.init():`: its block may hold the whole training.)"""
+        """`with open(...) as f:` for an opened file, the line of a call statement, also
+        of one the call is an argument of (`pickle.dump(vocab, open(path, "wb"))`: the
+        statement's value is dropped). (Not `with wandb.init():`: its block may hold the
+        whole training.)"""
         parent = self.index.parent(call)
         if isinstance(parent, cst.WithItem):
             opens = self.index.qualified_names(call.func) & OPENS
             return self.index.parent(parent) if opens else None  # type: ignore[return-value]
+        while isinstance(parent, cst.Arg) and isinstance(
+            outer := self.index.parent(parent), cst.Call
+        ):
+            parent = self.index.parent(outer)
         line = self.index.parent(parent) if isinstance(parent, cst.Expr) else None
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             return line
