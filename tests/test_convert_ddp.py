@@ -2147,3 +2147,22 @@ def test_buffers_that_never_change_are_not_broadcast(change, constant):
     code = convert_source(source, DDP, str(CONSTANT_BUFFER)).converted
     assert ("        broadcast_buffers=False,\n" in code) is constant
     assert ("# (`pe` never changes in training: no broadcast" in code) is constant
+
+
+def test_a_method_that_computes_nothing_is_called_on_the_model_itself():
+    """fixtures/ddp/init_hidden_method.py: `train(model, ...)` gets the wrapper and calls
+    `model.init_hidden(n)` (zeros shaped by `self.hidden`, an int): called on the model
+    itself. `sample(model)` in the rank-0 print takes the bare model there too, not hoisted
+    out of the print (it runs no collective)."""
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "ddp" / "init_hidden_method.py"
+    conversion = convert_source(path.read_text(), DDP, "train.py")
+    assert [s.reason for s in conversion.log.skipped if s.wrong] == []
+    text = conversion.converted
+    assert "logits, _ = model(tokens, unwrapped(model).init_hidden(tokens.size(0)))" in text
+    assert 'f"epoch {epoch} loss {loss.item():.4f} sample {sample(unwrapped(model))}"' in text
+    computing = path.read_text().replace(
+        "        zeros = torch.zeros(1, batch_size, self.hidden)\n",
+        "        zeros = self.head.weight.new_zeros(1, batch_size, self.hidden)\n",
+    )
+    refused = convert_source(computing, DDP, "train.py").log.skipped
+    assert any("init_hidden" in s.reason for s in refused if s.wrong)

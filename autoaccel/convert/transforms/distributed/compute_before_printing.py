@@ -17,6 +17,7 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.rank_guards import rank_guarded
 from autoaccel.analysis.shapes import find, is_name
 from autoaccel.analysis.side_effects import PRINTS
+from autoaccel.convert.transforms.distributed.wrap_model import UNWRAPPED
 from autoaccel.convert.transforms.distributed._base import (
     DistributedStep,
     fresh_name,
@@ -105,6 +106,8 @@ def runs_model(
     if _root_name(func) in modules:
         return False  # `torch.save(...)`, not the script's `save()` that gathers a model
     callee = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    if callee == UNWRAPPED:
+        return False  # the conversion's own helper: it hands out the bare model
     return callee in runners or (
         callee in functions and any(name_key(arg.value) in models for arg in call.args)
     )

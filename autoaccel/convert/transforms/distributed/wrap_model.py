@@ -18,6 +18,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from autoaccel.analysis.index import ModuleIndex, descendants
+from autoaccel.analysis.module_methods import (
+    LOCAL_MODULE_METHODS,
+    attribute_assignments,
+    computes_with_layers,
+)
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Program
 from autoaccel.analysis.script_model import strip_device_moves
@@ -64,15 +69,6 @@ _PARAMETER = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
 # What a training function may do with a model it receives, once that is a DDP wrapper
 # (not `named_parameters()` nor `state_dict()`: their names gain a `module.` prefix).
 _DDP_METHODS = frozenset({"train", "eval", "zero_grad", "parameters", "no_sync", "forward"})
-# Methods of `nn.Module` that compute nothing with its layers, called on the model itself
-# where a function gets the wrapper: `unwrapped(model).state_dict()` has the original keys.
-LOCAL_MODULE_METHODS = frozenset(
-    {
-        "state_dict", "load_state_dict", "named_parameters", "named_modules", "modules",
-        "children", "named_children", "buffers", "named_buffers", "to", "cuda", "cpu",
-        "half", "float", "double", "requires_grad_", "apply",
-    }
-)  # fmt: skip
 # What a function given the wrapper reads of the model itself: `unwrapped(model).temperature`.
 UNWRAPPED = "unwrapped"
 _UNWRAPPED_CODE = f'''
@@ -142,13 +138,15 @@ class WrapModel(DistributedStep):
 
     def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
         # the methods of the model's classes of the project: a function given the wrapper
-        # must not call them on it (they compute with its layers outside DDP's forward)
-        self.own_methods = {
-            name
-            for o in self.script.held_by(model.key)
-            if o.cls is not None
-            for c in o.cls.mro()
-            for name in c.methods
+        # must not call them on it (they compute with its layers outside DDP's forward),
+        # but those that compute nothing with them (`init_hidden()`) on the model itself
+        classes = {o.cls for o in self.script.held_by(model.key) if o.cls is not None}
+        defined = [
+            (name, f, cls) for cls in classes for c in cls.mro() for name, f in c.methods.items()
+        ]
+        self.own_methods = {name for name, _, _ in defined}
+        self.plain_methods = self.own_methods - {
+            name for name, f, cls in defined if computes_with_layers(f.node, cls)
         }
         if model.key in self.trained_methods:
             self._wrap_method(model, self.trained_methods[model.key])
@@ -457,17 +455,20 @@ class WrapModel(DistributedStep):
     def _model_attribute(self, node: cst.Attribute, read: cst.Name) -> bool:
         """Whether `node` reads an attribute of the model `read` names that the model itself
         may give where the function gets the wrapper: a value or submodule (`model.
-        temperature`, `model.teacher.eval()`), a method of `nn.Module` that computes
-        nothing (`model.state_dict()`), a submodule run under `torch.no_grad()` (a frozen
-        teacher's forward); not a method of the model's class, nor any other call (it may
-        compute with the model's layers, outside DDP's forward)."""
+        temperature`, `model.teacher.eval()`), a method of `nn.Module` or of the model's
+        class that computes nothing with its layers (`model.state_dict()`,
+        `model.init_hidden(n)`), a submodule run under `torch.no_grad()` (a frozen
+        teacher's forward); not another method of the model's class, nor any other call
+        (it may compute with the model's layers, outside DDP's forward)."""
         if node.value is not read:
             return False
         name = node.attr.value
         parent = self.parent(node)
         called = isinstance(parent, cst.Call) and parent.func is node
-        return name not in self.own_methods | {"module"} and (
-            not called or name in LOCAL_MODULE_METHODS or self.under_no_grad(node)
+        return name not in (self.own_methods - self.plain_methods) | {"module"} and (
+            not called
+            or name in LOCAL_MODULE_METHODS | self.plain_methods
+            or self.under_no_grad(node)
         )
 
     def _elsewhere_takes_wrapper(self, passed: PassedModel) -> bool:
@@ -798,26 +799,6 @@ def _stores_locally(function: cst.FunctionDef) -> bool:
         and name.value.value in local
         for name in names
     )
-
-
-def attribute_assignments(body: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
-    """(attribute, value) of each assignment to an attribute of `self` in `body`:
-    `self.x = v`, and each element of `self.a, self.b = a, b`."""
-    found = []
-    for assign in find(body, cst.Assign):
-        for target in (t.target for t in assign.targets):
-            pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]] = [(target, assign.value)]
-            if isinstance(target, cst.Tuple) and isinstance(assign.value, cst.Tuple):
-                if len(target.elements) == len(assign.value.elements):
-                    pairs = [
-                        (t.value, v.value) for t, v in zip(target.elements, assign.value.elements)
-                    ]
-            found += [
-                (t.attr.value, v)
-                for t, v in pairs
-                if isinstance(t, cst.Attribute) and is_name(t.value, "self")
-            ]
-    return found
 
 
 # What an optimizer's parameters come from: the receiver of each `.parameters()` call,

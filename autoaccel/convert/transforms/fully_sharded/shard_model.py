@@ -17,9 +17,10 @@ from pathlib import Path
 
 import libcst as cst
 
+from autoaccel.analysis.module_methods import attribute_assignments, computes_with_layers
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Obj, Program, SourceModule
-from autoaccel.analysis.shapes import find, is_method_call, is_name, method_calls, tuple_items
+from autoaccel.analysis.shapes import find, is_method_call, method_calls, tuple_items
 from autoaccel.convert.transforms.distributed._base import (
     DISTRIBUTED,
     DistributedStep,
@@ -29,8 +30,6 @@ from autoaccel.convert.transforms.distributed._base import (
 )
 from autoaccel.convert.transforms.distributed.wrap_model import (
     Handover,
-    LOCAL_MODULE_METHODS,
-    attribute_assignments,
     placed_models,
 )
 from autoaccel.convert.transforms.fully_sharded._helpers import (
@@ -44,8 +43,6 @@ from autoaccel.cst_edit import code_of, first_line_of
 _PARAMETERS = ("parameters", "named_parameters")
 # Methods that leave a module's parameters where they are (a sharded model takes them).
 _KEEPS_MODULE = frozenset({*_PARAMETERS, "load_state_dict", "state_dict", "train", "eval"})
-# Methods of `nn.Module` a method of the model may call without computing with its layers.
-_GATHERS_NOTHING = LOCAL_MODULE_METHODS | {*_KEEPS_MODULE, "zero_grad"}
 
 
 class ShardModel(DistributedStep):
@@ -151,10 +148,7 @@ class ShardModel(DistributedStep):
                 for obj in self.script.values(func.value)
                 if obj.kind is Kind.MODULE and obj.cls is not None
             ]
-            if any(
-                f is not None and _computes_with_layers(f.node, _bookkeeping(cls))
-                for f, cls in defined
-            ):
+            if any(f is not None and computes_with_layers(f.node, cls) for f, cls in defined):
                 methods.append(func.attr.value)
         return methods
 
@@ -410,61 +404,6 @@ def _listed(methods: list[str], key: str = "", quote: str = "`") -> str:
     """`decode()`, or `model.encode()` and `model.decode()` with the model's `key`."""
     named = [f"{quote}{key + '.' if key else ''}{method}(){quote}" for method in methods]
     return " and ".join(filter(None, [", ".join(named[:-1]), named[-1]]))
-
-
-def _computes_with_layers(method: cst.FunctionDef, bookkeeping: set[str]) -> bool:
-    """Whether `method` calls something of `self` (a layer, another method) or hands an
-    attribute of `self` to a call (`F.linear(x, self.weight)`). Not `self.parameters()`
-    and the other methods of `nn.Module` that compute nothing (minGPT's
-    `configure_optimizers()`, registered, would gather the parameters and give the
-    optimizer the whole ones, freed after the call, not the shards), nor what a
-    `bookkeeping` attribute does (`self.totals.clear()`: registered, a VAE's method that
-    sums the losses forward kept would gather every parameter, a collective, at each
-    call)."""
-    for call in find(method.body, cst.Call):
-        root = call.func
-        first = None  # the attribute of `self` the call starts from
-        while isinstance(root, cst.Attribute):
-            first = root.attr.value
-            root = root.value
-        if (
-            isinstance(call.func, cst.Attribute)
-            and call.func.attr.value not in _GATHERS_NOTHING
-            and isinstance(root, cst.Name)
-            and root.value == "self"
-            and first not in bookkeeping
-        ):
-            return True
-        if any(
-            isinstance(arg.value, cst.Attribute)
-            and name_key(arg.value.value) == "self"
-            and arg.value.attr.value not in bookkeeping
-            for arg in call.args
-        ):
-            return True
-    return False
-
-
-# What a bookkeeping attribute is given: a number, a string, None, a display.
-_BOOKKEEPING_VALUES = (
-    cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString, cst.Dict, cst.List, cst.Set,
-    cst.Tuple, cst.DictComp, cst.ListComp, cst.SetComp,
-)  # fmt: skip
-
-
-def _bookkeeping(cls: ClassInfo) -> set[str]:
-    """The attributes of `cls` (and of its project bases) that every assignment gives a
-    number, a string, None or a display (`self.losses = {}`): they hold no layer."""
-    values: dict[str, list[cst.BaseExpression]] = {}
-    for c in cls.mro():
-        for function in c.methods.values():
-            for attribute, value in attribute_assignments(function.node.body):
-                values.setdefault(attribute, []).append(value)
-    return {
-        attribute
-        for attribute, assigned in values.items()
-        if all(isinstance(v, _BOOKKEEPING_VALUES) or is_name(v, "None") for v in assigned)
-    }
 
 
 def _reads_parameter(value: cst.BaseExpression, key: str, scope: cst.CSTNode) -> bool:
