@@ -192,8 +192,13 @@ class SeedEachRank(DistributedStep):
         return next((m.training for m in self.trained_models(module) if m.training), None)
 
     def _seeded_start(self, module: cst.Module, seeds: list[cst.Call]) -> cst.BaseStatement | None:
-        """Where training starts after the script seeds; None, said, when not found."""
+        """Where training starts after the script seeds; None, said, when not found. Not in
+        a function run more than once (`train_one_epoch(model, ...)` called per epoch: a
+        re-seed there would repeat one random stream every epoch), but where the seeded
+        code starts it (`fit(loader, teacher)` in `main()`)."""
         start = self._training_start(module)
+        if start is not None and not self._runs_once(self.scope_of(start)):
+            start = None
         for seed in (
             seeds if start is None else ()
         ):  # the model is built elsewhere (a Trainer's `__init__`)
@@ -211,6 +216,30 @@ class SeedEachRank(DistributedStep):
                 seeds[0],
             )
         return start
+
+    def _runs_once(self, scope: cst.CSTNode | None, depth: int = 0) -> bool:
+        """Whether the code of `scope` (a function, None: the module) runs once a run: the
+        module's, or a function called from one place outside any loop, by code that
+        runs once."""
+        program = self.script.program
+        if scope is None or not isinstance(scope, cst.FunctionDef):
+            return True
+        if program is None or depth > 8:
+            return False
+        function = next((f for f in program.functions.values() if f.node is scope), None)
+        calls = program.calls_of(function) if function is not None else []
+        if len(calls) != 1:
+            return False
+        (call,) = calls
+        index = program.module_of[call].index
+        for ancestor in index.ancestors(call):
+            if isinstance(ancestor, (cst.For, cst.While)):
+                return False
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+                return isinstance(ancestor, cst.FunctionDef) and self._runs_once(
+                    ancestor, depth + 1
+                )
+        return True
 
     def _drawn_unseeded(
         self, module: cst.Module, start: cst.BaseStatement, seeds: list[cst.Call]
