@@ -2171,11 +2171,18 @@ def test_a_method_that_computes_nothing_is_called_on_the_model_itself():
 def test_the_per_process_reseed_runs_once_where_training_starts():
     """fixtures/ddp/epoch_function.py: the step loop is in `train_one_epoch()`, called once
     per epoch by `fit()`; the re-seed goes before `fit(loader, teacher)` in `main()`, not
-    into `train_one_epoch()`, where every epoch drew the same noise again."""
+    into `train_one_epoch()`, where every epoch drew the same noise again. The epoch's
+    training, called inside the print, runs on every process before the rank-0 print (the
+    whole print went under the guard: rank 1 never trained)."""
     path = Path(__file__).resolve().parent.parent / "fixtures" / "ddp" / "epoch_function.py"
     text = convert_source(path.read_text(), DDP, "train.py").converted
     assert text.count("torch.manual_seed(torch.initial_seed() + RANK)") == 1
     assert (
         "    if DISTRIBUTED:\n        torch.manual_seed(torch.initial_seed() + RANK)\n"
         "    fit(loader, teacher)\n"
+    ) in text
+    assert (
+        "        train_one_epoch_result = train_one_epoch(loader, model, criterion, optimizer)\n"
+        "        if RANK == 0:\n"
+        '            print(f"epoch {epoch} loss {train_one_epoch_result:.4f}")\n'
     ) in text

@@ -489,6 +489,7 @@ verified = runs_fixture(start_runs)
         "iteration_passes.py",  # before: the same order in every pass
         "phase_loop.py",  # before: refused (the validation branch's batch size), set_epoch missing
         "constant_buffer.py",  # before: DDP's buffer broadcast crashed on a strided `pe`
+        "epoch_function.py",  # before: the epoch's training, inside a print, ran on rank 0 only
     ],
 )
 def test_each_ddp_fixture_converts_and_verifies(name, verified):

@@ -6,7 +6,9 @@ model with buffers (BatchNorm) broadcasts them at each forward, and a forward of
 model gathers its parameters. On rank 0 alone the collective does not match the other
 processes' (gloo: "Received data size doesn't match expected size", an abort). The call
 moves into a statement of its own just before the print (`evaluate_result =
-evaluate(model, loader)`), which every process runs, and the print reads its result.
+evaluate(model, loader)`), which every process runs, and the print reads its result. So
+does a call that trains (`print(f"loss {train_one_epoch(model, ...):.4f}")`): under the
+guard, only rank 0 would train.
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ class ComputeBeforePrinting(DistributedStep):
                 c
                 for c in find(call, cst.Call)
                 if c is not call
-                and runs_model(c, models, functions, self.collectives, runners, modules)
+                and (
+                    runs_model(c, models, functions, self.collectives, runners, modules)
+                    or self.script.runs_training(c)  # `print(f"{train_epoch(...):.4f}")`
+                )
             ]
             outermost = [
                 c
