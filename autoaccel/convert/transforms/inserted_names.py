@@ -45,7 +45,7 @@ INSERTED: dict[str, frozenset[str]] = {
             "full_optimizer_state_dict", "load_full_optimizer_state_dict", "ModelWithLoss",
             "LossInForward", "MethodAsForward", "register_fsdp_forward_method",
             "full_state_dict_everywhere", "ShardedBatches", "summed_over_processes", "unwrapped",
-            "with_rank_zero_log_dir", "averaged_over_processes", "endless_epochs",
+            "with_rank_zero_log_dir", "averaged_over_processes", "endless_epochs", "whole",
         ),
         frozenset(),
     ),

@@ -29,6 +29,21 @@ if DISTRIBUTED:
     dist.init_process_group(backend, init_method="env://")
 
 
+def whole(loader):
+    """All of a training loader's data, where its sampler gives this process a shard: an
+    evaluation over it sees the whole set on every process. Another loader, as it is."""
+    if not isinstance(loader.sampler, torch.utils.data.DistributedSampler):
+        return loader
+    return torch.utils.data.DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size * WORLD_SIZE,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+    )
+
+
 class Solver:
     def __init__(self, loader, steps):
         self.loader = loader
@@ -70,7 +85,7 @@ class Solver:
     def test(self):
         total = 0.0
         with torch.no_grad():
-            for i, (x, y) in enumerate(self.loader):
+            for i, (x, y) in enumerate(whole(self.loader)):
                 x = x.to(self.device, non_blocking=True)
                 total += nn.functional.mse_loss(self.net(x).cpu(), y).item()
         if RANK == 0:

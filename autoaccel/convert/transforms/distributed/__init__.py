@@ -9,6 +9,7 @@ from autoaccel.convert.transforms.distributed.convert_sync_batchnorm import Conv
 from autoaccel.convert.transforms.distributed.agree_on_plateau import AgreeOnPlateau
 from autoaccel.convert.transforms.distributed.compute_before_printing import ComputeBeforePrinting
 from autoaccel.convert.transforms.distributed.destroy_process_group import DestroyProcessGroup
+from autoaccel.convert.transforms.distributed.evaluate_whole import EvaluateWhole
 from autoaccel.convert.transforms.distributed.follow_per_process_batch import FollowPerProcessBatch
 from autoaccel.convert.transforms.distributed.guard_rank_zero import GuardRankZero
 from autoaccel.convert.transforms.distributed.init_process_group import InitProcessGroup
@@ -53,6 +54,7 @@ DDP_STEPS = [
     ShardStreamColumns,
     ShardPermutedRows,
     ShardTrainLoader,
+    EvaluateWhole,  # after ShardTrainLoader: its loops read the loaders it shards
     ShardBatchRounds,
     FollowPerProcessBatch,
     ShareNodeCpus,
