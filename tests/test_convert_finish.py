@@ -14,6 +14,7 @@ from autoaccel.convert.finish import (
     WritePlan,
     apply,
     finish,
+    link_the_rest,
     notebook_module,
 )
 from autoaccel.convert.log import ConversionLog, Skipped
@@ -115,3 +116,24 @@ def test_a_notebook_is_reported_as_cells_and_written_as_a_notebook(tmp_path):
     found = notebook_module(tmp_path / "a.ipynb", notebook, Conversion(notebook.python, converted))
     assert "# %% [cell 1]" in found.conversion.converted
     assert '"source": ["x = 2\\n"]' in found.text
+
+
+def test_the_proof_s_copy_of_a_project_links_the_files_it_does_not_copy(tmp_path):
+    """pointnet's dataset module read `../misc/num_seg_classes.txt` next to itself: in the
+    proof's copy of the project (its Python files only) it was missing and the proof
+    failed. The copy links every entry the copy lacks, in each folder both have."""
+    project, copy = tmp_path / "project", tmp_path / "copy"
+    (project / "pkg").mkdir(parents=True)
+    (project / "meta").mkdir()
+    (project / "meta" / "classes.txt").write_text("4\n")
+    (project / "pkg" / "data.py").write_text("# the original\n")
+    (project / "pkg" / "vocab.json").write_text("{}\n")
+    (project / "pkg" / "__pycache__").mkdir()
+    (copy / "pkg").mkdir(parents=True)
+    (copy / "pkg" / "data.py").write_text("# converted\n")
+    link_the_rest(project, copy)
+    assert (copy / "meta").is_symlink() and (copy / "meta" / "classes.txt").read_text() == "4\n"
+    assert (copy / "pkg" / "vocab.json").is_symlink()
+    assert (copy / "pkg" / "data.py").read_text() == "# converted\n"  # the copy's own file stays
+    assert not (copy / "pkg" / "__pycache__").exists()
+    link_the_rest(project, copy)  # again: nothing more to link

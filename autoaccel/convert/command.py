@@ -18,8 +18,10 @@ from autoaccel.convert.finish import (
     FinishRequest,
     Module,
     apply,
+    copy_root,
     finish,
     in_copy,
+    link_the_rest,
     notebook_module,
     project_copy,
     script_output,
@@ -230,6 +232,7 @@ def _prove(modules: list[Module], project: Project | None, request: VerifyReques
     def write_copy(folder: Path) -> tuple[Path, list[Path]]:
         copies = project_copy(project, folder, modules)
         write_files(copies, {item.path.parent for item in copies})
+        link_the_rest(copy_root(project), folder)  # the data files the modules read
         return script_output(script, folder, project), [
             in_copy(project, folder, root) for root in roots
         ]

@@ -321,11 +321,31 @@ def in_copy(project: Project, folder: Path, path: Path) -> Path:
     """Where a file (or folder) of the project goes in a copy of it in `folder`: at its
     place relative to the folder that holds all the files of the project, and the
     packages they are in (a src layout's `vision_transformer/`: imported by its name)."""
+    root = copy_root(project)
+    resolved = path.resolve()
+    return folder / resolved.relative_to(root) if resolved.is_relative_to(root) else folder
+
+
+def copy_root(project: Project) -> Path:
+    """The folder whose place `folder` takes in a copy of the project (see `in_copy`)."""
     root = Path(os.path.commonpath([p.resolve().parent for p in project.all_paths]))
     while (root / "__init__.py").is_file():
         root = root.parent
-    resolved = path.resolve()
-    return folder / resolved.relative_to(root) if resolved.is_relative_to(root) else folder
+    return root
+
+
+def link_the_rest(source: Path, copy: Path) -> None:
+    """Link each entry of `source` that its copy `copy` lacks (data files, folders), and so
+    in each folder both have: a module that reads a file next to itself
+    (`os.path.dirname(__file__) + "/../meta/classes.txt"`) finds it in the copy too."""
+    for entry in source.iterdir():
+        if entry.name == "__pycache__" or entry.name.startswith("."):
+            continue
+        target = copy / entry.name
+        if target.is_dir() and entry.is_dir() and not target.is_symlink():
+            link_the_rest(entry, target)
+        elif not target.exists() and not target.is_symlink():
+            target.symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
 
 
 def project_copy(project: Project, folder: Path, modules: list[Module]) -> list[FileWrite]:
