@@ -799,3 +799,48 @@ def test_a_squeeze_of_the_batch_keeps_its_batch_dimension_on_each_gpu() -> None:
         )
         in conversion.log.changes
     )
+
+
+CALLED_LOSS = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class TargetLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("one", torch.tensor(1.0))
+        self.mse = nn.MSELoss()
+
+    def __call__(self, prediction, real):
+        target = self.one if real else self.one * 0
+        return self.mse(prediction, target.expand_as(prediction))
+
+
+class Net(nn.Linear):
+    def __call__(self, x):  # for type hints: nn.Module's call runs forward
+        return super().__call__(x)
+
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+loader = DataLoader(TensorDataset(torch.randn(64, 10)), batch_size=8)
+model = Net(10, 4).to(device)
+criterion = TargetLoss().to(device)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+for (x,) in loader:
+    x = x.to(device)
+    optimizer.zero_grad()
+    loss = criterion(model(x), True)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_loss_class_that_computes_in_its_own_call_is_read_there() -> None:
+    """pix2pix's GANLoss defines `__call__`, not `forward`: its mean over the batch was not
+    read and dp refused ("a term of the loss does not average or sum over the batch"). A
+    `__call__` that hands over to `nn.Module.__call__` still runs `forward`."""
+    conversion = convert_source(CALLED_LOSS, DP, "train.py")
+    assert not [s for s in conversion.log.skipped if s.wrong]
+    assert "model_with_loss = ModelWithLoss(model, criterion)" in conversion.converted

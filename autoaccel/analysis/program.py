@@ -951,7 +951,7 @@ class Program:
                     found.append((init, made))
             elif obj.kind is Kind.MODULE:
                 for model in self._read((obj, "wraps")) if obj.parallel else {obj}:
-                    forward = model.cls.method("forward") if model.cls is not None else None
+                    forward = _entry(model.cls) if model.cls is not None else None
                     if forward is not None:
                         found.append((forward, {model}))
             elif obj.kind is Kind.INSTANCE and obj.cls is not None:
@@ -1344,3 +1344,16 @@ class ProgramCollector:
 
     visit_Tuple = visit_List = visit_Set = visit_Dict = _display
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _display
+
+
+def _entry(cls: ClassInfo) -> FunctionInfo | None:
+    """What calling a module of `cls` runs: `forward`, or a `__call__` the project's class
+    defines that computes itself (pix2pix's GAN loss never calls `forward`), not one that
+    hands over to `nn.Module.__call__` (`return super().__call__(x)`, for type hints)."""
+    call = cls.method("__call__")
+    if call is not None and not any(
+        isinstance(c.func, cst.Attribute) and c.func.attr.value == "__call__"
+        for c in find(call.node.body, cst.Call)
+    ):
+        return call
+    return cls.method("forward")
