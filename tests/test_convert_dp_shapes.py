@@ -844,3 +844,25 @@ def test_a_loss_class_that_computes_in_its_own_call_is_read_there() -> None:
     conversion = convert_source(CALLED_LOSS, DP, "train.py")
     assert not [s for s in conversion.log.skipped if s.wrong]
     assert "model_with_loss = ModelWithLoss(model, criterion)" in conversion.converted
+
+
+def test_a_kl_divergence_averaged_over_the_batch_is_a_mean() -> None:
+    """A distillation step's `nn.KLDivLoss(reduction="batchmean")`: the sum over the batch
+    divided by its size, a mean over the samples (it was taken for no reduction and dp
+    refused). The teacher's outputs, under `no_grad()` after the student's forward, are
+    passed in as a batch-first input."""
+    source = CALLED_LOSS.replace(
+        "criterion = TargetLoss().to(device)\n",
+        'criterion = nn.KLDivLoss(reduction="batchmean")\nteacher = nn.Linear(10, 4).to(device)\n',
+    ).replace(
+        "    loss = criterion(model(x), True)\n",
+        "    out = model(x)\n"
+        "    with torch.no_grad():\n"
+        "        t_out = teacher(x)\n"
+        "    loss = criterion(out.log_softmax(1), t_out.softmax(1))\n",
+    )
+    conversion = convert_source(source, DP, "train.py")
+    assert not [s for s in conversion.log.skipped if s.wrong]
+    assert (
+        "loss = loss_on_gpus(x, t_out).mean()  # mean of the per-GPU losses" in conversion.converted
+    )

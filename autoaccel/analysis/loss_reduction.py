@@ -231,11 +231,12 @@ def sums_by_keyword(call: cst.Call) -> bool:
 
 
 def means_by_default(call: cst.Call) -> bool:
-    """A loss call or constructor that averages: no `reduction` (or `"mean"`) and no legacy
-    `size_average` / `reduce`."""
+    """A loss call or constructor that averages: no `reduction` (or `"mean"`, or
+    `"batchmean"`: `KLDivLoss`'s sum over the batch divided by its size, a mean of
+    per-sample sums) and no legacy `size_average` / `reduce`."""
     reduction = keyword_value(call, "reduction")
     if isinstance(reduction, cst.SimpleString):
-        return reduction.evaluated_value == "mean"
+        return reduction.evaluated_value in ("mean", "batchmean")
     return reduction is None and not {"size_average", "reduce"} & {
         a.keyword.value for a in call.args if a.keyword is not None
     }

@@ -611,7 +611,7 @@ class ComputeLossInForward(StatementRewrite):
                 continue
             value = keyword_value(assign[1], "reduction")
             reductions.add(value.evaluated_value if isinstance(value, cst.SimpleString) else value)
-        if reductions <= {None, "mean"}:
+        if reductions <= {None, "mean", "batchmean"}:  # `nn.KLDivLoss(reduction="batchmean")`
             return "mean"
         return "sum" if reductions == {"sum"} else None
 
