@@ -36,3 +36,24 @@ def test_rank_zero_prints_the_whole_set_s_numbers(tmp_path):
     ranks = run_ranks(script, (), tmp_path)
     _check(ranks, "the converted solver")
     assert "train accuracy 0.688 of 64 samples" in ranks.stdout  # the original's line
+
+
+def test_a_test_loader_the_script_shards_itself_is_left_as_it_is():
+    """Horovod's examples shard the test set too and average the metrics over the
+    processes: read whole, each process's sum would be divided by its shard's size."""
+    source = (
+        FIXTURE.read_text()
+        .replace(
+            "self.test_loader = DataLoader(TensorDataset(x[64:], y[64:]), batch_size=8)",
+            "test_set = TensorDataset(x[64:], y[64:])\n"
+            "        test_sampler = DistributedSampler(test_set)\n"
+            "        self.test_loader = DataLoader(test_set, batch_size=8, sampler=test_sampler)",
+        )
+        .replace(
+            "    def test(self, train=False):\n        loader = self.train_loader if train else self.test_loader\n",
+            "    def test(self, train=False):\n        loader = self.test_loader\n",
+        )
+    )
+    source = "from torch.utils.data import DistributedSampler\n" + source
+    conversion = convert_source(source, ConvertOptions(target="ddp", amp="off"), "train.py")
+    assert "def whole(" not in conversion.converted and " in whole(" not in conversion.converted

@@ -43,7 +43,11 @@ class EvaluateWhole(DistributedStep):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.wholes: set[cst.CSTNode] = set()
-        for step in self.script.training.step_loops.values():
+        steps = self.script.training.step_loops.values()
+        # the loaders training reads (a test loader the script shards itself, as Horovod's
+        # examples do before averaging the metrics, is left as it is)
+        training = {loader for s in steps if s.role is LoopRole.TRAIN for loader in s.loaders}
+        for step in steps:
             loop = step.node
             if (
                 step.role is not LoopRole.EVAL
@@ -51,7 +55,9 @@ class EvaluateWhole(DistributedStep):
                 or step.module.tree is not node
                 or not isinstance(loop, cst.For)
                 or not any(
-                    isinstance(loader.node, cst.Call) and self.shards_loader(loader)
+                    loader in training
+                    and isinstance(loader.node, cst.Call)
+                    and self.shards_loader(loader)
                     for loader in step.loaders
                 )
             ):
