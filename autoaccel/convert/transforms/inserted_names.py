@@ -228,7 +228,7 @@ class _Uses(cst.CSTVisitor):
     def of(cls, tree: cst.Module) -> _Uses:
         """The uses in `tree`, read once per tree: the steps of a conversion that change
         nothing hand the next one the very same tree (read-only, like the trees)."""
-        for known, uses in _RECENT_USES:
+        for known, uses in tuple(_RECENT_USES):  # (a copy: other threads convert too)
             if known is tree:
                 return uses
         uses = cls()
