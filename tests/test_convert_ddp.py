@@ -2186,3 +2186,42 @@ def test_the_per_process_reseed_runs_once_where_training_starts():
         "        if RANK == 0:\n"
         '            print(f"epoch {epoch} loss {train_one_epoch_result:.4f}")\n'
     ) in text
+
+
+def test_a_helper_training_several_models_waits_for_no_unused_layer():
+    """kd's `fit(loader, model)` trains a teacher whose `norm` layer forward never uses, then
+    a student (a `Sequential`): the name `model` holds both, and the layers any of them
+    leaves out get `find_unused_parameters=True` (DDP waited for `norm`'s gradient and the
+    second step raised; the proof caught it)."""
+    source = dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Teacher(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(10, 2)
+                self.norm = nn.BatchNorm1d(2)  # never used
+
+            def forward(self, x):
+                return self.fc(x)
+
+
+        def fit(loader, model):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                loss = nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+
+        loader = DataLoader(TensorDataset(torch.randn(32, 10), torch.randint(0, 2, (32,))), batch_size=8)
+        fit(loader, Teacher())
+        fit(loader, nn.Sequential(nn.Linear(10, 2)))
+        """)
+    conversion = convert_source(source, DDP, "train.py")
+    assert "find_unused_parameters=True" in conversion.converted
+    assert "# (`norm` gets no gradient: DDP must not wait for it)" in conversion.converted

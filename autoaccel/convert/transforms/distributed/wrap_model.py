@@ -24,7 +24,7 @@ from autoaccel.analysis.module_methods import (
     computes_with_layers,
 )
 from autoaccel.analysis.names import name_key
-from autoaccel.analysis.program import FunctionInfo, Kind, Obj, Program
+from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Obj, Program
 from autoaccel.analysis.script_model import strip_device_moves
 from autoaccel.analysis.shapes import find, is_method_call, is_name, is_no_grad_block, name_calls
 from autoaccel.analysis.side_effects import PRINTS
@@ -909,14 +909,23 @@ def _layers_left_out(step: DistributedStep, key: str, method: str) -> list[str] 
     optimizer trains where the optimizers train parts of `key` (a teacher inside a
     distiller, whose outputs are detached): they get no gradient, and DDP waits for every
     parameter's unless told (`find_unused_parameters=True`). None when the model's class
-    is not known (it may leave any out)."""
+    is not known (it may leave any out). A name that holds models of several classes (a
+    `fit(model)` given a teacher, then a student) leaves out what any of them does."""
     program = step.script.program
     held = {o for o in step.script.held_by(key) if o.kind is Kind.MODULE}
-    classes = {o.cls for o in held}
-    if program is None or len(classes) != 1 or None in classes:
+    classes = {o.cls for o in held if o.cls is not None}  # (a library's module: all its layers)
+    if program is None or not classes:
         return None
-    (cls,) = classes
-    assert cls is not None
+    found = [_class_layers_left_out(step, cls, held, method) for cls in classes]
+    return sorted({name for names in found for name in names})
+
+
+def _class_layers_left_out(
+    step: DistributedStep, cls: ClassInfo, held: set[Obj], method: str
+) -> list[str]:
+    """`_layers_left_out` for the models of `cls` among those `held`."""
+    program = step.script.program
+    assert program is not None
     sources = _optimized_sources(step)
     trained_whole = not sources or any(  # (no optimizer: nothing tells)
         values & held and not (base & held) for _, values, base in sources
