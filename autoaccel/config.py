@@ -10,10 +10,10 @@ import functools
 import os
 import stat
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 from pathlib import Path
-from collections.abc import Callable, Iterable
 from typing import Any, Literal, get_args, get_origin
 
 from autoaccel.fileio import file_kind, os_error_message, read_bytes, real_path

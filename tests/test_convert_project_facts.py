@@ -132,6 +132,10 @@ def test_a_model_the_run_trained_but_the_code_hides_is_named_in_the_refusal(tmp_
     conversion, _ = converted(DDP, script=train, facts=facts)
     [reason] = [r for r in wrong(conversion) if "no trained model was recognised" in r]
     assert (
-        "(the run trained `Sequential` made at train.py:24, which reaches it through names the"
-        " conversion cannot follow: function parameters or attributes)"
+        "(the run trained `nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))` made at "
+        in reason
+    )
+    assert (
+        "fixtures/facts/step_module/train.py:24:9, which reaches it through names the conversion"
+        " cannot follow: function parameters or attributes)"
     ) in reason

@@ -11,7 +11,6 @@ from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import ClassInfo
 from autoaccel.analysis.shapes import find, is_name
 
-
 # Methods of `nn.Module` that compute nothing with its layers, called on the model itself
 # where a function gets the wrapper: `unwrapped(model).state_dict()` has the original keys.
 LOCAL_MODULE_METHODS = frozenset(
@@ -21,6 +20,8 @@ LOCAL_MODULE_METHODS = frozenset(
         "half", "float", "double", "requires_grad_", "apply",
     }
 )  # fmt: skip
+
+
 def attribute_assignments(body: cst.CSTNode) -> list[tuple[str, cst.BaseExpression]]:
     """(attribute, value) of each assignment to an attribute of `self` in `body`:
     `self.x = v`, and each element of `self.a, self.b = a, b`."""
@@ -48,7 +49,23 @@ def computes_with_layers(method: cst.FunctionDef, cls: ClassInfo) -> bool:
     `configure_optimizers()`, registered with FSDP, would gather the parameters and give the
     optimizer the whole ones, freed after the call, not the shards), nor what a
     bookkeeping attribute does (`self.totals.clear()`, `torch.zeros(1, n, self.hidden)`)."""
+    return _computes(method, _bookkeeping(cls))
+
+
+def computing_methods(cls: ClassInfo) -> set[str]:
+    """The names of the methods of `cls` and its project bases of which a definition
+    computes with the layers (see `computes_with_layers`)."""
     bookkeeping = _bookkeeping(cls)
+    return {
+        name
+        for c in cls.mro()
+        for name, function in c.methods.items()
+        if _computes(function.node, bookkeeping)
+    }
+
+
+def _computes(method: cst.FunctionDef, bookkeeping: set[str]) -> bool:
+    """`computes_with_layers`, given the class's bookkeeping attributes."""
     for call in find(method.body, cst.Call):
         root = call.func
         first = None  # the attribute of `self` the call starts from

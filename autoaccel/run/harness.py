@@ -609,11 +609,11 @@ class _StepRecorder:
         if self.batch_step:
             vars(optimizer)[_ON_BATCHES_ATTR] = True
 
-    def _fits(self, optimizer: Any) -> bool:
-        """Whether `optimizer` fits a model of its own that no DDP model holds, built after
-        training began and never stepped after a DataLoader's batch (SimCLR's L-BFGS linear
-        probe on features every process computes alike): each process fits its own."""
-        wrapped = {id(p) for module in self.wrapped for p in module.parameters()}
+    def _fits(self, optimizer: Any, wrapped: set[int]) -> bool:
+        """Whether `optimizer` fits a model of its own that no DDP model holds (`wrapped`:
+        the ids of their parameters), built after training began and never stepped after a
+        DataLoader's batch (SimCLR's L-BFGS linear probe on features every process computes
+        alike): each process fits its own."""
         return (
             vars(optimizer).get(_LATE_ATTR, False)
             and not vars(optimizer).get(_ON_BATCHES_ATTR, False)
@@ -655,13 +655,10 @@ class _StepRecorder:
         sharded parameters gathered whole)."""
         import torch
 
-        fitting = [o for o in self.optimizers if self._fits(o)]
-        self.record.fits = max(self.record.fits, len(fitting))
-        groups = [
-            [p for g in o.param_groups for p in g["params"]]
-            for o in self.optimizers
-            if not any(o is f for f in fitting)
-        ]
+        wrapped = {id(p) for module in self.wrapped for p in module.parameters()}
+        compared = [o for o in self.optimizers if not self._fits(o, wrapped)]
+        self.record.fits = max(self.record.fits, len(self.optimizers) - len(compared))
+        groups = [[p for g in o.param_groups for p in g["params"]] for o in compared]
         groups += [list(module.parameters()) for module in self.wrapped]
         # reading a tensor whose storage FSDP resized to nothing crashes the process
         kept = [[p for p in params if _has_memory(p)] for params in groups]

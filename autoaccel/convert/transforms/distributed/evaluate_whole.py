@@ -63,9 +63,8 @@ class EvaluateWhole(DistributedStep):
             ):
                 continue
             read = next((n for n in find(loop.iter, _SPELLINGS) if code_of(n) == step.loader), None)
-            parent = self.parent(read) if read is not None else None
-            if read is None or (isinstance(self.parent(parent), cst.Call) and is_name(self.parent(parent).func, WHOLE)):  # type: ignore[arg-type, union-attr]
-                continue  # (converted before)
+            if read is None or self._read_whole(read):
+                continue
             self.wholes.add(read)
             self.changed(
                 loop,
@@ -75,6 +74,12 @@ class EvaluateWhole(DistributedStep):
         if self.wholes:
             self.define_helper(node, WHOLE, _WHOLE_CODE)
             self.imports.append("import torch")
+
+    def _read_whole(self, read: cst.CSTNode) -> bool:
+        """Whether `read` is the argument of a `whole(...)` call (converted before)."""
+        arg = self.parent(read)
+        call = self.parent(arg) if arg is not None else None
+        return isinstance(call, cst.Call) and is_name(call.func, WHOLE)
 
     def edited(self) -> list[cst.CSTNode]:
         return [*self.planned_statements(), *self.wholes]

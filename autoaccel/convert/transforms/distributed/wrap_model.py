@@ -9,8 +9,6 @@ and evaluation runs on the plain model without any communication.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from collections.abc import Callable, Set as AbstractSet
 from dataclasses import dataclass
 
@@ -21,7 +19,7 @@ from autoaccel.analysis.index import ModuleIndex, descendants
 from autoaccel.analysis.module_methods import (
     LOCAL_MODULE_METHODS,
     attribute_assignments,
-    computes_with_layers,
+    computing_methods,
 )
 from autoaccel.analysis.names import name_key
 from autoaccel.analysis.program import ClassInfo, FunctionInfo, Kind, Obj, Program
@@ -124,16 +122,11 @@ class WrapModel(DistributedStep):
         """What the run of the script saw train, where the code alone found nothing."""
         facts = self.run_facts()
         made = facts.trained_models() if facts is not None else []
-        if not made:
+        if facts is None or not made:
             return ""
-        named = ", ".join(
-            f"`{m.cls.rpartition('.')[2]}`"
-            + (f" made at {Path(m.site.path).name}:{m.site.line}" if m.site else "")
-            for m in made
-        )
         return (
-            f" (the run trained {named}, which reaches it through names the conversion cannot"
-            " follow: function parameters or attributes)"
+            f" (the run trained {self._facts_made(facts, made)}, which reaches it through names"
+            " the conversion cannot follow: function parameters or attributes)"
         )
 
     def _wrap(self, model: TrainedModel, may_be_frozen: bool) -> None:
@@ -141,12 +134,9 @@ class WrapModel(DistributedStep):
         # must not call them on it (they compute with its layers outside DDP's forward),
         # but those that compute nothing with them (`init_hidden()`) on the model itself
         classes = {o.cls for o in self.script.held_by(model.key) if o.cls is not None}
-        defined = [
-            (name, f, cls) for cls in classes for c in cls.mro() for name, f in c.methods.items()
-        ]
-        self.own_methods = {name for name, _, _ in defined}
+        self.own_methods = {name for cls in classes for c in cls.mro() for name in c.methods}
         self.plain_methods = self.own_methods - {
-            name for name, f, cls in defined if computes_with_layers(f.node, cls)
+            name for cls in classes for name in computing_methods(cls)
         }
         if model.key in self.trained_methods:
             self._wrap_method(model, self.trained_methods[model.key])
